@@ -1,0 +1,957 @@
+"""CFG: lint of the accelerate config, the DeepSpeed config and the hostfile, before any node is touched.
+
+Every finding names the file and line, says what was found against what was expected, and how
+to fix it. The facts behind each rule are those of accelerate 1.x and DeepSpeed 0.1x.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import difflib
+import ipaddress
+import sys
+import re
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from preflight.documents import Document
+from preflight.jobconfig import (
+    ACCELERATE_DS_KEYS,
+    ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE,
+    ACCELERATE_KEYS,
+    ACCELERATE_REMOVED_KEYS,
+    AUTO,
+    COMPUTE_ENVIRONMENTS,
+    DISTRIBUTED_TYPES,
+    DS_NUMERIC,
+    MIXED_PRECISIONS,
+    MULTINODE_LAUNCHERS,
+    OFFLOAD_DEVICES,
+    RDZV_BACKENDS,
+    SAGEMAKER_DISTRIBUTED_TYPES,
+    SAGEMAKER_KEYS,
+    is_numeric_string,
+)
+from preflight.registry import check
+from preflight.result import Finding, fail, passed, skip, warn
+
+# DeepSpeed's top-level keys (deepspeed/runtime/config.py); unknown ones are ignored by DeepSpeed.
+DS_TOP_KEYS = frozenset("""
+train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps managed_gradient_accumulation
+steps_per_print wall_clock_breakdown memory_breakdown dump_state disable_python_gc log_level
+communication_data_type seq_parallel_communication_data_type seq_parallel_comm_data_type gradient_allreduce_op
+prescale_gradients gradient_predivide_factor disable_allgather gradient_clipping zero_optimization
+zero_allow_untested_optimizer zero_force_ds_cpu_optimizer optimizer scheduler fp16 bf16 bfloat16 torch_autocast
+flops_profiler comms_logger tensorboard wandb csv_monitor comet activation_checkpointing aio autotuning pipeline
+data_efficiency dataloader_drop_last hybrid_engine compile tensor_parallel expert_parallel
+use_data_before_expert_parallelism datastates_ckpt weight_quantization timers vocabulary_size checkpoint
+data_types sequence_parallel_size
+""".split())
+# Accepted by older DeepSpeed releases, rejected since 0.19.8.
+DS_REMOVED_KEYS = frozenset("""
+nebula compression_training amp quantize_training sparse_gradients eigenvalue sparse_attention elasticity
+graph_harvesting curriculum_learning progressive_layer_drop
+""".split())
+# Blocks that DeepSpeed validates with pydantic models that forbid unknown keys.
+ZERO_ALIASES = {
+    "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+    "param_persistence_threshold": "stage3_param_persistence_threshold",
+    "model_persistence_threshold": "stage3_model_persistence_threshold",
+    "max_live_parameters": "stage3_max_live_parameters",
+    "max_reuse_distance": "stage3_max_reuse_distance",
+    "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    "module_granularity_threshold": "stage3_module_granularity_threshold",
+    "use_all_reduce_for_fetch_params": "stage3_use_all_reduce_for_fetch_params",
+    "allgather_sequential": "stage3_allgather_sequential",
+}
+STRICT_BLOCKS = {
+    ("zero_optimization",): frozenset("""
+stage contiguous_gradients reduce_scatter reduce_bucket_size use_multi_rank_bucket_allreduce allgather_partitions
+allgather_bucket_size overlap_comm load_from_fp32_weights elastic_checkpoint offload_param offload_optimizer
+sub_group_size cpu_offload_param cpu_offload_use_pin_memory cpu_offload stage3_gather_fp16_weights_on_model_save
+ignore_unused_parameters legacy_stage1 round_robin_gradients zero_hpz_partition_size zero_quantized_weights
+zero_quantized_nontrainable_weights zero_quantized_gradients zeropp_loco_param mics_shard_size
+mics_hierarchical_params_gather memory_efficient_linear pipeline_loading_checkpoint override_module_apply
+log_trace_cache_warnings enable_sanity_checks compute_grad_norm parameter_alignment
+save_muon_momentum_buffer_in_memory zenflow leaf_module
+""".split()) | frozenset(ZERO_ALIASES) | frozenset(ZERO_ALIASES.values()),
+    ("zero_optimization", "offload_param"): frozenset(
+        "device nvme_path buffer_count buffer_size max_in_cpu pin_memory".split()),
+    ("zero_optimization", "offload_optimizer"): frozenset("""
+device nvme_path buffer_count pin_memory pipeline pipeline_read pipeline_write fast_init ratio super_offload
+cpuadam_cores_perc convert_grad_on_cpu
+""".split()),
+    ("fp16",): frozenset("""
+enabled auto_cast loss_scale initial_scale_power loss_scale_window hysteresis consecutive_hysteresis
+min_loss_scale fp16_master_weights_and_grads
+""".split()),
+    ("bf16",): frozenset(
+        "enabled immediate_grad_update check_grad_overflow bf16_master_weights_and_grads bf16_optimizer_states".split()),
+}
+# Keys of DeepSpeed's JSON at any level, as found pasted into accelerate's deepspeed_config section.
+DS_JSON_KEYS = DS_TOP_KEYS | frozenset().union(*STRICT_BLOCKS.values()) - frozenset(ACCELERATE_DS_KEYS)
+# Numbers in accelerate's own config (top level and its sections).
+ACCELERATE_NUMERIC = (
+    ("num_processes",), ("machine_rank",), ("num_machines",), ("main_process_port",),
+    ("deepspeed_config", "zero_stage"), ("deepspeed_config", "gradient_accumulation_steps"),
+    ("deepspeed_config", "gradient_clipping"), ("fsdp_config", "fsdp_min_num_params"),
+)
+HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+def at(doc: Document, *keys: Any) -> dict:
+    """Evidence that points at a file and line."""
+    return {"file": doc.path, "line": doc.line(*keys)}
+
+
+def dotted(keys: Sequence[Any]) -> str:
+    return ".".join(str(k) for k in keys)
+
+
+def did_you_mean(value: Any, options: Sequence[str]) -> str:
+    if not isinstance(value, str):
+        return ""
+    exact = [o for o in options if o.lower() == value.lower()]
+    close = exact or difflib.get_close_matches(value, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def accel_doc(ctx) -> Optional[Document]:
+    return ctx.plan.accelerate.doc if ctx.plan.accelerate is not None else None
+
+
+def ds_doc(ctx) -> Optional[Document]:
+    return ctx.plan.deepspeed.doc if ctx.plan.deepspeed is not None else None
+
+
+def processes_per_machine(data: Mapping[str, Any]) -> Optional[int]:
+    procs, machines = data.get("num_processes"), data.get("num_machines", 1)
+    if is_int(procs) and is_int(machines) and procs > 0 and machines > 0:
+        return procs // machines
+    return None
+
+
+def gpu_id_list(value: Any) -> Optional[List[str]]:
+    """gpu_ids as a list, or None for 'all' and unset."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("all", "")):
+        return None
+    return [part.strip() for part in str(value).split(",")]
+
+
+# --- accelerate config -------------------------------------------------------------------------
+
+@check("CFG001", "accelerate-keys", "config", tags=["accelerate"])
+def accelerate_keys(ctx) -> Iterator[Finding]:
+    """The accelerate config has only keys that accelerate knows.
+
+    accelerate refuses to start with a ValueError naming the unknown keys, on every node, after the
+    job has been queued and the nodes allocated; a misspelt key never takes effect.
+
+    Remove the key, or correct its spelling to the one suggested; `accelerate config` writes a
+    correct file.
+    """
+    doc = accel_doc(ctx)
+    if doc is None:
+        yield skip("no accelerate config given (--config)")
+        return
+    schema = SAGEMAKER_KEYS if ctx.plan.accelerate.is_sagemaker else ACCELERATE_KEYS
+    for key in doc.data:
+        if key in schema:
+            continue
+        if key in ACCELERATE_REMOVED_KEYS:
+            yield fail(f"{doc.where(key)}: key {key!r} is {ACCELERATE_REMOVED_KEYS[key]}; accelerate rejects the file",
+                       f"delete the line `{key}: ...`", key=key, **at(doc, key))
+        else:
+            yield fail(f"{doc.where(key)}: unknown key {key!r}{did_you_mean(key, list(schema))}; "
+                       "accelerate rejects the file with 'had unknown keys'",
+                       f"correct or delete {key!r}; the keys accelerate knows are listed by `preflight explain CFG001`",
+                       key=key, **at(doc, key))
+
+
+@check("CFG002", "accelerate-values", "config", tags=["accelerate"])
+def accelerate_values(ctx) -> Iterator[Finding]:
+    """compute_environment, distributed_type, mixed_precision, rdzv_backend and the DeepSpeed launcher and
+    offload devices hold values that accelerate accepts.
+
+    accelerate reads these as enumerations: a value in the wrong case or a misspelt one fails at launch
+    (mixed_precision only when `accelerate launch` runs, long after the config was written).
+
+    Use one of the listed values, spelt exactly; the message suggests the closest.
+    """
+    doc = accel_doc(ctx)
+    if doc is None:
+        yield skip("no accelerate config given (--config)")
+        return
+    data = doc.data
+    sagemaker = ctx.plan.accelerate.is_sagemaker
+    if "distributed_type" not in data:
+        yield fail(f"{doc.path}: distributed_type is missing; accelerate refuses a config without it",
+                   "add `distributed_type: MULTI_GPU` (or DEEPSPEED, FSDP, NO, ...)", **at(doc))
+    rules = [
+        (("compute_environment",), COMPUTE_ENVIRONMENTS),
+        (("distributed_type",), SAGEMAKER_DISTRIBUTED_TYPES if sagemaker else DISTRIBUTED_TYPES),
+        (("mixed_precision",), MIXED_PRECISIONS),
+        (("rdzv_backend",), RDZV_BACKENDS),
+        (("deepspeed_config", "deepspeed_multinode_launcher"), MULTINODE_LAUNCHERS),
+        (("deepspeed_config", "offload_optimizer_device"), OFFLOAD_DEVICES),
+        (("deepspeed_config", "offload_param_device"), OFFLOAD_DEVICES),
+    ]
+    for keys, allowed in rules:
+        section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
+        if section is None or keys[-1] not in section.data:
+            continue
+        value = section.data[keys[-1]]
+        if value is None or isinstance(value, bool):  # bool: a YAML trap, reported by CFG003
+            continue
+        if value not in allowed:
+            yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {value!r}, expected one of "
+                       f"{', '.join(allowed)}{did_you_mean(value, allowed)}",
+                       f"set {dotted(keys)} to one of: {', '.join(allowed)}", value=value, **at(doc, *keys))
+
+
+@check("CFG003", "yaml-traps", "config", tags=["accelerate", "deepspeed", "yaml", "json"])
+def yaml_traps(ctx) -> Iterator[Finding]:
+    """Numbers written so that the parser reads them as strings, and NO / no read as false.
+
+    YAML 1.1 (PyYAML, which accelerate uses) reads `5e8` and `1e-5` as strings, and an unquoted `NO` or
+    `no` as false; a quoted number in JSON is a string too. DeepSpeed then fails comparing a string with
+    a number, or accelerate crashes on `False.lower()`, at start-up on every node.
+
+    Write numbers with a dot and a signed exponent (`5.0e+8`) or in full (`500000000`), never in quotes;
+    quote words such as 'NO' and 'no'.
+    """
+    docs = [d for d in (accel_doc(ctx), ds_doc(ctx)) if d is not None]
+    if not docs:
+        yield skip("no config given (--config, --deepspeed)")
+        return
+    accel = accel_doc(ctx)
+    if accel is not None:
+        for key in ("distributed_type", "mixed_precision"):
+            if isinstance(accel.data.get(key), bool):
+                yield fail(f"{accel.where(key)}: {key} is {str(accel.data[key]).lower()}, expected a word such as 'NO': "
+                           "YAML 1.1 reads an unquoted NO / no as false",
+                           f"quote it: `{key}: '{'NO' if key == 'distributed_type' else 'no'}'`", key=key, **at(accel, key))
+        yield from _numeric_strings(accel, ACCELERATE_NUMERIC)
+        section = accel.section("deepspeed_config")
+        if section is not None:  # DeepSpeed keys pasted inline, nested or flat (CFG004 says they are ignored)
+            inline = {("deepspeed_config",) + k for k in DS_NUMERIC} | {("deepspeed_config", k[-1]) for k in DS_NUMERIC}
+            yield from _numeric_strings(accel, sorted(inline - set(ACCELERATE_NUMERIC)))
+    ds = ds_doc(ctx)
+    if ds is not None:
+        yield from _numeric_strings(ds, list(DS_NUMERIC))
+
+
+def _numeric_strings(doc: Document, paths: Sequence[Tuple[str, ...]]) -> Iterator[Finding]:
+    for keys in paths:
+        section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
+        if section is None:
+            continue
+        value = section.data.get(keys[-1])
+        if not is_numeric_string(value):
+            continue
+        number = float(value)
+        shown = str(int(number)) if number.is_integer() else repr(number)
+        if doc.kind == "yaml" and doc.is_plain_string(*keys):
+            why = f"YAML 1.1 reads {value} (no dot in the mantissa, or no sign in the exponent) as a string"
+        else:
+            why = "the number is quoted, so it is a string"
+        fix = f'write "{keys[-1]}": {shown}, without quotes' if doc.kind == "json" else f"write {keys[-1]}: {shown}"
+        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is the string {value!r}, expected a number: {why}",
+                   fix, key=dotted(keys), value=value, **at(doc, *keys))
+
+
+@check("CFG004", "deepspeed-section-keys", "config", tags=["accelerate", "deepspeed"])
+def deepspeed_section_keys(ctx) -> Iterator[Finding]:
+    """The `deepspeed_config` section of the accelerate config holds only accelerate's own DeepSpeed keys.
+
+    accelerate reads only its own keys there (zero_stage, offload_optimizer_device, ...). DeepSpeed-JSON
+    keys pasted into it (train_batch_size, zero_optimization, fp16, ...) are silently ignored: the job
+    runs with other settings than the file shows.
+
+    Move DeepSpeed-JSON settings into a JSON file named by `deepspeed_config_file`, or express them with
+    accelerate's keys (zero_stage, offload_optimizer_device, offload_param_device, gradient_clipping,
+    gradient_accumulation_steps).
+    """
+    doc = accel_doc(ctx)
+    section = doc.section("deepspeed_config") if doc is not None else None
+    if section is None or not section.data:
+        yield skip("the accelerate config has no deepspeed_config section")
+        return
+    ds_keys = [k for k in section.data if k in DS_JSON_KEYS]
+    if ds_keys:
+        first = ds_keys[0]
+        yield fail(f"{doc.where('deepspeed_config', first)}: deepspeed_config holds DeepSpeed-JSON keys "
+                   f"({', '.join(ds_keys)}) that accelerate ignores; expected only accelerate's keys",
+                   "put these settings in a DeepSpeed JSON file and name it with deepspeed_config_file, or use "
+                   "accelerate's keys: zero_stage, offload_optimizer_device, offload_param_device, "
+                   "gradient_accumulation_steps, gradient_clipping", keys=ds_keys, **at(doc, "deepspeed_config", first))
+    for key in section.data:
+        if key not in ACCELERATE_DS_KEYS and key not in DS_JSON_KEYS:
+            yield warn(f"{doc.where('deepspeed_config', key)}: deepspeed_config.{key} is not a key accelerate "
+                       f"knows{did_you_mean(key, list(ACCELERATE_DS_KEYS))}; it has no effect",
+                       f"correct or delete deepspeed_config.{key}", key=key, **at(doc, "deepspeed_config", key))
+
+
+@check("CFG005", "deepspeed-config-file", "config", tags=["accelerate", "deepspeed"])
+def deepspeed_config_file(ctx) -> Iterator[Finding]:
+    """The DeepSpeed JSON named by `deepspeed_config_file` exists, and nothing beside it contradicts it.
+
+    With `deepspeed_config_file`, accelerate raises a ValueError on every node when the script starts if
+    the config also sets mixed_precision (any value, even 'no') or one of zero_stage, offload_*,
+    gradient_accumulation_steps, gradient_clipping, zero3_save_16bit_model; and it requires a
+    zero_optimization block in the file. A DeepSpeed config given with an accelerate config that does
+    not use DeepSpeed is not used at all.
+
+    Keep those settings in the DeepSpeed JSON only and delete them (and mixed_precision) from the
+    accelerate config; make deepspeed_config_file a path that exists on every node.
+    """
+    doc = accel_doc(ctx)
+    plan = ctx.plan
+    if doc is None:
+        yield skip("no accelerate config given (--config)")
+        return
+    section = doc.section("deepspeed_config")
+    named = section.data.get("deepspeed_config_file") if section is not None else None
+    if named is None:
+        if plan.deepspeed is not None and not ctx.plan.accelerate.uses_deepspeed:
+            yield warn(f"{doc.where('distributed_type')}: distributed_type is {doc.data.get('distributed_type')!r}, "
+                       f"so the DeepSpeed config {plan.deepspeed.doc.path} is not used by this accelerate config",
+                       "set distributed_type: DEEPSPEED and deepspeed_config.deepspeed_config_file to the JSON's path",
+                       **at(doc, "distributed_type"))
+        elif plan.deepspeed is None:
+            yield skip("the accelerate config names no deepspeed_config_file")
+        return
+    where = doc.where("deepspeed_config", "deepspeed_config_file")
+    if plan.deepspeed is None or plan.deepspeed_file_named is None:
+        yield fail(f"{where}: deepspeed_config_file {named!r} does not exist (looked in the working directory "
+                   f"and beside {doc.path})", "correct the path; it must exist on every node",
+                   **at(doc, "deepspeed_config", "deepspeed_config_file"))
+    elif plan.deepspeed.doc.path != plan.deepspeed_file_named:
+        yield warn(f"{where}: the accelerate config uses {plan.deepspeed_file_named}, "
+                   f"but the DeepSpeed config checked is {plan.deepspeed.doc.path}",
+                   "lint the file the job will use: drop --deepspeed, or point deepspeed_config_file at it",
+                   **at(doc, "deepspeed_config", "deepspeed_config_file"))
+    conflicting = [k for k in ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE if k in section.data]
+    if doc.data.get("mixed_precision") is not None:
+        conflicting.append("mixed_precision")
+    for key in conflicting:
+        keys = ("mixed_precision",) if key == "mixed_precision" else ("deepspeed_config", key)
+        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is set beside deepspeed_config_file; accelerate raises "
+                   "'When using `deepspeed_config_file`, the following accelerate config variables will be "
+                   "ignored' when the script starts", f"delete {dotted(keys)} and set it in the DeepSpeed JSON",
+                   key=dotted(keys), **at(doc, *keys))
+    ds = ds_doc(ctx)
+    if ds is not None and "zero_optimization" not in ds.data:
+        yield fail(f"{ds.path}: no zero_optimization block; accelerate requires one in the file it is given "
+                   "('Please specify the ZeRO optimization config in the DeepSpeed config')",
+                   'add "zero_optimization": {"stage": 0} (or the stage you want)', **at(ds))
+
+
+@check("CFG006", "duplicate-keys", "config", tags=["accelerate", "deepspeed", "yaml", "json"])
+def duplicate_keys(ctx) -> Iterator[Finding]:
+    """No key is given twice in the same mapping.
+
+    DeepSpeed refuses a JSON file with repeated keys ('Duplicate keys in DeepSpeed config'); YAML and
+    accelerate silently keep the last one, so an edit to the first occurrence does nothing.
+
+    Delete one of the two occurrences.
+    """
+    docs = [d for d in (accel_doc(ctx), ds_doc(ctx)) if d is not None]
+    if not docs:
+        yield skip("no config given (--config, --deepspeed)")
+        return
+    for doc in docs:
+        for keys, line in doc.duplicates:
+            where = f"{doc.path}:{line}"
+            if doc.kind == "json":
+                yield fail(f"{where}: key {dotted(keys)!r} is given twice; DeepSpeed refuses the file "
+                           "('Duplicate keys in DeepSpeed config')", "delete one of the two", key=dotted(keys),
+                           file=doc.path, line=line)
+            else:
+                yield warn(f"{where}: key {dotted(keys)!r} is given twice; only this last one takes effect",
+                           "delete one of the two", key=dotted(keys), file=doc.path, line=line)
+
+
+@check("CFG010", "main-process-address", "config", tags=["accelerate", "multinode", "network"])
+def main_process_address(ctx) -> Iterator[Finding]:
+    """With several machines, main_process_ip and main_process_port are set, and are a host and a port.
+
+    Every worker connects to the head at this address to rendezvous: without it accelerate stops with
+    an assertion; with `user@host`, a URL or `host:port` in main_process_ip the workers wait until the
+    rendezvous times out; a port outside 1-65535 cannot be bound, one under 1024 needs root.
+
+    Set main_process_ip to the head's address or host name as the workers resolve it (no user, scheme
+    or port) and main_process_port to a free port above 1024, such as 29500.
+    """
+    doc = accel_doc(ctx)
+    if doc is None:
+        yield skip("no accelerate config given (--config)")
+        return
+    data = doc.data
+    machines = data.get("num_machines", 1)
+    if is_int(machines) and machines > 1:
+        for key, example in (("main_process_ip", "10.0.0.1"), ("main_process_port", "29500")):
+            if data.get(key) is None:
+                yield fail(f"{doc.where(key)}: num_machines is {machines} but {key} is not set; accelerate stops with "
+                           f"'When using multiple machines, you need to specify the main process "
+                           f"{'IP' if key.endswith('ip') else 'port'}'", f"set {key}: {example} (the head node's)",
+                           **at(doc, key))
+    ip = data.get("main_process_ip")
+    if isinstance(ip, str) and not _is_host(ip):
+        yield fail(f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}, expected a host name or an IP address",
+                   f"set main_process_ip: {_host_part(ip)!r} (no user@, scheme, path or :port)", value=ip,
+                   **at(doc, "main_process_ip"))
+    port = data.get("main_process_port")
+    if is_int(port):
+        if not 1 <= port <= 65535:
+            yield fail(f"{doc.where('main_process_port')}: main_process_port is {port}, expected 1-65535",
+                       "set main_process_port: 29500", value=port, **at(doc, "main_process_port"))
+        elif port < 1024:
+            yield warn(f"{doc.where('main_process_port')}: main_process_port is {port}, a privileged port under 1024 "
+                       "that only root may bind", "use a port above 1024, such as 29500", value=port,
+                       **at(doc, "main_process_port"))
+
+
+def _is_host(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return bool(HOSTNAME.match(text))
+
+
+def _host_part(text: str) -> str:
+    text = re.sub(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", "", text.strip())
+    text = text.split("/")[0].split("@")[-1]
+    if text.count(":") == 1:
+        text = text.split(":")[0]
+    return text.strip("[]") or "10.0.0.1"
+
+
+@check("CFG011", "machine-rank", "config", tags=["accelerate", "multinode"])
+def machine_rank(ctx) -> Iterator[Finding]:
+    """num_machines is at least 1 and machine_rank lies in [0, num_machines).
+
+    A rank outside the range makes that node wait for a rendezvous that can never complete; the other
+    nodes hang until the timeout.
+
+    Give each machine its own rank from 0 to num_machines - 1 (0 on the head); `preflight launch`
+    sets it per node for you.
+    """
+    doc = accel_doc(ctx)
+    if doc is None:
+        yield skip("no accelerate config given (--config)")
+        return
+    machines, rank = doc.data.get("num_machines", 1), doc.data.get("machine_rank", 0)
+    if is_int(machines) and machines < 1:
+        yield fail(f"{doc.where('num_machines')}: num_machines is {machines}, expected at least 1",
+                   "set num_machines to the number of nodes", **at(doc, "num_machines"))
+        return
+    if is_int(machines) and is_int(rank) and not 0 <= rank < machines:
+        yield fail(f"{doc.where('machine_rank')}: machine_rank is {rank}, expected 0 to {machines - 1} "
+                   f"(num_machines is {machines})", f"set machine_rank between 0 and {machines - 1}",
+                   value=rank, **at(doc, "machine_rank"))
+
+
+@check("CFG020", "process-counts", "config", tags=["accelerate", "multinode", "gpu"])
+def process_counts(ctx) -> Iterator[Finding]:
+    """num_processes is the total over all machines, divides evenly by num_machines, and every machine has
+    a GPU in gpu_ids for each of its processes.
+
+    accelerate starts num_processes // num_machines processes per machine: a total that does not divide
+    leaves processes out, and the common per-node reading (num_processes = GPUs per node) silently halves
+    the job. Fewer gpu_ids than processes per machine puts two processes on one GPU or fails with an
+    invalid device ordinal; a gpu_ids that YAML read as a number crashes accelerate.
+
+    Set num_processes to num_machines x GPUs per machine, and list at least that many GPUs per machine
+    in gpu_ids as a quoted string ('0,1,2,3'), or 'all'.
+    """
+    doc = accel_doc(ctx)
+    if doc is None:
+        yield skip("no accelerate config given (--config)")
+        return
+    data = doc.data
+    procs, machines = data.get("num_processes"), data.get("num_machines", 1)
+    distributed = data.get("distributed_type") not in (None, "NO", False)
+    if distributed and (procs is None or (is_int(procs) and procs < 1)):
+        yield warn(f"{doc.where('num_processes')}: num_processes is {'not set' if procs is None else procs}; "
+                   "accelerate launch then stops with 'You need to manually pass in `--num_processes`'",
+                   "set num_processes to the total number of processes over all machines", **at(doc, "num_processes"))
+    if not (is_int(procs) and is_int(machines) and procs > 0 and machines > 0):
+        return
+    if procs % machines:
+        per = procs // machines
+        yield fail(f"{doc.where('num_processes')}: num_processes {procs} does not divide by num_machines {machines}; "
+                   f"accelerate would start {per} per machine ({per * machines} in all)",
+                   f"set num_processes to a multiple of {machines}, such as {max(per, 1) * machines}",
+                   num_processes=procs, num_machines=machines, **at(doc, "num_processes"))
+        return
+    per_machine = procs // machines
+    ids_value = data.get("gpu_ids")
+    if is_int(ids_value):
+        yield fail(f"{doc.where('gpu_ids')}: gpu_ids is the number {ids_value}, expected a string; accelerate crashes "
+                   "with \"'int' object has no attribute 'split'\"", f"quote it: gpu_ids: '{ids_value}'",
+                   **at(doc, "gpu_ids"))
+        return
+    ids = gpu_id_list(ids_value)
+    if ids is None:
+        return
+    bad = [i for i in ids if not i.isdigit()]
+    if bad:
+        yield fail(f"{doc.where('gpu_ids')}: gpu_ids {ids_value!r} holds {', '.join(map(repr, bad))}, "
+                   "expected GPU indices separated by commas", "write gpu_ids like '0,1,2,3', or 'all'",
+                   **at(doc, "gpu_ids"))
+        return
+    if len(set(ids)) != len(ids):
+        yield fail(f"{doc.where('gpu_ids')}: gpu_ids {ids_value!r} lists a GPU twice",
+                   "list each GPU index once", **at(doc, "gpu_ids"))
+    if machines > 1 and procs == len(ids):
+        yield warn(f"{doc.where('num_processes')}: num_processes is {procs}, the number of gpu_ids of one machine, "
+                   f"but it is the total over all {machines} machines: each machine runs only {per_machine}",
+                   f"to use every listed GPU on every machine, set num_processes: {procs * machines}",
+                   num_processes=procs, num_machines=machines, gpu_ids=len(ids), **at(doc, "num_processes"))
+    elif len(ids) < per_machine:
+        yield fail(f"{doc.where('gpu_ids')}: gpu_ids lists {len(ids)} GPUs but each machine runs {per_machine} "
+                   f"processes (num_processes {procs} / num_machines {machines})",
+                   f"list {per_machine} GPUs in gpu_ids, or lower num_processes to {len(ids) * machines}",
+                   gpu_ids=len(ids), processes_per_machine=per_machine, **at(doc, "gpu_ids"))
+
+
+@check("CFG021", "hostfile", "config", tags=["hostfile", "multinode", "deepspeed"])
+def hostfile(ctx) -> Iterator[Finding]:
+    """The hostfile lists each host once, as many hosts as num_machines, each with the slots (GPUs) that
+    its processes need.
+
+    DeepSpeed's launcher refuses a hostfile with a host twice; a hostfile that disagrees with the
+    accelerate config starts a different number of processes than the config and the batch arithmetic
+    assume.
+
+    Make the hostfile list num_machines distinct hosts, each with slots equal to num_processes /
+    num_machines (or change the config to match the hostfile).
+    """
+    hf = ctx.plan.hostfile
+    if hf is None:
+        yield skip("no hostfile given (--hostfile)")
+        return
+    seen = {}
+    for entry in hf.entries:
+        if entry.host in seen:
+            yield fail(f"{hf.path}:{entry.line}: host {entry.host!r} is listed again (first on line {seen[entry.host]}); "
+                       "DeepSpeed refuses 'multiple entries' for a host", f"delete line {entry.line}",
+                       host=entry.host, file=hf.path, line=entry.line)
+        seen.setdefault(entry.host, entry.line)
+    doc = accel_doc(ctx)
+    if doc is None:
+        return
+    machines = doc.data.get("num_machines", 1)
+    if is_int(machines) and machines != len(seen):
+        yield fail(f"{hf.path}: lists {len(seen)} hosts, but num_machines is {machines} ({doc.where('num_machines')})",
+                   f"list {machines} hosts, or set num_machines: {len(seen)}", hosts=len(seen),
+                   num_machines=machines, file=hf.path, line=None)
+    per_machine = processes_per_machine(doc.data)
+    if per_machine is None:
+        return
+    for entry in hf.entries:
+        if entry.slots != per_machine:
+            yield fail(f"{hf.path}:{entry.line}: {entry.host} has slots={entry.slots}, but the accelerate config runs "
+                       f"{per_machine} processes per machine ({doc.where('num_processes')})",
+                       f"set slots={per_machine}, or change num_processes", host=entry.host, slots=entry.slots,
+                       expected=per_machine, file=hf.path, line=entry.line)
+
+
+# --- DeepSpeed config ---------------------------------------------------------------------------
+
+@check("CFG030", "batch-size", "config", tags=["deepspeed", "batch"])
+def batch_size(ctx) -> Iterator[Finding]:
+    """train_batch_size equals train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size.
+
+    DeepSpeed asserts this equality when the engine starts, after the model is loaded on every node; when
+    one of the three is missing it derives it with integer division, which can give 0 or a product that
+    no longer matches.
+
+    Set the three so that the product holds for the planned world size (the message gives the value
+    that does), or set them to "auto" under accelerate or the transformers Trainer.
+    """
+    ds = ds_doc(ctx)
+    if ds is None:
+        yield skip("no DeepSpeed config given (--deepspeed, or deepspeed_config_file in the accelerate config)")
+        return
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    tb, mb, gas = (ds.data.get(k) for k in keys)
+    if AUTO in (tb, mb, gas):
+        yield skip("batch sizes set to \"auto\" are filled in by accelerate or the transformers Trainer")
+        return
+    values = {k: v for k, v in zip(keys, (tb, mb, gas)) if v is not None}
+    if any(not is_int(v) for v in values.values()):
+        yield skip("a batch setting is not an integer (reported by CFG003)")
+        return
+    for key, value in values.items():
+        if value < 1:
+            yield fail(f"{ds.where(key)}: {key} is {value}, expected at least 1", f"set {key} to 1 or more",
+                       **at(ds, key))
+            return
+    world, source = ctx.plan.world_size
+    evidence = dict(train_batch_size=tb, train_micro_batch_size_per_gpu=mb, gradient_accumulation_steps=gas,
+                    world_size=world, world_size_from=source)
+    if tb is None and mb is None:
+        if ctx.plan.accelerate is None:
+            yield fail(f"{ds.path}: neither train_batch_size nor train_micro_batch_size_per_gpu is set; DeepSpeed "
+                       "asserts 'Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided'",
+                       'set "train_micro_batch_size_per_gpu" (or "auto" under accelerate)', **at(ds), **evidence)
+        return
+    if world is None:
+        if tb is not None and mb is not None and gas is not None and tb % (mb * gas):
+            yield fail(f"{ds.where('train_batch_size')}: train_batch_size {tb} is not a multiple of "
+                       f"train_micro_batch_size_per_gpu x gradient_accumulation_steps = {mb * gas}, so no world size "
+                       "satisfies DeepSpeed's batch assertion",
+                       f"set train_batch_size to {mb * gas} x the number of processes", **at(ds, 'train_batch_size'),
+                       **evidence)
+        else:
+            yield skip(f"the world size is {source}")
+        return
+    # DeepSpeed's own derivation (runtime/config.py _set_batch_related_parameters), then its assertion.
+    gas_eff = gas if gas is not None else (1 if mb is None or tb is None else tb // mb // world)
+    mb_eff = mb if mb is not None else tb // world // gas_eff
+    tb_eff = tb if tb is not None else mb_eff * gas_eff * world
+    if mb_eff < 1 or gas_eff < 1 or tb_eff != mb_eff * gas_eff * world:
+        derived = (mb or max(mb_eff, 1)) * (gas or max(gas_eff, 1)) * world
+        given = ", ".join(f"{k} {v}" for k, v in values.items())
+        hint = ""
+        if tb is not None and mb is not None and tb % (mb * world) == 0:
+            hint = f", or gradient_accumulation_steps: {tb // (mb * world)}"
+        yield fail(f"{ds.where('train_batch_size' if tb is not None else 'train_micro_batch_size_per_gpu')}: "
+                   f"{given} do not fit a world size of {world} ({source}): DeepSpeed needs train_batch_size = "
+                   f"micro batch x accumulation x world size = {mb_eff} x {gas_eff} x {world} = "
+                   f"{mb_eff * gas_eff * world}, not {tb_eff}",
+                   f"set train_batch_size: {derived}{hint} (or \"auto\" under accelerate / transformers)",
+                   expected_train_batch_size=derived, **at(ds, "train_batch_size"), **evidence)
+    else:
+        yield passed(f"train_batch_size {tb_eff} = {mb_eff} x {gas_eff} x world size {world} ({source})", **evidence)
+
+
+def zero_settings(ctx) -> Optional[Tuple[Document, Tuple[str, ...], Any, Mapping[str, Any]]]:
+    """Where the ZeRO settings come from: (doc, path of the stage key, stage, offload devices).
+
+    The DeepSpeed JSON when there is one; else accelerate's own keys, which accelerate turns into one.
+    """
+    ds = ds_doc(ctx)
+    if ds is not None:
+        zero = ds.data.get("zero_optimization")
+        if isinstance(zero, bool):  # the old boolean form: true is stage 1
+            return ds, ("zero_optimization",), int(zero), {}
+        if not isinstance(zero, Mapping):
+            return ds, ("zero_optimization",), 0, {}
+        return ds, ("zero_optimization", "stage"), zero.get("stage", 0), zero
+    doc = accel_doc(ctx)
+    section = doc.section("deepspeed_config") if doc is not None else None
+    if section is None or "zero_stage" not in section.data:
+        return None
+    devices = {
+        "offload_param": {"device": section.data.get("offload_param_device"),
+                          "nvme_path": section.data.get("offload_param_nvme_path")},
+        "offload_optimizer": {"device": section.data.get("offload_optimizer_device"),
+                              "nvme_path": section.data.get("offload_optimizer_nvme_path")},
+    }
+    return doc, ("deepspeed_config", "zero_stage"), section.data["zero_stage"], devices
+
+
+@check("CFG040", "zero-stage", "config", tags=["deepspeed", "zero"])
+def zero_stage(ctx) -> Iterator[Finding]:
+    """The ZeRO stage is 0, 1, 2 or 3.
+
+    DeepSpeed refuses any other stage when the engine starts; "auto" is not filled in by anyone and
+    DeepSpeed silently drops it, training at stage 0 with no sharding at all.
+
+    Set zero_optimization.stage (or accelerate's zero_stage) to 0, 1, 2 or 3.
+    """
+    found = zero_settings(ctx)
+    if found is None:
+        yield skip("no ZeRO settings (no DeepSpeed config, no zero_stage in the accelerate config)")
+        return
+    doc, keys, stage, _ = found
+    if stage == AUTO:
+        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is \"auto\", which nothing fills in: DeepSpeed drops it "
+                   "and trains at stage 0", f"set {dotted(keys)} to 0, 1, 2 or 3", **at(doc, *keys))
+    elif not is_int(stage) or not 0 <= stage <= 3:
+        if is_numeric_string(stage):
+            return  # CFG003
+        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {stage!r}, expected 0, 1, 2 or 3",
+                   f"set {dotted(keys)} to 0, 1, 2 or 3", value=stage, **at(doc, *keys))
+    else:
+        yield passed(f"ZeRO stage {stage}", stage=stage)
+
+
+@check("CFG041", "zero-offload", "config", tags=["deepspeed", "zero", "offload"])
+def zero_offload(ctx) -> Iterator[Finding]:
+    """Offload settings that the ZeRO stage actually uses: offload_param only at stage 3, offload_optimizer
+    not at stage 0, a known device, and an nvme_path with the nvme device.
+
+    DeepSpeed silently ignores offload_param below stage 3 and offload_optimizer at stage 0, so the job
+    runs out of GPU memory that the config seemed to save; partial offload (ratio < 1) needs stage 3;
+    an nvme device without nvme_path fails when the engine starts.
+
+    Use stage 3 for parameter offload (or remove offload_param), a stage of 1 or more for optimizer
+    offload, device one of none, cpu, nvme, and set nvme_path to a local NVMe folder with the nvme device.
+    """
+    found = zero_settings(ctx)
+    if found is None:
+        yield skip("no ZeRO settings (no DeepSpeed config, no zero_stage in the accelerate config)")
+        return
+    doc, stage_keys, stage, blocks = found
+    if not is_int(stage):
+        yield skip("the ZeRO stage is not a number (see CFG040)")
+        return
+    accel_keys = stage_keys[0] == "deepspeed_config"
+    for block in ("offload_param", "offload_optimizer"):
+        settings = blocks.get(block)
+        if not isinstance(settings, Mapping):
+            continue
+        device = settings.get("device")
+        keys = ("deepspeed_config", f"{block}_device") if accel_keys else ("zero_optimization", block, "device")
+        where = doc.where(*keys) if doc.line(*keys) else doc.where(*keys[:-1])
+        name = dotted(keys)
+        if device in (None, "none", AUTO):
+            continue
+        if device not in OFFLOAD_DEVICES:
+            if accel_keys:
+                continue  # CFG002
+            yield fail(f"{where}: {name} is {device!r}, expected none, cpu or nvme{did_you_mean(device, OFFLOAD_DEVICES)}",
+                       f"set {name} to none, cpu or nvme", **at(doc, *keys))
+            continue
+        if block == "offload_param" and stage < 3:
+            yield fail(f"{where}: {name} is {device!r} at ZeRO stage {stage}; only stage 3 offloads parameters, "
+                       "DeepSpeed silently ignores it", f"set {dotted(stage_keys)} to 3, or remove the parameter offload",
+                       stage=stage, device=device, **at(doc, *keys))
+        if block == "offload_optimizer" and stage == 0:
+            yield fail(f"{where}: {name} is {device!r} at ZeRO stage 0; optimizer offload needs stage 1, 2 or 3",
+                       f"set {dotted(stage_keys)} to 1 or more, or remove the optimizer offload", stage=stage,
+                       device=device, **at(doc, *keys))
+        if device == "nvme" and not settings.get("nvme_path"):
+            path_key = ("deepspeed_config", f"{block}_nvme_path") if accel_keys else ("zero_optimization", block, "nvme_path")
+            yield fail(f"{where}: {name} is 'nvme' but {dotted(path_key)} is not set",
+                       f"set {dotted(path_key)} to a folder on a local NVMe drive", **at(doc, *keys))
+        ratio = settings.get("ratio")
+        if block == "offload_optimizer" and is_number(ratio) and ratio < 1 and stage != 3:
+            yield fail(f"{doc.where('zero_optimization', block, 'ratio')}: partial optimizer offload (ratio {ratio}) "
+                       f"at ZeRO stage {stage}; DeepSpeed supports it only at stage 3",
+                       "set ratio to 1, or use stage 3", **at(doc, "zero_optimization", block, "ratio"))
+
+
+@check("CFG050", "precision", "config", tags=["deepspeed", "accelerate", "precision"])
+def precision(ctx) -> Iterator[Finding]:
+    """fp16 and bf16 are not both enabled, and accelerate's mixed_precision agrees with the DeepSpeed
+    config's fp16 / bf16 blocks.
+
+    DeepSpeed asserts 'bfloat16 and fp16 modes cannot be simultaneously enabled'; accelerate raises when
+    mixed_precision names the other type, and silently trains in full precision when it asks for fp16 or
+    bf16 that the DeepSpeed config disables.
+
+    Enable exactly one of fp16 / bf16 (or neither), and make mixed_precision name the same one; "auto"
+    in the DeepSpeed config follows mixed_precision.
+    """
+    ds = ds_doc(ctx)
+    if ds is None:
+        yield skip("no DeepSpeed config given (--deepspeed, or deepspeed_config_file in the accelerate config)")
+        return
+    cfg = ctx.plan.deepspeed
+    fp16, bf16 = cfg.enabled("fp16"), cfg.enabled("bf16")
+    bf16_key = "bf16" if "bf16" in ds.data or "bfloat16" not in ds.data else "bfloat16"
+    if fp16 is True and bf16 is True:
+        yield fail(f"{ds.where('bf16' if bf16_key == 'bf16' else 'bfloat16')}: fp16.enabled and {bf16_key}.enabled "
+                   "are both true; DeepSpeed asserts 'bfloat16 and fp16 modes cannot be simultaneously enabled'",
+                   "enable only one: bf16 on A100/H100-class GPUs, fp16 on older ones", **at(ds, bf16_key))
+        return
+    doc = accel_doc(ctx)
+    mp = doc.data.get("mixed_precision") if doc is not None else None
+    if not isinstance(mp, str) or mp not in MIXED_PRECISIONS:
+        return
+    wanted = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16"}.get(mp)
+    ds_uses = "fp16" if fp16 is True else "bf16" if bf16 is True else None
+    where = doc.where("mixed_precision")
+    if wanted and ds_uses and ds_uses != wanted:
+        yield fail(f"{where}: mixed_precision is {mp!r} but the DeepSpeed config {ds.path} enables {ds_uses}; "
+                   f"accelerate raises '`--mixed_precision` arg cannot be set to `{mp}` when `{ds_uses}` is set'",
+                   f"make them agree: mixed_precision: {ds_uses}, or enable {wanted} in the DeepSpeed config",
+                   mixed_precision=mp, deepspeed=ds_uses, **at(doc, "mixed_precision"))
+    elif wanted and (fp16 if wanted == "fp16" else bf16) is False and (wanted in ds.data or
+                                                                        (wanted == "bf16" and "bfloat16" in ds.data)):
+        yield fail(f"{where}: mixed_precision is {mp!r} but the DeepSpeed config {ds.path} sets {wanted}.enabled "
+                   "to false: DeepSpeed trains in full precision", f'set "{wanted}": {{"enabled": "auto"}} in the DeepSpeed config',
+                   mixed_precision=mp, **at(doc, "mixed_precision"))
+    elif mp == "no" and ds_uses:
+        yield fail(f"{where}: mixed_precision is 'no' but the DeepSpeed config {ds.path} enables {ds_uses}; "
+                   f"the job trains in {ds_uses}, not in full precision as the accelerate config says",
+                   f"set mixed_precision: {ds_uses}, or {ds_uses}.enabled to \"auto\"", mixed_precision=mp,
+                   deepspeed=ds_uses, **at(doc, "mixed_precision"))
+
+
+@check("CFG060", "deepspeed-keys", "config", tags=["deepspeed"])
+def deepspeed_keys(ctx) -> Iterator[Finding]:
+    """The DeepSpeed config has only keys that DeepSpeed knows.
+
+    DeepSpeed rejects unknown keys inside zero_optimization, its offload blocks, fp16 and bf16 (and, since
+    0.19.8, several removed features such as amp and elasticity); elsewhere it ignores them, so a
+    misspelt setting silently keeps its default.
+
+    Correct the spelling to the one suggested, or delete the key.
+    """
+    ds = ds_doc(ctx)
+    if ds is None:
+        yield skip("no DeepSpeed config given (--deepspeed, or deepspeed_config_file in the accelerate config)")
+        return
+    for key in ds.data:
+        if key in DS_REMOVED_KEYS:
+            yield warn(f"{ds.where(key)}: {key!r} was removed from DeepSpeed; 0.19.8 and newer refuse the file",
+                       f"delete {key!r} (or pin an older DeepSpeed on every node)", key=key, **at(ds, key))
+        elif key not in DS_TOP_KEYS:
+            hint = did_you_mean(key, sorted(DS_TOP_KEYS))
+            make = fail if hint else warn
+            yield make(f"{ds.where(key)}: unknown key {key!r}{hint}; DeepSpeed ignores it",
+                       "correct the spelling" if hint else f"delete {key!r} if it is not for another tool",
+                       key=key, **at(ds, key))
+    for block, known in STRICT_BLOCKS.items():
+        section = ds.section(*block)
+        if section is None:
+            continue
+        for key in section.data:
+            if key not in known:
+                yield fail(f"{ds.where(*block, key)}: unknown key {dotted(block + (key,))!r}"
+                           f"{did_you_mean(key, sorted(known))}; DeepSpeed refuses it ('Extra inputs are not permitted')",
+                           f"correct or delete {dotted(block + (key,))}", key=dotted(block + (key,)),
+                           **at(ds, *block, key))
+    zero = ds.section("zero_optimization")
+    if zero is not None:
+        for field, alias in ZERO_ALIASES.items():
+            if field in zero.data and alias in zero.data:
+                yield fail(f"{ds.where('zero_optimization', field)}: zero_optimization sets both {field} and its "
+                           f"alias {alias}; DeepSpeed refuses the pair", f"keep one of {field} and {alias}",
+                           **at(ds, "zero_optimization", field))
+
+
+# --- the libraries' own validators (--deep, and inside `check`) --------------------------------
+
+@check("CFG090", "accelerate-validator", "config", tags=["accelerate", "deep"])
+def accelerate_validator(ctx) -> Iterator[Finding]:
+    """accelerate's own config classes accept the accelerate config, as `accelerate launch` will load it.
+
+    The installed accelerate is the final word on which keys and values it takes: it may be older or
+    newer than the rules preflight knows.
+
+    Fix what accelerate reports, or align the accelerate version with the config (`accelerate config`
+    writes a file that the installed version accepts).
+    """
+    doc = accel_doc(ctx)
+    if not ctx.plan.deep:
+        yield skip("the libraries' validators run with --deep, and inside `preflight check`")
+        return
+    if doc is None:
+        yield skip("no accelerate config given (--config)")
+        return
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            from accelerate.commands.config.config_args import ClusterConfig, SageMakerConfig
+            from accelerate.utils import PrecisionType
+            from accelerate import __version__ as version
+    except ImportError as exc:
+        yield skip(f"accelerate is not importable here ({exc}); install it, or the 'train' extra")
+        return
+    cls = SageMakerConfig if ctx.plan.accelerate.is_sagemaker else ClusterConfig
+    try:
+        data = cls.process_config(copy.deepcopy(dict(doc.data)))
+        extra = sorted(set(data) - set(cls.__dataclass_fields__))
+        if extra:
+            raise ValueError(f"unknown keys {extra}")
+        cls(**data)
+        mp = data.get("mixed_precision")
+        if mp is not None:
+            PrecisionType(str(mp).lower())  # what `accelerate launch` does with it
+    except Exception as exc:
+        yield fail(f"{doc.path}: accelerate {version} rejects the config: {type(exc).__name__}: {_one_line(exc)}",
+                   "fix the key or value accelerate names", accelerate=version, **at(doc))
+        return
+    yield passed(f"accelerate {version} accepts {doc.path}", accelerate=version)
+
+
+@check("CFG091", "deepspeed-validator", "config", tags=["deepspeed", "deep"])
+def deepspeed_validator(ctx) -> Iterator[Finding]:
+    """DeepSpeed's own DeepSpeedConfig accepts the DeepSpeed config for the planned world size.
+
+    The installed DeepSpeed validates every block with its own models; a key or value it refuses stops
+    the engine on every node after the model has been loaded.
+
+    Fix what DeepSpeed reports ("auto" values are filled in first, as accelerate and the transformers
+    Trainer do, so they are not reported here).
+    """
+    ds = ds_doc(ctx)
+    if not ctx.plan.deep:
+        yield skip("the libraries' validators run with --deep, and inside `preflight check`")
+        return
+    if ds is None:
+        yield skip("no DeepSpeed config given (--deepspeed, or deepspeed_config_file in the accelerate config)")
+        return
+    world, _ = ctx.plan.world_size
+    world = world or 1
+    try:
+        # DeepSpeed's logger writes to stdout, which belongs to the report (--json): bind it to stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            import deepspeed
+            import deepspeed.comm as dist
+            from deepspeed.runtime.config import DeepSpeedConfig
+    except ImportError as exc:
+        yield skip(f"deepspeed is not importable here ({exc}); install it, or the 'train' extra")
+        return
+    config = _without_auto(copy.deepcopy(dict(ds.data)), world)
+    saved = dist.get_rank, dist.get_world_size
+    # Without an initialised process group DeepSpeedConfig assumes a world of 1: give it the plan's.
+    dist.get_rank, dist.get_world_size = (lambda *a, **k: 0), (lambda *a, **k: world)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            DeepSpeedConfig(config)
+    except Exception as exc:
+        yield fail(f"{ds.path}: DeepSpeed {deepspeed.__version__} rejects the config at world size {world}: "
+                   f"{type(exc).__name__}: {_one_line(exc)}", "fix the key or value DeepSpeed names",
+                   deepspeed=deepspeed.__version__, world_size=world, **at(ds))
+        return
+    finally:
+        dist.get_rank, dist.get_world_size = saved
+    yield passed(f"DeepSpeed {deepspeed.__version__} accepts {ds.path} at world size {world}",
+                 deepspeed=deepspeed.__version__, world_size=world)
+
+
+def _without_auto(config: dict, world: int) -> dict:
+    """Stand-ins for "auto", as accelerate would fill them: consistent batch sizes, and no other "auto"."""
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    if any(config.get(k) == AUTO for k in keys):
+        micro = config.get(keys[1]) if is_int(config.get(keys[1])) else 1
+        steps = config.get(keys[2]) if is_int(config.get(keys[2])) else 1
+        config.update({keys[0]: micro * steps * world, keys[1]: micro, keys[2]: steps})
+
+    def drop(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: drop(v) for k, v in node.items() if v != AUTO}
+        if isinstance(node, list):
+            return [drop(v) for v in node if v != AUTO]
+        return node
+
+    return drop(config)
+
+
+def _one_line(exc: BaseException) -> str:
+    if callable(getattr(exc, "errors", None)):  # pydantic: one "field: problem" per error
+        try:
+            text = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        except Exception:
+            text = str(exc)
+    else:
+        text = str(exc)
+    text = " ".join(text.split())
+    return text if len(text) <= 400 else text[:397] + "..."

@@ -1,0 +1,307 @@
+"""The job's configuration: accelerate's config file, the DeepSpeed config, DeepSpeed's hostfile.
+
+What accelerate and DeepSpeed accept is written down here, once, for the loaders (which turn a
+wrong type into a one-line input error) and for the CFG checks (which find the defects).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from preflight.documents import Document, InputError, load, read_text
+
+NoneType = type(None)
+AUTO = "auto"  # in a type tuple: the string "auto" is accepted (filled in by accelerate / transformers)
+MAP = (dict, NoneType)
+NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+# accelerate's ClusterConfig and BaseConfig fields (accelerate/commands/config/config_args.py).
+ACCELERATE_KEYS: Dict[str, tuple] = {
+    # bool too: YAML 1.1 reads an unquoted NO / no as false, a trap the CFG checks explain.
+    "compute_environment": (str,),
+    "distributed_type": (str, bool),
+    "mixed_precision": (str, bool, NoneType),
+    "use_cpu": (bool,),
+    "debug": (bool,),
+    "num_processes": (int,),
+    "machine_rank": (int,),
+    "num_machines": (int,),
+    "gpu_ids": (str, int, NoneType),
+    "main_process_ip": (str, NoneType),
+    "main_process_port": (int, NoneType),
+    "rdzv_backend": (str, NoneType),
+    "same_network": (bool, NoneType),
+    "main_training_function": (str,),
+    "enable_cpu_affinity": (bool,),
+    "fp8_config": MAP,
+    "deepspeed_config": MAP,
+    "fsdp_config": MAP,
+    "parallelism_config": MAP,
+    "megatron_lm_config": MAP,
+    "mpirun_config": MAP,
+    "dynamo_config": MAP,
+    "downcast_bf16": (bool, str),
+    "tpu_name": (str, NoneType),
+    "tpu_zone": (str, NoneType),
+    "tpu_use_cluster": (bool,),
+    "tpu_use_sudo": (bool,),
+    "command_file": (str, NoneType),
+    "commands": (list, str, NoneType),
+    "tpu_vm": (list, str, NoneType),
+    "tpu_env": (list, NoneType),
+    # Old spellings that accelerate still converts on load.
+    "fp16": (bool,),
+    "dynamo_backend": (str,),
+}
+# SageMakerConfig replaces the cluster fields with these.
+SAGEMAKER_KEYS: Dict[str, tuple] = {
+    **{k: ACCELERATE_KEYS[k] for k in ("compute_environment", "distributed_type", "mixed_precision", "use_cpu",
+                                       "debug", "num_machines", "gpu_ids", "dynamo_config", "enable_cpu_affinity",
+                                       "fp16", "dynamo_backend")},
+    "ec2_instance_type": (str,),
+    "iam_role_name": (str,),
+    "image_uri": (str, NoneType),
+    "profile": (str, NoneType),
+    "region": (str,),
+    "base_job_name": (str,),
+    "pytorch_version": (str,),
+    "transformers_version": (str,),
+    "py_version": (str,),
+    "sagemaker_inputs_file": (str, NoneType),
+    "sagemaker_metrics_file": (str, NoneType),
+    "additional_args": MAP,
+}
+# Keys accelerate rejects today although older versions wrote them.
+ACCELERATE_REMOVED_KEYS = {
+    "ipex_config": "removed in accelerate 1.x (IPEX is enabled by itself on Intel CPUs)",
+    "use_ipex": "removed in accelerate 1.x (IPEX is enabled by itself on Intel CPUs)",
+    "use_mps_device": "removed in accelerate 0.2x (MPS is used by itself on Apple silicon)",
+}
+COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE", "AMAZON_SAGEMAKER")
+DISTRIBUTED_TYPES = (
+    "NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU",
+    "MULTI_HPU", "MULTI_NEURON", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM",
+)
+SAGEMAKER_DISTRIBUTED_TYPES = ("NO", "DATA_PARALLEL", "MODEL_PARALLEL")
+MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+
+# The keys of accelerate's `deepspeed_config` section (accelerate launch's DeepSpeed arguments).
+ACCELERATE_DS_KEYS: Dict[str, tuple] = {
+    "deepspeed_config_file": (str,),
+    "zero_stage": (int,),
+    "offload_optimizer_device": (str, NoneType),
+    "offload_param_device": (str, NoneType),
+    "offload_optimizer_nvme_path": (str, NoneType),
+    "offload_param_nvme_path": (str, NoneType),
+    "gradient_accumulation_steps": (int, AUTO),
+    "gradient_clipping": (float, NoneType, AUTO),
+    "zero3_init_flag": (bool, NoneType),
+    "zero3_save_16bit_model": (bool, NoneType),
+    "deepspeed_hostfile": (str, NoneType),
+    "deepspeed_exclusion_filter": (str, NoneType),
+    "deepspeed_inclusion_filter": (str, NoneType),
+    "deepspeed_multinode_launcher": (str, NoneType),
+    "deepspeed_moe_layer_cls_names": (str, NoneType),
+}
+# Set beside deepspeed_config_file, these make accelerate raise a ValueError when the script starts
+# (DeepSpeedPlugin._deepspeed_config_checks); so does any mixed_precision value in the config file.
+ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE = (
+    "gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+    "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
+)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    host: str
+    slots: int
+    line: int
+
+
+@dataclass(frozen=True)
+class Hostfile:
+    path: str
+    entries: Tuple[HostEntry, ...]
+
+    @property
+    def hosts(self) -> Tuple[str, ...]:
+        return tuple(e.host for e in self.entries)
+
+
+HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots\s*=\s*(\d+)\s*(#.*)?$")
+
+
+def load_hostfile(path: str) -> Hostfile:
+    """DeepSpeed's format: `host slots=N` a line; blank lines and `#` comments are ignored."""
+    entries = []
+    for number, raw in enumerate(read_text(path, "hostfile").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = HOSTFILE_LINE.match(line)
+        if not match:
+            raise InputError(path, f"expected 'HOSTNAME slots=N', found {line[:60]!r}", number)
+        slots = int(match.group(2))
+        if slots < 1:
+            raise InputError(path, f"host {match.group(1)!r} has slots={slots}; it must be at least 1", number)
+        entries.append(HostEntry(match.group(1), slots, number))
+    if not entries:
+        raise InputError(path, "hostfile lists no hosts")
+    return Hostfile(path, tuple(entries))
+
+
+def is_numeric_string(value: Any) -> bool:
+    return isinstance(value, str) and bool(NUMBER_RE.match(value.strip()))
+
+
+def type_name(types: tuple) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
+             list: "a list", NoneType: "null", AUTO: '"auto"'}
+    return " or ".join(dict.fromkeys(names[t] for t in types))
+
+
+def _matches(value: Any, types: tuple) -> bool:
+    if value == AUTO and AUTO in types:
+        return True
+    types = tuple(t for t in types if t != AUTO)
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, int) and float in types:
+        return True
+    return isinstance(value, tuple(types))
+
+
+def validate_types(doc: Document, schema: Mapping[str, tuple], keys: Tuple = ()) -> None:
+    """A known key with a value of the wrong type is bad input. Numbers written as strings are
+    left to the CFG checks, which explain the YAML and JSON traps behind them."""
+    section = doc.section(*keys) if keys else doc
+    if section is None:
+        return
+    for key, types in schema.items():
+        if key not in section.data:
+            continue
+        value = section.data[key]
+        if _matches(value, types):
+            continue
+        numeric = int in types or float in types
+        if numeric and is_numeric_string(value):
+            continue
+        shown = ".".join(map(str, keys + (key,)))
+        raise InputError(doc.path, f"{shown} must be {type_name(types)}, found {value!r}", section.line(key))
+
+
+@dataclass(frozen=True)
+class AccelerateConfig:
+    doc: Document
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        return self.doc.data
+
+    @property
+    def is_sagemaker(self) -> bool:
+        return self.data.get("compute_environment") == "AMAZON_SAGEMAKER"
+
+    @property
+    def deepspeed_section(self) -> Optional[Document]:
+        return self.doc.section("deepspeed_config")
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        return self.data.get("distributed_type") == "DEEPSPEED" or bool(self.data.get("deepspeed_config"))
+
+    def integer(self, key: str, default: Optional[int] = None) -> Optional[int]:
+        value = self.data.get(key, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def load_accelerate_config(path: str) -> AccelerateConfig:
+    doc = load(path, "accelerate config")
+    schema = SAGEMAKER_KEYS if doc.data.get("compute_environment") == "AMAZON_SAGEMAKER" else ACCELERATE_KEYS
+    validate_types(doc, schema)
+    validate_types(doc, ACCELERATE_DS_KEYS, ("deepspeed_config",))
+    return AccelerateConfig(doc)
+
+
+# DeepSpeed settings whose values must be numbers ("auto" is filled in by accelerate / transformers).
+DS_NUMERIC: Dict[Tuple[str, ...], tuple] = {
+    ("train_batch_size",): (int, AUTO),
+    ("train_micro_batch_size_per_gpu",): (int, AUTO),
+    ("gradient_accumulation_steps",): (int, AUTO),
+    ("gradient_clipping",): (float, AUTO),
+    ("steps_per_print",): (int, float),
+    ("zero_optimization", "stage"): (int,),
+    ("zero_optimization", "reduce_bucket_size"): (int, float, AUTO),
+    ("zero_optimization", "allgather_bucket_size"): (int, float, AUTO),
+    ("zero_optimization", "stage3_prefetch_bucket_size"): (int, float, AUTO),
+    ("zero_optimization", "stage3_param_persistence_threshold"): (int, float, AUTO),
+    ("zero_optimization", "stage3_max_live_parameters"): (int, float, AUTO),
+    ("zero_optimization", "stage3_max_reuse_distance"): (int, float, AUTO),
+    ("zero_optimization", "sub_group_size"): (int, float, AUTO),
+    ("fp16", "loss_scale"): (int, float),
+    ("fp16", "initial_scale_power"): (int,),
+    ("fp16", "loss_scale_window"): (int,),
+    ("fp16", "hysteresis"): (int,),
+    ("fp16", "min_loss_scale"): (int, float),
+    ("optimizer", "params", "lr"): (float, AUTO),
+    ("optimizer", "params", "eps"): (float, AUTO),
+    ("optimizer", "params", "weight_decay"): (float, AUTO),
+    ("scheduler", "params", "warmup_min_lr"): (float, AUTO),
+    ("scheduler", "params", "warmup_max_lr"): (float, AUTO),
+    ("scheduler", "params", "warmup_num_steps"): (int, AUTO),
+    ("scheduler", "params", "total_num_steps"): (int, AUTO),
+}
+DS_SECTIONS = ("zero_optimization", "fp16", "bf16", "optimizer", "scheduler")
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    doc: Document
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        return self.doc.data
+
+    def get(self, *keys: str) -> Any:
+        value: Any = self.data
+        for key in keys:
+            if not isinstance(value, Mapping):
+                return None
+            value = value.get(key)
+        return value
+
+    def enabled(self, block: str) -> Any:
+        """fp16 / bf16 `enabled`: True, False or "auto". DeepSpeed also reads "bfloat16" for bf16."""
+        section = self.get(block)
+        if section is None and block == "bf16":
+            section = self.get("bfloat16")
+        if not isinstance(section, Mapping):
+            return False
+        return section.get("enabled", False)
+
+
+def load_deepspeed_config(path: str) -> DeepSpeedConfig:
+    doc = load(path, "DeepSpeed config", kind="json" if not path.lower().endswith((".yaml", ".yml")) else "yaml")
+    for keys, types in DS_NUMERIC.items():
+        section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
+        if section is not None:
+            validate_types(doc, {keys[-1]: types}, keys[:-1])
+    for block in DS_SECTIONS:
+        value = doc.data.get(block)
+        if value is not None and not isinstance(value, dict):
+            raise InputError(path, f"{block} must be a mapping, found {value!r}", doc.line(block))
+    return DeepSpeedConfig(doc)
+
+
+def resolve_beside(path: str, reference: str) -> str:
+    """A path named inside a config file: as written (accelerate opens it from the working
+    directory), else next to the file that names it."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    beside = os.path.join(os.path.dirname(reference), path)
+    return beside if os.path.exists(beside) else path

@@ -1,0 +1,99 @@
+"""Renderers over the same list of Results: the terminal report and the JSON document."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from typing import List, Sequence, TextIO, Tuple
+
+from preflight.result import SEVERITY, Result, Status
+
+STYLE = {
+    Status.FAIL: "bold red",
+    Status.ERROR: "bold magenta",
+    Status.WARN: "yellow",
+    Status.SKIP: "dim",
+    Status.PASS: "green",
+}
+VERDICT_STYLE = {"pass": "bold green", "warn": "bold yellow", "fail": "bold red"}
+
+
+def to_json(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> str:
+    return json.dumps(
+        {
+            "schema": 1,
+            "verdict": verdict,
+            "duration_s": round(duration_s, 6),
+            "nodes": list(nodes),
+            "results": [r.to_json() for r in results],
+        },
+        indent=2,
+        default=str,
+    )
+
+
+def fold_nodes(nodes: Sequence[str]) -> str:
+    """n01,n02,n03 -> n[01-03]"""
+    if not nodes:
+        return ""
+    try:
+        import hostlist
+
+        return hostlist.collect_hostlist(list(nodes))
+    except Exception:  # names hostlist cannot fold are shown as they are
+        return ",".join(nodes)
+
+
+def fold(results: Sequence[Result]) -> List[Tuple[Result, Tuple[str, ...]]]:
+    """Identical findings on several nodes become one line with a node range, worst first."""
+    groups = {}
+    for r in results:
+        key = (r.id, r.status, r.message, r.remediation)
+        if key in groups:
+            groups[key] = (groups[key][0], groups[key][1] + tuple(r.nodes))
+        else:
+            groups[key] = (r, tuple(r.nodes))
+    return sorted(groups.values(), key=lambda g: (SEVERITY[g[0].status], g[0].id))
+
+
+def summary(results: Sequence[Result]) -> str:
+    counts = Counter(r.status for r in results)
+    words = [
+        (Status.FAIL, "failed"),
+        (Status.ERROR, "errors"),
+        (Status.WARN, "warnings"),
+        (Status.PASS, "passed"),
+        (Status.SKIP, "skipped"),
+    ]
+    return ", ".join(f"{counts[s]} {w}" for s, w in words if counts[s]) or "no checks ran"
+
+
+def use_color(stream: TextIO) -> bool:
+    return stream.isatty() and not os.environ.get("NO_COLOR")
+
+
+def terminal(results: Sequence[Result], verdict: str, duration_s: float, stream: TextIO = None) -> None:
+    stream = stream or sys.stdout
+    lines = []  # (text, style) pairs per line
+    for result, nodes in fold(results):
+        head = [(f"{result.status.value.upper():5} ", STYLE[result.status]), (f"{result.id} {result.name}", "bold")]
+        if nodes:
+            head.append((f" [{fold_nodes(nodes)}]", "cyan"))
+        head.append((f"  {result.message}", ""))
+        lines.append(head)
+        if result.remediation and result.status in (Status.FAIL, Status.ERROR, Status.WARN):
+            lines.append([("      fix: ", "bold"), (result.remediation, "")])
+    lines.append(
+        [("verdict: ", "bold"), (verdict.upper(), VERDICT_STYLE[verdict]), (f"  {summary(results)} in {duration_s:.2f} s", "")]
+    )
+    if use_color(stream):
+        from rich.console import Console
+        from rich.text import Text
+
+        console = Console(file=stream, highlight=False, soft_wrap=True)
+        for parts in lines:
+            console.print(Text.assemble(*parts))
+    else:
+        for parts in lines:
+            stream.write("".join(text for text, _ in parts) + "\n")
