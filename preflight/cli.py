@@ -63,7 +63,7 @@ def build_parser() -> Parser:
     inputs(lint)
     lint.add_argument("--deep", action="store_true",
                       help="also run accelerate's and DeepSpeed's own validators (when importable; ~2 s each)")
-    for name, text in (("check", "check this machine (more targets to come) before a job"),
+    for name, text in (("check", "check the job before it starts (with no target: on this machine)"),
                        ("node", "check this node, as in a SLURM prolog"),
                        ("launch", "check, then run COMMAND only when the job is ready")):
         sub = commands.add_parser(name, help=text)
@@ -91,17 +91,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("preflight: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        return EXIT_READY_BUT_PIPE_CLOSED
+    except BrokenPipeError:  # `preflight list | head`: the reader has gone; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_NOT_READY
     except Exception as exc:  # the last resort: a defect of ours, said in one line
         if os.environ.get("PREFLIGHT_DEBUG"):
             raise
         print(f"preflight: internal error: {type(exc).__name__}: {exc} (PREFLIGHT_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return EXIT_INTERNAL
-
-
-EXIT_READY_BUT_PIPE_CLOSED = 0
 
 
 def _main(argv: List[str]) -> int:
@@ -123,7 +121,7 @@ def _main(argv: List[str]) -> int:
 
 def _run(reg, args) -> int:
     from preflight import registry, render, runner
-    from preflight.plan import build_plan
+    from preflight.plan import build_plan, default_accelerate_config
 
     if args.command == "launch":
         command = args.launch_command[1:] if args.launch_command[:1] == ["--"] else args.launch_command
@@ -137,8 +135,12 @@ def _run(reg, args) -> int:
         raise UsageError(str(exc)) from None
     started = time.perf_counter()
     node = os.uname().nodename
+    config = args.config
+    if config is None and default_accelerate_config():
+        config = default_accelerate_config()  # what `accelerate launch` uses without --config_file
+        print(f"preflight: using accelerate's default config {config}", file=sys.stderr)
     plan = build_plan(
-        config=args.config,
+        config=config,
         deepspeed=args.deepspeed,
         hostfile=args.hostfile,
         world_size=args.world_size,
@@ -190,7 +192,7 @@ def checks_table(checks) -> str:
 
 
 def _explain(reg, check_id: str) -> int:
-    spec = reg.get(check_id)
+    spec = reg.get(check_id) or next((c for c in reg.checks if c.name == check_id), None)
     if spec is None:
         close = difflib.get_close_matches(check_id.upper(), [c.id for c in reg.checks] + [c.name for c in reg.checks], 3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `preflight list` shows them all"

@@ -41,6 +41,13 @@ class Plan:
         return None, "unknown (give --world-size, an accelerate config or a hostfile)"
 
 
+def default_accelerate_config() -> Optional[str]:
+    """accelerate's default config file, as `accelerate launch` finds it, when it exists."""
+    cache = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    path = os.path.join(os.path.expanduser(cache), "accelerate", "default_config.yaml")
+    return path if os.path.isfile(path) else None
+
+
 def build_plan(
     config: Optional[str] = None,
     deepspeed: Optional[str] = None,
