@@ -399,12 +399,16 @@ def main_process_address(ctx) -> Iterator[Finding]:
     data = doc.data
     machines = data.get("num_machines", 1)
     if is_int(machines) and machines > 1:
-        for key, example in (("main_process_ip", "10.0.0.1"), ("main_process_port", "29500")):
-            if data.get(key) is None:
-                yield fail(f"{doc.where(key)}: num_machines is {machines} but {key} is not set; accelerate stops with "
-                           f"'When using multiple machines, you need to specify the main process "
-                           f"{'IP' if key.endswith('ip') else 'port'}'", f"set {key}: {example} (the head node's)",
-                           **at(doc, key))
+        if data.get("main_process_ip") is None:
+            yield fail(f"{doc.where('main_process_ip')}: num_machines is {machines} but main_process_ip is not set; "
+                       "the workers cannot find the head ('When using multiple machines, you need to specify the "
+                       "main process IP')", "set main_process_ip to the head node's address, such as 10.0.0.1",
+                       **at(doc, "main_process_ip"))
+        if data.get("main_process_port") is None:
+            yield warn(f"{doc.where('main_process_port')}: num_machines is {machines} but main_process_port is not "
+                       "set; torchrun falls back to 29500, accelerate's other launchers stop with 'you need to "
+                       "specify the main process port'", "set main_process_port: 29500 (or another free port)",
+                       **at(doc, "main_process_port"))
     ip = data.get("main_process_ip")
     if isinstance(ip, str) and not _is_host(ip):
         yield fail(f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}, expected a host name or an IP address",

@@ -59,14 +59,9 @@ def fold(results: Sequence[Result]) -> List[Tuple[Result, Tuple[str, ...]]]:
 
 def summary(results: Sequence[Result]) -> str:
     counts = Counter(r.status for r in results)
-    words = [
-        (Status.FAIL, "failed"),
-        (Status.ERROR, "errors"),
-        (Status.WARN, "warnings"),
-        (Status.PASS, "passed"),
-        (Status.SKIP, "skipped"),
-    ]
-    return ", ".join(f"{counts[s]} {w}" for s, w in words if counts[s]) or "no checks ran"
+    words = [(Status.FAIL, "failed", "failed"), (Status.ERROR, "error", "errors"), (Status.WARN, "warning", "warnings"),
+             (Status.PASS, "passed", "passed"), (Status.SKIP, "skipped", "skipped")]
+    return ", ".join(f"{counts[s]} {one if counts[s] == 1 else many}" for s, one, many in words if counts[s]) or "no checks ran"
 
 
 def use_color(stream: TextIO) -> bool:

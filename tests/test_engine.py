@@ -259,7 +259,7 @@ def test_terminal_report_lists_failures_first_with_fixes_and_ends_with_the_verdi
     assert code == 1
     assert lines[0].startswith("FAIL  CFG010 main-process-address")
     assert lines[1].strip().startswith("fix: set main_process_ip")
-    assert lines[-1].startswith("verdict: FAIL") and "2 failed" in lines[-1]
+    assert lines[-1].startswith("verdict: FAIL") and "1 failed, 1 warning," in lines[-1]
     assert "\x1b[" not in out  # not a terminal: plain text
 
 
