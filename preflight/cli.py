@@ -43,6 +43,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {value}")
+    return value
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="preflight", description="Will this multi-node Accelerate + DeepSpeed job start and run?")
     parser.add_argument("--version", action="version", version=f"preflight {__version__}")
@@ -63,12 +70,28 @@ def build_parser() -> Parser:
     inputs(lint)
     lint.add_argument("--deep", action="store_true",
                       help="also run accelerate's and DeepSpeed's own validators (when importable; ~2 s each)")
-    for name, text in (("check", "check the job before it starts (with no target: on this machine)"),
+    for name, text in (("check", "check the job on its nodes before it starts (no target: this machine)"),
                        ("node", "check this node, as in a SLURM prolog"),
                        ("launch", "check, then run COMMAND only when the job is ready")):
         sub = commands.add_parser(name, help=text)
         inputs(sub)
+        sub.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go: must exist with free space")
+        sub.add_argument("--clock-warn", type=positive_float, default=0.1, metavar="S",
+                         help="clock offset from the head that warns (default 0.1 s)")
+        sub.add_argument("--clock-fail", type=positive_float, default=1.0, metavar="S",
+                         help="clock offset from the head that fails (default 1 s)")
+        sub.add_argument("--port", type=port_number, metavar="N",
+                         help="main process port (default: main_process_port of the config, else 29500)")
         if name != "node":
+            target = sub.add_mutually_exclusive_group()
+            target.add_argument("--hosts", metavar="LIST", help="nodes, first the head: n1,n2 or gpu[001-004]")
+            target.add_argument("--slurm", action="store_true", help="the nodes of this SLURM job (SLURM_JOB_NODELIST)")
+            sub.add_argument("--ssh-config", metavar="FILE", help="ssh_config to read (default ~/.ssh/config)")
+            sub.add_argument("--ssh-accept-new", action="store_true", help="trust (and remember) unknown host keys")
+            sub.add_argument("--python", metavar="PATH", default=sys.executable,
+                             help=f"the training interpreter on the nodes (default {sys.executable})")
+            sub.add_argument("--fanout", type=positive_int, default=64, metavar="N",
+                             help="nodes reached at once (default 64)")
             sub.add_argument("--timeout", type=positive_float, default=30.0, metavar="S",
                              help="deadline in seconds for each remote step (default 30)")
         if name == "launch":
@@ -121,7 +144,7 @@ def _main(argv: List[str]) -> int:
 
 def _run(reg, args) -> int:
     from preflight import registry, render, runner
-    from preflight.plan import build_plan, default_accelerate_config
+    from preflight.plan import Limits, build_plan, default_accelerate_config
 
     if args.command == "launch":
         command = args.launch_command[1:] if args.launch_command[:1] == ["--"] else args.launch_command
@@ -129,12 +152,11 @@ def _run(reg, args) -> int:
             raise UsageError("launch needs the command to run after `--`, e.g. preflight launch -- accelerate launch train.py")
     try:
         only, skip = registry.parse_selectors(args.only), registry.parse_selectors(args.skip)
-        scopes = ("config",) if args.command == "lint" else ("config", "node")
+        scopes = ("config",) if args.command == "lint" else ("config", "node", "cluster")
         specs = registry.select([c for c in reg.checks if c.scope in scopes], only, skip)
     except registry.SelectionError as exc:
         raise UsageError(str(exc)) from None
     started = time.perf_counter()
-    node = os.uname().nodename
     config = args.config
     if config is None and default_accelerate_config():
         config = default_accelerate_config()  # what `accelerate launch` uses without --config_file
@@ -145,9 +167,16 @@ def _run(reg, args) -> int:
         hostfile=args.hostfile,
         world_size=args.world_size,
         deep=getattr(args, "deep", False) or args.command != "lint",
-        nodes=() if args.command == "lint" else (node,),
+        nodes=None if args.command == "lint" else _target(args),
+        port=getattr(args, "port", None),
+        limits=Limits(clock_warn_s=args.clock_warn, clock_fail_s=args.clock_fail)
+        if args.command != "lint" else Limits(),
+        checkpoint_dir=getattr(args, "checkpoint_dir", None),
     )
-    results = runner.run(specs, runner.CheckContext(plan))
+    ctx = runner.CheckContext(plan)
+    if args.command != "lint":
+        ctx = gather_for(plan, args)
+    results = runner.run(specs, ctx)
     elapsed = time.perf_counter() - started
     outcome = verdict(results)
     if args.json:
@@ -165,6 +194,44 @@ def _run(reg, args) -> int:
     if args.command == "launch":
         print("preflight: not launching: the job is not ready (see the report above)", file=sys.stderr)
     return code if code == 0 else EXIT_NOT_READY
+
+
+def _target(args) -> tuple:
+    """The nodes: --hosts, --slurm, or (for check and launch) the hostfile; none means this machine."""
+    from preflight import inventory
+    from preflight.jobconfig import load_hostfile
+
+    if getattr(args, "hosts", None) is not None:
+        return tuple(inventory.validate(inventory.expand(args.hosts, "--hosts"), "--hosts"))
+    if getattr(args, "slurm", False):
+        return tuple(inventory.from_slurm())
+    if args.command in ("check", "launch") and args.hostfile:
+        hosts = load_hostfile(args.hostfile).hosts
+        return tuple(inventory.validate(list(dict.fromkeys(hosts)), args.hostfile))
+    return ()
+
+
+def gather_for(plan, args):
+    """Facts and probes: over SSH for a target, in-process for this machine alone."""
+    from preflight import gather, runner
+
+    options = gather.GatherOptions(
+        python=getattr(args, "python", sys.executable),
+        timeout=getattr(args, "timeout", 30.0),
+        fanout=getattr(args, "fanout", 64),
+        ssh_config=getattr(args, "ssh_config", None),
+        accept_new=getattr(args, "ssh_accept_new", False),
+        port=plan.port,
+        main_address=plan.main_address,
+        # The job starts in this directory on every node: each node says whether it has it.
+        paths=dict(plan.paths, workdir=os.getcwd()) if plan.remote else plan.paths,
+        progress=not args.json or sys.stderr.isatty(),
+    )
+    if plan.remote:
+        facts, probes = gather.gather_ssh(list(plan.nodes), options)
+    else:
+        facts, probes = gather.gather_local(plan.nodes[0], options)
+    return runner.CheckContext(plan, facts, probes)
 
 
 def _list(reg, args) -> int:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from preflight.inventory import head_first
 from preflight.jobconfig import (
     AccelerateConfig,
     DeepSpeedConfig,
@@ -17,6 +19,18 @@ from preflight.jobconfig import (
 
 
 @dataclass(frozen=True)
+class Limits:
+    """Thresholds the checks compare against (expectations live here, not in the checks)."""
+
+    clock_warn_s: float = 0.1
+    clock_fail_s: float = 1.0
+    shm_fail_bytes: int = 512 * 2**20
+    shm_warn_bytes: int = 2**30
+    nofile_warn: int = 4096
+    disk_warn_bytes: int = 10 * 2**30
+
+
+@dataclass(frozen=True)
 class Plan:
     accelerate: Optional[AccelerateConfig] = None
     deepspeed: Optional[DeepSpeedConfig] = None
@@ -25,7 +39,34 @@ class Plan:
     # deepspeed_config_file as the accelerate config names it, resolved; None when it names none
     deepspeed_file_named: Optional[str] = None
     deep: bool = False  # also run accelerate's and DeepSpeed's own validators
-    nodes: Tuple[str, ...] = ()
+    nodes: Tuple[str, ...] = ()  # the first is the head; empty for lint
+    remote: bool = False  # nodes are reached over SSH (else: this machine, in-process)
+    port: int = 29500
+    limits: Limits = Limits()
+    checkpoint_dir: Optional[str] = None
+
+    @property
+    def head(self) -> Optional[str]:
+        return self.nodes[0] if self.nodes else None
+
+    @property
+    def main_address(self) -> Optional[str]:
+        """main_process_ip of the accelerate config: the address the workers will connect to."""
+        ip = self.accelerate.data.get("main_process_ip") if self.accelerate is not None else None
+        return ip if isinstance(ip, str) and ip else None
+
+    @property
+    def paths(self) -> dict:
+        """Folders whose existence and free space every node reports."""
+        paths = {}
+        if self.checkpoint_dir:
+            paths["checkpoint_dir"] = self.checkpoint_dir
+        if self.deepspeed is not None:
+            for block in ("offload_param", "offload_optimizer"):
+                nvme = self.deepspeed.get("zero_optimization", block, "nvme_path")
+                if isinstance(nvme, str) and nvme:
+                    paths[f"{block}.nvme_path"] = nvme
+        return paths
 
     @property
     def world_size(self) -> Tuple[Optional[int], str]:
@@ -54,9 +95,14 @@ def build_plan(
     hostfile: Optional[str] = None,
     world_size: Optional[int] = None,
     deep: bool = False,
-    nodes: Tuple[str, ...] = (),
+    nodes: Optional[Tuple[str, ...]] = None,
+    port: Optional[int] = None,
+    limits: Limits = Limits(),
+    checkpoint_dir: Optional[str] = None,
 ) -> Plan:
-    """Load every input; unreadable input raises InputError (exit 2)."""
+    """Load every input; unreadable input raises InputError (exit 2).
+
+    nodes None: a lint, no node at all; () : this machine alone; names: those nodes over SSH."""
     accel = load_accelerate_config(config) if config else None
     named = None
     if accel is not None:
@@ -65,6 +111,12 @@ def build_plan(
         if isinstance(name, str) and name.strip():
             named = resolve_beside(name, accel.doc.path)
     ds_path = deepspeed or (named if named and os.path.isfile(named) else None)
+    config_port = accel.integer("main_process_port") if accel is not None else None
+    config_port = config_port if config_port and 1 <= config_port <= 65535 else None  # else CFG010 says so
+    remote = bool(nodes)
+    if nodes is not None:
+        main_ip = accel.data.get("main_process_ip") if accel is not None else None
+        nodes = tuple(head_first(list(nodes), main_ip)) if nodes else (socket.gethostname(),)
     return Plan(
         accelerate=accel,
         deepspeed=load_deepspeed_config(ds_path) if ds_path else None,
@@ -72,5 +124,9 @@ def build_plan(
         world_size_override=world_size,
         deepspeed_file_named=named,
         deep=deep,
-        nodes=nodes,
+        nodes=nodes or (),
+        remote=remote,
+        port=port or config_port or 29500,
+        limits=limits,
+        checkpoint_dir=checkpoint_dir,
     )

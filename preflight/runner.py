@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, List, Mapping, Optional
 
 from preflight.registry import CheckSpec
@@ -11,14 +11,44 @@ from preflight.result import Finding, Result, Status
 
 @dataclass(frozen=True)
 class CheckContext:
-    """What a check may look at. Checks do no I/O: everything is gathered before they run."""
+    """What a check may look at. Checks do no I/O: everything is gathered before they run.
+
+    facts: node name -> {"facts": collector document or None, "error": why the node could not be
+    reached or None, "clock": {"offset_s", "bound_s", "rtt_s"} against this machine}.
+    A node-scope check runs once per reachable node, with `node` set.
+    """
 
     plan: Any
-    facts: Optional[Mapping[str, Any]] = None  # node name -> facts document
-    probes: Optional[Mapping[str, Any]] = None  # probe name -> probe results
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    probes: Mapping[str, Any] = field(default_factory=dict)
+    node: Optional[str] = None
+
+    @property
+    def fact(self) -> Mapping[str, Any]:
+        """The facts document of `node`."""
+        return self.facts[self.node]["facts"]
+
+    @property
+    def reachable(self) -> list:
+        return [name for name, state in self.facts.items() if state.get("error") is None and state.get("facts")]
 
 
 def run_check(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
+    if spec.scope == "node":
+        return [r for node in ctx.facts for r in _run_on_node(spec, ctx, node)]
+    return _run(spec, ctx)
+
+
+def _run_on_node(spec: CheckSpec, ctx: CheckContext, node: str) -> List[Result]:
+    state = ctx.facts[node]
+    if state.get("error") is not None or not state.get("facts"):
+        reason = (state.get("error") or {}).get("message", "no facts")
+        return [Result(spec.id, spec.name, Status.SKIP, (node,), f"node not checked: {reason}", None, {}, 0.0)]
+    results = _run(spec, replace(ctx, node=node))
+    return [r if r.nodes else replace(r, nodes=(node,)) for r in results]
+
+
+def _run(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
     started = time.perf_counter()
     try:
         findings = list(spec.func(ctx) or ())

@@ -1,0 +1,86 @@
+"""FS: /dev/shm, the checkpoint folder and the NVMe offload folders."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from preflight.registry import check
+from preflight.result import Finding, fail, passed, skip, warn
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+@check("FS001", "dev-shm", "node", tags=["filesystem", "nccl", "container"])
+def dev_shm(ctx) -> Iterator[Finding]:
+    """/dev/shm is large enough: fail under 512 MiB, warn under 1 GiB.
+
+    NCCL's shared-memory transport and PyTorch's DataLoader workers allocate in /dev/shm; containers give
+    it 64 MB by default, and NCCL then fails with 'unhandled system error' or the DataLoader with 'bus
+    error' once training starts.
+
+    Run the container with --shm-size=16g (or --ipc=host), or remount: mount -o remount,size=16G /dev/shm.
+    """
+    shm = (ctx.fact.get("storage") or {}).get("shm") or {}
+    if not shm.get("exists"):
+        yield fail("/dev/shm does not exist", "mount a tmpfs on /dev/shm (or run the container with --ipc=host)")
+        return
+    total, limits = shm["total_bytes"], ctx.plan.limits
+    if total < limits.shm_fail_bytes:
+        yield fail(f"/dev/shm is {gib(total)}, expected at least {gib(limits.shm_fail_bytes)}",
+                   "give the container --shm-size=16g or --ipc=host, or mount -o remount,size=16G /dev/shm",
+                   total_bytes=total)
+    elif total < limits.shm_warn_bytes:
+        yield warn(f"/dev/shm is {gib(total)}, under the recommended {gib(limits.shm_warn_bytes)}",
+                   "give the container --shm-size=16g or --ipc=host", total_bytes=total)
+    else:
+        yield passed(f"/dev/shm is {gib(total)} ({gib(shm['free_bytes'])} free)", total_bytes=total)
+
+
+def _folder(ctx, key: str, what: str) -> Iterator[Finding]:
+    entry = (ctx.fact.get("storage") or {}).get(key)
+    if entry is None:
+        return
+    path = entry["path"]
+    if not entry.get("exists"):
+        yield fail(f"{what} {path} does not exist", f"create {path} on every node (or correct the path)", path=path)
+    elif not entry.get("writable"):
+        yield fail(f"{what} {path} is not writable by this user", f"fix the permissions of {path}", path=path)
+    elif entry["free_bytes"] < ctx.plan.limits.disk_warn_bytes:
+        yield warn(f"{what} {path} has {gib(entry['free_bytes'])} free, under {gib(ctx.plan.limits.disk_warn_bytes)}",
+                   f"free space on the filesystem of {path}", path=path, free_bytes=entry["free_bytes"])
+    else:
+        yield passed(f"{what} {path}: writable, {gib(entry['free_bytes'])} free", path=path,
+                     free_bytes=entry["free_bytes"])
+
+
+@check("FS002", "checkpoint-dir", "node", tags=["filesystem", "checkpoint"])
+def checkpoint_dir(ctx) -> Iterator[Finding]:
+    """The checkpoint folder (--checkpoint-dir) exists, is writable and has free space (warn under 10 GiB).
+
+    The first checkpoint is written hours into the run: a missing, read-only or full folder loses those
+    hours.
+
+    Create the folder on every node (or on the shared filesystem), fix its permissions, or free space.
+    """
+    if not ctx.plan.checkpoint_dir:
+        yield skip("no --checkpoint-dir given")
+        return
+    yield from _folder(ctx, "checkpoint_dir", "the checkpoint folder")
+
+
+@check("FS003", "offload-path", "node", tags=["filesystem", "deepspeed", "offload"])
+def offload_path(ctx) -> Iterator[Finding]:
+    """The nvme_path of DeepSpeed's parameter and optimizer offload exists, is writable and has free space.
+
+    DeepSpeed creates its swap files there when the engine starts; a missing folder fails on that node,
+    a small one fails when the swap files grow.
+
+    Create nvme_path on a local NVMe drive of every node, writable by the training user.
+    """
+    keys = [k for k in ("offload_param.nvme_path", "offload_optimizer.nvme_path") if k in ctx.plan.paths]
+    if not keys:
+        yield skip("the DeepSpeed config offloads nothing to NVMe")
+        return
+    for key in keys:
+        yield from _folder(ctx, key, f"DeepSpeed's {key}")

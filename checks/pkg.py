@@ -1,0 +1,143 @@
+"""PKG: the same software and environment on every node."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from preflight.compare import nodes_with, odd_ones_out
+from preflight.registry import check
+from preflight.result import Finding, Status, skip
+
+KEY_VERSIONS = ("python", "torch", "cuda", "nccl", "deepspeed", "accelerate", "transformers")
+# Variables that must be equal for collectives to agree; others are compared and only warned about.
+MUST_MATCH_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
+COMPARED_PREFIXES = MUST_MATCH_PREFIXES + ("CUDA_", "TORCH_", "FI_", "UCX_", "OMP_", "ACCELERATE_", "DEEPSPEED_")
+PER_NODE = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK", "NODE_RANK")
+
+
+def _versions(facts: dict) -> dict:
+    versions = dict((facts.get("packages") or {}).get("versions") or {})
+    versions["python"] = (facts.get("python") or {}).get("version")
+    return versions
+
+
+@check("PKG001", "key-versions", "cluster", tags=["packages", "versions"])
+def key_versions(ctx) -> Iterator[Finding]:
+    """python, torch, its CUDA build, NCCL, deepspeed, accelerate and transformers have the same version on
+    every node.
+
+    Different versions of torch or NCCL across ranks make collectives hang or fail with opaque errors;
+    different deepspeed or accelerate versions disagree on config keys and checkpoint layouts.
+
+    Install the same versions everywhere (one image, one lock file); the message names the odd node and
+    both versions.
+    """
+    nodes = ctx.reachable
+    if not nodes:
+        yield skip("no node was reached")
+        return
+    agreeing = set(nodes)
+    for package in KEY_VERSIONS:
+        values = {n: _versions(ctx.facts[n]["facts"]).get(package) for n in nodes}
+        majority, odd = odd_ones_out(values, ctx.plan.head)
+        for node, version in odd.items():
+            agreeing.discard(node)
+            others = nodes_with(values, majority)
+            yield Finding(Status.FAIL, f"{package} differs: {node} has {version or 'none'}, "
+                          f"{', '.join(others)} {'has' if len(others) == 1 else 'have'} {majority or 'none'}",
+                          f"install {package} {majority} on {node}" if majority else f"remove {package} from {node}",
+                          nodes=(node,), evidence={"package": package, "version": version, "expected": majority})
+    if agreeing:
+        reference = _versions(ctx.facts[sorted(agreeing)[0]]["facts"])
+        shown = ", ".join(f"{p} {reference.get(p)}" for p in KEY_VERSIONS if reference.get(p))
+        yield Finding(Status.PASS, f"same versions: {shown}", nodes=tuple(n for n in nodes if n in agreeing),
+                      evidence={p: reference.get(p) for p in KEY_VERSIONS})
+
+
+@check("PKG002", "distributions", "cluster", tags=["packages", "versions"])
+def distributions(ctx) -> Iterator[Finding]:
+    """The other installed Python distributions are the same on every node.
+
+    A different numpy, triton or flash-attn on one node gives a different numerical path or an import
+    error on that rank only, long after the start.
+
+    Install from one lock file or image on every node.
+    """
+    nodes = ctx.reachable
+    if len(nodes) < 2:
+        yield skip("fewer than two nodes reached: nothing to compare")
+        return
+    installed = {n: (ctx.facts[n]["facts"].get("packages") or {}).get("distributions") or {} for n in nodes}
+    names = sorted(set().union(*installed.values()))
+    differing = {}
+    for name in names:
+        majority, odd = odd_ones_out({n: installed[n].get(name) for n in nodes}, ctx.plan.head)
+        for node, version in odd.items():
+            differing.setdefault(node, []).append(f"{name} {version or 'missing'} (others {majority or 'missing'})")
+    for node, items in sorted(differing.items()):
+        shown = "; ".join(items[:8]) + (f"; and {len(items) - 8} more" if len(items) > 8 else "")
+        yield Finding(Status.WARN, f"{len(items)} distribution(s) differ on {node}: {shown}",
+                      f"align {node}'s environment with the others (same lock file or image)", nodes=(node,),
+                      evidence={"differences": items})
+    same = [n for n in nodes if n not in differing]
+    if same:
+        yield Finding(Status.PASS, f"the same {len(installed[same[0]])} distributions", nodes=tuple(same))
+
+
+@check("PKG003", "interpreter-and-workdir", "cluster", tags=["packages", "python"])
+def interpreter_and_workdir(ctx) -> Iterator[Finding]:
+    """The training interpreter (--python) runs on every node, and the working directory exists there.
+
+    The launcher starts the same interpreter path in the same directory on every node; where either is
+    missing, that rank dies at once and the others wait for it.
+
+    Install the environment at the same path on every node (or pass --python with its path), and run
+    from a directory that exists everywhere (a shared filesystem).
+    """
+    ok = []
+    for node, state in ctx.facts.items():
+        error = state.get("error") or {}
+        if error.get("kind") == "python-missing":
+            yield Finding(Status.FAIL, f"{node}: {error['message']}", error["remediation"], nodes=(node,))
+        elif error.get("kind") == "collector":
+            yield Finding(Status.FAIL, f"{node}: {error['message']}", error["remediation"], nodes=(node,))
+        elif state.get("facts"):
+            workdir = (state["facts"].get("storage") or {}).get("workdir")
+            if workdir is not None and not workdir.get("exists"):
+                yield Finding(Status.FAIL, f"{node}: the working directory {workdir['path']} does not exist",
+                              "run from a directory that exists on every node, such as a shared filesystem",
+                              nodes=(node,), evidence={"path": workdir["path"]})
+            else:
+                ok.append(node)
+    if ok:
+        yield Finding(Status.PASS, "the interpreter runs and the working directory exists", nodes=tuple(ok))
+
+
+@check("PKG004", "environment", "cluster", tags=["environment", "nccl"])
+def environment(ctx) -> Iterator[Finding]:
+    """NCCL_*, GLOO_* and other job-relevant environment variables have the same values on every node.
+
+    NCCL settings that differ between ranks (NCCL_IB_DISABLE, NCCL_P2P_LEVEL, NCCL_ALGO, ...) make ranks
+    pick different transports and hang in the first collective; other differences change behaviour on
+    one node only.
+
+    Set these variables the same way on every node (the job script, not a node's profile). Values of
+    names containing TOKEN, SECRET, PASSWORD or KEY are compared redacted.
+    """
+    nodes = ctx.reachable
+    if len(nodes) < 2:
+        yield skip("fewer than two nodes reached: nothing to compare")
+        return
+    envs = {n: ctx.facts[n]["facts"].get("env") or {} for n in nodes}
+    names = sorted(v for v in set().union(*envs.values()) if v.startswith(COMPARED_PREFIXES) and v not in PER_NODE)
+    clean = set(nodes)
+    for name in names:
+        majority, odd = odd_ones_out({n: envs[n].get(name) for n in nodes}, ctx.plan.head)
+        for node, value in odd.items():
+            clean.discard(node)
+            status = Status.FAIL if name.startswith(MUST_MATCH_PREFIXES) else Status.WARN
+            yield Finding(status, f"{name} is {value if value is not None else 'unset'} on {node}, "
+                          f"{majority if majority is not None else 'unset'} on the others",
+                          f"set {name} the same on every node", nodes=(node,),
+                          evidence={"variable": name, "value": value, "expected": majority})
+    if clean:
+        yield Finding(Status.PASS, f"{len(names)} job-relevant variable(s) equal", nodes=tuple(n for n in nodes if n in clean))

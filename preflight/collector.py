@@ -1,0 +1,232 @@
+"""The fact collector: one JSON document about the node it runs on.
+
+Stdlib only, Python 3.6+: it is shipped over the transport and run by the node's training
+interpreter, which may have nothing of preflight installed. It never imports torch or any other
+training library: versions come from package metadata, torch's CUDA build from torch/version.py.
+
+Protocol when shipped (see preflight.transport): the source arrives on stdin after a length line,
+OPTIONS is bound by the sender, and the node writes one line of JSON (the facts). It then answers
+clock samples: for each line "t" it reads, it writes its wall clock, until "done" or end of input.
+"""
+import ctypes
+import json
+import os
+import platform
+import resource
+import socket
+import struct
+import sys
+import time
+
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_", "ACCELERATE_", "DEEPSPEED_", "DS_", "OMP_",
+                "FI_", "UCX_", "HF_", "TRANSFORMERS_", "PYTORCH_")
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "LOCAL_RANK", "PYTHONPATH", "LD_LIBRARY_PATH",
+             "LD_PRELOAD", "PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
+KEY_DISTRIBUTIONS = ("torch", "deepspeed", "accelerate", "transformers")
+NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+
+
+def collect(options):
+    """Facts about this node. `options`: head (name), port, paths (name -> path to measure)."""
+    facts = {"schema": 1, "collected_at": time.time()}
+    for name, gather in (
+        ("python", _python),
+        ("packages", _packages),
+        ("host", lambda: _host(options)),
+        ("env", _environment),
+        ("storage", lambda: _storage(options.get("paths") or {})),
+        ("limits", _limits),
+        ("memory", _memory),
+        ("clock", _clock),
+    ):
+        try:
+            facts[name] = gather()
+        except Exception as exc:  # one broken fact must not lose the others
+            facts[name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    return facts
+
+
+def _python():
+    return {"executable": sys.executable, "version": platform.python_version(), "cwd": os.getcwd()}
+
+
+def _packages():
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8
+        return {"error": "importlib.metadata needs Python 3.8 or newer"}
+    dists = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name and name not in dists:  # the first on sys.path wins, as for import
+            dists[name] = dist.version
+    versions = {name: dists.get(name) for name in KEY_DISTRIBUTIONS}
+    versions["cuda"] = _torch_cuda_build()
+    versions["nccl"] = next((dists[n] for n in NCCL_DISTRIBUTIONS if n in dists), None)
+    return {"versions": versions, "distributions": dists}
+
+
+def _torch_cuda_build():
+    """torch.version.cuda, read from torch/version.py without importing torch."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, "version.py")
+        if os.path.isfile(path):
+            for line in open(path, encoding="utf-8"):
+                if line.startswith("cuda"):
+                    value = line.split("=", 1)[1].strip().strip("'\"")
+                    return None if value == "None" else value
+    return None
+
+
+def _host(options):
+    hostname = socket.gethostname()
+    interfaces = _interfaces()
+    own = {a for addrs in interfaces.values() for a in addrs}
+    facts = {"hostname": hostname, "fqdn": socket.getfqdn(), "interfaces": interfaces,
+             "resolves_to": _resolve(hostname), "kernel": platform.release(),
+             "rdma_devices": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []}
+    facts["resolves_to_own_interface"] = any(a in own for a in facts["resolves_to"] if not a.startswith("127."))
+    head = options.get("head")
+    if head:
+        facts["head_resolves_to"] = _resolve(head)
+        facts["route_to_head"] = _route(facts["head_resolves_to"], options.get("port") or 29500, interfaces)
+    return facts
+
+
+def _resolve(name):
+    try:
+        infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return {"error": str(exc)}
+    seen = []
+    for info in infos:
+        if info[4][0] not in seen:
+            seen.append(info[4][0])
+    return seen
+
+
+def _interfaces():
+    """Interface name -> addresses (IPv4 through an ioctl, IPv6 from /proc)."""
+    import fcntl
+
+    result = {}
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+                result[name] = [socket.inet_ntoa(packed[20:24])]
+            except OSError:
+                result[name] = []
+    finally:
+        probe.close()
+    try:
+        for line in open("/proc/net/if_inet6"):
+            hexaddr, _, _, _, _, name = line.split()
+            address = socket.inet_ntop(socket.AF_INET6, bytes.fromhex(hexaddr))
+            result.setdefault(name, []).append(address)
+    except OSError:
+        pass
+    return result
+
+
+def _route(head_addresses, port, interfaces):
+    """Which local address and interface the kernel picks to reach the head (a UDP connect sends nothing)."""
+    if not isinstance(head_addresses, list) or not head_addresses:
+        return None
+    target = head_addresses[0]
+    family = socket.AF_INET6 if ":" in target else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.connect((target, int(port)))
+        source = sock.getsockname()[0]
+    except OSError as exc:
+        return {"error": str(exc), "head": target}
+    finally:
+        sock.close()
+    interface = next((name for name, addrs in interfaces.items() if source in addrs), None)
+    return {"head": target, "source": source, "interface": interface}
+
+
+def _environment():
+    env = {}
+    for name, value in os.environ.items():
+        if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
+            continue
+        redact = any(word in name.upper() for word in SECRET_WORDS)
+        env[name] = "<redacted>" if redact else value
+    return env
+
+
+def _storage(paths):
+    result = {}
+    for name, path in dict(paths, shm="/dev/shm").items():
+        entry = {"path": path, "exists": os.path.exists(path)}
+        if entry["exists"]:
+            st = os.statvfs(path)
+            entry.update(total_bytes=st.f_blocks * st.f_frsize, free_bytes=st.f_bavail * st.f_frsize,
+                         writable=os.access(path, os.W_OK))
+        result[name] = entry
+    return result
+
+
+def _limits():
+    def limit(which):
+        soft, hard = resource.getrlimit(which)
+        return [None if soft == resource.RLIM_INFINITY else soft, None if hard == resource.RLIM_INFINITY else hard]
+
+    return {"nofile": limit(resource.RLIMIT_NOFILE), "memlock": limit(resource.RLIMIT_MEMLOCK),
+            "nproc": limit(resource.RLIMIT_NPROC), "stack": limit(resource.RLIMIT_STACK)}
+
+
+def _memory():
+    info = {}
+    for line in open("/proc/meminfo"):
+        key, value = line.split(":", 1)
+        if key in ("MemTotal", "MemAvailable", "SwapTotal"):
+            info[key] = int(value.split()[0]) * 1024
+    return {"total_bytes": info.get("MemTotal"), "available_bytes": info.get("MemAvailable"),
+            "swap_bytes": info.get("SwapTotal"), "cpus": os.cpu_count()}
+
+
+class _Timex(ctypes.Structure):
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
+                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long), ("status", ctypes.c_int),
+                ("constant", ctypes.c_long), ("precision", ctypes.c_long), ("tolerance", ctypes.c_long),
+                ("time_sec", ctypes.c_long), ("time_usec", ctypes.c_long), ("tick", ctypes.c_long),
+                ("ppsfreq", ctypes.c_long), ("jitter", ctypes.c_long), ("shift", ctypes.c_int),
+                ("stabil", ctypes.c_long), ("jitcnt", ctypes.c_long), ("calcnt", ctypes.c_long),
+                ("errcnt", ctypes.c_long), ("stbcnt", ctypes.c_long), ("tai", ctypes.c_int),
+                ("padding", ctypes.c_int * 11)]
+
+
+def _clock():
+    """The kernel's view of clock discipline (adjtimex with no changes): synchronised or not."""
+    timex = _Timex()
+    state = ctypes.CDLL(None, use_errno=True).adjtimex(ctypes.byref(timex))
+    if state < 0:
+        return {"error": os.strerror(ctypes.get_errno())}
+    unsync = bool(timex.status & 0x0040) or state == 5  # STA_UNSYNC, TIME_ERROR
+    return {"synchronised": not unsync, "maxerror_s": timex.maxerror / 1e6, "esterror_s": timex.esterror / 1e6,
+            "time": time.time()}
+
+
+def answer_clock_samples(stdin, stdout):
+    """NTP-style samples over the open connection: reply to each "t" with this node's wall clock."""
+    for line in stdin:
+        if line.strip() != "t":
+            break
+        stdout.write("%.9f\n" % time.time())
+        stdout.flush()
+
+
+if __name__ == "__main__":  # shipped: the sender binds OPTIONS before this runs
+    sys.stdout.write(json.dumps(collect(globals().get("OPTIONS") or {})) + "\n")
+    sys.stdout.flush()
+    answer_clock_samples(sys.stdin, sys.stdout)

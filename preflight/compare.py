@@ -1,0 +1,25 @@
+"""Comparing one value across nodes: the majority, and the nodes that differ from it."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Dict, List, Mapping, Tuple
+
+
+def odd_ones_out(values: Mapping[str, Any], head: str = None) -> Tuple[Any, Dict[str, Any]]:
+    """(the value most nodes have, {node: its other value}). A tie goes to the head's value."""
+    counts = Counter(_key(v) for v in values.values())
+    if not counts:
+        return None, {}
+    top = max(counts.values())
+    leaders = [k for k, c in counts.items() if c == top]
+    reference = _key(values[head]) if head in values and _key(values[head]) in leaders else leaders[0]
+    majority = next(v for v in values.values() if _key(v) == reference)
+    return majority, {n: v for n, v in values.items() if _key(v) != reference}
+
+
+def _key(value: Any) -> str:
+    return repr(value)
+
+
+def nodes_with(values: Mapping[str, Any], value: Any) -> List[str]:
+    return [n for n, v in values.items() if _key(v) == _key(value)]

@@ -1,0 +1,97 @@
+"""The main-port probe, shipped to nodes like the collector (stdlib only).
+
+mode "listen" (on the head): bind the port on all addresses, say so in one JSON line, accept
+connections until "done" arrives or the deadline passes, then report who connected. When the port
+is taken, name the processes that hold it.
+mode "connect" (on a worker): connect to the head's address and port, with a deadline.
+"""
+import json
+import os
+import select
+import socket
+import sys
+import time
+
+
+def holders(port):
+    """Processes listening on `port` (from /proc: what a non-root user may see of them)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(fields[9])
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir("/proc/%s/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                try:
+                    cmdline = open("/proc/%s/cmdline" % pid, "rb").read().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    cmdline = ""
+                found.append({"pid": int(pid), "command": cmdline.strip()[:200]})
+                break
+    return found
+
+
+def listen(port, deadline_s, stdin=None, out=None):
+    stdin, out = stdin or sys.stdin, out or sys.stdout
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        server.bind(("0.0.0.0", port))
+        server.listen(128)
+    except OSError as exc:
+        server.close()
+        out.write(json.dumps({"bound": False, "error": exc.strerror or str(exc), "holders": holders(port)}) + "\n")
+        out.flush()
+        return
+    out.write(json.dumps({"bound": True}) + "\n")
+    out.flush()
+    peers, end = [], time.monotonic() + deadline_s
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([server, stdin], [], [], max(0.0, end - time.monotonic()))
+            if server in ready:
+                conn, address = server.accept()
+                peers.append(address[0])
+                conn.close()
+            if stdin in ready:
+                break  # "done", or the sender went away
+    finally:
+        server.close()
+    out.write(json.dumps({"peers": peers}) + "\n")
+    out.flush()
+
+
+def connect(address, port, timeout_s):
+    started = time.monotonic()
+    try:
+        sock = socket.create_connection((address, port), timeout=timeout_s)
+        local = sock.getsockname()[0]
+        sock.close()
+        return {"ok": True, "seconds": time.monotonic() - started, "source": local}
+    except socket.timeout:
+        return {"ok": False, "error": "timed out after %gs" % timeout_s, "seconds": time.monotonic() - started}
+    except OSError as exc:
+        return {"ok": False, "error": exc.strerror or str(exc), "seconds": time.monotonic() - started}
+
+
+if __name__ == "__main__":
+    options = globals().get("OPTIONS") or {}
+    if options.get("mode") == "listen":
+        listen(int(options["port"]), float(options["deadline_s"]))
+    else:
+        sys.stdout.write(json.dumps(connect(options["address"], int(options["port"]), float(options["timeout_s"]))) + "\n")
+        sys.stdout.flush()
