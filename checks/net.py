@@ -12,6 +12,11 @@ def _is_loopback(address: str) -> bool:
     return address.startswith("127.") or address == "::1"
 
 
+def _head_target(ctx) -> str:
+    """What the nodes resolved as the head: main_process_ip, else the head's address as SSH reaches it."""
+    return (ctx.probes.get("head") or {}).get("address") or ctx.plan.main_address or ctx.plan.head
+
+
 def _multi_node(ctx) -> bool:
     accel = ctx.plan.accelerate
     machines = accel.integer("num_machines") if accel is not None else None
@@ -67,18 +72,18 @@ def head_resolution(ctx) -> Iterator[Finding]:
     if not ctx.plan.remote:
         yield skip("this machine alone: no other node resolves the head")
         return
-    target = ctx.plan.main_address or ctx.plan.head
+    target = _head_target(ctx)
     resolved = {}
     for node in ctx.reachable:
         addresses = ctx.facts[node]["facts"].get("host", {}).get("head_resolves_to")
         if not isinstance(addresses, list) or not addresses:
-            yield Finding(Status.FAIL, f"{node} cannot resolve the head {target!r}",
+            yield Finding(Status.FAIL, f"cannot resolve the head {target!r}",
                           f"add {target} to /etc/hosts or DNS on {node}", nodes=(node,))
             continue
         resolved[node] = addresses[0]
     majority, odd = odd_ones_out(resolved, ctx.plan.head)
     for node, address in odd.items():
-        yield Finding(Status.FAIL, f"{node} resolves the head {target!r} to {address}, the others to {majority}",
+        yield Finding(Status.FAIL, f"resolves the head {target!r} to {address}, the others to {majority}",
                       f"make {target} resolve to {majority} on {node} (/etc/hosts or DNS)", nodes=(node,),
                       evidence={"address": address, "expected": majority})
     agreeing = [n for n in resolved if n not in odd]
@@ -134,7 +139,7 @@ def main_port_reachable(ctx) -> Iterator[Finding]:
         if answer.get("ok"):
             ok.append(node)
             continue
-        yield Finding(Status.FAIL, f"{node} cannot connect to the head {head} at {answer.get('address')}:{port}: "
+        yield Finding(Status.FAIL, f"cannot connect to the head {head} at {answer.get('address')}:{port}: "
                       f"{answer.get('error')}", f"open TCP port {port} on {head} to {node} (firewall, security group), "
                       "or use an address of the head that the workers reach", nodes=(node,),
                       evidence={"address": answer.get("address"), "port": port, "error": answer.get("error")})
@@ -202,7 +207,7 @@ def route_to_head(ctx) -> Iterator[Finding]:
     """
     host = ctx.fact.get("host", {})
     route = host.get("route_to_head")
-    target = ctx.plan.main_address or ctx.plan.head
+    target = _head_target(ctx)
     if route is None:
         resolved = host.get("head_resolves_to")
         problem = resolved.get("error") if isinstance(resolved, dict) else "no address"

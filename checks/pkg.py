@@ -97,13 +97,13 @@ def interpreter_and_workdir(ctx) -> Iterator[Finding]:
     for node, state in ctx.facts.items():
         error = state.get("error") or {}
         if error.get("kind") == "python-missing":
-            yield Finding(Status.FAIL, f"{node}: {error['message']}", error["remediation"], nodes=(node,))
+            yield Finding(Status.FAIL, error["message"], error["remediation"], nodes=(node,))
         elif error.get("kind") == "collector":
-            yield Finding(Status.FAIL, f"{node}: {error['message']}", error["remediation"], nodes=(node,))
+            yield Finding(Status.FAIL, error["message"], error["remediation"], nodes=(node,))
         elif state.get("facts"):
             workdir = (state["facts"].get("storage") or {}).get("workdir")
             if workdir is not None and not workdir.get("exists"):
-                yield Finding(Status.FAIL, f"{node}: the working directory {workdir['path']} does not exist",
+                yield Finding(Status.FAIL, f"the working directory {workdir['path']} does not exist",
                               "run from a directory that exists on every node, such as a shared filesystem",
                               nodes=(node,), evidence={"path": workdir["path"]})
             else:

@@ -42,7 +42,7 @@ def ssh_reachable(ctx) -> Iterator[Finding]:
         if error is None or error["kind"] not in TRANSPORT_KINDS:
             reached.append(node)
             continue
-        yield Finding(Status.FAIL, f"{node}: {TRANSPORT_KINDS[error['kind']]}: {error['message']}",
+        yield Finding(Status.FAIL, f"{TRANSPORT_KINDS[error['kind']]}: {error['message']}",
                       error["remediation"], nodes=(node,), evidence={"reason": error["kind"]})
     if reached:
         yield Finding(Status.PASS, "reached with key authentication", nodes=tuple(reached))

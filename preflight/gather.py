@@ -70,7 +70,9 @@ def gather_local(name: str, options: GatherOptions) -> tuple:
     """This machine alone, in-process: facts, a zero clock offset, and whether the port is free."""
     facts = collector.collect({"head": options.main_address or name, "port": options.port, "paths": options.paths})
     node = NodeState(name, facts=facts, clock={"offset_s": 0.0, "bound_s": 0.0, "rtt_s": 0.0})
-    return {name: node.to_context()}, {"port": {"head": name, "listen": _local_bind(options.port), "workers": {}}}
+    probes = {"port": {"head": name, "listen": _local_bind(options.port), "workers": {}},
+              "head": {"name": name, "address": options.main_address or name}}
+    return {name: node.to_context()}, probes
 
 
 def _local_bind(port: int) -> dict:
@@ -90,17 +92,26 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
     nodes = [NodeState(n) for n in names]
     started = time.monotonic()
     _say(options, f"reaching {len(nodes)} node(s) over SSH (fan-out {options.fanout}, timeout {options.timeout:g} s)")
+    # What the job uses as MASTER_ADDR: main_process_ip, else the head's address as SSH reaches it.
+    head_address = options.main_address or _ssh_hostname(names[0], options)
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(options.fanout, len(nodes)))) as pool:
-            list(pool.map(lambda n: _collect(n, names[0], options), nodes))
+            list(pool.map(lambda n: _collect(n, head_address, options), nodes))
         reached = sum(1 for n in nodes if n.error is None)
         _say(options, f"facts from {reached}/{len(nodes)} node(s) in {time.monotonic() - started:.1f} s; probing the main port")
-        probes = {"port": _probe_port(nodes, options)}
+        probes = {"port": _probe_port(nodes, options), "head": {"name": names[0], "address": head_address}}
     finally:
         for node in nodes:
             if node.connection is not None:
                 node.connection.close()
     return {n.name: n.to_context() for n in nodes}, probes
+
+
+def _ssh_hostname(alias: str, options: GatherOptions) -> str:
+    try:
+        return load_ssh_settings(alias, options.ssh_config).hostname
+    except Exception:  # an unreadable ssh_config is reported per node by the connection itself
+        return alias
 
 
 def _collect(node: NodeState, head: str, options: GatherOptions) -> None:
@@ -111,8 +122,7 @@ def _collect(node: NodeState, head: str, options: GatherOptions) -> None:
 
         # The connection has its own deadlines; this one also bounds DNS and anything unforeseen.
         node.connection = run_with_deadline(connect, options.timeout * 2 + 1)
-        # Workers resolve what the job will use as MASTER_ADDR: main_process_ip, else the head's name.
-        payload = {"head": options.main_address or head, "port": options.port, "paths": options.paths}
+        payload = {"head": head, "port": options.port, "paths": options.paths}
         process = _start(node, collector, payload, options)
         try:
             line = process.read_line(options.timeout)
@@ -171,9 +181,10 @@ def _probe_port(nodes: List[NodeState], options: GatherOptions) -> dict:
             return result
 
         def connect(worker: NodeState) -> None:
-            address = options.main_address or _head_address(worker)
+            address = _head_address(worker)
             if address is None:
-                result["workers"][worker.name] = {"ok": False, "error": f"cannot resolve the head {head.name}"}
+                result["workers"][worker.name] = {"ok": False, "error": f"cannot resolve the head {head.name}",
+                                                  "address": None}
                 return
             payload = {"mode": "connect", "address": address, "port": options.port,
                        "timeout_s": min(options.timeout, 10.0)}

@@ -122,6 +122,14 @@ class SSHConnection:
             except (EOFError, OSError) as exc:
                 raise NodeError("no-banner", f"{where} closed or stalled the connection before the SSH banner "
                                 f"({type(exc).__name__})", "check the node's sshd and its logs") from None
+            # start_client returns quietly at its timeout: find out how far the handshake got.
+            if not transport.remote_version:
+                raise NodeError("no-banner", f"{where} accepted the connection but sent no SSH banner within "
+                                f"{self.timeout:g} s", "the sshd is hung or stopped (SIGSTOP), or the machine is "
+                                "overloaded: check sshd on the node")
+            if transport.host_key is None:
+                raise NodeError("handshake", f"the SSH key exchange with {where} did not finish within "
+                                f"{self.timeout:g} s", "check the node's sshd and its load")
             self.transport = transport
             self._verify_host_key(transport.get_remote_server_key())
             self._authenticate(transport)
