@@ -72,3 +72,44 @@ def clock_synchronised(ctx) -> Iterator[Finding]:
     else:
         yield Finding(Status.PASS, f"synchronised (estimated error {clock.get('esterror_s', 0) * 1000:.1f} ms)",
                       evidence={"esterror_s": clock.get("esterror_s")})
+
+
+@check("CLK003", "ntp-offset", "cluster", tags=["clock", "ntp"])
+def ntp_offset(ctx) -> Iterator[Finding]:
+    """With --ntp-server, each node's absolute clock offset (against that NTP server) is within the limits.
+
+    Clocks that agree with each other can still all be wrong together: certificates, tokens with expiry
+    times and object-store signatures then fail on every node at once.
+
+    Point chrony or ntpd on every node at a reachable time source (`chronyc sources`), or pass the
+    --ntp-server the cluster really uses.
+    """
+    ntp = (ctx.probes or {}).get("ntp")
+    if ntp is None:
+        yield skip("no --ntp-server given")
+        return
+    if "error" in ntp:
+        yield Finding(Status.ERROR, f"cannot query the NTP server {ntp['server']}: {ntp['error']}",
+                      "check the server's name, that it serves NTP (UDP 123), and the network to it")
+        return
+    limits, within, worst = ctx.plan.limits, [], 0.0
+    for node in ctx.reachable:
+        clock = ctx.facts[node].get("clock")
+        if not clock:
+            continue
+        offset = clock["offset_s"] - ntp["offset_s"]  # node minus NTP
+        bound = clock["bound_s"] + ntp["bound_s"]
+        evidence = {"offset_s": offset, "bound_s": bound, "ntp_server": ntp["server"]}
+        text = f"clock is {offset:+.3f} s (± {bound:.3f} s) from NTP server {ntp['server']}"
+        if abs(offset) - bound > limits.clock_fail_s:
+            yield Finding(Status.FAIL, f"{text}, over {limits.clock_fail_s:g} s", "synchronise the clock with chrony/ntpd",
+                          nodes=(node,), evidence=evidence)
+        elif abs(offset) - bound > limits.clock_warn_s:
+            yield Finding(Status.WARN, f"{text}, over {limits.clock_warn_s:g} s", "check time synchronisation",
+                          nodes=(node,), evidence=evidence)
+        else:
+            within.append(node)
+            worst = max(worst, abs(offset))
+    if within:
+        yield Finding(Status.PASS, f"within {limits.clock_warn_s:g} s of NTP server {ntp['server']}",
+                      nodes=tuple(within), evidence={"offset_s": worst, "bound_s": ntp["bound_s"]})

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from preflight.registry import check
-from preflight.result import Finding, fail, passed, skip, warn
+from preflight.result import Finding, Status, fail, passed, skip, warn
 
 
 def gib(n: int) -> str:
@@ -84,3 +84,35 @@ def offload_path(ctx) -> Iterator[Finding]:
         return
     for key in keys:
         yield from _folder(ctx, key, f"DeepSpeed's {key}")
+
+
+@check("FS004", "shared-dir", "cluster", tags=["filesystem", "shared"])
+def shared_dir(ctx) -> Iterator[Finding]:
+    """With --shared-dir, a token the head writes into that folder is read back, the same, by every node.
+
+    Jobs that write checkpoints or datasets to a shared filesystem assume every node sees the same files:
+    a node where it is not mounted (or mounted stale) writes its shard to local disk and the checkpoint
+    is silently incomplete.
+
+    Mount the shared filesystem on every node at the same path (check `findmnt PATH` on the odd node).
+    """
+    probe = (ctx.probes or {}).get("shared_dir")
+    if probe is None:
+        yield skip("no --shared-dir given")
+        return
+    head, write = probe["head"], probe.get("write")
+    if write is None:
+        yield skip(f"the head {head} was not reached")
+        return
+    if not write.get("ok"):
+        yield Finding(Status.FAIL, f"cannot write into {probe['path']}: {write.get('error')}",
+                      f"make {probe['path']} writable on {head}", nodes=(head,))
+        return
+    seen = [head]
+    for node, answer in sorted(probe["nodes"].items()):
+        if answer.get("ok"):
+            seen.append(node)
+        else:
+            yield Finding(Status.FAIL, f"does not see the file the head wrote in {probe['path']}: {answer.get('error')}",
+                          f"mount the shared filesystem at {probe['path']} on this node", nodes=(node,))
+    yield Finding(Status.PASS, f"{probe['path']} is shared", nodes=tuple(seen))

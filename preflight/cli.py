@@ -76,6 +76,7 @@ def build_parser() -> Parser:
         sub = commands.add_parser(name, help=text)
         inputs(sub)
         sub.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go: must exist with free space")
+        sub.add_argument("--ntp-server", metavar="HOST", help="also measure every node's clock against this NTP server")
         sub.add_argument("--clock-warn", type=positive_float, default=0.1, metavar="S",
                          help="clock offset from the head that warns (default 0.1 s)")
         sub.add_argument("--clock-fail", type=positive_float, default=1.0, metavar="S",
@@ -86,6 +87,8 @@ def build_parser() -> Parser:
             target = sub.add_mutually_exclusive_group()
             target.add_argument("--hosts", metavar="LIST", help="nodes, first the head: n1,n2 or gpu[001-004]")
             target.add_argument("--slurm", action="store_true", help="the nodes of this SLURM job (SLURM_JOB_NODELIST)")
+            sub.add_argument("--shared-dir", metavar="DIR",
+                             help="a folder on the shared filesystem: a token the head writes must be read by all")
             sub.add_argument("--ssh-config", metavar="FILE", help="ssh_config to read (default ~/.ssh/config)")
             sub.add_argument("--ssh-accept-new", action="store_true", help="trust (and remember) unknown host keys")
             sub.add_argument("--python", metavar="PATH", default=sys.executable,
@@ -225,6 +228,8 @@ def gather_for(plan, args):
         main_address=plan.main_address,
         # The job starts in this directory on every node: each node says whether it has it.
         paths=dict(plan.paths, workdir=os.getcwd()) if plan.remote else plan.paths,
+        shared_dir=getattr(args, "shared_dir", None),
+        ntp_server=getattr(args, "ntp_server", None),
         progress=not args.json or sys.stderr.isatty(),
     )
     if plan.remote:

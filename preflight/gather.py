@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from preflight import collector, portprobe
+from preflight import collector, fsprobe, portprobe
 from preflight.transport import (
     NodeError,
     SSHConnection,
@@ -36,6 +36,8 @@ class GatherOptions:
     port: int = 29500
     main_address: Optional[str] = None  # main_process_ip from the config: what workers connect to
     paths: Dict[str, str] = field(default_factory=dict)  # name -> path whose space each node reports
+    shared_dir: Optional[str] = None  # a folder every node should see the same (a shared filesystem)
+    ntp_server: Optional[str] = None
     progress: bool = True
 
 
@@ -72,6 +74,8 @@ def gather_local(name: str, options: GatherOptions) -> tuple:
     node = NodeState(name, facts=facts, clock={"offset_s": 0.0, "bound_s": 0.0, "rtt_s": 0.0})
     probes = {"port": {"head": name, "listen": _local_bind(options.port), "workers": {}},
               "head": {"name": name, "address": options.main_address or name}}
+    if options.ntp_server:
+        probes["ntp"] = measure_ntp(options.ntp_server, options.timeout)
     return {name: node.to_context()}, probes
 
 
@@ -100,6 +104,10 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
         reached = sum(1 for n in nodes if n.error is None)
         _say(options, f"facts from {reached}/{len(nodes)} node(s) in {time.monotonic() - started:.1f} s; probing the main port")
         probes = {"port": _probe_port(nodes, options), "head": {"name": names[0], "address": head_address}}
+        if options.shared_dir:
+            probes["shared_dir"] = _probe_shared_dir(nodes, options)
+        if options.ntp_server:
+            probes["ntp"] = measure_ntp(options.ntp_server, options.timeout)
     finally:
         for node in nodes:
             if node.connection is not None:
@@ -214,3 +222,49 @@ def _probe_port(nodes: List[NodeState], options: GatherOptions) -> dict:
 def _head_address(worker: NodeState) -> Optional[str]:
     resolved = (worker.facts or {}).get("host", {}).get("head_resolves_to")
     return resolved[0] if isinstance(resolved, list) and resolved else None
+
+
+def _ask(node: NodeState, module, payload: dict, options: GatherOptions) -> dict:
+    """Run a one-answer program on a node; its JSON answer, or the error as one."""
+    try:
+        process = _start(node, module, payload, options)
+        try:
+            return json.loads(process.read_line(options.timeout) or "{}")
+        finally:
+            process.close()
+    except (NodeError, ValueError) as exc:
+        return {"ok": False, "error": str(exc)}
+
+
+def _probe_shared_dir(nodes: List[NodeState], options: GatherOptions) -> dict:
+    """The head writes a token into the shared folder; every other node must read the same token."""
+    import secrets
+
+    head, others = nodes[0], [n for n in nodes[1:] if n.error is None]
+    base = {"folder": options.shared_dir, "name": f".preflight-{secrets.token_hex(8)}"}
+    token = secrets.token_hex(16)
+    result = {"path": options.shared_dir, "head": head.name, "write": None, "nodes": {}}
+    if head.error is not None:
+        return result
+    result["write"] = _ask(head, fsprobe, dict(base, mode="write", token=token), options)
+    if not result["write"].get("ok"):
+        return result
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(options.fanout, len(others) or 1))) as pool:
+            answers = pool.map(lambda n: _ask(n, fsprobe, dict(base, mode="read", token=token), options), others)
+            result["nodes"] = dict(zip([n.name for n in others], answers))
+    finally:
+        _ask(head, fsprobe, dict(base, mode="remove"), options)
+    return result
+
+
+def measure_ntp(server: str, timeout: float) -> dict:
+    """This machine's clock against an NTP server: offset_s is the server minus this machine."""
+    import ntplib
+
+    try:
+        response = ntplib.NTPClient().request(server, version=3, timeout=min(timeout, 5))
+    except (ntplib.NTPException, OSError) as exc:
+        return {"server": server, "error": str(exc) or type(exc).__name__}
+    return {"server": server, "offset_s": response.offset, "bound_s": response.delay / 2,
+            "stratum": response.stratum}
