@@ -6,7 +6,6 @@ Connections are opened once per node, used by every phase, and closed at the end
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -80,14 +79,11 @@ def gather_local(name: str, options: GatherOptions) -> tuple:
 
 
 def _local_bind(port: int) -> dict:
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        server.bind(("0.0.0.0", port))
-        return {"bound": True}
-    except OSError as exc:
-        return {"bound": False, "error": exc.strerror or str(exc), "holders": portprobe.holders(port)}
-    finally:
-        server.close()
+    server = portprobe.bindable(port)
+    if isinstance(server, dict):
+        return server
+    server.close()
+    return {"bound": True}
 
 
 # --- over SSH -----------------------------------------------------------------------------------

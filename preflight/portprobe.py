@@ -9,6 +9,7 @@ import json
 import os
 import select
 import socket
+import struct
 import sys
 import time
 
@@ -46,17 +47,34 @@ def holders(port):
     return found
 
 
-def listen(port, deadline_s, stdin=None, out=None):
-    stdin, out = stdin or sys.stdin, out or sys.stdout
+def bindable(port):
+    """A socket bound to the port on all addresses, as torch's TCPStore binds it (SO_REUSEADDR, so that
+    connections in TIME_WAIT do not count); or, when it is taken, a dict that says by whom."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         server.bind(("0.0.0.0", port))
-        server.listen(128)
+        return server
     except OSError as exc:
         server.close()
-        out.write(json.dumps({"bound": False, "error": exc.strerror or str(exc), "holders": holders(port)}) + "\n")
+        return {"bound": False, "error": exc.strerror or str(exc), "holders": holders(port)}
+
+
+def close_without_time_wait(sock):
+    """Close with a reset: a TIME_WAIT entry on the main port would make the job's own bind fail on
+    some kernels (the probe must leave the port as it found it)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def listen(port, deadline_s, stdin=None, out=None):
+    stdin, out = stdin or sys.stdin, out or sys.stdout
+    server = bindable(port)
+    if isinstance(server, dict):  # taken
+        out.write(json.dumps(server) + "\n")
         out.flush()
         return
+    server.listen(128)
     out.write(json.dumps({"bound": True}) + "\n")
     out.flush()
     peers, end = [], time.monotonic() + deadline_s
@@ -66,7 +84,7 @@ def listen(port, deadline_s, stdin=None, out=None):
             if server in ready:
                 conn, address = server.accept()
                 peers.append(address[0])
-                conn.close()
+                close_without_time_wait(conn)
             if stdin in ready:
                 break  # "done", or the sender went away
     finally:
@@ -80,7 +98,7 @@ def connect(address, port, timeout_s):
     try:
         sock = socket.create_connection((address, port), timeout=timeout_s)
         local = sock.getsockname()[0]
-        sock.close()
+        close_without_time_wait(sock)
         return {"ok": True, "seconds": time.monotonic() - started, "source": local}
     except socket.timeout:
         return {"ok": False, "error": "timed out after %gs" % timeout_s, "seconds": time.monotonic() - started}
