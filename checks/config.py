@@ -9,6 +9,8 @@ import contextlib
 import copy
 import difflib
 import ipaddress
+import logging
+import os
 import sys
 import re
 from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -51,6 +53,8 @@ DS_REMOVED_KEYS = frozenset("""
 nebula compression_training amp quantize_training sparse_gradients eigenvalue sparse_attention elasticity
 graph_harvesting curriculum_learning progressive_layer_drop
 """.split())
+# zero_optimization keys of older DeepSpeed releases, rejected since 0.19.8.
+DS_REMOVED_ZERO_KEYS = frozenset("mics_shard_size mics_hierarchical_params_gather zeropp_loco_param".split())
 # Blocks that DeepSpeed validates with pydantic models that forbid unknown keys.
 ZERO_ALIASES = {
     "prefetch_bucket_size": "stage3_prefetch_bucket_size",
@@ -77,8 +81,8 @@ save_muon_momentum_buffer_in_memory zenflow leaf_module
     ("zero_optimization", "offload_param"): frozenset(
         "device nvme_path buffer_count buffer_size max_in_cpu pin_memory".split()),
     ("zero_optimization", "offload_optimizer"): frozenset("""
-device nvme_path buffer_count pin_memory pipeline pipeline_read pipeline_write fast_init ratio super_offload
-cpuadam_cores_perc convert_grad_on_cpu
+device nvme_path buffer_count pin_memory pipeline_read pipeline_write fast_init ratio super_offload
+cpuadam_cores_perc
 """.split()),
     ("fp16",): frozenset("""
 enabled auto_cast loss_scale initial_scale_power loss_scale_window hysteresis consecutive_hysteresis
@@ -88,7 +92,7 @@ min_loss_scale fp16_master_weights_and_grads
         "enabled immediate_grad_update check_grad_overflow bf16_master_weights_and_grads bf16_optimizer_states".split()),
 }
 # Keys of DeepSpeed's JSON at any level, as found pasted into accelerate's deepspeed_config section.
-DS_JSON_KEYS = DS_TOP_KEYS | frozenset().union(*STRICT_BLOCKS.values()) - frozenset(ACCELERATE_DS_KEYS)
+DS_JSON_KEYS = (DS_TOP_KEYS | frozenset().union(*STRICT_BLOCKS.values())) - frozenset(ACCELERATE_DS_KEYS)
 # Numbers in accelerate's own config (top level and its sections).
 ACCELERATE_NUMERIC = (
     ("num_processes",), ("machine_rank",), ("num_machines",), ("main_process_port",),
@@ -235,11 +239,11 @@ def yaml_traps(ctx) -> Iterator[Finding]:
         return
     accel = accel_doc(ctx)
     if accel is not None:
-        for key in ("distributed_type", "mixed_precision"):
+        for key in ("distributed_type", "mixed_precision", "dynamo_backend"):
             if isinstance(accel.data.get(key), bool):
                 yield fail(f"{accel.where(key)}: {key} is {str(accel.data[key]).lower()}, expected a word such as 'NO': "
                            "YAML 1.1 reads an unquoted NO / no as false",
-                           f"quote it: `{key}: '{'NO' if key == 'distributed_type' else 'no'}'`", key=key, **at(accel, key))
+                           f"quote it: `{key}: '{'no' if key == 'mixed_precision' else 'NO'}'`", key=key, **at(accel, key))
         yield from _numeric_strings(accel, ACCELERATE_NUMERIC)
         section = accel.section("deepspeed_config")
         if section is not None:  # DeepSpeed keys pasted inline, nested or flat (CFG004 says they are ignored)
@@ -327,6 +331,11 @@ def deepspeed_config_file(ctx) -> Iterator[Finding]:
                        f"so the DeepSpeed config {plan.deepspeed.doc.path} is not used by this accelerate config",
                        "set distributed_type: DEEPSPEED and deepspeed_config.deepspeed_config_file to the JSON's path",
                        **at(doc, "distributed_type"))
+        elif plan.deepspeed is not None:
+            yield warn(f"{doc.where('deepspeed_config')}: this accelerate config names no deepspeed_config_file: "
+                       f"accelerate builds the DeepSpeed settings from its own keys, and {plan.deepspeed.doc.path} "
+                       "is not used", "name the JSON in deepspeed_config.deepspeed_config_file (and remove "
+                       "accelerate's own zero_stage, offload_* and mixed_precision)", **at(doc, "deepspeed_config"))
         elif plan.deepspeed is None:
             yield skip("the accelerate config names no deepspeed_config_file")
         return
@@ -335,7 +344,7 @@ def deepspeed_config_file(ctx) -> Iterator[Finding]:
         yield fail(f"{where}: deepspeed_config_file {named!r} does not exist (looked in the working directory "
                    f"and beside {doc.path})", "correct the path; it must exist on every node",
                    **at(doc, "deepspeed_config", "deepspeed_config_file"))
-    elif plan.deepspeed.doc.path != plan.deepspeed_file_named:
+    elif not _same_path(plan.deepspeed.doc.path, plan.deepspeed_file_named):
         yield warn(f"{where}: the accelerate config uses {plan.deepspeed_file_named}, "
                    f"but the DeepSpeed config checked is {plan.deepspeed.doc.path}",
                    "lint the file the job will use: drop --deepspeed, or point deepspeed_config_file at it",
@@ -354,6 +363,11 @@ def deepspeed_config_file(ctx) -> Iterator[Finding]:
         yield fail(f"{ds.path}: no zero_optimization block; accelerate requires one in the file it is given "
                    "('Please specify the ZeRO optimization config in the DeepSpeed config')",
                    'add "zero_optimization": {"stage": 0} (or the stage you want)', **at(ds))
+
+
+def _same_path(a: str, b: str) -> bool:
+    """The same file, however the two were spelt (./x, x, a/../x); no I/O."""
+    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
 
 
 @check("CFG006", "duplicate-keys", "config", tags=["accelerate", "deepspeed", "yaml", "json"])
@@ -387,7 +401,8 @@ def main_process_address(ctx) -> Iterator[Finding]:
 
     Every worker connects to the head at this address to rendezvous: without it accelerate stops with
     an assertion; with `user@host`, a URL or `host:port` in main_process_ip the workers wait until the
-    rendezvous times out; a port outside 1-65535 cannot be bound, one under 1024 needs root.
+    rendezvous times out; a port above 65535 cannot be bound, one under 1024 needs root, and 0 (any
+    free port) is picked by each machine on its own.
 
     Set main_process_ip to the head's address or host name as the workers resolve it (no user, scheme
     or port) and main_process_port to a free port above 1024, such as 29500.
@@ -416,7 +431,14 @@ def main_process_address(ctx) -> Iterator[Finding]:
                    **at(doc, "main_process_ip"))
     port = data.get("main_process_port")
     if is_int(port):
-        if not 1 <= port <= 65535:
+        if port == 0:  # accelerate launch picks a free port: fine on one machine, not agreed on between several
+            if is_int(machines) and machines > 1:
+                yield warn(f"{doc.where('main_process_port')}: main_process_port is 0 with {machines} machines: "
+                           "accelerate picks a free port on each machine, and only a launcher that starts every "
+                           "node from the head (DeepSpeed's pdsh) passes that port on to the others",
+                           "set main_process_port: 29500 (or another port free on the head)", value=port,
+                           **at(doc, "main_process_port"))
+        elif not 1 <= port <= 65535:
             yield fail(f"{doc.where('main_process_port')}: main_process_port is {port}, expected 1-65535",
                        "set main_process_port: 29500", value=port, **at(doc, "main_process_port"))
         elif port < 1024:
@@ -430,7 +452,9 @@ def _is_host(text: str) -> bool:
         ipaddress.ip_address(text)
         return True
     except ValueError:
-        return bool(HOSTNAME.match(text))
+        # Digits and dots only is a mistyped IPv4 address ('10.0.0.256', '1234'), not a host name: the
+        # resolver reads '1234' as the address 0.0.4.210.
+        return bool(HOSTNAME.match(text)) and not re.fullmatch(r"[0-9.]+", text)
 
 
 def _host_part(text: str) -> str:
@@ -607,10 +631,10 @@ def batch_size(ctx) -> Iterator[Finding]:
     evidence = dict(train_batch_size=tb, train_micro_batch_size_per_gpu=mb, gradient_accumulation_steps=gas,
                     world_size=world, world_size_from=source)
     if tb is None and mb is None:
-        if ctx.plan.accelerate is None:
-            yield fail(f"{ds.path}: neither train_batch_size nor train_micro_batch_size_per_gpu is set; DeepSpeed "
-                       "asserts 'Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided'",
-                       'set "train_micro_batch_size_per_gpu" (or "auto" under accelerate)', **at(ds), **evidence)
+        # accelerate and the Trainer fill in only keys set to "auto"; missing ones stay missing.
+        yield fail(f"{ds.path}: neither train_batch_size nor train_micro_batch_size_per_gpu is set; DeepSpeed "
+                   "asserts 'Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided'",
+                   'set "train_micro_batch_size_per_gpu" (or "auto" under accelerate)', **at(ds), **evidence)
         return
     if world is None:
         if tb is not None and mb is not None and gas is not None and tb % (mb * gas):
@@ -672,8 +696,9 @@ def zero_settings(ctx) -> Optional[Tuple[Document, Tuple[str, ...], Any, Mapping
 def zero_stage(ctx) -> Iterator[Finding]:
     """The ZeRO stage is 0, 1, 2 or 3.
 
-    DeepSpeed refuses any other stage when the engine starts; "auto" is not filled in by anyone and
-    DeepSpeed silently drops it, training at stage 0 with no sharding at all.
+    DeepSpeed refuses any other stage when the engine starts. A stage of "auto" in the DeepSpeed JSON is
+    filled in only by accelerate (with `accelerate launch --zero_stage`, 2 when not given); DeepSpeed on
+    its own silently drops it, training at stage 0 with no sharding at all.
 
     Set zero_optimization.stage (or accelerate's zero_stage) to 0, 1, 2 or 3.
     """
@@ -682,12 +707,21 @@ def zero_stage(ctx) -> Iterator[Finding]:
         yield skip("no ZeRO settings (no DeepSpeed config, no zero_stage in the accelerate config)")
         return
     doc, keys, stage, _ = found
-    if stage == AUTO:
-        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is \"auto\", which nothing fills in: DeepSpeed drops it "
-                   "and trains at stage 0", f"set {dotted(keys)} to 0, 1, 2 or 3", **at(doc, *keys))
+    if stage == AUTO and keys[0] == "deepspeed_config":
+        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is \"auto\", expected 0, 1, 2 or 3: accelerate reads it "
+                   "as a number and stops with a ValueError", f"set {dotted(keys)} to 0, 1, 2 or 3", **at(doc, *keys))
+    elif stage == AUTO and ctx.plan.accelerate is not None and ctx.plan.accelerate.uses_deepspeed:
+        yield passed(f"{doc.where(*keys)}: ZeRO stage \"auto\" is filled in by accelerate "
+                     "(`accelerate launch --zero_stage`, 2 when not given)", stage=stage)
+    elif stage == AUTO:
+        yield warn(f"{doc.where(*keys)}: {dotted(keys)} is \"auto\": accelerate and the transformers Trainer fill it "
+                   "in (accelerate's zero_stage, 2 unless given), but DeepSpeed on its own drops it and trains at "
+                   "stage 0", f"set {dotted(keys)} to 0, 1, 2 or 3 to say which stage the job runs",
+                   **at(doc, *keys))
     elif not is_int(stage) or not 0 <= stage <= 3:
         if is_numeric_string(stage):
-            return  # CFG003
+            yield skip("the ZeRO stage is a number written as a string (see CFG003)")
+            return
         yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {stage!r}, expected 0, 1, 2 or 3",
                    f"set {dotted(keys)} to 0, 1, 2 or 3", value=stage, **at(doc, *keys))
     else:
@@ -818,9 +852,12 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
                        f"delete {key!r} (or pin an older DeepSpeed on every node)", key=key, **at(ds, key))
         elif key not in DS_TOP_KEYS:
             hint = did_you_mean(key, sorted(DS_TOP_KEYS))
-            make = fail if hint else warn
+            # A misspelling fails; a name that only resembles a key (LLaMA-Factory's comms_config, say) warns.
+            typo = any(key.lower() == k.lower() or difflib.SequenceMatcher(None, key, k).ratio() >= 0.8
+                       for k in DS_TOP_KEYS)
+            make = fail if typo else warn
             yield make(f"{ds.where(key)}: unknown key {key!r}{hint}; DeepSpeed ignores it",
-                       "correct the spelling" if hint else f"delete {key!r} if it is not for another tool",
+                       "correct the spelling" if typo else f"delete {key!r} if it is not for another tool",
                        key=key, **at(ds, key))
     for block, known in STRICT_BLOCKS.items():
         section = ds.section(*block)
@@ -834,6 +871,11 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
                            **at(ds, *block, key))
     zero = ds.section("zero_optimization")
     if zero is not None:
+        for key in zero.data:
+            if key in DS_REMOVED_ZERO_KEYS:
+                yield warn(f"{ds.where('zero_optimization', key)}: 'zero_optimization.{key}' was removed from DeepSpeed; "
+                           "0.19.8 and newer refuse the file", f"delete zero_optimization.{key} (or pin an older "
+                           "DeepSpeed on every node)", key=f"zero_optimization.{key}", **at(ds, "zero_optimization", key))
         for field, alias in ZERO_ALIASES.items():
             if field in zero.data and alias in zero.data:
                 yield fail(f"{ds.where('zero_optimization', field)}: zero_optimization sets both {field} and its "
@@ -910,6 +952,9 @@ def deepspeed_validator(ctx) -> Iterator[Finding]:
             import deepspeed
             import deepspeed.comm as dist
             from deepspeed.runtime.config import DeepSpeedConfig
+        for handler in logging.getLogger("DeepSpeed").handlers:  # imported earlier, it may hold the real stdout
+            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.__stdout__:
+                handler.setStream(sys.stderr)
     except ImportError as exc:
         yield skip(f"deepspeed is not importable here ({exc}); install it, or the 'train' extra")
         return

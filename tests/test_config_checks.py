@@ -1,0 +1,531 @@
+"""The CFG checks, rule by rule, from fixture files, through the real command line (in-process).
+
+Every rule of every CFG check has a failing fixture and a passing one, under
+tests/fixtures/config/<CHECK>/<case>/. A case folder holds any of:
+
+  accelerate.yaml or accelerate.json   given as --config
+  ds.json                              given as --deepspeed, unless the accelerate config names it
+                                       (deepspeed_config_file), in which case preflight finds it itself
+  hostfile                             given as --hostfile
+
+The tests run from an empty working directory, so a deepspeed_config_file is found beside the
+accelerate config, as it is wherever the job is launched from.
+
+tests/fixtures/config/golden/ holds whole jobs (one machine, two machines) that must pass every check,
+and tests/fixtures/realworld/ configurations copied from popular projects (see its README.md).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from preflight.documents import load
+from preflight.jobconfig import AccelerateConfig, DeepSpeedConfig
+from preflight.plan import Plan
+from preflight.runner import CheckContext
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CONFIG = FIXTURES / "config"
+REALWORLD = FIXTURES / "realworld"
+
+
+@pytest.fixture(autouse=True)
+def empty_working_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def case_args(folder: Path, extra=()) -> list:
+    args = []
+    names_file = False
+    for name in ("accelerate.yaml", "accelerate.json"):
+        if (folder / name).exists():
+            args += ["--config", folder / name]
+            names_file = "deepspeed_config_file" in (folder / name).read_text()
+            break
+    if (folder / "ds.json").exists() and not names_file and "--deepspeed" not in extra:
+        args += ["--deepspeed", folder / "ds.json"]
+    if (folder / "hostfile").exists():
+        args += ["--hostfile", folder / "hostfile"]
+    return args + [str(a).format(case=folder) for a in extra]
+
+
+def lint(capsys, *args):
+    code, doc, err = run_cli(capsys, "lint", *args, "--json")
+    assert code in (0, 1), f"exit {code}: {err}"
+    assert doc["schema"] == 1 and doc["nodes"] == []
+    return code, doc
+
+
+def results_of(doc, check_id):
+    found = [r for r in doc["results"] if r["id"] == check_id]
+    assert found, f"{check_id} yielded no result"
+    return found
+
+
+def shown(results):
+    return "\n".join(f"  {r['id']} {r['status']}: {r['message']}" for r in results)
+
+
+# (case folder under fixtures/config, extra CLI args, check, expected status, in the message, location)
+# The location is FILE:LINE (or the file alone when the key is absent), and must be in the message.
+# Passing cases: every result of the check is "pass" (so it was evaluated, not skipped), and the
+# message holds the text given, if any.
+CASES = [
+    # CFG001 accelerate-keys
+    ("CFG001/unknown-key", [], "CFG001", "fail", "unknown key 'mixed_precison' (did you mean 'mixed_precision'?)",
+     "accelerate.yaml:3"),
+    ("CFG001/unknown-key-json", [], "CFG001", "fail", "unknown key 'num_process' (did you mean 'num_processes'?)",
+     "accelerate.json:5"),
+    ("CFG001/removed-key", [], "CFG001", "fail", "'ipex_config' is removed in accelerate 1.x", "accelerate.yaml:6"),
+    ("CFG001/sagemaker-cluster-key", [], "CFG001", "fail", "unknown key 'num_processes'", "accelerate.yaml:7"),
+    ("CFG001/ok-all-known", [], "CFG001", "pass", "", None),
+    ("CFG001/ok-sagemaker", [], "CFG001", "pass", "", None),
+    # CFG002 accelerate-values
+    ("CFG002/missing-distributed-type", [], "CFG002", "fail", "distributed_type is missing", "accelerate.yaml"),
+    ("CFG002/bad-distributed-type", [], "CFG002", "fail",
+     "distributed_type is 'multi_gpu', expected one of NO, MULTI_CPU, MULTI_GPU", "accelerate.yaml:2"),
+    ("CFG002/bad-distributed-type", [], "CFG002", "fail", "(did you mean 'MULTI_GPU'?)", "accelerate.yaml:2"),
+    ("CFG002/sagemaker-cluster-type", [], "CFG002", "fail",
+     "distributed_type is 'MULTI_GPU', expected one of NO, DATA_PARALLEL, MODEL_PARALLEL", "accelerate.yaml:2"),
+    ("CFG002/bad-compute-environment", [], "CFG002", "fail",
+     "compute_environment is 'LOCAL', expected one of LOCAL_MACHINE, AMAZON_SAGEMAKER", "accelerate.yaml:1"),
+    ("CFG002/bad-mixed-precision", [], "CFG002", "fail",
+     "mixed_precision is 'bfloat16', expected one of no, fp16, bf16, fp8 (did you mean 'bf16'?)", "accelerate.yaml:3"),
+    ("CFG002/bad-rdzv-backend", [], "CFG002", "fail", "rdzv_backend is 'c10', expected one of static, c10d",
+     "accelerate.yaml:5"),
+    ("CFG002/bad-multinode-launcher", [], "CFG002", "fail",
+     "deepspeed_config.deepspeed_multinode_launcher is 'ssh', expected one of pdsh, standard", "accelerate.yaml:3"),
+    ("CFG002/bad-offload-device", [], "CFG002", "fail",
+     "deepspeed_config.offload_optimizer_device is 'gpu', expected one of none, cpu, nvme", "accelerate.yaml:3"),
+    ("CFG002/bad-offload-param-device", [], "CFG002", "fail",
+     "deepspeed_config.offload_param_device is 'CPU', expected one of none, cpu, nvme (did you mean 'cpu'?)",
+     "accelerate.yaml:3"),
+    ("CFG002/ok-values", [], "CFG002", "pass", "", None),
+    ("CFG001/ok-sagemaker", [], "CFG002", "pass", "", None),
+    # CFG003 yaml-traps
+    ("CFG003/unquoted-no-distributed-type", [], "CFG003", "fail",
+     "distributed_type is false, expected a word such as 'NO': YAML 1.1 reads an unquoted NO", "accelerate.yaml:2"),
+    ("CFG003/unquoted-no-mixed-precision", [], "CFG003", "fail",
+     "mixed_precision is false, expected a word such as 'NO'", "accelerate.yaml:3"),
+    ("CFG003/quoted-port", [], "CFG003", "fail",
+     "main_process_port is the string '29500', expected a number: the number is quoted", "accelerate.yaml:5"),
+    ("CFG003/yaml-exponent-accelerate-key", [], "CFG003", "fail",
+     "deepspeed_config.gradient_clipping is the string '1e0', expected a number: YAML 1.1 reads 1e0",
+     "accelerate.yaml:3"),
+    ("CFG003/yaml-exponent-inline", [], "CFG003", "fail",
+     "deepspeed_config.zero_optimization.reduce_bucket_size is the string '5e8', expected a number: YAML 1.1 reads 5e8",
+     "accelerate.yaml:5"),
+    ("CFG003/json-quoted-number", [], "CFG003", "fail",
+     "zero_optimization.allgather_bucket_size is the string '5e8', expected a number: the number is quoted",
+     "ds.json:6"),
+    ("CFG003/ok-numbers", [], "CFG003", "pass", "", None),
+    ("CFG003/ok-quoted-no", [], "CFG003", "pass", "", None),
+    # CFG004 deepspeed-section-keys
+    ("CFG004/deepspeed-json-keys", [], "CFG004", "fail",
+     "deepspeed_config holds DeepSpeed-JSON keys (train_micro_batch_size_per_gpu, fp16) that accelerate ignores",
+     "accelerate.yaml:4"),
+    ("CFG004/unknown-key", [], "CFG004", "warn",
+     "deepspeed_config.offload_optimizer_devce is not a key accelerate knows (did you mean 'offload_optimizer_device'?)",
+     "accelerate.yaml:3"),
+    ("CFG004/ok-accelerate-keys", [], "CFG004", "pass", "", None),  # gradient_accumulation_steps/clipping are accelerate's
+    # CFG005 deepspeed-config-file
+    ("CFG005/not-used", [], "CFG005", "warn",
+     "distributed_type is 'MULTI_GPU', so the DeepSpeed config", "accelerate.yaml:2"),
+    ("CFG005/missing-file", [], "CFG005", "fail",
+     "deepspeed_config_file 'configs/zero2.json' does not exist (looked in the working directory and beside",
+     "accelerate.yaml:3"),
+    ("CFG005/other-file-checked", ["--deepspeed", "{case}/other.json"], "CFG005", "warn",
+     "but the DeepSpeed config checked is", "accelerate.yaml:3"),
+    ("CFG005/conflicting-key", [], "CFG005", "fail",
+     "deepspeed_config.zero_stage is set beside deepspeed_config_file; accelerate raises", "accelerate.yaml:5"),
+    ("CFG005/mixed-precision-beside-file", [], "CFG005", "fail",
+     "mixed_precision is set beside deepspeed_config_file", "accelerate.yaml:5"),
+    ("CFG005/no-zero-block", [], "CFG005", "fail",
+     "no zero_optimization block; accelerate requires one", "ds.json"),
+    ("CFG005/ok-file-beside-config", [], "CFG005", "pass", "", None),
+    # the same file, spelt another way on the command line, is the file the job uses
+    ("CFG005/ok-file-beside-config", ["--deepspeed", "{case}/./ds.json"], "CFG005", "pass", "", None),
+    # CFG006 duplicate-keys
+    ("CFG006/json-duplicate", [], "CFG006", "fail",
+     "key 'zero_optimization.stage' is given twice; DeepSpeed refuses the file", "ds.json:6"),
+    ("CFG006/yaml-duplicate", [], "CFG006", "warn",
+     "key 'num_processes' is given twice; only this last one takes effect", "accelerate.yaml:5"),
+    ("CFG006/ok-same-key-in-two-blocks", [], "CFG006", "pass", "", None),
+    # CFG010 main-process-address
+    ("CFG010/ip-missing", [], "CFG010", "fail", "num_machines is 2 but main_process_ip is not set", "accelerate.yaml"),
+    ("CFG010/port-missing", [], "CFG010", "warn", "num_machines is 2 but main_process_port is not set",
+     "accelerate.yaml"),
+    ("CFG010/ip-with-user-and-port", [], "CFG010", "fail",
+     "main_process_ip is 'root@10.0.0.1:29500', expected a host name or an IP address", "accelerate.yaml:6"),
+    ("CFG010/ip-url", [], "CFG010", "fail", "main_process_ip is 'tcp://head-node/'", "accelerate.yaml:6"),
+    ("CFG010/ip-not-an-address", [], "CFG010", "fail", "main_process_ip is '10.0.0.256', expected a host name",
+     "accelerate.yaml:6"),
+    ("CFG010/port-out-of-range", [], "CFG010", "fail", "main_process_port is 70000, expected 1-65535",
+     "accelerate.yaml:7"),
+    ("CFG010/port-privileged", [], "CFG010", "warn", "main_process_port is 80, a privileged port under 1024",
+     "accelerate.yaml:7"),
+    ("CFG010/port-zero-multinode", [], "CFG010", "warn",
+     "main_process_port is 0 with 2 machines: accelerate picks a free port on each machine", "accelerate.yaml:7"),
+    ("CFG010/ok-multinode", [], "CFG010", "pass", "", None),
+    ("CFG010/ok-ipv6", [], "CFG010", "pass", "", None),
+    ("CFG010/ok-port-zero-one-machine", [], "CFG010", "pass", "", None),
+    # CFG011 machine-rank
+    ("CFG011/no-machines", [], "CFG011", "fail", "num_machines is 0, expected at least 1", "accelerate.yaml:3"),
+    ("CFG011/rank-out-of-range", [], "CFG011", "fail", "machine_rank is 2, expected 0 to 1 (num_machines is 2)",
+     "accelerate.yaml:3"),
+    ("CFG011/ok-last-rank", [], "CFG011", "pass", "", None),
+    # CFG020 process-counts
+    ("CFG020/num-processes-missing", [], "CFG020", "warn", "num_processes is not set", "accelerate.yaml"),
+    ("CFG020/not-divisible", [], "CFG020", "fail",
+     "num_processes 7 does not divide by num_machines 2; accelerate would start 3 per machine (6 in all)",
+     "accelerate.yaml:7"),
+    ("CFG020/gpu-ids-number", [], "CFG020", "fail", "gpu_ids is the number 0, expected a string", "accelerate.yaml:3"),
+    ("CFG020/gpu-ids-not-indices", [], "CFG020", "fail", "gpu_ids '0,1,cuda:2,3' holds 'cuda:2'", "accelerate.yaml:3"),
+    ("CFG020/gpu-ids-duplicate", [], "CFG020", "fail", "gpu_ids '0,1,1,2' lists a GPU twice", "accelerate.yaml:3"),
+    ("CFG020/per-node-reading", [], "CFG020", "warn",
+     "num_processes is 4, the number of gpu_ids of one machine, but it is the total over all 2 machines",
+     "accelerate.yaml:8"),
+    ("CFG020/too-few-gpu-ids", [], "CFG020", "fail", "gpu_ids lists 2 GPUs but each machine runs 4 processes",
+     "accelerate.yaml:3"),
+    ("CFG020/ok-gpu-ids", [], "CFG020", "pass", "", None),
+    ("CFG020/ok-gpu-ids-all", [], "CFG020", "pass", "", None),
+    # CFG021 hostfile
+    ("CFG021/duplicate-host", [], "CFG021", "fail", "host 'node01' is listed again (first on line 1)", "hostfile:3"),
+    ("CFG021/host-count", [], "CFG021", "fail", "lists 3 hosts, but num_machines is 2", "hostfile"),
+    ("CFG021/slots-mismatch", [], "CFG021", "fail",
+     "node02 has slots=4, but the accelerate config runs 8 processes per machine", "hostfile:2"),
+    ("CFG021/ok-matches-config", [], "CFG021", "pass", "", None),
+    ("CFG021/ok-hostfile-alone", [], "CFG021", "pass", "", None),
+    # CFG030 batch-size
+    ("CFG030/below-one", [], "CFG030", "fail", "train_micro_batch_size_per_gpu is 0, expected at least 1", "ds.json:3"),
+    ("CFG030/neither-batch-size", [], "CFG030", "fail",
+     "neither train_batch_size nor train_micro_batch_size_per_gpu is set", "ds.json"),
+    # accelerate fills in only keys set to "auto": a missing batch size stays missing
+    ("CFG030/neither-batch-size-under-accelerate", [], "CFG030", "fail",
+     "neither train_batch_size nor train_micro_batch_size_per_gpu is set", "ds.json"),
+    ("CFG030/no-world-fits", [], "CFG030", "fail",
+     "train_batch_size 30 is not a multiple of train_micro_batch_size_per_gpu x gradient_accumulation_steps = 8",
+     "ds.json:2"),
+    ("CFG030/mismatch", ["--world-size", "8"], "CFG030", "fail",
+     "do not fit a world size of 8 (--world-size): DeepSpeed needs train_batch_size = micro batch x accumulation x "
+     "world size = 4 x 2 x 8 = 64, not 32", "ds.json:2"),
+    ("CFG030/mismatch-world-from-accelerate", [], "CFG030", "fail",
+     "do not fit a world size of 6 (num_processes in", "ds.json:2"),
+    ("CFG030/derived-micro-zero", ["--world-size", "8"], "CFG030", "fail", "= 0 x 1 x 8 = 0, not 4", "ds.json:2"),
+    ("CFG030/ok-explicit", ["--world-size", "8"], "CFG030", "pass", "train_batch_size 64 = 4 x 2 x world size 8", None),
+    ("CFG030/ok-derived-from-hostfile", [], "CFG030", "pass", "train_batch_size 64 = 2 x 2 x world size 16", None),
+    # CFG040 zero-stage ("auto" cannot come through the loaders: see test_zero_stage_auto below)
+    ("CFG040/stage-out-of-range", [], "CFG040", "fail", "zero_optimization.stage is 4, expected 0, 1, 2 or 3",
+     "ds.json:4"),
+    ("CFG040/accelerate-stage-out-of-range", [], "CFG040", "fail",
+     "deepspeed_config.zero_stage is -1, expected 0, 1, 2 or 3", "accelerate.yaml:3"),
+    ("CFG040/quoted-stage", [], "CFG003", "fail", "zero_optimization.stage is the string '3', expected a number",
+     "ds.json:4"),
+    ("CFG040/quoted-stage", [], "CFG040", "skip", "the ZeRO stage is a number written as a string (see CFG003)", None),
+    ("CFG040/ok-stage-3", [], "CFG040", "pass", "ZeRO stage 3", None),
+    ("CFG040/ok-accelerate-stage-0", [], "CFG040", "pass", "ZeRO stage 0", None),
+    # CFG041 zero-offload, DeepSpeed JSON
+    ("CFG041/param-offload-below-stage-3", [], "CFG041", "fail",
+     "zero_optimization.offload_param.device is 'cpu' at ZeRO stage 2; only stage 3 offloads parameters", "ds.json:5"),
+    ("CFG041/optimizer-offload-at-stage-0", [], "CFG041", "fail",
+     "zero_optimization.offload_optimizer.device is 'cpu' at ZeRO stage 0; optimizer offload needs stage 1, 2 or 3",
+     "ds.json:5"),
+    ("CFG041/nvme-without-path", [], "CFG041", "fail",
+     "zero_optimization.offload_param.device is 'nvme' but zero_optimization.offload_param.nvme_path is not set",
+     "ds.json:6"),
+    ("CFG041/unknown-device", [], "CFG041", "fail",
+     "zero_optimization.offload_optimizer.device is 'gpu', expected none, cpu or nvme", "ds.json:6"),
+    ("CFG041/partial-ratio-below-stage-3", [], "CFG041", "fail",
+     "partial optimizer offload (ratio 0.3) at ZeRO stage 2; DeepSpeed supports it only at stage 3", "ds.json:7"),
+    ("CFG041/ok-stage-3-offload", [], "CFG041", "pass", "", None),
+    ("CFG041/ok-stage-1-optimizer-offload", [], "CFG041", "pass", "", None),
+    # CFG041 zero-offload, accelerate's own keys (an unknown device there is CFG002's to report)
+    ("CFG041/accelerate-param-offload-below-stage-3", [], "CFG041", "fail",
+     "deepspeed_config.offload_param_device is 'cpu' at ZeRO stage 2; only stage 3 offloads parameters",
+     "accelerate.yaml:4"),
+    ("CFG041/accelerate-optimizer-offload-at-stage-0", [], "CFG041", "fail",
+     "deepspeed_config.offload_optimizer_device is 'cpu' at ZeRO stage 0", "accelerate.yaml:3"),
+    ("CFG041/accelerate-nvme-without-path", [], "CFG041", "fail",
+     "deepspeed_config.offload_optimizer_device is 'nvme' but deepspeed_config.offload_optimizer_nvme_path is not set",
+     "accelerate.yaml:3"),
+    ("CFG041/accelerate-unknown-device", [], "CFG002", "fail",
+     "deepspeed_config.offload_param_device is 'disk', expected one of none, cpu, nvme", "accelerate.yaml:3"),
+    ("CFG041/accelerate-unknown-device", [], "CFG041", "pass", "", None),  # reported once, by CFG002
+    ("CFG041/ok-accelerate-offload", [], "CFG041", "pass", "", None),
+    # CFG050 precision
+    ("CFG050/both-enabled", [], "CFG050", "fail", "fp16.enabled and bf16.enabled are both true", "ds.json:4"),
+    ("CFG050/both-enabled-bfloat16", [], "CFG050", "fail", "fp16.enabled and bfloat16.enabled are both true",
+     "ds.json:4"),
+    ("CFG050/other-type", [], "CFG050", "fail",
+     "mixed_precision is 'fp16' but the DeepSpeed config", "accelerate.yaml:3"),
+    ("CFG050/other-type", [], "CFG050", "fail",
+     "accelerate raises '`--mixed_precision` arg cannot be set to `fp16` when `bf16` is set'", "accelerate.yaml:3"),
+    ("CFG050/disabled-type", [], "CFG050", "fail",
+     "sets bf16.enabled to false: DeepSpeed trains in full precision", "accelerate.yaml:3"),
+    ("CFG050/no-but-enabled", [], "CFG050", "fail",
+     "mixed_precision is 'no' but the DeepSpeed config", "accelerate.yaml:3"),
+    ("CFG050/ok-auto-follows", [], "CFG050", "pass", "", None),
+    ("CFG050/ok-agree", [], "CFG050", "pass", "", None),
+    # CFG060 deepspeed-keys
+    ("CFG060/removed-top-key", [], "CFG060", "warn", "'amp' was removed from DeepSpeed; 0.19.8 and newer refuse",
+     "ds.json:4"),
+    ("CFG060/removed-zero-key", [], "CFG060", "warn",
+     "'zero_optimization.mics_shard_size' was removed from DeepSpeed; 0.19.8 and newer refuse", "ds.json:5"),
+    ("CFG060/misspelt-top-key", [], "CFG060", "fail",
+     "unknown key 'gradient_clippng' (did you mean 'gradient_clipping'?); DeepSpeed ignores it", "ds.json:3"),
+    # a name that only resembles a key (LLaMA-Factory's configs have this one) warns: nothing is misspelt
+    ("CFG060/unknown-top-key", [], "CFG060", "warn", "unknown key 'comms_config'", "ds.json:4"),
+    ("CFG060/unknown-zero-key", [], "CFG060", "fail",
+     "unknown key 'zero_optimization.stage3_prefetch_bucket' (did you mean 'stage3_prefetch_bucket_size'?); "
+     "DeepSpeed refuses it", "ds.json:5"),
+    ("CFG060/unknown-offload-key", [], "CFG060", "fail",
+     "unknown key 'zero_optimization.offload_optimizer.pin_memroy' (did you mean 'pin_memory'?)", "ds.json:7"),
+    ("CFG060/unknown-fp16-key", [], "CFG060", "fail", "unknown key 'fp16.loss_scale_windows'", "ds.json:5"),
+    ("CFG060/unknown-bf16-key", [], "CFG060", "fail", "unknown key 'bf16.auto_cast'", "ds.json:5"),
+    ("CFG060/alias-pair", [], "CFG060", "fail",
+     "zero_optimization sets both prefetch_bucket_size and its alias stage3_prefetch_bucket_size", "ds.json:5"),
+    ("CFG060/ok-known-keys", [], "CFG060", "pass", "", None),
+    # CFG090 / CFG091 run only with --deep (see test_deep_validators)
+    ("CFG090/rejected", [], "CFG090", "skip", "the libraries' validators run with --deep", None),
+    ("CFG091/rejected-key", [], "CFG091", "skip", "the libraries' validators run with --deep", None),
+]
+
+
+def case_id(case):
+    folder, extra, check_id, status = case[:4]
+    return f"{check_id}-{status}-{folder.split('/', 1)[1]}" + ("-" + "-".join(extra) if extra else "")
+
+
+@pytest.mark.parametrize("folder,extra,check_id,status,text,location", CASES, ids=[case_id(c) for c in CASES])
+def test_rule(capsys, folder, extra, check_id, status, text, location):
+    path = CONFIG / folder
+    assert path.is_dir(), path
+    code, doc = lint(capsys, *case_args(path, extra))
+    results = results_of(doc, check_id)
+    if status == "pass":
+        assert all(r["status"] == "pass" for r in results), shown(results)
+        assert any(text in r["message"] for r in results), shown(results)
+        return
+    matching = [r for r in results if r["status"] == status and text in r["message"]]
+    assert matching, f"expected {status} with {text!r}, got:\n{shown(results)}"
+    if location:  # FILE:LINE in the message, and as evidence
+        matching = [r for r in matching if f"{os.sep}{location}" in r["message"]]
+        assert matching, f"expected the location {location!r} in:\n{shown(results)}"
+        file_name, _, line = location.partition(":")
+        evidence = matching[0]["evidence"]
+        assert evidence.get("file", "").endswith(os.sep + file_name), evidence
+        assert evidence.get("line") == (int(line) if line else None), evidence
+    if status in ("fail", "warn"):
+        assert matching[0]["remediation"], "a finding says how to fix it"
+        assert doc["verdict"] == "fail" if status == "fail" else doc["verdict"] in ("warn", "fail")
+        assert code == (1 if doc["verdict"] == "fail" else 0)
+
+
+def test_every_check_has_failing_and_passing_cases():
+    from preflight import registry
+
+    config_checks = {c.id for c in registry.load().checks if c.id.startswith("CFG")}
+    failing = {c[2] for c in CASES if c[3] in ("fail", "warn")} | {"CFG090", "CFG091"}  # deep: below
+    passing = {c[2] for c in CASES if c[3] == "pass"} | {"CFG090", "CFG091"}
+    assert config_checks - failing == set()
+    assert config_checks - passing == set()
+    used = {c[0] for c in CASES} | {d[0] for d in DEEP} | set(GOLDEN)
+    on_disk = {f"{p.parent.name}/{p.name}" for p in CONFIG.glob("*/*") if p.is_dir()}
+    assert on_disk - used == set(), "fixture folders that no test uses"
+
+
+# --- whole jobs that must pass every check ---------------------------------------------------------
+
+GOLDEN = ["golden/single-machine", "golden/two-machines"]
+
+
+@pytest.mark.parametrize("folder", GOLDEN)
+def test_golden_job_passes_every_check(capsys, folder):
+    code, doc = lint(capsys, *case_args(CONFIG / folder))
+    assert code == 0 and doc["verdict"] == "pass", shown(doc["results"])
+    not_passed = {r["id"] for r in doc["results"] if r["status"] != "pass"}
+    assert not_passed == {"CFG090", "CFG091"}, shown(doc["results"])  # the validators wait for --deep
+    # every input was read: the DeepSpeed JSON named by the accelerate config, the hostfile
+    assert any("train_batch_size" in r["message"] and "world size" in r["message"]
+               for r in results_of(doc, "CFG030")), shown(doc["results"])
+    assert results_of(doc, "CFG021")[0]["status"] == "pass"
+
+
+# --- the libraries' own validators (--deep) --------------------------------------------------------
+
+DEEP = [
+    ("golden/two-machines", [], {"CFG090": ("pass", "accepts"), "CFG091": ("pass", "accepts")}),
+    ("CFG090/rejected", [], {"CFG090": ("fail", "rejects the config: ValueError: 'fp32' is not a valid PrecisionType")}),
+    ("CFG091/rejected-key", ["--world-size", "2"],
+     {"CFG091": ("fail", "rejects the config at world size 2: ValidationError: stage3_prefetch_bucket: "
+                         "Extra inputs are not permitted")}),
+    ("CFG091/rejected-batch", ["--world-size", "2"],
+     {"CFG091": ("fail", "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size "
+                         "30 != 4 * 1 * 2")}),
+]
+
+
+@pytest.mark.parametrize("folder,extra,expected", DEEP, ids=[d[0] for d in DEEP])
+def test_deep_validators(capsys, folder, extra, expected):
+    # find, not import: imported here, DeepSpeed's logger would keep this test's stdout as its stream
+    for library in ("accelerate", "deepspeed"):
+        if importlib.util.find_spec(library) is None:
+            pytest.skip(f"{library} is not installed (the 'train' extra)")
+    code, doc = lint(capsys, *case_args(CONFIG / folder, extra), "--deep")
+    for check_id, (status, text) in expected.items():
+        results = results_of(doc, check_id)
+        assert len(results) == 1 and results[0]["status"] == status and text in results[0]["message"], shown(results)
+        if status == "fail":
+            assert results[0]["evidence"]["file"].endswith((".yaml", ".json"))
+    assert code == (1 if any(s == "fail" for s, _ in expected.values()) else 0)
+
+
+# --- "auto" as the ZeRO stage: the check itself (the loaders refuse the value today) ----------------
+
+def zero_stage_results(tmp_path, ds_text, accelerate_text=None):
+    from preflight.checks.config import zero_stage
+
+    (tmp_path / "ds.json").write_text(ds_text)
+    deepspeed = DeepSpeedConfig(load(str(tmp_path / "ds.json"), "DeepSpeed config", kind="json"))
+    accelerate = None
+    if accelerate_text is not None:
+        (tmp_path / "accelerate.yaml").write_text(accelerate_text)
+        accelerate = AccelerateConfig(load(str(tmp_path / "accelerate.yaml"), "accelerate config"))
+    return list(zero_stage(CheckContext(Plan(accelerate=accelerate, deepspeed=deepspeed))))
+
+
+AUTO_STAGE = '{\n  "train_micro_batch_size_per_gpu": "auto",\n  "zero_optimization": {\n    "stage": "auto"\n  }\n}\n'
+
+
+def test_zero_stage_auto_is_filled_in_by_accelerate(tmp_path):
+    found = zero_stage_results(tmp_path, AUTO_STAGE, "distributed_type: DEEPSPEED\ndeepspeed_config:\n"
+                                                     "  deepspeed_config_file: ds.json\nnum_processes: 2\n")
+    assert [f.status.value for f in found] == ["pass"]
+    assert "filled in by accelerate" in found[0].message and "ds.json:4" in found[0].message
+
+
+def test_zero_stage_auto_without_accelerate_warns(tmp_path):
+    found = zero_stage_results(tmp_path, AUTO_STAGE)
+    assert [f.status.value for f in found] == ["warn"]
+    assert "ds.json:4: zero_optimization.stage is \"auto\"" in found[0].message
+    assert "DeepSpeed on its own drops it and trains at stage 0" in found[0].message
+
+
+# --- real-world configurations (tests/fixtures/realworld, sources in its README.md) -----------------
+
+# (inputs relative to fixtures/realworld, extra args, the fail/warn findings expected: (check, status, text))
+REAL = [
+    # huggingface/accelerate examples
+    ("--config accelerate/examples/config_yaml_templates/deepspeed.yaml", [], []),
+    ("--config accelerate/examples/config_yaml_templates/fsdp.yaml", [], []),
+    ("--config accelerate/examples/config_yaml_templates/fp8.yaml", [], []),
+    ("--config accelerate/examples/config_yaml_templates/multi_node.yaml", [],
+     [("CFG010", "fail", "multi_node.yaml:8: main_process_ip is '1234', expected a host name or an IP address")]),
+    ("--deepspeed accelerate/examples/deepspeed_config_templates/zero_stage1_config.json", [], []),
+    ("--deepspeed accelerate/examples/deepspeed_config_templates/zero_stage2_config.json", [], []),
+    ("--deepspeed accelerate/examples/deepspeed_config_templates/zero_stage2_offload_config.json", [], []),
+    ("--deepspeed accelerate/examples/deepspeed_config_templates/zero_stage3_config.json", [], []),
+    ("--deepspeed accelerate/examples/deepspeed_config_templates/zero_stage3_offload_config.json", [], []),
+    # huggingface/accelerate docs, usage_guides/deepspeed.md
+    ("--config accelerate/docs/deepspeed_md/plugin_zero2.yaml", [], []),
+    ("--config accelerate/docs/deepspeed_md/plugin_zero3_offload.yaml", [], []),
+    ("--config accelerate/docs/deepspeed_md/config_file_zero2.yaml", [],
+     [("CFG005", "fail", "config_file_zero2.yaml:4: deepspeed_config_file "
+                         "'/home/ubuntu/accelerate/examples/configs/deepspeed_config_templates/zero_stage2_config.json' "
+                         "does not exist"),
+      ("CFG005", "fail", "config_file_zero2.yaml:12: mixed_precision is set beside deepspeed_config_file")]),
+    ("--config accelerate/docs/deepspeed_md/scenario1/accelerate.yaml", [],
+     [("CFG005", "fail", f"accelerate.yaml:{line}: deepspeed_config.{key} is set beside deepspeed_config_file")
+      for line, key in ((6, "gradient_accumulation_steps"), (7, "gradient_clipping"), (8, "offload_optimizer_device"),
+                        (9, "offload_param_device"), (11, "zero3_save_16bit_model"), (12, "zero_stage"))]),
+    ("--config accelerate/docs/deepspeed_md/scenario2/accelerate.yaml", [], []),
+    # huggingface/alignment-handbook recipes
+    ("--config alignment-handbook/recipes/accelerate_configs/deepspeed_zero2.yaml", [], []),
+    ("--config alignment-handbook/recipes/accelerate_configs/deepspeed_zero3.yaml", [], []),
+    ("--config alignment-handbook/recipes/accelerate_configs/multi_gpu.yaml", [], []),
+    # huggingface/trl examples
+    ("--config trl/examples/accelerate_configs/deepspeed_zero1.yaml", [], []),
+    ("--config trl/examples/accelerate_configs/deepspeed_zero3.yaml", [], []),
+    ("--config trl/examples/accelerate_configs/multi_gpu_deepspeed_zero2.yaml", [], []),
+    ("--config trl/examples/accelerate_configs/alst_ulysses_4gpu.yaml", [],
+     [("CFG004", "fail", "alst_ulysses_4gpu.yaml:21: deepspeed_config holds DeepSpeed-JSON keys "
+                         "(seq_parallel_communication_data_type) that accelerate ignores")]),
+    # huggingface/transformers tests
+    ("--deepspeed transformers/tests/deepspeed/ds_config_zero2.json", [], []),
+    ("--deepspeed transformers/tests/deepspeed/ds_config_zero3.json", [], []),
+    # hiyouga/LLaMA-Factory examples
+    ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z0_config.json", [],
+     [("CFG060", "warn", "ds_z0_config.json:28: unknown key 'comms_config' (did you mean 'comms_logger'?)"),
+      ("CFG060", "warn", "ds_z0_config.json:31: unknown key 'monitor_config'")]),
+    ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z2_offload_config.json", [],
+     [("CFG060", "warn", "ds_z2_offload_config.json:32: unknown key 'comms_config'"),
+      ("CFG060", "warn", "ds_z2_offload_config.json:35: unknown key 'monitor_config'")]),
+    ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z3_offload_config.json", [],
+     [("CFG060", "warn", "ds_z3_offload_config.json:38: unknown key 'comms_config'"),
+      ("CFG060", "warn", "ds_z3_offload_config.json:41: unknown key 'monitor_config'")]),
+    ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z3_partial_offload_config.json", [], []),
+    # axolotl-ai-cloud/axolotl
+    ("--deepspeed axolotl/deepspeed_configs/zero1.json", [], []),
+    ("--deepspeed axolotl/deepspeed_configs/zero2.json", [], []),
+    ("--deepspeed axolotl/deepspeed_configs/zero3_bf16.json", [], []),
+    ("--deepspeed axolotl/deepspeed_configs/zero3_bf16_cpuoffload_all.json", [], []),
+    # deepspeedai/DeepSpeedExamples: real batch sizes, checked against a world size
+    ("--deepspeed DeepSpeedExamples/training/DeepSpeed-ZenFlow/finetuning/zf_config.json", ["--world-size", "8"], []),
+    ("--deepspeed DeepSpeedExamples/training/DeepSpeed-ZenFlow/finetuning/zf_config.json", ["--world-size", "6"],
+     [("CFG030", "fail", "zf_config.json:2: train_batch_size 32, gradient_accumulation_steps 1 do not fit a world "
+                         "size of 6")]),
+    ("--deepspeed DeepSpeedExamples/training/tensor_parallel/hf_integration/configs/ds_config.json", [], []),
+]
+
+
+def real_args(inputs, extra):
+    args = []
+    for word in inputs.split():
+        args.append(word if word.startswith("--") else str(REALWORLD / word))
+    return args + extra
+
+
+def real_id(row):
+    parts = row[0].split()[1].split("/")
+    return f"{parts[0]}/{'/'.join(parts[-2:])}" + "".join(row[1])
+
+
+@pytest.mark.parametrize("inputs,extra,expected", REAL, ids=[real_id(r) for r in REAL])
+def test_realworld(capsys, inputs, extra, expected):
+    code, doc = lint(capsys, *real_args(inputs, extra))
+    findings = [r for r in doc["results"] if r["status"] in ("fail", "warn", "error")]
+    for check_id, status, text in expected:
+        assert any(r["id"] == check_id and r["status"] == status and text in r["message"] for r in findings), \
+            f"expected {check_id} {status} {text!r}, got:\n{shown(findings)}"
+    # nothing else: no false positive
+    assert len(findings) == len(expected), shown(findings)
+    assert doc["verdict"] == ("fail" if any(s == "fail" for _, s, _ in expected)
+                              else "warn" if expected else "pass")
+    # each file was read and its checks evaluated, not skipped for want of input
+    given = {"--config": ("CFG001", "CFG002", "CFG020"), "--deepspeed": ("CFG040", "CFG060")}
+    for option, ids in given.items():
+        if option in inputs:
+            for check_id in ids:
+                assert all(r["status"] != "skip" for r in results_of(doc, check_id)), shown(results_of(doc, check_id))
+
+
+def test_realworld_deepspeed_config_file_is_found_beside_the_config(capsys):
+    # deepspeed_config_file: ../deepspeed_config_templates/zero_stage1_config.json, relative to the YAML
+    code, doc = lint(capsys, "--config", REALWORLD / "accelerate/examples/config_yaml_templates/deepspeed.yaml")
+    assert code == 0 and doc["verdict"] == "pass", shown(doc["results"])
+    assert [r["status"] for r in results_of(doc, "CFG005")] == ["pass"]
+    assert [r["status"] for r in results_of(doc, "CFG060")] == ["pass"]  # the JSON was linted too
+    assert [r["message"] for r in results_of(doc, "CFG040")] == ["ZeRO stage 1"]
+
+
+@pytest.mark.xfail(strict=True, reason='preflight/jobconfig.py refuses "stage": "auto" (DS_NUMERIC allows only an '
+                                       "integer), which accelerate fills in from `accelerate launch --zero_stage`")
+def test_realworld_docs_scenario3_auto_stage(capsys):
+    code, doc, err = run_cli(capsys, "lint", "--config",
+                             REALWORLD / "accelerate/docs/deepspeed_md/scenario3/accelerate.yaml", "--json")
+    assert code == 0, err
+    assert doc["verdict"] == "pass", shown(doc["results"])
