@@ -61,8 +61,8 @@ def bindable(port):
 
 
 def close_without_time_wait(sock):
-    """Close with a reset: a TIME_WAIT entry on the main port would make the job's own bind fail on
-    some kernels (the probe must leave the port as it found it)."""
+    """Close with a reset, leaving no TIME_WAIT entry: one on the main port makes the job's own bind fail
+    on some kernels (the probe must leave the port as it found it)."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
 
@@ -77,17 +77,22 @@ def listen(port, deadline_s, stdin=None, out=None):
     server.listen(128)
     out.write(json.dumps({"bound": True}) + "\n")
     out.flush()
-    peers, end = [], time.monotonic() + deadline_s
+    peers, open_conns, end = [], [], time.monotonic() + deadline_s
     try:
         while time.monotonic() < end:
-            ready, _, _ = select.select([server, stdin], [], [], max(0.0, end - time.monotonic()))
+            ready, _, _ = select.select([server, stdin] + open_conns, [], [], max(0.0, end - time.monotonic()))
             if server in ready:
                 conn, address = server.accept()
                 peers.append(address[0])
-                close_without_time_wait(conn)
+                open_conns.append(conn)  # the worker closes first: no TIME_WAIT on the main port here
+            for conn in [c for c in open_conns if c in ready]:
+                open_conns.remove(conn)
+                conn.close()
             if stdin in ready:
                 break  # "done", or the sender went away
     finally:
+        for conn in open_conns:
+            close_without_time_wait(conn)
         server.close()
     out.write(json.dumps({"peers": peers}) + "\n")
     out.flush()
