@@ -1,12 +1,13 @@
-"""The fact collector: one JSON document about the node it runs on.
+"""The node agent: one JSON document of facts about the node it runs on, then answers to requests.
 
 Stdlib only, Python 3.6+: it is shipped over the transport and run by the node's training
 interpreter, which may have nothing of preflight installed. It never imports torch or any other
 training library: versions come from package metadata, torch's CUDA build from torch/version.py.
 
 Protocol when shipped (see preflight.transport): the source arrives on stdin after a length line,
-OPTIONS is bound by the sender, and the node writes one line of JSON (the facts). It then answers
-clock samples: for each line "t" it reads, it writes its wall clock, until "done" or end of input.
+OPTIONS is bound by the sender, and the node writes one line of JSON (the facts). Then, for each
+JSON request line it reads, it writes one JSON answer line (see `serve`), until "done" or end of
+input. One process per node serves every phase: clock samples, the port probe, the shared folder.
 """
 import ctypes
 import json
@@ -217,16 +218,165 @@ def _clock():
             "time": time.time()}
 
 
-def answer_clock_samples(stdin, stdout):
-    """NTP-style samples over the open connection: reply to each "t" with this node's wall clock."""
-    for line in stdin:
-        if line.strip() != "t":
-            break
-        stdout.write("%.9f\n" % time.time())
-        stdout.flush()
+# --- requests after the facts --------------------------------------------------------------------
+
+def holders(port):
+    """Processes listening on `port` (from /proc: what this user may see of them)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(fields[9])
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink("/proc/%s/fd/%s" % (pid, fd)) for fd in os.listdir("/proc/%s/fd" % pid)]
+        except OSError:
+            continue
+        if any(link.startswith("socket:[") and link[8:-1] in inodes for link in links):
+            try:
+                command = open("/proc/%s/cmdline" % pid, "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                command = ""
+            found.append({"pid": int(pid), "command": command.strip()[:200]})
+    return found
+
+
+def bindable(port):
+    """A socket bound to the port on all addresses, as torch's TCPStore binds it (SO_REUSEADDR, so that
+    connections in TIME_WAIT do not count); or, when it is taken, a dict that says by whom."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        server.bind(("0.0.0.0", port))
+        return server
+    except OSError as exc:
+        server.close()
+        return {"bound": False, "error": exc.strerror or str(exc), "holders": holders(port)}
+
+
+def close_without_time_wait(sock):
+    """Close with a reset, leaving no TIME_WAIT entry: one on the main port makes the job's own bind fail
+    on some kernels (a probe must leave the port as it found it)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def connect(address, port, timeout_s):
+    started = time.monotonic()
+    try:
+        sock = socket.create_connection((address, port), timeout=timeout_s)
+    except socket.timeout:
+        return {"ok": False, "error": "timed out after %gs" % timeout_s, "seconds": time.monotonic() - started}
+    except OSError as exc:
+        return {"ok": False, "error": exc.strerror or str(exc), "seconds": time.monotonic() - started}
+    source = sock.getsockname()[0]
+    close_without_time_wait(sock)
+    return {"ok": True, "seconds": time.monotonic() - started, "source": source}
+
+
+def shared_file(op, folder, name, token=None):
+    """The shared-folder probe: the head writes a token, the others read it, the head removes it."""
+    path = os.path.join(folder, name)
+    try:
+        if op == "write":
+            with open(path, "w") as handle:
+                handle.write(token)
+                handle.flush()
+                os.fsync(handle.fileno())
+            return {"ok": True, "path": path}
+        if op == "read":
+            with open(path) as handle:
+                same = handle.read() == token
+            return {"ok": same, "path": path, "error": None if same else "the file holds another token"}
+        os.unlink(path)
+        return {"ok": True, "path": path}
+    except OSError as exc:
+        return {"ok": False, "path": path, "error": exc.strerror or str(exc)}
+
+
+class Agent(object):
+    """Answers requests: {"op": "time"}, {"op": "listen", "port"}, {"op": "unlisten"},
+    {"op": "connect", "address", "port", "timeout_s"}, {"op": "write"|"read"|"remove", "folder", "name",
+    "token"}. While a port is listened on, connections are accepted between requests."""
+
+    def __init__(self):
+        self.server, self.peers, self.conns = None, [], []
+
+    def handle(self, request):
+        op = request.get("op")
+        if op == "time":
+            return {"time": time.time()}
+        if op == "listen":
+            server = bindable(int(request["port"]))
+            if isinstance(server, dict):
+                return server
+            server.listen(128)
+            self.server, self.peers = server, []
+            return {"bound": True}
+        if op == "unlisten":
+            self.stop_listening()
+            return {"peers": self.peers}
+        if op == "connect":
+            return connect(request["address"], int(request["port"]), float(request["timeout_s"]))
+        if op in ("write", "read", "remove"):
+            return shared_file(op, request["folder"], request["name"], request.get("token"))
+        return {"error": "unknown request %r" % op}
+
+    def on_readable(self, sock):
+        if sock is self.server:
+            conn, address = self.server.accept()
+            self.peers.append(address[0])
+            self.conns.append(conn)  # the worker closes first: no TIME_WAIT on the main port here
+        else:
+            self.conns.remove(sock)
+            sock.close()
+
+    def stop_listening(self):
+        for conn in self.conns:
+            close_without_time_wait(conn)
+        if self.server is not None:
+            self.server.close()
+        self.server, self.conns = None, []
+
+
+def serve(agent, fd_in, out):
+    """One JSON answer line per request line, until "done" or end of input."""
+    import select
+
+    pending = b""
+    try:
+        while True:
+            while b"\n" not in pending:
+                watched = [fd_in] + ([agent.server] if agent.server else []) + agent.conns
+                ready = select.select(watched, [], [])[0]
+                for sock in ready:
+                    if sock is not fd_in:
+                        agent.on_readable(sock)
+                if fd_in in ready:
+                    chunk = os.read(fd_in, 65536)
+                    if not chunk:
+                        return
+                    pending += chunk
+            line, pending = pending.split(b"\n", 1)
+            if line.strip() in (b"", b"done"):
+                return
+            try:
+                answer = agent.handle(json.loads(line.decode()))
+            except Exception as exc:  # a bad request gets an answer, not a dead agent
+                answer = {"error": "%s: %s" % (type(exc).__name__, exc)}
+            out.write(json.dumps(answer) + "\n")
+            out.flush()
+    finally:
+        agent.stop_listening()
 
 
 if __name__ == "__main__":  # shipped: the sender binds OPTIONS before this runs
     sys.stdout.write(json.dumps(collect(globals().get("OPTIONS") or {})) + "\n")
     sys.stdout.flush()
-    answer_clock_samples(sys.stdin, sys.stdout)
+    serve(Agent(), 0, sys.stdout)

@@ -17,10 +17,23 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-# Reads a length line, that many characters of source, one line of JSON options, then runs the source.
+# Reads a length line, that many bytes of source, one line of JSON options, then runs the source. It
+# reads fd 0 unbuffered, so that what follows (the agent's requests) is left for the agent to read.
 BOOTSTRAP = (
-    "import sys,json;n=int(sys.stdin.readline());s=sys.stdin.read(n);o=json.loads(sys.stdin.readline());"
-    "exec(compile(s,'preflight-shipped','exec'),{'__name__':'__main__','OPTIONS':o})"
+    "import os,json\n"
+    "def line():\n"
+    " b=b''\n"
+    " while not b.endswith(b'\\n'):\n"
+    "  c=os.read(0,1)\n"
+    "  if not c:break\n"
+    "  b+=c\n"
+    " return b\n"
+    "n=int(line());s=b''\n"
+    "while len(s)<n:\n"
+    " c=os.read(0,n-len(s))\n"
+    " if not c:break\n"
+    " s+=c\n"
+    "exec(compile(s,'preflight-shipped','exec'),{'__name__':'__main__','OPTIONS':json.loads(line())})"
 )
 
 # paramiko logs tracebacks of failed handshakes at ERROR: they are our results, not the user's terminal's.
@@ -42,7 +55,7 @@ def shipped_command(python: str) -> str:
 
 
 def shipped_input(source: str, options: dict) -> str:
-    return f"{len(source)}\n{source}{json.dumps(options)}\n"
+    return f"{len(source.encode())}\n{source}{json.dumps(options)}\n"
 
 
 @dataclass

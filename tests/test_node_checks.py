@@ -281,15 +281,17 @@ def test_collector_redacts_secrets_and_never_imports_torch():
     assert out["versions"]["torch"] == BASE["packages"]["versions"]["torch"]
 
 
-def test_the_shipped_collector_runs_from_stdin_and_answers_clock_samples():
+def test_the_shipped_agent_runs_from_stdin_and_answers_requests():
     source = open(collector.__file__).read()
-    stdin = transport.shipped_input(source, {"head": "127.0.0.1", "port": 29500}) + "t\nt\ndone\n"
+    stdin = transport.shipped_input(source, {"head": "127.0.0.1", "port": 29500}) + "{\"op\": \"time\"}\n{\"op\": \"time\"}\n{\"op\": \"nope\"}\ndone\n"
     command = transport.shipped_command(sys.executable)
     proc = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, text=True, timeout=60)
     lines = proc.stdout.splitlines()
     facts_doc = json.loads(lines[0])
     assert facts_doc["python"]["executable"] == sys.executable
-    assert len(lines) == 3 and all(abs(float(t) - facts_doc["collected_at"]) < 60 for t in lines[1:])
+    answers = [json.loads(line) for line in lines[1:]]
+    assert len(answers) == 3 and all(abs(a["time"] - facts_doc["collected_at"]) < 60 for a in answers[:2])
+    assert "unknown request" in answers[2]["error"]
 
 
 def test_the_remote_command_quotes_the_interpreter_path():
