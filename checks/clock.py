@@ -36,14 +36,14 @@ def clock_skew(ctx) -> Iterator[Finding]:
         offset = clock["offset_s"] - head_clock["offset_s"]
         bound = clock["bound_s"] + head_clock["bound_s"]
         evidence = {"offset_s": offset, "bound_s": bound}
-        text = f"{node}'s clock is {offset:+.3f} s (± {bound:.3f} s) from the head {head}'s"
+        text = f"clock is {offset:+.3f} s (± {bound * 1000:.1f} ms) from the head {head}'s"
         if abs(offset) - bound > limits.clock_fail_s:
             yield Finding(Status.FAIL, f"{text}, over the {limits.clock_fail_s:g} s limit",
-                          f"synchronise {node}'s clock (chrony/ntpd) with the head's time source", nodes=(node,),
+                          "synchronise this node's clock (chrony/ntpd) with the head's time source", nodes=(node,),
                           evidence=evidence)
         elif abs(offset) - bound > limits.clock_warn_s:
             yield Finding(Status.WARN, f"{text}, over the {limits.clock_warn_s:g} s warning limit",
-                          f"check time synchronisation on {node} (`chronyc tracking`)", nodes=(node,),
+                          "check time synchronisation on this node (`chronyc tracking`)", nodes=(node,),
                           evidence=evidence)
         else:
             within.append(node)
@@ -100,7 +100,7 @@ def ntp_offset(ctx) -> Iterator[Finding]:
         offset = clock["offset_s"] - ntp["offset_s"]  # node minus NTP
         bound = clock["bound_s"] + ntp["bound_s"]
         evidence = {"offset_s": offset, "bound_s": bound, "ntp_server": ntp["server"]}
-        text = f"clock is {offset:+.3f} s (± {bound:.3f} s) from NTP server {ntp['server']}"
+        text = f"clock is {offset:+.3f} s (± {bound * 1000:.1f} ms) from NTP server {ntp['server']}"
         if abs(offset) - bound > limits.clock_fail_s:
             yield Finding(Status.FAIL, f"{text}, over {limits.clock_fail_s:g} s", "synchronise the clock with chrony/ntpd",
                           nodes=(node,), evidence=evidence)

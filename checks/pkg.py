@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from preflight.compare import nodes_with, odd_ones_out
+from preflight.inventory import fold
 from preflight.registry import check
 from preflight.result import Finding, Status, skip
 
@@ -43,7 +44,7 @@ def key_versions(ctx) -> Iterator[Finding]:
             agreeing.discard(node)
             others = nodes_with(values, majority)
             yield Finding(Status.FAIL, f"{package} differs: {node} has {version or 'none'}, "
-                          f"{', '.join(others)} {'has' if len(others) == 1 else 'have'} {majority or 'none'}",
+                          f"{fold(others)} {'has' if len(others) == 1 else 'have'} {majority or 'none'}",
                           f"install {package} {majority} on {node}" if majority else f"remove {package} from {node}",
                           nodes=(node,), evidence={"package": package, "version": version, "expected": majority})
     if agreeing:
@@ -55,7 +56,7 @@ def key_versions(ctx) -> Iterator[Finding]:
 
 @check("PKG002", "distributions", "cluster", tags=["packages", "versions"])
 def distributions(ctx) -> Iterator[Finding]:
-    """The other installed Python distributions are the same on every node.
+    """The other installed Python distributions (those PKG001 does not compare) are the same on every node.
 
     A different numpy, triton or flash-attn on one node gives a different numerical path or an import
     error on that rank only, long after the start.
@@ -67,7 +68,8 @@ def distributions(ctx) -> Iterator[Finding]:
         yield skip("fewer than two nodes reached: nothing to compare")
         return
     installed = {n: (ctx.facts[n]["facts"].get("packages") or {}).get("distributions") or {} for n in nodes}
-    names = sorted(set().union(*installed.values()))
+    # The key packages are PKG001's; the interpreter's own are PKG001's python.
+    names = sorted(set().union(*installed.values()) - {"torch", "deepspeed", "accelerate", "transformers"})
     differing = {}
     for name in names:
         majority, odd = odd_ones_out({n: installed[n].get(name) for n in nodes}, ctx.plan.head)

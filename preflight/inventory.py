@@ -48,3 +48,13 @@ def head_first(names: List[str], main_process_ip: Optional[str]) -> List[str]:
     if main_process_ip in names:
         return [main_process_ip] + [n for n in names if n != main_process_ip]
     return names
+
+
+def fold(names: Sequence[str]) -> str:
+    """n01,n02,n03 -> n[01-03] (names hostlist cannot fold are listed as they are)."""
+    import hostlist
+
+    try:
+        return hostlist.collect_hostlist(list(names))
+    except Exception:
+        return ",".join(names)

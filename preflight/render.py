@@ -34,15 +34,9 @@ def to_json(results: Sequence[Result], verdict: str, nodes: Sequence[str], durat
 
 
 def fold_nodes(nodes: Sequence[str]) -> str:
-    """n01,n02,n03 -> n[01-03]"""
-    if not nodes:
-        return ""
-    try:
-        import hostlist
+    from preflight.inventory import fold as fold_names
 
-        return hostlist.collect_hostlist(list(nodes))
-    except Exception:  # names hostlist cannot fold are shown as they are
-        return ",".join(nodes)
+    return fold_names(nodes) if nodes else ""
 
 
 def fold(results: Sequence[Result]) -> List[Tuple[Result, Tuple[str, ...]]]:
