@@ -188,3 +188,66 @@ def test_unknown_host_key_is_refused_unless_accepted(cluster, tmp_path):
     assert "ssh-ed25519" in empty.read_text()  # remembered
     doc = json.loads(subprocess.run(base, capture_output=True, text=True, timeout=120).stdout)
     assert results(doc, "SSH001")["node02"]["status"] == "pass"
+
+
+def test_main_port_taken_on_the_head_names_the_process(cluster):
+    holder = cluster.netns_popen("node01", [sys.executable, "-c", "import socket, time; s = socket.socket();"
+                                            "s.bind(('0.0.0.0', 29500)); s.listen(); time.sleep(60)  # old_job"])
+    try:
+        deadline = time.monotonic() + 10
+        while cluster.netns_exec("node01", ["ss", "-ltn", "sport = :29500"]).stdout.count("LISTEN") == 0:
+            assert time.monotonic() < deadline, "the holder never listened"
+            time.sleep(0.1)
+        doc, _ = check(cluster, "--only", "NET003,NET004")
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    taken = results(doc, "NET003")["node01"]
+    assert taken["status"] == "fail" and str(holder.pid) in taken["message"] and "old_job" in taken["message"]
+
+
+def test_socket_ifname_and_environment_differences(cluster):
+    with cluster.env("node02", NCCL_SOCKET_IFNAME="ib", NCCL_IB_DISABLE="1"):
+        doc, _ = check(cluster, "--only", "NET005,PKG004")
+    ifname = results(doc, "NET005")
+    assert ifname["node02"]["status"] == "fail" and "ib" in ifname["node02"]["message"]
+    assert ifname["node01"]["status"] == "skip"
+    env = [r for r in doc["results"] if r["id"] == "PKG004" and r["status"] == "fail"]
+    assert {r["nodes"][0] for r in env} == {"node02"}
+    assert {r["evidence"]["variable"] for r in env} == {"NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"}
+    with cluster.env("node02", NCCL_SOCKET_IFNAME="eth"), cluster.env("node01", NCCL_SOCKET_IFNAME="eth"), \
+            cluster.env("node03", NCCL_SOCKET_IFNAME="eth"):
+        doc, _ = check(cluster, "--only", "NET005,PKG004")
+    assert doc["verdict"] == "pass"
+    assert "eth0" in results(doc, "NET005")["node02"]["message"]
+
+
+def test_slurm_nodelist_as_target(cluster):
+    args = [sys.executable, "-m", "preflight", "check", "--slurm", "--ssh-config", str(cluster.ssh_config),
+            "--python", sys.executable, "--json", "--only", "SSH001"]
+    env = dict(os.environ, SLURM_JOB_NODELIST="node[01-03]")
+    doc = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120, env=env).stdout)
+    assert doc["nodes"] == ["node01", "node02", "node03"] and doc["verdict"] == "pass"
+
+
+def test_proxy_jump_and_the_ssh_agent(cluster, tmp_path):
+    """node02 and node03 through node01 (ProxyJump), authenticated by a real ssh-agent, no IdentityFile."""
+    lines = [line for line in cluster.ssh_config.read_text().splitlines() if "IdentityFile" not in line]
+    config = tmp_path / "ssh_config"
+    text = "\n".join(lines) + "\n"
+    for node in ("node02", "node03"):
+        text = text.replace(f"Host {node}\n", f"Host {node}\n  ProxyJump node01\n")
+    config.write_text(text)
+    agent = subprocess.run(["ssh-agent", "-s", "-a", str(tmp_path / "agent.sock")], capture_output=True, text=True,
+                           check=True, timeout=30).stdout
+    pid = int(agent.split("SSH_AGENT_PID=")[1].split(";")[0])
+    env = dict(os.environ, SSH_AUTH_SOCK=str(tmp_path / "agent.sock"), HOME=str(tmp_path))
+    try:
+        subprocess.run(["ssh-add", str(cluster.identity)], env=env, check=True, capture_output=True, timeout=30)
+        args = [sys.executable, "-m", "preflight", "check", "--hosts", ",".join(cluster.nodes), "--ssh-config",
+                str(config), "--python", sys.executable, "--json", "--only", "SSH001,PKG001"]
+        doc = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120, env=env).stdout)
+    finally:
+        os.kill(pid, 15)
+    assert doc["verdict"] == "pass", not_passing(doc)
+    assert set(results(doc, "SSH001")) == set(cluster.nodes)
