@@ -131,8 +131,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _main(argv: List[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command is None:
-        build_parser().print_help(sys.stderr)
-        return EXIT_BAD_INPUT
+        raise UsageError("a command is needed: lint, check, node, launch, list or explain (see `preflight --help`)")
+    for option in ("config", "deepspeed", "hostfile"):
+        if getattr(args, option, None) == "":
+            raise UsageError(f"--{option} is an empty path")
     from preflight import registry
 
     reg = registry.load()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 
@@ -20,7 +21,24 @@ class InputError(Exception):
 
     def __init__(self, path: str, problem: str, line: Optional[int] = None):
         self.path, self.problem, self.line = path, problem, line
-        super().__init__(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
+        super().__init__(one_line(f"{path}:{line}: {problem}" if line else f"{path}: {problem}"))
+
+
+def one_line(text: str) -> str:
+    """Escape line breaks and other unprintable characters (a path, a YAML tag with %0A in it) so
+    that a message stays one line on a terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def shorten(value: Any, limit: int = 60) -> str:
+    """repr() of a value for a one-line message, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Limits on what a configuration file can be; past them the file is refused, not walked.
+MAX_DEPTH = 100  # nesting: deeper structures overflow recursive walks (deepcopy, json, the checks)
+MAX_VALUES = 100_000  # values with every use of an alias expanded: refuses a "billion laughs"
 
 
 @dataclass(frozen=True)
@@ -64,8 +82,15 @@ def read_text(path: str, what: str) -> str:
         raise InputError(path, f"{what} not found")
     if os.path.isdir(path):
         raise InputError(path, f"{what} is a directory, expected a file")
+    mode = os.stat(path).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # a terminal or a device could block or never end
+        raise InputError(path, f"{what} is not a regular file")
     try:
-        with open(path, "rb") as handle:
+        # O_NONBLOCK: opening a named pipe that nobody writes to would otherwise wait forever (a pipe
+        # such as <(envsubst < accel.yaml) still reads); reads then block again, as usual.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as handle:
             raw = handle.read(16 * 1024 * 1024 + 1)
     except OSError as exc:
         raise InputError(path, f"cannot read {what}: {exc.strerror or exc}") from None
@@ -76,7 +101,9 @@ def read_text(path: str, what: str) -> str:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise InputError(path, f"{what} is not UTF-8 text (bad byte at offset {exc.start})") from None
+        bad = raw[exc.start]
+        raise InputError(path, f"{what} is not UTF-8 text (byte 0x{bad:02x} at offset {exc.start})",
+                         raw.count(b"\n", 0, exc.start) + 1) from None
     if not text.strip():
         raise InputError(path, f"{what} is empty")
     return text
@@ -89,25 +116,106 @@ def load(path: str, what: str, kind: Optional[str] = None) -> Document:
     return parse_json(path, text, what) if kind == "json" else parse_yaml(path, text, what)
 
 
+class _Loader(yaml.SafeLoader):
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.alias_lines: Dict[Tuple[int, Any], int] = {}  # (id(parent node), key node id or index) -> line
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):  # the node an alias gives is the anchor's: remember where it is used
+            place = index if isinstance(index, int) else id(index)
+            self.alias_lines[id(parent), place] = self.peek_event().start_mark.line + 1
+        return super().compose_node(parent, index)
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, LookupError, AttributeError, ArithmeticError) as exc:
+            # PyYAML's constructors raise these on values such as `2001-13-45` or `!!int ""`:
+            # give them the node's line, like its own errors.
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {node.tag.rsplit(':', 1)[-1]} value {shorten(node.value)}: {exc}",
+                node.start_mark,
+            ) from None
+
+
 def parse_yaml(path: str, text: str, what: str) -> Document:
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = _Loader(text)  # its reader refuses control characters here, before any parsing
         node = loader.get_single_node()
         if node is None:
             raise InputError(path, f"{what} is empty")
+        _check_yaml_graph(path, node, loader.alias_lines)
         lines, plain, dups = _yaml_positions(node)
         data = loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "syntax error"
+        if exc.problem and exc.context and exc.context_mark and exc.context_mark.line != mark.line:
+            # "found unexpected end of stream" is more use with where the unclosed thing began
+            problem += f" ({exc.context} on line {exc.context_mark.line + 1})"
         raise InputError(path, f"malformed YAML: {problem}", mark.line + 1 if mark else None) from None
+    except yaml.reader.ReaderError as exc:
+        problem = f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+        raise InputError(path, f"malformed YAML: {problem}", text.count("\n", 0, exc.position) + 1) from None
     except yaml.YAMLError as exc:
         raise InputError(path, f"malformed YAML: {exc}") from None
     except RecursionError:
         raise InputError(path, "YAML nesting is too deep") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return Document(path, _top_mapping(path, data, what, "YAML"), "yaml", lines, plain, dups)
+
+
+STR_TAG, MERGE_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"
+
+
+def _check_yaml_graph(path: str, root: yaml.Node, alias_lines: Mapping[Tuple[int, Any], int]) -> None:
+    """Refuse, before anything walks the data, what would make a walk loop (an alias inside its own
+    anchor), explode (aliases of aliases: a "billion laughs") or overflow (deep nesting), and keys
+    that are not strings (`1:`, `true:`, `[a, b]:`), which neither accelerate nor DeepSpeed can have."""
+    done: Dict[int, Tuple[int, int]] = {}  # id(node) -> (values under it with aliases expanded, height)
+    open_nodes = set()  # the nodes on the way down to the current one
+
+    def walk(node: yaml.Node, depth: int, alias_line: Optional[int]) -> Tuple[int, int]:
+        line = alias_line or node.start_mark.line + 1
+        if id(node) in done:  # an alias: count it again, without walking it again
+            size, height = done[id(node)]
+            if depth + height > MAX_DEPTH:
+                raise InputError(path, f"YAML nesting is deeper than {MAX_DEPTH} levels (through an alias)", line)
+            return size, height
+        if id(node) in open_nodes:
+            raise InputError(path, "recursive YAML alias: it is used inside the node it names", line)
+        collection = not isinstance(node, yaml.ScalarNode)
+        if collection and depth > MAX_DEPTH:  # depth: of the mappings and lists, as JSON counts it
+            raise InputError(path, f"YAML nesting is deeper than {MAX_DEPTH} levels", line)
+        open_nodes.add(id(node))
+        children = []  # (node, line of the alias when it is one)
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if key.tag != MERGE_TAG and not (isinstance(key, yaml.ScalarNode) and key.tag == STR_TAG):
+                    if isinstance(key, yaml.ScalarNode):
+                        problem = f"key {key.value!r} is read as {key.tag.rsplit(':', 1)[-1]}, not a string; quote it"
+                    else:
+                        problem = f"a key is a {key.id}, expected a string"
+                    raise InputError(path, problem, key.start_mark.line + 1)
+                children.append((value, alias_lines.get((id(node), id(key)))))
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(item, alias_lines.get((id(node), i))) for i, item in enumerate(node.value)]
+        size, height = 1, 0 if collection else -1  # height: of the deepest mapping or list, from here
+        for child, child_alias_line in children:
+            child_size, child_height = walk(child, depth + 1, child_alias_line)
+            size, height = size + child_size, max(height, child_height + 1)
+        open_nodes.discard(id(node))
+        if size > MAX_VALUES:
+            raise InputError(path, f"holds more than {MAX_VALUES} values (counting every use of an alias); "
+                                   "this is not a configuration file", line)
+        done[id(node)] = size, height
+        return size, height
+
+    walk(root, 0, None)
 
 
 def _yaml_positions(root: yaml.Node):
@@ -150,14 +258,18 @@ def parse_json(path: str, text: str, what: str) -> Document:
         raise InputError(path, f"malformed JSON: {exc.msg} (column {exc.colno})", exc.lineno) from None
     except RecursionError:
         raise InputError(path, "JSON nesting is too deep") from None
-    lines, dups = _json_positions(text)
+    lines, dups, too_deep = _json_positions(text)
+    if too_deep:
+        raise InputError(path, f"JSON nesting is deeper than {MAX_DEPTH} levels", too_deep)
     return Document(path, _top_mapping(path, data, what, "JSON"), "json", lines, frozenset(), dups)
 
 
 def _json_positions(text: str):
-    """Line of every key of a well-formed JSON text, and of every repeated key."""
+    """Line of every key of a well-formed JSON text, of every repeated key, and where the nesting
+    first goes deeper than MAX_DEPTH (None if never)."""
     lines: Dict[KeyPath, int] = {}
     dups = []
+    too_deep = None
     stack = []  # frames: [kind, path, current key or index, expecting a key, keys seen]
     line, i, n = 1, 0, len(text)
 
@@ -189,6 +301,8 @@ def _json_positions(text: str):
             if c == "[" and stack:
                 lines.setdefault(path, line)
             stack.append([c, path, 0 if c == "[" else None, c == "{", set()])
+            if len(stack) > MAX_DEPTH + 1 and too_deep is None:
+                too_deep = line
         elif c in "}]":
             stack.pop()
         elif c == "," and stack:
@@ -197,7 +311,7 @@ def _json_positions(text: str):
             else:
                 stack[-1][2] += 1
         i += 1
-    return lines, tuple(dups)
+    return lines, tuple(dups), too_deep
 
 
 def _top_mapping(path: str, data: Any, what: str, syntax: str) -> Mapping[str, Any]:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from preflight.documents import Document, InputError, load, read_text
+from preflight.documents import Document, InputError, load, read_text, shorten
 
 NoneType = type(None)
 AUTO = "auto"  # in a type tuple: the string "auto" is accepted (filled in by accelerate / transformers)
@@ -139,7 +139,9 @@ HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots\s*=\s*(\d+)\s*(#.*)?$")
 def load_hostfile(path: str) -> Hostfile:
     """DeepSpeed's format: `host slots=N` a line; blank lines and `#` comments are ignored."""
     entries = []
-    for number, raw in enumerate(read_text(path, "hostfile").splitlines(), start=1):
+    # Lines as DeepSpeed reads them (universal newlines); str.splitlines() would also split at \f, \x85, ...
+    lines = read_text(path, "hostfile").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    for number, raw in enumerate(lines, start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -192,7 +194,7 @@ def validate_types(doc: Document, schema: Mapping[str, tuple], keys: Tuple = ())
         if numeric and is_numeric_string(value):
             continue
         shown = ".".join(map(str, keys + (key,)))
-        raise InputError(doc.path, f"{shown} must be {type_name(types)}, found {value!r}", section.line(key))
+        raise InputError(doc.path, f"{shown} must be {type_name(types)}, found {shorten(value)}", section.line(key))
 
 
 @dataclass(frozen=True)
@@ -293,8 +295,10 @@ def load_deepspeed_config(path: str) -> DeepSpeedConfig:
             validate_types(doc, {keys[-1]: types}, keys[:-1])
     for block in DS_SECTIONS:
         value = doc.data.get(block)
+        if block == "zero_optimization" and isinstance(value, bool):
+            continue  # DeepSpeed still reads the old form `"zero_optimization": true` (stage 1); CFG040 knows it
         if value is not None and not isinstance(value, dict):
-            raise InputError(path, f"{block} must be a mapping, found {value!r}", doc.line(block))
+            raise InputError(path, f"{block} must be a mapping, found {shorten(value)}", doc.line(block))
     return DeepSpeedConfig(doc)
 
 

@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, List, Mapping, Optional
 
+from preflight.documents import one_line
 from preflight.registry import CheckSpec
 from preflight.result import Finding, Result, Status
 
@@ -66,8 +67,10 @@ def _run(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
     if not findings:
         findings = [Finding(Status.PASS, "no problem found")]
     elapsed = (time.perf_counter() - started) / len(findings)
+    # Messages quote what users wrote (keys, paths): one_line keeps each on one printable line.
     return [
-        Result(spec.id, spec.name, f.status, tuple(f.nodes), f.message, f.remediation, dict(f.evidence), elapsed)
+        Result(spec.id, spec.name, f.status, tuple(f.nodes), one_line(f.message),
+               one_line(f.remediation) if f.remediation is not None else None, dict(f.evidence), elapsed)
         for f in findings
     ]
 
