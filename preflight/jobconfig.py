@@ -53,7 +53,7 @@ ACCELERATE_KEYS: Dict[str, tuple] = {
     "tpu_env": (list, NoneType),
     # Old spellings that accelerate still converts on load.
     "fp16": (bool,),
-    "dynamo_backend": (str,),
+    "dynamo_backend": (str, bool),
 }
 # SageMakerConfig replaces the cluster fields with these.
 SAGEMAKER_KEYS: Dict[str, tuple] = {
@@ -237,7 +237,7 @@ DS_NUMERIC: Dict[Tuple[str, ...], tuple] = {
     ("gradient_accumulation_steps",): (int, AUTO),
     ("gradient_clipping",): (float, AUTO),
     ("steps_per_print",): (int, float),
-    ("zero_optimization", "stage"): (int,),
+    ("zero_optimization", "stage"): (int, AUTO),
     ("zero_optimization", "reduce_bucket_size"): (int, float, AUTO),
     ("zero_optimization", "allgather_bucket_size"): (int, float, AUTO),
     ("zero_optimization", "stage3_prefetch_bucket_size"): (int, float, AUTO),
