@@ -86,8 +86,12 @@ def _say(options: GatherOptions, text: str) -> None:
 def _parallel(func: Callable, nodes: List[NodeState], options: GatherOptions) -> list:
     if not nodes:
         return []
-    with ThreadPoolExecutor(max_workers=max(1, min(options.fanout, len(nodes)))) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, min(options.fanout, len(nodes))))
+    try:
         return list(pool.map(func, nodes))
+    finally:
+        # On Ctrl-C, return at once: the caller closes the connections, which ends what still waits.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 # --- the local node -----------------------------------------------------------------------------
