@@ -116,7 +116,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("preflight: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Connections are closed by now; threads still waiting on a hung node must not hold the exit.
+        os._exit(EXIT_INTERRUPTED)
     except BrokenPipeError:  # `preflight list | head`: the reader has gone; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_NOT_READY

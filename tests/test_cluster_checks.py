@@ -251,3 +251,35 @@ def test_proxy_jump_and_the_ssh_agent(cluster, tmp_path):
         os.kill(pid, 15)
     assert doc["verdict"] == "pass", not_passing(doc)
     assert set(results(doc, "SSH001")) == set(cluster.nodes)
+
+
+def test_a_changed_host_key_is_refused_even_with_accept_new(cluster, tmp_path):
+    config = tmp_path / "ssh_config"
+    known = tmp_path / "known_hosts"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True,
+                   timeout=30)
+    impostor = (tmp_path / "impostor.pub").read_text().split()[:2]
+    known.write_text(f"{cluster.ip('node02')} {' '.join(impostor)}\nnode02 {' '.join(impostor)}\n")
+    config.write_text(cluster.ssh_config.read_text().replace(str(cluster.known_hosts), str(known)))
+    for extra in ([], ["--ssh-accept-new"]):
+        args = [sys.executable, "-m", "preflight", "check", "--hosts", "node02", "--ssh-config", str(config),
+                "--python", sys.executable, "--json", "--only", "SSH001", *extra]
+        doc = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120).stdout)
+        ssh = results(doc, "SSH001")["node02"]
+        assert ssh["status"] == "fail" and "changed host key" in ssh["message"] and "ssh-keygen -R" in ssh["remediation"]
+
+
+def test_ctrl_c_stops_a_run_waiting_on_a_hung_node(cluster):
+    import signal
+
+    args = [sys.executable, "-m", "preflight", "check", "--hosts", ",".join(cluster.nodes), "--ssh-config",
+            str(cluster.ssh_config), "--python", sys.executable, "--timeout", "30", "--skip", "deep"]
+    with cluster.frozen_sshd("node02"):
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert time.monotonic() - started < 3
+    assert "Traceback" not in err
