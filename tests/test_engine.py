@@ -323,7 +323,8 @@ def test_readme_table_of_checks_matches_the_registry():
 
 
 def test_check_without_a_target_runs_on_this_machine(capsys, good):
-    code, doc, _ = run_cli(capsys, "check", "--config", good, "--skip", "deep", "--json")
+    # GPU: a MULTI_GPU job fails GPU001 on a machine without GPUs (tests/test_gpu.py checks that)
+    code, doc, _ = run_cli(capsys, "check", "--config", good, "--skip", "deep,GPU", "--json")
     assert code == 0 and doc["nodes"] == [os.uname().nodename]
 
 
@@ -341,7 +342,7 @@ def test_launch_runs_the_command_only_when_ready(tmp_path, good, bad):
     command = [sys.executable, "-c", f"open({str(marker)!r}, 'w'); raise SystemExit(7)"]
     refused = run_subprocess("launch", "--config", bad, "--skip", "deep", "--", *command)
     assert refused.returncode == 1 and not marker.exists() and "not launching" in refused.stderr
-    ran = run_subprocess("launch", "--config", good, "--skip", "deep", "--", *command)
+    ran = run_subprocess("launch", "--config", good, "--skip", "deep,GPU", "--", *command)
     assert ran.returncode == 7 and marker.exists()  # exec: the command's own exit code
 
 

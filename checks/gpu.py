@@ -1,0 +1,442 @@
+"""GPU: the GPUs each node has, as NVML reports them (the `gpus` fact), against what the job asks for."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterator, List, Optional, Tuple
+
+from preflight.checks.config import gpu_id_list, processes_per_machine
+from preflight.compare import nodes_with, odd_ones_out
+from preflight.inventory import fold
+from preflight.registry import check
+from preflight.result import Finding, Status, fail, passed, skip, warn
+
+GPU_DISTRIBUTED_TYPES = ("MULTI_GPU", "DEEPSPEED", "FSDP")
+# Precision -> (lowest compute capability, status below it, why).
+PRECISION_NEEDS = {
+    "fp8": ((8, 9), Status.FAIL, "fp8 needs Ada or Hopper GPUs (compute capability 8.9 or more)"),
+    "bf16": ((8, 0), Status.FAIL, "bf16 needs Ampere or newer GPUs (compute capability 8.0 or more)"),
+    "fp16": ((7, 0), Status.WARN, "before Volta (7.0) there are no fp16 tensor cores: fp16 trains no faster"),
+}
+HW_SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+NO_NVML_FIX = ("install nvidia-ml-py in the training environment (--python) and make sure the NVIDIA driver is "
+               "loaded on this node (nvidia-smi works)")
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+def gib(n: Optional[int]) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def gpus_of(facts: dict) -> Optional[dict]:
+    """A node's GPU facts when NVML answered there, else None."""
+    gpus = facts.get("gpus") or {}
+    return gpus if gpus.get("available") else None
+
+
+def no_gpus_reason(facts: dict) -> str:
+    gpus = facts.get("gpus") or {}
+    return gpus.get("reason") or gpus.get("error") or "the collector reported no GPU facts"
+
+
+def needs_gpus(plan) -> Optional[str]:
+    """Why the job needs GPUs on every node, or None when the plan does not say it does."""
+    if plan.deepspeed is not None:
+        return f"a DeepSpeed config ({plan.deepspeed.doc.path})"
+    accel = plan.accelerate
+    kind = accel.data.get("distributed_type") if accel is not None else None
+    if kind in GPU_DISTRIBUTED_TYPES and not accel.data.get("use_cpu"):
+        return f"distributed_type {kind} in {accel.doc.path}"
+    return None
+
+
+def processes_per_node(ctx) -> Tuple[Optional[int], Optional[str]]:
+    """How many processes the job starts on this node, and where that number comes from."""
+    if not needs_gpus(ctx.plan):
+        return None, None
+    accel, hostfile = ctx.plan.accelerate, ctx.plan.hostfile
+    per = processes_per_machine(accel.data) if accel is not None else None
+    if per:
+        return per, (f"num_processes {accel.data['num_processes']} / num_machines {accel.data.get('num_machines', 1)} "
+                     f"in {accel.doc.path}")
+    slots = [e.slots for e in hostfile.entries if e.host == ctx.node] if hostfile is not None else []
+    if slots:
+        return slots[0], f"slots={slots[0]} in {hostfile.path}"
+    return None, None
+
+
+def indices(devices: List[dict]) -> str:
+    """'GPU 3' or 'GPUs 0-3,6'."""
+    runs: List[List[int]] = []
+    for i in sorted(d["index"] for d in devices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"GPU {text}" if len(devices) == 1 else f"GPUs {text}"
+
+
+def label(gpu: dict) -> str:
+    return f"GPU {gpu['index']} ({gpu['pci_bus_id']})" if gpu.get("pci_bus_id") else f"GPU {gpu['index']}"
+
+
+def lost(gpu: dict) -> bool:
+    """NVML could not even read the GPU's name: it fell off the bus, or its driver state is broken."""
+    return gpu.get("name") is None and bool(gpu.get("errors"))
+
+
+def selection(ctx, gpus: dict) -> Tuple[List[dict], int, str, List[Finding]]:
+    """The GPUs the job will use on this node, how many CUDA devices that is, how they are chosen, and
+    what is wrong with the choice. accelerate launch sets CUDA_VISIBLE_DEVICES to gpu_ids when gpu_ids
+    is not 'all'; otherwise the node's CUDA_VISIBLE_DEVICES (as SLURM sets it) decides; else all GPUs.
+    NVML numbers GPUs in PCI order, as CUDA does for identical GPUs."""
+    devices = gpus.get("devices") or []
+    by_index = {d["index"]: d for d in devices}
+    have = f"this node has {len(devices)} GPU(s)" + (f" (0-{len(devices) - 1})" if devices else "")
+    visible = (ctx.fact.get("env") or {}).get("CUDA_VISIBLE_DEVICES")
+    accel = ctx.plan.accelerate
+    raw_ids = accel.data.get("gpu_ids") if accel is not None else None
+    ids = gpu_id_list(raw_ids)
+    problems: List[Finding] = []
+    if ids is not None and all(i.isdigit() for i in ids):
+        chosen = [by_index[int(i)] for i in ids if int(i) in by_index]
+        for missing in [i for i in ids if int(i) not in by_index]:
+            problems.append(fail(f"gpu_ids {raw_ids!r} names GPU {missing}, but {have}",
+                                 f"list only existing GPUs in gpu_ids (in {accel.doc.path}), or set gpu_ids: all",
+                                 gpu_ids=str(raw_ids), count=len(devices)))
+        if visible is not None and visible.replace(" ", "") != ",".join(ids):
+            problems.append(warn(f"CUDA_VISIBLE_DEVICES is {visible!r} here, but accelerate launch replaces it with "
+                                 f"gpu_ids {','.join(ids)!r}: the job uses GPUs {','.join(ids)}, not the ones this "
+                                 "environment selects", "make gpu_ids match the GPUs the node gives the job, or set "
+                                 "gpu_ids: all", cuda_visible_devices=visible, gpu_ids=str(raw_ids)))
+        return chosen, len(chosen), f"gpu_ids {','.join(ids)}", problems
+    if visible is None:
+        return list(devices), len(devices), "all GPUs", problems
+    entries = [e.strip() for e in visible.split(",")] if visible.strip() else []
+    if any(e.startswith("MIG-") for e in entries):  # MIG instances: their parents are the GPUs in MIG mode
+        parents = [d for d in devices if d.get("mig_enabled")]
+        if not parents:
+            problems.append(fail(f"CUDA_VISIBLE_DEVICES={visible!r} names MIG instances, but no GPU here has MIG "
+                                 "mode on", "set CUDA_VISIBLE_DEVICES to this node's GPUs, or unset it",
+                                 cuda_visible_devices=visible))
+        return parents, len(entries) if parents else 0, f"CUDA_VISIBLE_DEVICES={visible}", problems
+    chosen = []
+    for entry in entries:
+        match = by_index.get(int(entry)) if entry.isdigit() else next(
+            (d for d in devices if entry.startswith("GPU-") and (d.get("uuid") or "").startswith(entry)), None)
+        if match is None:  # CUDA stops at the first entry it cannot use
+            problems.append(fail(f"CUDA_VISIBLE_DEVICES={visible!r} names {entry!r}, which is no GPU here ({have}): "
+                                 "CUDA ignores it and every entry after it",
+                                 "set CUDA_VISIBLE_DEVICES to indices or UUIDs of this node's GPUs, or unset it",
+                                 cuda_visible_devices=visible, count=len(devices)))
+            break
+        chosen.append(match)
+    return chosen, len(chosen), f"CUDA_VISIBLE_DEVICES={visible}", problems
+
+
+def job_gpus(ctx) -> Tuple[Optional[List[dict]], Optional[Finding]]:
+    """The GPUs the job uses on this node, or a skip that says why there are none to check."""
+    gpus = gpus_of(ctx.fact)
+    if gpus is None:
+        also = " (GPU001 fails: the job needs GPUs)" if needs_gpus(ctx.plan) else ""
+        return None, skip(f"no GPU facts on this node: {no_gpus_reason(ctx.fact)}{also}")
+    chosen = selection(ctx, gpus)[0]
+    if not chosen:
+        return None, skip("the job uses no GPU on this node")
+    return chosen, None
+
+
+# --- checks ------------------------------------------------------------------------------------
+
+@check("GPU001", "gpu-count", "node", tags=["gpu", "nvml"])
+def gpu_count(ctx) -> Iterator[Finding]:
+    """Every node has a GPU for each process the job starts there (num_processes / num_machines), the
+    GPUs that gpu_ids and CUDA_VISIBLE_DEVICES name exist, and NVML answers where the job needs GPUs.
+
+    A missing GPU fails only when the job starts: with 'invalid device ordinal' on one rank while the
+    others wait for it until the NCCL timeout. CUDA silently ignores a CUDA_VISIBLE_DEVICES entry it
+    cannot use, and every entry after it; accelerate replaces CUDA_VISIBLE_DEVICES with gpu_ids.
+
+    Lower num_processes to num_machines x the GPUs of the smallest node, correct gpu_ids (or 'all') and
+    CUDA_VISIBLE_DEVICES, or leave out the node whose GPUs are missing (`nvidia-smi -L` lists them).
+    Without NVML: install nvidia-ml-py in the training environment and load the NVIDIA driver.
+    """
+    gpus = gpus_of(ctx.fact)
+    why = needs_gpus(ctx.plan)
+    if gpus is None:
+        if why:
+            yield fail(f"no GPU facts: {no_gpus_reason(ctx.fact)}; expected GPUs, the job needs them ({why})",
+                       NO_NVML_FIX, reason=no_gpus_reason(ctx.fact))
+        else:
+            yield skip(f"no GPU facts: {no_gpus_reason(ctx.fact)}")
+        return
+    chosen, usable, how, problems = selection(ctx, gpus)
+    yield from problems
+    broken = [d for d in chosen if lost(d)]
+    if broken:
+        usable -= len(broken)
+        how += f"; {indices(broken)} not answering NVML (see GPU004)"
+    need, source = processes_per_node(ctx)
+    evidence = {"count": gpus.get("count"), "usable": usable, "processes_per_node": need}
+    if need is not None and usable < need:
+        yield fail(f"{usable} GPU(s) usable here ({how}; the node has {gpus.get('count')}), expected at least {need}: "
+                   f"the job runs {need} process(es) per node ({source})",
+                   "lower num_processes to num_machines x the GPUs each node has, or run on nodes with enough GPUs",
+                   **evidence)
+    elif not problems:
+        names = ", ".join(sorted({d["name"] for d in chosen if d.get("name")})) or "none"
+        wanted = f" for {need} process(es) per node" if need is not None else ""
+        yield passed(f"{usable} GPU(s) usable ({how}: {names}){wanted}", **evidence)
+
+
+@check("GPU002", "same-gpus", "cluster", tags=["gpu", "nvml"])
+def same_gpus(ctx) -> Iterator[Finding]:
+    """Every node has the same GPU model, memory size and count, and the same NVIDIA driver version.
+
+    Data parallelism runs at the pace of the slowest GPU, and ZeRO partitions assume the same memory on
+    every rank: the smaller GPU runs out of memory first. Different drivers give different CUDA and NCCL
+    behaviour, and a driver older than the CUDA build of torch fails on that node only.
+
+    Run the job on identical nodes (a SLURM constraint or partition), and install one driver version
+    everywhere; the message names the odd node and what the others have.
+    """
+    nodes = [n for n in ctx.reachable if gpus_of(ctx.facts[n]["facts"])]
+    if len(nodes) < 2:
+        yield skip("fewer than two nodes with GPU facts: nothing to compare")
+        return
+    described = {}
+    for node in nodes:
+        gpus = gpus_of(ctx.facts[node]["facts"])
+        counts = Counter((d.get("name"), d.get("memory_total_bytes")) for d in gpus.get("devices") or [])
+        described[node] = {
+            "GPUs": ", ".join(f"{n} x {name} ({gib(mem)})" for (name, mem), n in sorted(counts.items(), key=str)),
+            "driver": f"{gpus.get('driver_version')} (CUDA {gpus.get('cuda_driver_version')})",
+        }
+    agreeing = set(nodes)
+    for what, fix in (("GPUs", "run the job on nodes with the same GPUs (a SLURM constraint or partition)"),
+                      ("driver", "install the same NVIDIA driver on {node}")):
+        values = {n: described[n][what] for n in nodes}
+        majority, odd = odd_ones_out(values, ctx.plan.head)
+        for node, value in odd.items():
+            agreeing.discard(node)
+            others = nodes_with(values, majority)
+            yield Finding(Status.FAIL, f"{what} differ: {node} has {value}, {fold(others)} "
+                          f"{'has' if len(others) == 1 else 'have'} {majority}", fix.format(node=node),
+                          nodes=(node,), evidence={"what": what, "value": value, "expected": majority})
+    if agreeing:
+        reference = described[sorted(agreeing)[0]]
+        yield Finding(Status.PASS, f"the same GPUs ({reference['GPUs']}) and driver {reference['driver']}",
+                      nodes=tuple(n for n in nodes if n in agreeing), evidence=reference)
+
+
+def requested_precisions(plan) -> dict:
+    """precision -> where the job asks for it."""
+    wanted = {}
+    accel, ds = plan.accelerate, plan.deepspeed
+    mp = accel.data.get("mixed_precision") if accel is not None else None
+    if mp in PRECISION_NEEDS:
+        wanted[mp] = f"mixed_precision {mp} in {accel.doc.path}"
+    for block in ("bf16", "fp16"):
+        if ds is not None and ds.enabled(block) is True:
+            wanted.setdefault(block, f"{block}.enabled in {ds.doc.path}")
+    return wanted
+
+
+@check("GPU003", "gpu-precision", "node", tags=["gpu", "precision"])
+def gpu_precision(ctx) -> Iterator[Finding]:
+    """The GPUs support the precision the job asks for: bf16 (accelerate's mixed_precision bf16, or the
+    DeepSpeed bf16 block) needs compute capability 8.0, fp8 needs 8.9; fp16 below 7.0 is a warning.
+
+    On a V100 (7.0) bf16 is emulated or refused (accelerate and DeepSpeed stop at start-up, or the run
+    is several times slower); fp8 kernels exist only from Ada and Hopper on; before Volta, fp16 brings
+    no speed-up.
+
+    Train in fp16 on V100-class GPUs (mixed_precision: fp16, and the DeepSpeed fp16 block instead of
+    bf16), or run the job on A100/H100-class nodes.
+    """
+    chosen, skipped = job_gpus(ctx)
+    if skipped:
+        yield skipped
+        return
+    wanted = requested_precisions(ctx.plan)
+    if not wanted:
+        yield skip("the job asks for neither fp16, bf16 nor fp8")
+        return
+    known = [d for d in chosen if d.get("compute_capability")]
+    for precision, source in wanted.items():
+        need, status, why = PRECISION_NEEDS[precision]
+        below = [d for d in known if tuple(d["compute_capability"]) < need]
+        if below:
+            cc = ", ".join(sorted({".".join(map(str, d["compute_capability"])) for d in below}))
+            names = ", ".join(sorted({str(d.get("name")) for d in below}))
+            fix = ("train in fp32 (mixed_precision: no), or use Volta or newer GPUs" if precision == "fp16" else
+                   "use fp16 on these GPUs (mixed_precision: fp16 and the DeepSpeed fp16 block), or newer GPUs")
+            yield Finding(status, f"{precision} requested ({source}), but {indices(below)} ({names}) have compute "
+                          f"capability {cc}, expected at least {need[0]}.{need[1]}: {why}", fix,
+                          evidence={"precision": precision, "compute_capability": cc,
+                                    "required": f"{need[0]}.{need[1]}"})
+        else:
+            lowest = min((tuple(d["compute_capability"]) for d in known), default=None)
+            shown = f"{lowest[0]}.{lowest[1]}" if lowest else "unknown"
+            yield passed(f"{precision} requested ({source}); lowest compute capability {shown}", precision=precision)
+
+
+@check("GPU004", "gpu-health", "node", tags=["gpu", "nvml", "health"])
+def gpu_health(ctx) -> Iterator[Finding]:
+    """The job's GPUs are healthy and free: no uncorrectable ECC errors, no pending row remapping or page
+    retirement, no other process holding their memory, PCIe links at their full width (and generation
+    when busy), every NVLink link up, clocks not held down by the hardware.
+
+    A GPU with uncorrectable errors or a pending remap crashes the job hours in (Xid 48/63/94); memory
+    another process holds makes one rank run out of memory; a degraded PCIe link or a down NVLink link
+    slows every collective to the pace of that one GPU.
+
+    Reset the GPU (`nvidia-smi -r -i N`, or reboot) for pending remaps and retirements, kill leftover
+    processes, reseat a GPU whose link is narrow, drain the node for ECC errors or NVLink faults and
+    ask for a repair.
+    """
+    chosen, skipped = job_gpus(ctx)
+    if skipped:
+        yield skipped
+        return
+    devices = gpus_of(ctx.fact).get("devices") or []
+    # NVLink: compare with the best GPU of the node; a GPU with none active while others have none is PCIe-only.
+    best_links = max((sum(d["nvlink_active"]) for d in devices if d.get("nvlink_active")), default=0)
+    found = 0
+    for gpu in chosen:
+        where, n = label(gpu), gpu["index"]
+        evidence = {"gpu": n, "pci_bus_id": gpu.get("pci_bus_id")}
+
+        def problem(status, message, fix, **values):
+            nonlocal found
+            found += 1
+            return Finding(status, f"{where}: {message}", fix, evidence=dict(evidence, **values))
+
+        if gpu.get("errors"):
+            fields = sorted(gpu["errors"])
+            shown = ", ".join(fields[:3]) + (f" and {len(fields) - 3} more" if len(fields) > 3 else "")
+            yield problem(Status.FAIL, f"NVML could not read {shown}: {gpu['errors'][fields[0]]}",
+                          f"look for Xid errors in dmesg; reset GPU {n} or reboot the node", errors=gpu["errors"])
+        volatile, aggregate = gpu.get("ecc_uncorrected_volatile"), gpu.get("ecc_uncorrected_aggregate")
+        if volatile:
+            yield problem(Status.FAIL, f"{volatile} uncorrectable ECC error(s) since the driver loaded, expected 0",
+                          f"drain the node and reset GPU {n} (nvidia-smi -r -i {n}); replace it if they return",
+                          ecc_uncorrected_volatile=volatile)
+        elif aggregate:
+            yield problem(Status.WARN, f"{aggregate} uncorrectable ECC error(s) in its lifetime (none since the "
+                          "driver loaded), expected 0", "watch this GPU; ask for a replacement if the count grows",
+                          ecc_uncorrected_aggregate=aggregate)
+        if gpu.get("remapped_rows_failure"):
+            yield problem(Status.FAIL, "row remapping failed: no spare memory rows left", "drain the node; the GPU "
+                          "needs replacing", remapped_rows_failure=True)
+        elif gpu.get("remapped_rows_pending"):
+            yield problem(Status.FAIL, "a row remapping is pending, expected none: rows with uncorrectable errors "
+                          "stay in use until the GPU is reset", f"reset GPU {n} (nvidia-smi -r -i {n}) or reboot",
+                          remapped_rows_pending=True)
+        if gpu.get("retired_pages_pending"):
+            yield problem(Status.FAIL, "a page retirement is pending, expected none: the bad pages stay in use until "
+                          "the GPU is reset", f"reset GPU {n} (nvidia-smi -r -i {n}) or reboot",
+                          retired_pages_pending=True)
+        processes = gpu.get("processes") or []
+        if processes:
+            used = sum(p.get("used_memory_bytes") or 0 for p in processes)
+            shown = ", ".join(f"pid {p['pid']} ({gib(p.get('used_memory_bytes'))})" for p in processes[:4])
+            yield problem(Status.FAIL, f"{len(processes)} process(es) already hold {gib(used)} of its memory "
+                          f"({shown}), expected none", "stop them (a previous job's leftovers?) or use other GPUs",
+                          processes=processes)
+        width, max_width = gpu.get("pcie_width"), gpu.get("pcie_max_width")
+        if width and max_width and width < max_width:
+            yield problem(Status.FAIL, f"PCIe link is x{width}, expected x{max_width} (its maximum)",
+                          "reseat the GPU (or its riser / cable) and check the slot's settings in the BIOS",
+                          pcie_width=width, pcie_max_width=max_width)
+        generation, max_generation = gpu.get("pcie_generation"), gpu.get("pcie_max_generation")
+        reasons = gpu.get("clock_event_reasons")
+        # An idle GPU lowers its link generation to save power: only a busy one is slow.
+        if generation and max_generation and generation < max_generation and reasons is not None \
+                and "gpu_idle" not in reasons:
+            yield problem(Status.WARN, f"PCIe link runs at gen {generation} while the GPU is not idle, expected gen "
+                          f"{max_generation}", "reseat the GPU; check the slot's PCIe generation in the BIOS",
+                          pcie_generation=generation, pcie_max_generation=max_generation)
+        links = gpu.get("nvlink_active")
+        if links is not None and sum(links) < best_links:
+            down = [i for i, up in enumerate(links) if not up]
+            yield problem(Status.FAIL, f"{sum(links)} of {len(links)} NVLink links active, expected {best_links} as on "
+                          f"the node's other GPUs (down: {', '.join(map(str, down))})",
+                          "drain the node and have the NVLink / NVSwitch fabric checked (nvidia-smi nvlink -s)",
+                          nvlink_active=sum(links), expected=best_links)
+        slow = [r for r in reasons or [] if r in HW_SLOWDOWNS]
+        if slow:
+            yield problem(Status.WARN, f"clocks held down by {', '.join(slow)}, expected none",
+                          "check the node's cooling and power supply", clock_event_reasons=reasons)
+    if not found:
+        yield passed(f"{indices(chosen)} healthy: no uncorrectable ECC errors, no pending remaps or retirements, "
+                     "no other processes, PCIe and NVLink at full width", gpus=len(chosen))
+
+
+@check("GPU005", "compute-mode", "node", tags=["gpu", "nvml"])
+def compute_mode(ctx) -> Iterator[Finding]:
+    """The job's GPUs are in a compute mode that lets its processes run: not prohibited, and not
+    exclusive-process when the job puts more than one process on a GPU.
+
+    In prohibited mode no process can create a CUDA context; in exclusive-process mode only one can, so
+    the second process on a GPU fails with 'all CUDA-capable devices are busy or unavailable'.
+
+    Set the default mode: `sudo nvidia-smi -i N -c DEFAULT` (or ask the administrators, who may set the
+    mode in a SLURM prolog); or run one process per GPU.
+    """
+    chosen, skipped = job_gpus(ctx)
+    if skipped:
+        yield skipped
+        return
+    need, source = processes_per_node(ctx)
+    per_gpu = -(-need // len(chosen)) if need else 1
+    modes = {}
+    for gpu in chosen:
+        modes.setdefault(gpu.get("compute_mode"), []).append(gpu)
+    for mode, gpus in sorted(modes.items(), key=str):
+        which = ",".join(str(g["index"]) for g in gpus)
+        if mode == "prohibited":
+            yield fail(f"{indices(gpus)}: compute mode is prohibited, expected default: no process can use them",
+                       f"sudo nvidia-smi -i {which} -c DEFAULT", compute_mode=mode)
+        elif mode in ("exclusive_process", "exclusive_thread") and per_gpu > 1:
+            yield fail(f"{indices(gpus)}: compute mode is {mode}, expected default: the job puts {per_gpu} processes "
+                       f"on each GPU ({need} processes from {source}, {len(chosen)} GPUs)",
+                       f"sudo nvidia-smi -i {which} -c DEFAULT, or run one process per GPU", compute_mode=mode)
+        else:
+            yield passed(f"{indices(gpus)}: compute mode {mode or 'unknown'}", compute_mode=mode)
+
+
+@check("GPU006", "mig-mode", "node", tags=["gpu", "nvml", "mig"])
+def mig_mode(ctx) -> Iterator[Finding]:
+    """MIG (multi-instance GPU) mode is off on the job's GPUs, unless CUDA_VISIBLE_DEVICES selects MIG
+    instances; no MIG mode change waits for a GPU reset.
+
+    With MIG on, CUDA shows the job a slice of the GPU instead of the GPU: a fraction of its memory and
+    compute, and NCCL cannot run collectives between MIG instances, so a distributed job fails or
+    crawls. A pending change takes effect at the next GPU reset, in the middle of somebody's job.
+
+    Turn MIG off: `sudo nvidia-smi -i N -mig 0`, then reset the GPU (`nvidia-smi -r -i N`) or reboot.
+    """
+    chosen, skipped = job_gpus(ctx)
+    if skipped:
+        yield skipped
+        return
+    visible = (ctx.fact.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or ""
+    expects = "MIG-" in visible
+    on = [g for g in chosen if g.get("mig_enabled")]
+    pending = [g for g in chosen if g.get("mig_pending") is not None and g.get("mig_pending") != g.get("mig_enabled")]
+    if on and not expects:
+        which = ",".join(str(g["index"]) for g in on)
+        yield fail(f"{indices(on)}: MIG mode is on, expected off: the job would see MIG slices, not the GPUs",
+                   f"sudo nvidia-smi -i {which} -mig 0, then reset the GPUs (nvidia-smi -r) or reboot",
+                   mig_enabled=[g["index"] for g in on])
+    if pending:
+        yield warn(f"{indices(pending)}: a MIG mode change is pending, expected none: it takes effect at the next GPU "
+                   "reset", "reset the GPUs before the job, or undo the change (nvidia-smi -mig)",
+                   mig_pending=[g["index"] for g in pending])
+    if not (on and not expects) and not pending:
+        state = "on, as CUDA_VISIBLE_DEVICES expects" if expects else "off"
+        if all(g.get("mig_enabled") is None for g in chosen):
+            state = "not supported by these GPUs"
+        yield passed(f"{indices(chosen)}: MIG {state}")
