@@ -97,6 +97,7 @@ def build_parser() -> Parser:
                              help="nodes reached at once (default 64)")
             sub.add_argument("--timeout", type=positive_float, default=30.0, metavar="S",
                              help="deadline in seconds for each remote step (default 30)")
+            collective_options(sub)
         if name == "launch":
             sub.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                              help="the launch command, after `--`")
@@ -106,6 +107,22 @@ def build_parser() -> Parser:
     explain = commands.add_parser("explain", help="explain one check: what, why, how to fix")
     explain.add_argument("id", metavar="ID")
     return parser
+
+
+def collective_options(sub: argparse.ArgumentParser) -> None:
+    """The all-reduce smoke test's options (the COL checks; preflight.collective)."""
+    from preflight.collective import BACKENDS, min_busbw, parse_sizes
+
+    sub.add_argument("--backend", choices=BACKENDS, default="auto",
+                     help="all-reduce backend (default auto: nccl when every node has GPUs, else gloo)")
+    sub.add_argument("--col-procs-per-node", type=positive_int, metavar="N",
+                     help="all-reduce processes per node (default: 1 with gloo, one per planned GPU with nccl)")
+    sub.add_argument("--col-sizes", type=parse_sizes, metavar="LIST",
+                     help="all-reduce message sizes (default 1M,64M,256M; K, M, G are KiB, MiB, GiB)")
+    sub.add_argument("--col-port", type=port_number, metavar="N",
+                     help="the all-reduce's rendezvous port on the head (default: the main port)")
+    sub.add_argument("--min-busbw", type=min_busbw, metavar="GBPS",
+                     help="all-reduce bus bandwidth (GB/s) below which COL002 fails (default: none)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -177,13 +194,14 @@ def _run(reg, args) -> int:
         deep=getattr(args, "deep", False) or args.command != "lint",
         nodes=None if args.command == "lint" else _target(args),
         port=getattr(args, "port", None),
-        limits=Limits(clock_warn_s=args.clock_warn, clock_fail_s=args.clock_fail)
+        limits=Limits(clock_warn_s=args.clock_warn, clock_fail_s=args.clock_fail,
+                      min_busbw_gbps=getattr(args, "min_busbw", None))
         if args.command != "lint" else Limits(),
         checkpoint_dir=getattr(args, "checkpoint_dir", None),
     )
     ctx = runner.CheckContext(plan)
     if args.command != "lint":
-        ctx = gather_for(plan, args)
+        ctx = gather_for(plan, args, specs)
     results = runner.run(specs, ctx)
     elapsed = time.perf_counter() - started
     outcome = verdict(results)
@@ -219,9 +237,11 @@ def _target(args) -> tuple:
     return ()
 
 
-def gather_for(plan, args):
-    """Facts and probes: over SSH for a target, in-process for this machine alone."""
+def gather_for(plan, args, specs=()):
+    """Facts and probes: over SSH for a target, in-process for this machine alone. The all-reduce (the slow
+    part) runs only over SSH, and only when a COL check is selected."""
     from preflight import gather, runner
+    from preflight.collective import options_from_args
 
     options = gather.GatherOptions(
         python=getattr(args, "python", sys.executable),
@@ -236,6 +256,7 @@ def gather_for(plan, args):
         shared_dir=getattr(args, "shared_dir", None),
         ntp_server=getattr(args, "ntp_server", None),
         progress=not args.json or sys.stderr.isatty(),
+        collective=options_from_args(plan, args) if plan.remote and any(s.family == "COL" for s in specs) else None,
     )
     if plan.remote:
         facts, probes = gather.gather_ssh(list(plan.nodes), options)

@@ -42,6 +42,7 @@ class GatherOptions:
     shared_dir: Optional[str] = None  # a folder every node should see the same (a shared filesystem)
     ntp_server: Optional[str] = None
     progress: bool = True
+    collective: Optional[object] = None  # preflight.collective.CollectiveOptions: run the all-reduce (COL)
 
 
 @dataclass
@@ -128,6 +129,11 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
             probes["shared_dir"] = _probe_shared_dir(nodes, options)
         if options.ntp_server:
             probes["ntp"] = measure_ntp(options.ntp_server, options.timeout)
+        if options.collective is not None:  # after the port probe: the slow part, only when COL is selected
+            from preflight.collective import run_collective
+
+            _say(options, "all-reduce across the nodes (COL)")
+            probes["collective"] = run_collective(nodes, head_address, options)
     finally:
         _parallel(NodeState.close, nodes, options)
     return {n.name: n.to_context() for n in nodes}, probes

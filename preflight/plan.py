@@ -28,6 +28,7 @@ class Limits:
     shm_warn_bytes: int = 2**30
     nofile_warn: int = 4096
     disk_warn_bytes: int = 10 * 2**30
+    min_busbw_gbps: Optional[float] = None  # --min-busbw: the all-reduce's bus bandwidth below this fails COL002
 
 
 @dataclass(frozen=True)

@@ -914,6 +914,7 @@ class Cluster:
             self.clear_env(node)  # restarts sshd
         if n.get("shm"):
             self.restore_shm(node)
+        n = self._node(self.state(), node)  # clear_env restarted sshd: its PID is a new one
         if not (n.get("pid") and _alive(n["pid"])):
             with self._mutate() as state:
                 self._node(state, node)["pid"] = None

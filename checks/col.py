@@ -1,0 +1,213 @@
+"""COL: the all-reduce smoke test across the nodes (probes["collective"], from preflight.collective)."""
+from __future__ import annotations
+
+import re
+from typing import Iterator, Optional
+
+from preflight.collective import format_size
+from preflight.inventory import fold
+from preflight.registry import check
+from preflight.result import Finding, Status, skip
+
+FIXES = {
+    "import": "make `{python} -c 'import torch'` work on {node}: install torch there (the same version as on the "
+              "other nodes), or fix what the error names (a PYTHONPATH that shadows torch, a broken install)",
+    "start": "make the training interpreter run on {node} (--python); the tail in the evidence says why it stopped",
+    "died": "a rank process on {node} crashed (see the tail in the evidence): check its memory, its GPUs (GPU "
+            "checks) and its torch install",
+    "no-answer": "{node} did not answer in time: check its load and its sshd, then run again",
+    "slow-import": "find out why `{python} -c 'import torch'` is slow on {node} (a cold network filesystem, an "
+                   "overloaded node), or raise --timeout",
+    "rendezvous-head": "open TCP port {port} on the head {node} to the other nodes (firewall, security group: see "
+                       "NET004), check that nothing else holds it (NET003), or choose another port (--port / "
+                       "main_process_port)",
+    "rendezvous": "check the route and the firewall from {node} to the head {head} on port {port} (NET004, NET006)",
+    "bisect": "check {node}'s network for the collective: its hostname must resolve to its training-network "
+              "address (NET001), GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME must name that interface (NET005), and "
+              "the firewall must let the nodes connect to each other on any port (gloo and NCCL use ephemeral ports)",
+    "failed": "run the job's backend by hand on {node} to see the error; the tail in the evidence is its output",
+}
+
+
+def _line(text: Optional[str], limit: int = 300) -> str:
+    text = re.sub(r"\s+", " ", str(text or "")).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _probe(ctx):
+    return (ctx.probes or {}).get("collective")
+
+
+def _figures(probe) -> dict:
+    """The evidence every COL result carries: the passing run's bandwidth (None when nothing was measured)."""
+    result = (probe or {}).get("result") or {}
+    return {"algbw_gbps": result.get("algbw_gbps"), "busbw_gbps": result.get("busbw_gbps"),
+            "bytes": result.get("bytes"), "world_size": result.get("world_size"),
+            "backend": (probe or {}).get("backend"), "per_size": result.get("per_size") or [],
+            "phase_s": (probe or {}).get("duration_s")}
+
+
+def _not_run(ctx) -> Optional[str]:
+    if not ctx.plan.remote:
+        return ("this machine alone: the all-reduce runs across the job's nodes (give --hosts, --hostfile or "
+                "--slurm)")
+    if _probe(ctx) is None:
+        return "the all-reduce did not run"
+    return None
+
+
+def _measured(result: dict) -> str:
+    sizes = ", ".join(f"{format_size(s['bytes'])} {s['busbw_gbps']:.3g}" for s in result.get("per_size") or [])
+    return (f"busbw {result['busbw_gbps']:.3g} GB/s, algbw {result['algbw_gbps']:.3g} GB/s at "
+            f"{format_size(result['bytes'])}" + (f" (busbw per size: {sizes})" if sizes else ""))
+
+
+@check("COL001", "allreduce", "cluster", tags=["collective", "network", "gloo", "nccl"])
+def allreduce(ctx) -> Iterator[Finding]:
+    """An all-reduce across every node, one process per GPU with NCCL (else per node with gloo), joins all
+    ranks and gives the exact sum on each; a node that does not join, breaks or hangs it is named.
+
+    This is the first thing a multi-node job does: a node whose torch does not import, whose firewall drops
+    the main port, or whose interfaces the others cannot reach makes every rank wait 10-30 minutes in the
+    rendezvous or the first collective, with an error that names no node.
+
+    Follow the remediation of the node named: make torch import there, open the main port on the head and
+    the ephemeral ports between the nodes, set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the training
+    network's interface; the evidence holds the tail of the failing rank's output (NCCL_DEBUG=INFO with nccl).
+    """
+    reason = _not_run(ctx)
+    if reason:
+        yield skip(reason, algbw_gbps=None, busbw_gbps=None)
+        return
+    probe = _probe(ctx)
+    figures = _figures(probe)
+    head, port, python = probe.get("head"), probe.get("port"), probe.get("python") or "python"
+    for node, why in sorted((probe.get("untested") or {}).items()):
+        yield Finding(Status.SKIP, f"not tested: {why}", nodes=(node,), evidence=figures)
+    for node, fault in sorted((probe.get("blamed") or {}).items()):
+        yield _blame(node, fault, head, port, python, probe, figures)
+    passed = list(probe.get("passed") or [])
+    if passed:
+        result = probe.get("result") or {}
+        what = f"all-reduce of {result.get('world_size')} rank(s) on {len(passed)} node(s) over {probe.get('backend')}"
+        done = f"{what}: every rank joined and the sums are exact"
+        if result.get("busbw_gbps") is not None:
+            done += f"; {_measured(result)}"
+        yield Finding(Status.PASS, done, nodes=tuple(passed), evidence=figures)
+    cleared = list(probe.get("cleared") or [])
+    if cleared:
+        yield Finding(Status.PASS, f"passes an all-reduce with the head {head} (the full group failed: see the node "
+                      "named)", nodes=tuple(cleared), evidence=figures)
+
+
+def _blame(node, fault, head, port, python, probe, figures) -> Finding:
+    kind = fault.get("kind")
+    error = _line(fault.get("error"))
+    if kind == "import":
+        message = error if error.startswith("cannot import torch") else f"cannot import torch: {error}"
+    elif kind == "rendezvous":
+        message = f"the rendezvous failed: {error}"
+        kind = "rendezvous-head" if node == head else kind
+    elif kind == "bisect":
+        suspects = fault.get("suspects") or [node]
+        bis = probe.get("bisect") or {}
+        if bis.get("inconclusive"):
+            message = (f"the all-reduce fails with all of {fold(suspects)} together, and passes in every smaller "
+                       f"group with the head: {error}")
+        elif node == head and len(suspects) == 1:
+            message = f"the all-reduce fails in every pair with the head {head}, which makes it the suspect: {error}"
+        elif len(suspects) == 2 and head in suspects:
+            message = f"the all-reduce between {fold(suspects)} fails (two nodes: either can be at fault): {error}"
+        else:
+            found = "" if bis.get("complete", True) else " (the bisect ran out of time: the fault is among these)"
+            message = f"the all-reduce fails in the groups with {node}, and passes without it{found}: {error}"
+        stage = fault.get("stage")
+        if stage:
+            message = f"{message} (stage {stage})"
+    elif kind == "died":
+        message = f"a rank process died: {error}"
+    elif kind == "start":
+        message = f"the all-reduce worker did not start: {error}"
+    elif kind == "slow-import":
+        message = f"torch imports too slowly: {error}"
+    elif kind == "no-answer":
+        message = f"the node's all-reduce worker did not answer: {error}"
+    else:
+        message = f"the all-reduce failed: {error}"
+        kind = "failed"
+    fix = FIXES.get(kind, FIXES["failed"]).format(node=node, head=head, port=port, python=python)
+    evidence = dict(figures, kind=fault.get("kind"), stage=fault.get("stage"), error=fault.get("error"),
+                    tail=fault.get("tail"))
+    return Finding(Status.FAIL, message, fix, nodes=(node,), evidence=evidence)
+
+
+@check("COL002", "allreduce-bandwidth", "cluster", tags=["collective", "network", "bandwidth"])
+def allreduce_bandwidth(ctx) -> Iterator[Finding]:
+    """The all-reduce's bus bandwidth over a size sweep (algbw and busbw as nccl-tests compute them), and,
+    with --min-busbw GBPS, that it is not below that; a slow result is bisected to name the slow node.
+
+    One node on a slow or misconfigured link (a 1 GbE management network instead of InfiniBand, a
+    degraded port, TCP instead of RDMA) slows every collective of the job to its speed: training runs, but
+    at a fraction of the expected throughput, and nothing says why.
+
+    Check the network of the node named: its link speed and errors (ethtool, ip -s link), the interface
+    NCCL or gloo chose (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, NCCL_DEBUG=INFO), and RDMA (NCCL_IB_*);
+    or lower --min-busbw to what this fabric can do.
+    """
+    reason = _not_run(ctx)
+    if reason:
+        yield skip(reason, algbw_gbps=None, busbw_gbps=None)
+        return
+    probe = _probe(ctx)
+    figures = _figures(probe)
+    result = probe.get("result") or {}
+    if result.get("busbw_gbps") is None:
+        yield skip("no bandwidth measured: the all-reduce did not complete (see COL001)", **figures)
+        return
+    nodes = tuple(result.get("nodes") or ())
+    if (result.get("world_size") or 0) < 2:
+        yield Finding(Status.SKIP, "one rank: no bandwidth between ranks to measure", nodes=nodes, evidence=figures)
+        return
+    threshold = ctx.plan.limits.min_busbw_gbps
+    measured = f"{_measured(result)}, {result['world_size']} ranks"
+    skipped = result.get("skipped_sizes") or []
+    if skipped:
+        measured += f"; not measured for lack of time: {', '.join(format_size(s) for s in skipped)}"
+    evidence = dict(figures, min_busbw_gbps=threshold)
+    if threshold is None:
+        yield Finding(Status.PASS, f"{measured} (no --min-busbw threshold)", nodes=nodes, evidence=evidence)
+        return
+    if result["busbw_gbps"] >= threshold:
+        yield Finding(Status.PASS, f"{measured}, at least the --min-busbw {threshold:g} GB/s", nodes=nodes,
+                      evidence=evidence)
+        return
+    bis = probe.get("bisect") or {}
+    pairs = {t["nodes"][1]: t for t in bis.get("tests") or [] if len(t.get("nodes") or []) == 2}
+    suspects = list(bis.get("suspects") or nodes)
+    shown = "; ".join(f"{fold(t['nodes'])} " + (f"{t['busbw_gbps']:.3g} GB/s" if t.get("busbw_gbps") is not None
+                                                   else "failed") for t in bis.get("tests") or [])
+    named = f"the bisect names {fold(suspects)}" if bis and bis.get("complete", True) and not bis.get("inconclusive") \
+        else "bisect"
+    where = f"; {named}: {shown}" if shown else ""
+    if bis and not bis.get("complete", True):
+        where += " (the bisect ran out of time: the slow node is among those named)"
+    elif bis.get("inconclusive"):
+        where += " (every smaller group is fast enough: only the whole group is slow)"
+    message = f"busbw {result['busbw_gbps']:.3g} GB/s at {format_size(result['bytes'])} over {fold(list(nodes))}, " \
+              f"below the --min-busbw {threshold:g} GB/s{where}"
+    fix = (f"check the network of {fold(suspects)}: link speed and errors (ethtool, ip -s link), the interface "
+           "NCCL/gloo use (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME), competing traffic; or lower --min-busbw")
+    for node in suspects:
+        pair = pairs.get(node) or {}
+        yield Finding(Status.FAIL, message, fix, nodes=(node,),
+                      evidence=dict(evidence, pair_busbw_gbps=pair.get("busbw_gbps"), bisect=bis.get("tests")))
+    good = [t for t in pairs.values() if not t.get("bad") and t.get("busbw_gbps") is not None]
+    for node in nodes:
+        if node in suspects:
+            continue
+        pair = pairs.get(node) or (max(good, key=lambda t: t["busbw_gbps"]) if node == probe.get("head") and good
+                                   else None)
+        if pair and pair.get("busbw_gbps") is not None:
+            yield Finding(Status.PASS, f"in a pair ({fold(pair['nodes'])}): busbw {pair['busbw_gbps']:.3g} GB/s, "
+                          f"at least the --min-busbw {threshold:g} GB/s", nodes=(node,),
+                          evidence=dict(evidence, pair_busbw_gbps=pair["busbw_gbps"]))

@@ -1,0 +1,575 @@
+"""The all-reduce smoke test across the nodes (the COL checks): correctness, joins, bandwidth, bisect.
+
+Each node gets a new session on its existing SSH connection that runs preflight.colworker with the
+training interpreter: one process per rank, torch imported there and nowhere else, one JSON line back
+per node. Rank 0 lives on the head and serves the rendezvous on the main port (or --col-port), at the
+address each node resolved for the head.
+
+The phase has one hard deadline, --timeout + PHASE_MARGIN_S from its start, kept from both sides: each
+rank's store, init and collective timeouts and the node process's kill deadline (inside), and the
+controller closing every session at the run's end (outside; a closed session kills its ranks). Within it:
+
+1. the full run over every node that was reached (a node without torch is blamed without running);
+2. when it fails and the reports name nodes at fault (torch does not import, a process died, nothing
+   reached the head's rendezvous), a rerun without them, so that the others get a verdict of their own;
+3. when a run fails without naming anyone (a hang, wrong values), or is below --min-busbw, a bisect:
+   the head with halves of the other nodes, down to pairs, as far as the time allows.
+
+run_collective returns a plain dict (probes["collective"]); the checks in checks/col.py read it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from preflight.transport import NodeError, shipped_command, shipped_input
+
+MIB = 1 << 20
+DEFAULT_SIZES = (1 * MIB, 64 * MIB, 256 * MIB)
+BACKENDS = ("auto", "gloo", "nccl")
+PHASE_MARGIN_S = 4.0  # the phase ends within --timeout + this (and the sessions are closed within 1 s more)
+FULL_SHARE = 0.6  # of the phase, at most, for the first run; the rest is for a rerun or a bisect
+RETURN_S = 1.0  # time for a node's line to come back after its worker's own deadline
+ABORT_GRACE_S = 1.5  # how long an aborted node has to send its line
+MIN_RUN_S = 4.0  # below this, a run cannot even import torch and meet: do not start one
+MAX_RERUNS = 2
+TAIL_CHARS = 1200
+
+# Kinds of rank failure that name their own node, and make waiting for the others pointless.
+OWN_FAULT = ("start", "import", "died", "no-answer", "slow-import")
+STOPS_THE_RUN = OWN_FAULT + ("error",)
+
+
+# --- options ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CollectiveOptions:
+    backend: str = "auto"  # auto: nccl when every node has GPUs (facts "gpus"), else gloo
+    procs_per_node: Optional[int] = None  # None: 1 for gloo; for nccl the planned processes per node, else its GPUs
+    planned_per_node: Optional[int] = None  # the job's processes per node, when the plan says
+    sizes: Tuple[int, ...] = DEFAULT_SIZES  # bytes, smallest first
+    port: Optional[int] = None  # None: the main port
+    min_busbw_gbps: Optional[float] = None
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_sizes(text: str) -> Tuple[int, ...]:
+    """`1M,64M,256M` (K, M, G are binary: KiB, MiB, GiB; plain numbers are bytes) as sorted bytes."""
+    sizes = []
+    for part in str(text).split(","):
+        if not part.strip():
+            continue
+        match = _SIZE.match(part)
+        if not match:
+            raise argparse.ArgumentTypeError(f"bad message size {part.strip()!r}: use e.g. 1M,64M,256M")
+        number, unit = float(match.group(1)), match.group(2).lower()
+        value = int(number * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit])
+        if value < 4:
+            raise argparse.ArgumentTypeError(f"message size {part.strip()!r} is under 4 bytes (one float32)")
+        if value > 16 << 30:
+            raise argparse.ArgumentTypeError(f"message size {part.strip()!r} is over 16G")
+        sizes.append(value)
+    if not sizes:
+        raise argparse.ArgumentTypeError("no message size given: use e.g. 1M,64M,256M")
+    return tuple(sorted(set(sizes)))
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    if nbytes >= MIB:
+        return f"{nbytes / MIB:.1f} MiB"
+    return f"{nbytes} B"
+
+
+def min_busbw(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GB/s as a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive bandwidth in GB/s, got {text}")
+    return value
+
+
+def options_from_args(plan, args) -> CollectiveOptions:
+    """The collective's options from the command line and the plan (cli.gather_for)."""
+    world, _ = plan.world_size
+    nodes = len(plan.nodes) or 1
+    planned = world // nodes if world and world % nodes == 0 and world >= nodes else None
+    return CollectiveOptions(
+        backend=getattr(args, "backend", None) or "auto",
+        procs_per_node=getattr(args, "col_procs_per_node", None),
+        planned_per_node=planned,
+        sizes=getattr(args, "col_sizes", None) or DEFAULT_SIZES,
+        port=getattr(args, "col_port", None),
+        min_busbw_gbps=plan.limits.min_busbw_gbps,
+    )
+
+
+def gpu_count(facts: Optional[dict]) -> int:
+    """The GPUs a node's facts list: "gpus" as a list, or as NVML's {"available", "devices": [...]}."""
+    gpus = (facts or {}).get("gpus")
+    if isinstance(gpus, dict):
+        gpus = gpus.get("devices") if gpus.get("available", True) else None
+    return len(gpus) if isinstance(gpus, list) else 0
+
+
+def choose_backend(requested: str, facts: Sequence[Optional[dict]]) -> str:
+    """auto: nccl when every node's facts list GPUs, else gloo; gloo and nccl are taken as asked."""
+    if requested in ("gloo", "nccl"):
+        return requested
+    return "nccl" if facts and all(gpu_count(f) > 0 for f in facts) else "gloo"
+
+
+def local_processes(options: CollectiveOptions, backend: str, facts: Sequence[Optional[dict]]) -> int:
+    """Processes per node: as asked; gloo 1; nccl one per planned GPU (else each node's GPUs, the fewest)."""
+    if options.procs_per_node:
+        return options.procs_per_node
+    if backend != "nccl":
+        return 1
+    if options.planned_per_node:
+        return options.planned_per_node
+    counts = [gpu_count(f) for f in facts]
+    return max(1, min(counts)) if counts else 1
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+def bus_factor(world_size: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth factor, 2(n-1)/n: what each link carries per byte reduced."""
+    return 2.0 * (world_size - 1) / world_size if world_size > 0 else 0.0
+
+
+def busbw(algbw_gbps: float, world_size: int) -> float:
+    return algbw_gbps * bus_factor(world_size)
+
+
+def figures(sizes: Sequence[dict]) -> Optional[dict]:
+    """The sweep as reported by a rank: every size, and the largest measured one's bandwidth."""
+    if not sizes:
+        return None
+    largest = max(sizes, key=lambda s: s["bytes"])
+    return {"bytes": largest["bytes"], "algbw_gbps": largest["algbw_gbps"], "busbw_gbps": largest["busbw_gbps"],
+            "per_size": [{k: s[k] for k in ("bytes", "iters", "time_s", "algbw_gbps", "busbw_gbps")} for s in sizes]}
+
+
+# --- diagnosis (pure) ---------------------------------------------------------------------------
+
+def failed_ranks(report: dict) -> List[dict]:
+    return [r for r in report.get("ranks") or [] if not r.get("ok")]
+
+
+def node_fault(report: dict) -> Optional[dict]:
+    """The failure that names this node itself (torch does not import, the worker did not start or answer,
+    a rank process died), or None."""
+    if report.get("kind") in OWN_FAULT:
+        return {"kind": report["kind"], "stage": report.get("stage"), "error": report.get("error"),
+                "tail": report.get("tail")}
+    for rank in failed_ranks(report):
+        if rank.get("kind") in OWN_FAULT:
+            return {"kind": rank["kind"], "stage": rank.get("stage"), "error": rank.get("error"),
+                    "tail": rank.get("tail"), "rank": rank.get("rank")}
+    return None
+
+
+def still_importing(report: dict) -> bool:
+    return any(r.get("kind") == "killed" and r.get("stage") == "import" for r in failed_ranks(report))
+
+
+def stops_the_run(report: dict) -> bool:
+    """A failure after which the other ranks would only wait for their timeout."""
+    if report.get("kind") in STOPS_THE_RUN:
+        return True
+    return any(r.get("kind") in STOPS_THE_RUN for r in failed_ranks(report))
+
+
+def diagnose(run: dict, head: str) -> Dict[str, dict]:
+    """The nodes a failed run names as at fault: {node: {"kind", "error", "tail", ...}}; {} when it names
+    none (everyone timed out after meeting, or the values were wrong: then only a bisect can tell)."""
+    if run.get("ok"):
+        return {}
+    reports = run["reports"]
+    blamed = {}
+    for node in run["nodes"]:
+        fault = node_fault(reports.get(node) or {"kind": "no-answer", "error": "no report"})
+        if fault is not None:
+            blamed[node] = fault
+    # Still importing torch at the deadline, while others got further: that node is too slow to start.
+    importing = [n for n in run["nodes"] if n not in blamed and still_importing(reports[n])]
+    if importing and len(importing) < len(run["nodes"]):
+        for node in ([head] if head in importing else importing):
+            blamed[node] = {"kind": "slow-import", "stage": "import", "tail": _tail_of(reports[node]),
+                            "error": f"torch was still being imported when the run's deadline came "
+                                     f"({run.get('budget_s')} s), while other nodes were waiting for it"}
+        if head in importing:
+            return blamed
+    # The rendezvous: ranks that never reached the store on the head.
+    missed = {}
+    for node in run["nodes"]:
+        if node in blamed:
+            continue
+        ranks = [r for r in failed_ranks(reports[node]) if r.get("stage") == "store" and r.get("kind") != "aborted"]
+        if ranks:
+            missed[node] = ranks[0]
+    if missed:
+        workers = [n for n in run["nodes"] if n != head]
+        address = f"{run.get('master_addr')}:{run.get('port')}"
+        if head in missed or (workers and all(w in missed or w in blamed for w in workers)):
+            first = missed.get(head) or next(iter(missed.values()))
+            who = "no rank, not even the head's own," if head in missed else "no other node"
+            blamed[head] = {"kind": "rendezvous", "stage": "store", "error": f"{who} could connect to the "
+                            f"rendezvous at {address} on the head: {first.get('error')}", "tail": first.get("tail"),
+                            "unreached_by": sorted(missed)}
+        else:
+            for node, rank in missed.items():
+                blamed[node] = {"kind": "rendezvous", "stage": "store", "error": f"could not connect to the "
+                                f"rendezvous at {address} on the head {head}: {rank.get('error')}",
+                                "tail": rank.get("tail")}
+    return blamed
+
+
+# --- bisect (pure: the test is passed in) -------------------------------------------------------
+
+def halves(nodes: Sequence[str]) -> Tuple[List[str], List[str]]:
+    middle = (len(nodes) + 1) // 2
+    return list(nodes[:middle]), list(nodes[middle:])
+
+
+def bisect(head: str, workers: Sequence[str], test: Callable[[List[str]], dict],
+           have_time: Callable[[], bool]) -> dict:
+    """Find the workers that make a group with the head fail (or run slowly).
+
+    test(group) runs the head plus `group` and returns {"bad": bool, ...}. Halves are tested one after the
+    other (they share the head's link), and only a bad half is split further. Returns {"suspects": nodes
+    (the head when every worker fails with it), "tests": [...], "complete": False when time ran out before
+    the suspects were single nodes, "inconclusive": True when every half passed (the fault needs the
+    whole group)}."""
+    tests: List[dict] = []
+    complete = True
+    inconclusive = False
+
+    def probe(group: List[str]) -> Optional[bool]:
+        if not have_time():
+            return None
+        outcome = dict(test(list(group)))
+        outcome["nodes"] = [head] + list(group)
+        tests.append(outcome)
+        return bool(outcome.get("bad"))
+
+    def search(group: List[str]) -> List[str]:
+        nonlocal complete, inconclusive
+        if len(group) <= 1:
+            return list(group)
+        bad: List[str] = []
+        clean = 0
+        for half in halves(group):
+            verdict = probe(half)
+            if verdict is None:  # out of time: the whole half stays suspect
+                complete = False
+                bad.extend(half)
+            elif verdict:
+                bad.extend(search(half))
+            else:
+                clean += 1
+        if clean == 2:
+            inconclusive = True
+            return list(group)
+        return bad
+
+    suspects = search(list(workers))
+    singles = [t for t in tests if len(t["nodes"]) == 2]
+    if workers and len(workers) == 1:
+        suspects = [head] + list(workers)  # one pair: the head and the worker cannot be told apart
+    elif (len(workers) > 1 and complete and not inconclusive and set(suspects) == set(workers)
+          and len(singles) == len(workers) and all(t.get("bad") for t in singles)):
+        suspects = [head]  # every worker fails with the head: the head (or its link) it is
+    return {"suspects": suspects, "tests": tests, "complete": complete, "inconclusive": inconclusive}
+
+
+# --- running a group over SSH -------------------------------------------------------------------
+
+class _Phase:
+    def __init__(self, nodes, head_address: str, options, backend: str, procs: int):
+        import preflight.colworker as colworker
+
+        self.nodes = {n.name: n for n in nodes}
+        self.head = nodes[0].name
+        self.head_address = head_address
+        self.options = options
+        self.col: CollectiveOptions = options.collective
+        self.backend, self.procs = backend, procs
+        self.port = self.col.port or options.port
+        self.source = open(colworker.__file__, encoding="utf-8").read()
+        self.started = time.monotonic()
+        self.deadline = self.started + options.timeout + PHASE_MARGIN_S
+        self.runs: List[dict] = []
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def master_addr(self, name: str) -> str:
+        resolved = ((self.nodes[name].facts or {}).get("host") or {}).get("head_resolves_to")
+        return resolved[0] if isinstance(resolved, list) and resolved else self.head_address
+
+    def run(self, names: List[str], budget: float, sizes: Sequence[int], purpose: str) -> dict:
+        """One all-reduce over `names` (the first is rank 0's node); every session closed on return."""
+        budget = max(0.0, min(budget, self.left()))
+        world = len(names) * self.procs
+        started = time.monotonic()
+        deadline = started + budget
+        env = {"NCCL_DEBUG": "INFO"} if self.backend == "nccl" else {}
+        reports: Dict[str, dict] = {}
+        sessions: Dict[str, object] = {}
+        stop = threading.Event()
+        lock = threading.Lock()
+
+        def node_run(index: int, name: str) -> None:
+            node = self.nodes[name]
+            payload = {"master_addr": self.master_addr(name), "master_port": self.port, "world_size": world,
+                       "ranks": list(range(index * self.procs, (index + 1) * self.procs)),
+                       "backend": self.backend, "sizes": list(sizes), "timeout_s": self.options.timeout,
+                       "budget_s": max(1.0, budget - RETURN_S), "env": env}
+            try:
+                proc = node.connection.start(shipped_command(self.options.python), shipped_input(self.source, payload))
+            except Exception as exc:
+                report = {"ok": False, "kind": "start", "stage": "start", "ranks": [],
+                          "error": f"could not start the worker: {exc}", "tail": None}
+            else:
+                with lock:
+                    sessions[name] = proc
+                report = self._read(proc, deadline, stop)
+            report["master_addr"] = payload["master_addr"]
+            with lock:
+                reports[name] = report
+            if not report.get("ok") and stops_the_run(report):
+                stop.set()
+
+        threads = [threading.Thread(target=node_run, args=(i, n), daemon=True) for i, n in enumerate(names)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:  # each returns by the deadline; this bounds a start that hangs
+            thread.join(max(0.0, deadline + 0.5 - time.monotonic()))
+        with lock:
+            for proc in sessions.values():  # a closed session kills the node's ranks
+                try:
+                    proc.close()
+                except Exception:
+                    pass
+            final = {n: reports.get(n) or {"ok": False, "kind": "no-answer", "stage": None, "ranks": [],
+                                           "error": "the worker did not answer", "tail": None} for n in names}
+        ok = all(final[n].get("ok") for n in names)
+        rank0 = next(iter(final[names[0]].get("ranks") or []), {})
+        run = {"purpose": purpose, "nodes": list(names), "world_size": world, "ok": ok, "port": self.port,
+               "master_addr": self.master_addr(names[0]), "budget_s": round(budget, 3),
+               "elapsed_s": round(time.monotonic() - started, 3), "sizes": list(sizes),
+               "figures": figures(rank0.get("sizes") or []) if ok else None,
+               "skipped_sizes": rank0.get("skipped_sizes") or [], "reports": final}
+        self.runs.append(run)
+        return run
+
+    def _read(self, proc, deadline: float, stop: threading.Event) -> dict:
+        """The node's one JSON line, or why there is none."""
+        abort_sent = False
+        while True:
+            now = time.monotonic()
+            if stop.is_set() and not abort_sent:
+                abort_sent = True
+                try:
+                    proc.send_line("abort")
+                except Exception:
+                    pass
+                deadline = min(deadline, now + ABORT_GRACE_S)
+            if now >= deadline:
+                return {"ok": False, "kind": "aborted" if abort_sent else "no-answer", "stage": None, "ranks": [],
+                        "error": "stopped: another node had failed" if abort_sent else
+                        "no answer before the deadline", "tail": _stderr(proc)}
+            try:
+                line = proc.read_line(min(0.2, deadline - now))
+            except NodeError:
+                continue
+            except Exception as exc:
+                return {"ok": False, "kind": "no-answer", "stage": None, "ranks": [],
+                        "error": f"the session broke: {exc}", "tail": _stderr(proc)}
+            if line is None:
+                status = proc.exit_status(2)
+                if status in (126, 127):
+                    error = f"the interpreter {self.options.python} does not exist or cannot run there (exit {status})"
+                else:
+                    error = f"the worker stopped without a report (exit {status})"
+                return {"ok": False, "kind": "start", "stage": "start", "ranks": [], "error": error,
+                        "tail": _stderr(proc)}
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue  # not ours (a shell's greeting); the worker's line follows
+            if not isinstance(report, dict) or "ranks" not in report:
+                continue
+            report.setdefault("kind", None)
+            return report
+
+
+def _stderr(proc) -> Optional[str]:
+    try:
+        return proc.stderr_tail(TAIL_CHARS) or None
+    except Exception:
+        return None
+
+
+# --- the phase ----------------------------------------------------------------------------------
+
+def _torch_missing(node) -> bool:
+    versions = ((node.facts or {}).get("packages") or {}).get("versions")
+    return isinstance(versions, dict) and not versions.get("torch")
+
+
+def run_collective(nodes, head_address: str, options) -> dict:
+    """The all-reduce phase over gather's NodeStates (the first is the head); options: GatherOptions with
+    .collective set. Returns the document COL001/COL002 read."""
+    col: CollectiveOptions = options.collective
+    reached = [n for n in nodes if n.error is None and n.connection is not None and n.facts is not None]
+    backend = choose_backend(col.backend, [n.facts for n in reached])
+    procs = local_processes(col, backend, [n.facts for n in reached])
+    phase = _Phase(nodes, head_address, options, backend, procs)
+    head = nodes[0].name
+    doc = {"backend": backend, "procs_per_node": procs, "port": phase.port, "sizes": list(col.sizes),
+           "timeout_s": options.timeout, "deadline_s": options.timeout + PHASE_MARGIN_S,
+           "min_busbw_gbps": col.min_busbw_gbps, "head": head, "python": options.python,
+           "nodes": [n.name for n in nodes], "untested": {}, "blamed": {}, "passed": [], "cleared": [],
+           "result": None, "bisect": None, "runs": phase.runs}
+    for node in nodes:
+        if node not in reached:
+            reason = node.error.message if node.error is not None else "no facts"
+            doc["untested"][node.name] = f"not reached: {reason}"
+    for node in reached:
+        if _torch_missing(node):
+            doc["blamed"][node.name] = {"kind": "import", "stage": "import", "tail": None,
+                                        "error": f"cannot import torch: no torch distribution is installed for "
+                                                 f"{options.python}"}
+    group = [n.name for n in reached if n.name not in doc["blamed"]]
+    try:
+        _drive(phase, doc, group, head)
+    finally:
+        doc["duration_s"] = round(time.monotonic() - phase.started, 3)
+    return doc
+
+
+def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
+    col = phase.col
+    if head not in group:
+        for name in group:
+            doc["untested"][name] = f"the head {head} cannot take part, so no group can meet"
+        return
+    total = phase.left()
+    run = None
+    for attempt in range(1 + MAX_RERUNS):
+        if len(group) < 2 and attempt > 0:
+            for name in group:
+                doc["untested"][name] = "no other node left to test with"
+            return
+        budget = max(MIN_RUN_S, FULL_SHARE * total) if attempt == 0 else phase.left()
+        if phase.left() < MIN_RUN_S:
+            for name in group:
+                doc["untested"][name] = "no time left for another run (raise --timeout)"
+            return
+        run = phase.run(group, budget, col.sizes, "full" if attempt == 0 else "without " + ", ".join(
+            sorted(set(doc["nodes"]) - set(group))))
+        if run["ok"]:
+            break
+        blamed = diagnose(run, head)
+        if not blamed:
+            break
+        doc["blamed"].update(blamed)
+        if head in blamed:
+            for name in group:
+                if name not in doc["blamed"]:
+                    doc["untested"][name] = f"the head {head} failed, so no group can meet"
+            return
+        group = [n for n in group if n not in blamed]
+    else:
+        for name in group:
+            doc["untested"][name] = "still failing after reruns without the nodes at fault"
+        return
+    if run["ok"]:
+        doc["passed"] = list(group)
+        doc["result"] = {"nodes": list(group), "world_size": run["world_size"], **run["figures"]} \
+            if run["figures"] else {"nodes": list(group), "world_size": run["world_size"], "bytes": None,
+                                    "algbw_gbps": None, "busbw_gbps": None, "per_size": []}
+        doc["result"]["skipped_sizes"] = run["skipped_sizes"]
+        slow = (col.min_busbw_gbps is not None and run["figures"] is not None and run["world_size"] > 1
+                and run["figures"]["busbw_gbps"] < col.min_busbw_gbps)
+        doc["result"]["below_threshold"] = bool(slow)
+        if slow and len(group) > 1:
+            size = run["figures"]["bytes"]
+            doc["bisect"] = dict(reason="slow", **_bisect(phase, group, head, [size],
+                                                          lambda r: not r["ok"] or r["figures"] is None or
+                                                          r["figures"]["bytes"] < size or
+                                                          r["figures"]["busbw_gbps"] < col.min_busbw_gbps))
+        return
+    if all(still_importing(run["reports"][n]) for n in group):
+        for name in group:
+            doc["untested"][name] = (f"the time ran out while torch was being imported on every node "
+                                     f"({run['budget_s']} s): raise --timeout")
+        return
+    # Failed, and the reports name nobody: a hang after meeting, or wrong values. Bisect on the smallest size.
+    summary = _run_summary(run)
+    doc["failed_run"] = summary
+    if len(group) < 2:
+        doc["blamed"].update({n: {"kind": "failed", "stage": summary["stage"], "error": summary["error"],
+                                  "tail": _tail_of(run["reports"].get(n))} for n in group})
+        return
+    doc["bisect"] = dict(reason="failed", **_bisect(phase, group, head, [min(col.sizes)], lambda r: not r["ok"]))
+    suspects = doc["bisect"]["suspects"]
+    for name in group:
+        if name in suspects:
+            doc["blamed"][name] = {"kind": "bisect", "stage": summary["stage"], "error": summary["error"],
+                                   "tail": _tail_of(run["reports"].get(name)), "suspects": suspects}
+        else:
+            doc["cleared"].append(name)  # passed the bisect with the head
+
+
+def _bisect(phase: _Phase, group: List[str], head: str, sizes: List[int], bad: Callable[[dict], bool]) -> dict:
+    workers = [n for n in group if n != head]
+    planned = max(2, 2 * math.ceil(math.log2(max(2, len(workers)))))
+
+    def test(members: List[str]) -> dict:
+        remaining = phase.left()
+        budget = max(MIN_RUN_S, remaining / max(1, planned - len(tests_done)))
+        run = phase.run([head] + members, min(budget, remaining), sizes, "bisect")
+        tests_done.append(run)
+        figs = run["figures"] or {}
+        return {"bad": bad(run), "ok": run["ok"], "busbw_gbps": figs.get("busbw_gbps"),
+                "algbw_gbps": figs.get("algbw_gbps"), "bytes": figs.get("bytes"), "elapsed_s": run["elapsed_s"],
+                "failure": None if run["ok"] else _run_summary(run)["error"]}
+
+    tests_done: List[dict] = []
+    return bisect(head, workers, test, lambda: phase.left() >= MIN_RUN_S)
+
+
+def _tail_of(report: Optional[dict]) -> Optional[str]:
+    if not report:
+        return None
+    tails = [r.get("tail") for r in failed_ranks(report) if r.get("tail")]
+    return (tails[0] if tails else report.get("tail")) or None
+
+
+def _run_summary(run: dict) -> dict:
+    """The first failure of a run, for messages: stage and error."""
+    for name in run["nodes"]:
+        report = run["reports"][name]
+        for rank in failed_ranks(report):
+            if rank.get("kind") != "aborted":
+                return {"node": name, "stage": rank.get("stage"), "kind": rank.get("kind"), "error": rank.get("error")}
+        if report.get("kind") not in (None, "aborted"):
+            return {"node": name, "stage": report.get("stage"), "kind": report.get("kind"),
+                    "error": report.get("error")}
+    return {"node": None, "stage": None, "kind": None, "error": "failed"}

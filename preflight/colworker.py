@@ -1,0 +1,354 @@
+"""The all-reduce worker: one per node, shipped like the collector and run by the node's training interpreter.
+
+Stdlib only at the top level: torch is imported lazily, by each rank's own process. The node process
+forks one process per local rank (before anything imports torch), watches them, and writes exactly one
+line of JSON on stdout when every rank has finished, failed, been killed at the deadline or aborted:
+
+    {"ok": bool, "host": hostname, "elapsed_s": F, "aborted": bool,
+     "ranks": [{"rank", "local_rank", "ok", "stage", "kind", "error", "import_s", "init_s", "torch",
+                "sizes": [{"bytes", "iters", "time_s", "algbw_gbps", "busbw_gbps", "mismatches"}],
+                "skipped_sizes": [bytes...], "check": {"ok", "expected", "mismatches", "first"},
+                "joined": [ranks that reached the store] or null, "tail": last output of the rank or null}]}
+
+stage is where the rank was (import, store, init, sweep, done); kind says how it failed: import
+(torch cannot be imported), timeout, error, died (the process ended without a result), killed (still
+running at the hard deadline), aborted (the controller asked to stop), wrong-values (the reduced values
+differ from the exact expected sum). Nothing is parsed out of logs: each rank sends its stage and its
+result over a pipe; its stdout and stderr (torch's, gloo's, NCCL's) go to a file whose tail is attached
+to a failing rank.
+
+OPTIONS (bound by the sender): master_addr, master_port, world_size, ranks (the global ranks of this
+node, in local-rank order), backend (gloo or nccl), sizes (bytes), timeout_s (the cap on the store,
+init and collective timeouts), budget_s (seconds after start at which every rank is killed), env
+(variables for the ranks), target_s (time spent timing each size), max_iters.
+
+A line "abort" on stdin, or the end of stdin (the controller closed the session), kills the ranks at once.
+"""
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+
+TAIL_CHARS = 1500
+JOIN_KEY = "preflight/joined/%d"
+
+
+def _now():
+    return time.monotonic()
+
+
+# --- one rank, in its own process ---------------------------------------------------------------
+
+def run_rank(rank, local_rank, options, report, deadline):
+    """Import torch, rendezvous, sweep the sizes; returns the rank's result dict."""
+    result = {"rank": rank, "local_rank": local_rank, "ok": False, "stage": "import", "kind": None,
+              "error": None, "import_s": None, "init_s": None, "torch": None, "sizes": [],
+              "skipped_sizes": [], "check": None, "joined": None}
+    world = int(options["world_size"])
+    cap = float(options["timeout_s"])
+
+    def stage(name):
+        result["stage"] = name
+        report({"stage": name})
+
+    def timeout_left(margin=1.0):
+        return max(1.0, min(cap, deadline - _now() - margin))
+
+    started = _now()
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+    except BaseException as exc:  # ImportError, or anything a broken install raises on import
+        traceback.print_exc()  # into the rank's output, whose tail goes with the result
+        result.update(kind="import", error="cannot import torch: %s: %s" % (type(exc).__name__, exc))
+        return result
+    result["import_s"] = round(_now() - started, 3)
+    result["torch"] = getattr(torch, "__version__", None)
+    store = None
+    store_timeout = op_timeout = cap
+    stage_started = _now()
+    try:
+        stage("store")
+        # The workers wait for rank 0 as long as the budget allows: the head may import torch later.
+        if rank == 0:  # the previous run's rank 0 may still be closing its listener
+            _wait_until_bindable(int(options["master_port"]), min(_now() + 3.0, deadline - 2.0))
+        store_timeout = max(1.0, deadline - _now() - 1.0)
+        store = dist.TCPStore(options["master_addr"], int(options["master_port"]), world, rank == 0,
+                              timeout=datetime.timedelta(seconds=store_timeout), wait_for_workers=False)
+        store.set(JOIN_KEY % rank, socket.gethostname())
+        stage_started = _now()
+        stage("init")
+        backend = options["backend"]
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+            device = torch.device("cuda", local_rank)
+            sync = torch.cuda.synchronize
+        else:
+            device = torch.device("cpu")
+
+            def sync():
+                return None
+        op_timeout = timeout_left()
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=op_timeout))
+        result["init_s"] = round(_now() - stage_started, 3)
+        stage_started = _now()
+        stage("sweep")
+        _sweep(torch, dist, options, result, device, sync, rank, world, deadline - 1.0)
+        op_timeout = timeout_left()
+        dist.destroy_process_group()
+        stage("done")
+        mismatches = result["check"]["mismatches"]
+        if mismatches:
+            result.update(kind="wrong-values", error="%d reduced value(s) differ from the exact sum %s (first: %s)"
+                          % (mismatches, result["check"]["expected"], result["check"]["first"]))
+        else:
+            result["ok"] = True
+    except BaseException as exc:
+        traceback.print_exc()
+        elapsed = _now() - stage_started
+        limit = store_timeout if result["stage"] == "store" else op_timeout
+        result["kind"] = "timeout" if elapsed >= 0.9 * limit else "error"
+        result["error"] = ("%s: %s" % (type(exc).__name__, exc))[:600]
+        result["elapsed_in_stage_s"] = round(elapsed, 3)
+    if not result["ok"] and store is not None:
+        result["joined"] = _joined(store, world)
+    return result
+
+
+def _wait_until_bindable(port, until):
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("", port))
+            return
+        except OSError:
+            if _now() >= until:
+                return  # the store will say why it cannot bind
+            time.sleep(0.1)
+        finally:
+            sock.close()
+
+
+def _joined(store, world):
+    joined = []
+    try:
+        for rank in range(world):
+            if store.check([JOIN_KEY % rank]):
+                joined.append(rank)
+    except Exception:
+        return None
+    return joined
+
+
+def _sweep(torch, dist, options, result, device, sync, rank, world, deadline):
+    """Every size: check the exact sum once, then time a few all-reduces. Every decision that changes
+    how many collectives run (stop for lack of time, the iteration count) is agreed on with MAX."""
+    expected = world * (world + 1) / 2.0  # each rank contributes rank + 1: exact in float32
+    factor = 2.0 * (world - 1) / world
+    target = float(options.get("target_s") or 0.5)
+    max_iters = int(options.get("max_iters") or 20)
+    min_iters = min(max_iters, 3)
+    check = {"ok": True, "expected": expected, "mismatches": 0, "first": None}
+    result["check"] = check
+    per_byte = None
+    agree = torch.zeros(2, device=device)
+    sizes = [int(s) for s in options["sizes"]]
+    for index, size in enumerate(sizes):
+        numel = max(1, size // 4)
+        nbytes = numel * 4
+        predicted = per_byte * nbytes * 2 if per_byte is not None else 0.0
+        agree.zero_()
+        agree[0] = 1.0 if _now() + predicted > deadline else 0.0
+        dist.all_reduce(agree, op=dist.ReduceOp.MAX)
+        if agree[0].item() > 0:
+            result["skipped_sizes"] = [max(1, s // 4) * 4 for s in sizes[index:]]
+            break
+        buf = torch.full((numel,), float(rank + 1), dtype=torch.float32, device=device)
+        sync()
+        t = time.perf_counter()
+        dist.all_reduce(buf)
+        sync()
+        warm = time.perf_counter() - t
+        wrong = buf != expected
+        mismatches = int(wrong.sum().item())
+        if mismatches:
+            first = int(wrong.nonzero()[0].item())
+            check["ok"] = False
+            check["mismatches"] += mismatches
+            if check["first"] is None:
+                check["first"] = {"bytes": nbytes, "index": first, "value": float(buf[first].item())}
+        agree.zero_()
+        agree[0] = warm
+        agree[1] = -(deadline - _now())  # MAX of the negated: the least time any rank has left
+        dist.all_reduce(agree, op=dist.ReduceOp.MAX)
+        warm, left = max(float(agree[0].item()), 1e-9), -float(agree[1].item())
+        iters = max(min_iters, min(max_iters, int(target / warm)))
+        iters = max(1, min(iters, int(left / warm) - 1))
+        buf.zero_()  # zeros stay zeros: the timed loop cannot overflow
+        sync()
+        t = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf)
+        sync()
+        elapsed = time.perf_counter() - t
+        agree.zero_()
+        agree[0] = elapsed
+        dist.all_reduce(agree, op=dist.ReduceOp.MAX)  # the slowest rank's time is the collective's
+        per_iter = max(float(agree[0].item()), 1e-9) / iters
+        algbw = nbytes / per_iter / 1e9
+        result["sizes"].append({"bytes": nbytes, "iters": iters, "time_s": per_iter, "algbw_gbps": algbw,
+                                "busbw_gbps": algbw * factor, "mismatches": mismatches})
+        per_byte = per_iter / nbytes
+
+
+# --- the node process ---------------------------------------------------------------------------
+
+def _tail(path):
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - 4 * TAIL_CHARS))
+            return handle.read().decode("utf-8", "replace")[-TAIL_CHARS:]
+    except OSError:
+        return None
+
+
+def _child(rank, local_rank, options, write_fd, log_path, deadline):
+    """In the forked process: output to the log file, then one rank; never returns."""
+    code = 0
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        try:  # die with the node process, whatever kills it
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except Exception:
+            pass
+        for key, value in (options.get("env") or {}).items():
+            os.environ[str(key)] = str(value)
+        os.environ.update({"MASTER_ADDR": str(options["master_addr"]), "MASTER_PORT": str(options["master_port"]),
+                           "WORLD_SIZE": str(options["world_size"]), "RANK": str(rank),
+                           "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(len(options["ranks"]))})
+
+        def report(message):
+            os.write(write_fd, (json.dumps(message) + "\n").encode())
+
+        result = run_rank(rank, local_rank, options, report, deadline)
+        report({"result": result})
+    except BaseException as exc:
+        code = 1
+        try:
+            sys.stderr.write("preflight colworker: %s: %s\n" % (type(exc).__name__, exc))
+            sys.stderr.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def main(options):
+    started = _now()
+    deadline = started + float(options["budget_s"])
+    ranks = [int(r) for r in options["ranks"]]
+    children = {}  # read fd -> state
+    for local_rank, rank in enumerate(ranks):
+        read_fd, write_fd = os.pipe()
+        log_fd, log_path = tempfile.mkstemp(prefix="preflight-col-rank%d-" % rank, suffix=".log")
+        os.close(log_fd)
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            _child(rank, local_rank, options, write_fd, log_path, deadline)
+        os.close(write_fd)
+        children[read_fd] = {"pid": pid, "rank": rank, "local_rank": local_rank, "log": log_path, "buffer": b"",
+                             "stage": "import", "result": None, "open": True, "status": None}
+    aborted = False
+    stdin_open = True
+    while any(c["open"] for c in children.values()):
+        left = deadline - _now()
+        if left <= 0:
+            break
+        watched = [fd for fd, c in children.items() if c["open"]] + ([0] if stdin_open else [])
+        try:
+            ready = select.select(watched, [], [], left)[0]
+        except InterruptedError:
+            continue
+        if 0 in ready:
+            data = os.read(0, 4096)
+            if not data or b"abort" in data:
+                aborted = True
+                break
+        for fd in ready:
+            if fd == 0:
+                continue
+            child = children[fd]
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                child["open"] = False
+                os.close(fd)
+                continue
+            child["buffer"] += chunk
+            while b"\n" in child["buffer"]:
+                line, child["buffer"] = child["buffer"].split(b"\n", 1)
+                try:
+                    message = json.loads(line.decode())
+                except ValueError:
+                    continue
+                if "stage" in message:
+                    child["stage"] = message["stage"]
+                if "result" in message:
+                    child["result"] = message["result"]
+    for fd, child in children.items():
+        if child["open"]:  # past the deadline, or aborted: kill it
+            try:
+                os.kill(child["pid"], signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(fd)
+        try:
+            child["status"] = os.waitpid(child["pid"], 0)[1]
+        except OSError:
+            pass
+    out = []
+    for child in sorted(children.values(), key=lambda c: c["rank"]):
+        result = child["result"]
+        if result is None:
+            if child["open"]:
+                kind = "aborted" if aborted else "killed"
+                error = ("stopped at the controller's request" if aborted else
+                         "still in stage %s at the hard deadline (%.1f s): killed"
+                         % (child["stage"], options["budget_s"]))
+            else:
+                kind, status = "died", child["status"]
+                how = ("signal %d" % os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status)
+                       else "exit %s" % (os.WEXITSTATUS(status) if status is not None else "?"))
+                error = "the rank's process ended in stage %s without a result (%s)" % (child["stage"], how)
+            result = {"rank": child["rank"], "local_rank": child["local_rank"], "ok": False, "stage": child["stage"],
+                      "kind": kind, "error": error, "sizes": [], "skipped_sizes": [], "check": None, "joined": None}
+        result["tail"] = None if result.get("ok") else _tail(child["log"])
+        out.append(result)
+        try:
+            os.unlink(child["log"])
+        except OSError:
+            pass
+    line = {"ok": bool(out) and all(r.get("ok") for r in out), "host": socket.gethostname(),
+            "elapsed_s": round(_now() - started, 3), "aborted": aborted, "ranks": out}
+    sys.stdout.write(json.dumps(line) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":  # shipped: the sender binds OPTIONS before this runs
+    main(globals()["OPTIONS"])
