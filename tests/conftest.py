@@ -25,3 +25,23 @@ def run_subprocess(*args, env=None, **kwargs):
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "preflight", *map(str, args)], capture_output=True, text=True,
                           timeout=120, env=full_env, **kwargs)
+
+
+def preflight_json(*args):
+    """Run `preflight ARGS --json` as a user would: (the JSON document, seconds it took). It must exit as its
+    verdict says and never print a traceback."""
+    import time
+
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "preflight", *map(str, args), "--json"], capture_output=True,
+                          text=True, timeout=180)
+    elapsed = time.monotonic() - started
+    assert "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == (1 if doc["verdict"] == "fail" else 0)
+    return doc, elapsed
+
+
+def results(doc, check_id):
+    """A check's results by node."""
+    return {node: r for r in doc["results"] if r["id"] == check_id for node in r["nodes"]}

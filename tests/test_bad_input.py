@@ -166,7 +166,7 @@ def nested(depth: int) -> str:
 
 
 BILLION_LAUGHS = "\n".join(
-    [f'l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 10)]
 ) + "\n"
 

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
+from conftest import preflight_json, results
 from preflight import collector
 
 pytestmark = pytest.mark.cluster
@@ -19,21 +20,9 @@ HEALTHY_SKIP = "deep,CLK002,COL"
 
 
 def check(cluster, *extra, skip=HEALTHY_SKIP, hosts=None):
-    args = [sys.executable, "-m", "preflight", "check", "--hosts", hosts or ",".join(cluster.nodes),
-            "--ssh-config", str(cluster.ssh_config), "--python", sys.executable, "--json", *extra]
-    if skip:
-        args += ["--skip", skip]
-    started = time.monotonic()
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=180)
-    elapsed = time.monotonic() - started
-    assert "Traceback" not in proc.stderr, proc.stderr
-    doc = json.loads(proc.stdout)
-    assert proc.returncode == (1 if doc["verdict"] == "fail" else 0)
-    return doc, elapsed
-
-
-def results(doc, check_id):
-    return {node: r for r in doc["results"] if r["id"] == check_id for node in r["nodes"]}
+    args = ["check", "--hosts", hosts or ",".join(cluster.nodes), "--ssh-config", cluster.ssh_config,
+            "--python", sys.executable, *extra]
+    return preflight_json(*args, *(["--skip", skip] if skip else []))
 
 
 def not_passing(doc):

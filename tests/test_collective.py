@@ -11,6 +11,7 @@ import time
 import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
+from conftest import preflight_json, results
 from preflight import cli, collective, colworker, registry, runner
 from preflight.collective import (
     CollectiveOptions,
@@ -401,20 +402,9 @@ def test_worker_without_torch_says_so_with_the_traceback(tmp_path):
 # --- the real test cluster ----------------------------------------------------------------------
 
 def check(cluster, *extra, timeout="20"):
-    args = [sys.executable, "-m", "preflight", "check", "--hosts", ",".join(cluster.nodes), "--ssh-config",
-            str(cluster.ssh_config), "--python", sys.executable, "--json", "--only", "COL", "--timeout", timeout,
-            "--col-sizes", "1M,8M", *extra]
-    started = time.monotonic()
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=180)
-    elapsed = time.monotonic() - started
-    assert "Traceback" not in proc.stderr, proc.stderr
-    doc = json.loads(proc.stdout)
-    assert proc.returncode == (1 if doc["verdict"] == "fail" else 0)
-    return doc, elapsed
-
-
-def results(doc, check_id):
-    return {node: r for r in doc["results"] if r["id"] == check_id for node in r["nodes"]}
+    return preflight_json("check", "--hosts", ",".join(cluster.nodes), "--ssh-config", cluster.ssh_config,
+                          "--python", sys.executable, "--only", "COL", "--timeout", timeout, "--col-sizes", "1M,8M",
+                          *extra)
 
 
 PLAIN_LOOP = textwrap.dedent("""

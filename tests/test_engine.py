@@ -13,7 +13,7 @@ from conftest import run_cli, run_subprocess
 from preflight import registry, render, runner
 from preflight.plan import Plan
 from preflight.registry import CheckDefinitionError, check
-from preflight.result import Result, Status, exit_code, fail, passed, verdict, warn
+from preflight.result import Result, Status, exit_code, passed, verdict
 
 GOOD_ACCELERATE = """\
 compute_environment: LOCAL_MACHINE
