@@ -65,6 +65,10 @@ def build_parser() -> Parser:
         p.add_argument("--skip", metavar="SEL", help="do not run these checks")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         p.add_argument("--strict", action="store_true", help="warnings make the verdict not ready (exit 1)")
+        p.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
+        p.add_argument("--prometheus", metavar="FILE",
+                       help="also write metrics to FILE in node_exporter's textfile-collector format (*.prom)")
+        p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page (check x node matrix)")
 
     lint = commands.add_parser("lint", help="lint the accelerate and DeepSpeed configs and the hostfile")
     inputs(lint)
@@ -168,13 +172,14 @@ def _main(argv: List[str]) -> int:
 
 
 def _run(reg, args) -> int:
-    from preflight import registry, render, runner
+    from preflight import registry, render, reports, runner
     from preflight.plan import Limits, build_plan, default_accelerate_config
 
     if args.command == "launch":
         command = args.launch_command[1:] if args.launch_command[:1] == ["--"] else args.launch_command
         if not command:
             raise UsageError("launch needs the command to run after `--`, e.g. preflight launch -- accelerate launch train.py")
+    reports.check_paths(args)  # an unwritable report file is exit 2 before any check runs
     try:
         only, skip = registry.parse_selectors(args.only), registry.parse_selectors(args.skip)
         scopes = ("config",) if args.command == "lint" else ("config", "node", "cluster")
@@ -209,10 +214,16 @@ def _run(reg, args) -> int:
         print(render.to_json(results, outcome, plan.nodes, elapsed))
     else:
         render.terminal(results, outcome, elapsed)
+    reports.write_all(args, results, outcome, plan.nodes, elapsed)
     code = exit_code(outcome, args.strict)
     if args.command == "launch" and code == 0:
         sys.stdout.flush()
         sys.stderr.flush()
+        from preflight import launcher
+
+        if plan.remote and launcher.is_accelerate_launch(command):  # every node, with its rank (README)
+            return launcher.run(plan.nodes, ctx.probes["head"]["address"], plan.port, command,
+                                ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, timeout=args.timeout)
         try:
             os.execvp(command[0], command)  # the job keeps our PID, signals and exit code
         except OSError as exc:

@@ -1,0 +1,251 @@
+"""`preflight launch` on several nodes: start `accelerate launch` on every node over SSH, with the rank flags.
+
+Each node gets the same command, run in the same working directory, with `--machine_rank <its index>`,
+`--main_process_ip <the head's checked address>`, `--main_process_port <the plan's port>` and
+`--num_machines <the number of nodes>` inserted after `accelerate launch` (the user's own values of these
+four are dropped). Nothing of this machine's environment is passed: each node runs the command in the
+environment its SSH session gets (sshd's SetEnv, the shell's startup files).
+
+Every node's output comes here line by line, prefixed with `[node] `. When one node's launcher exits
+non-zero, or on Ctrl-C / SIGTERM, the other nodes are stopped: their channels are closed, and since each
+session has a pseudo-terminal, the remote launcher gets SIGHUP as its terminal hangs up. The exit code is
+the first non-zero exit (0 when every node succeeds).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, TextIO
+
+from preflight.transport import NodeError, SSHConnection, load_ssh_settings, run_with_deadline
+
+# Options of `accelerate launch` (accelerate 1.x) that take no value: every other option takes one. The
+# first word that is not an option or an option's value is the script: it and what follows are the script's.
+NO_VALUE = frozenset("""
+-h --help -m --module -q --quiet --cpu --debug --multi_gpu --multi-gpu --tpu --use_deepspeed --use-deepspeed
+--use_fsdp --use-fsdp --use_megatron_lm --use-megatron-lm --use_parallelism_config --use-parallelism-config
+--no_python --no-python --same_network --same-network --downcast_bf16 --downcast-bf16 --dynamo_use_dynamic
+--dynamo-use-dynamic --dynamo_use_fullgraph --dynamo-use-fullgraph --dynamo_use_regional_compilation
+--dynamo-use-regional-compilation --enable_cpu_affinity --enable-cpu-affinity --fp8_use_autocast_during_eval
+--fp8-use-autocast-during-eval --tpu_cluster --tpu-cluster --no_tpu_cluster --no-tpu-cluster --tpu_use_sudo
+--tpu-use-sudo
+""".split())
+RANK_OPTIONS = ("--machine_rank", "--main_process_ip", "--main_process_port", "--num_machines")
+EXIT_LOST = 255  # a node whose session ended without an exit status (as ssh says it)
+
+
+def is_accelerate_launch(command: Sequence[str]) -> bool:
+    """`accelerate launch ...` (any path to accelerate): the launcher preflight starts on every node."""
+    return len(command) >= 2 and os.path.basename(command[0]) == "accelerate" and command[1] == "launch"
+
+
+def _canonical(option: str) -> str:
+    return "--" + option[2:].replace("-", "_") if option.startswith("--") else option
+
+
+def rank_command(command: Sequence[str], rank: int, address: str, port: int, machines: int) -> List[str]:
+    """The command for the node of this rank: the four flags after `accelerate launch`, the user's own
+    values of them dropped (only among the launcher's options: the script's arguments are left alone)."""
+    head, rest = list(command[:2]), list(command[2:])
+    kept: List[str] = []
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word == "--" or not word.startswith("-") or word == "-":
+            break  # the script (or `--` before it): from here on, nothing is ours to change
+        name = word.split("=", 1)[0]
+        width = 1 if "=" in word or name in NO_VALUE else 2
+        if _canonical(name) not in RANK_OPTIONS:
+            kept.extend(rest[i:i + width])
+        i += width
+    flags = ["--machine_rank", str(rank), "--main_process_ip", address, "--main_process_port", str(port),
+             "--num_machines", str(machines)]
+    return head + flags + kept + rest[i:]
+
+
+def remote_command(cwd: str, args: Sequence[str]) -> str:
+    """The shell line a node runs: every word quoted, nothing user-typed unquoted."""
+    return f"cd {shlex.quote(cwd)} && exec {' '.join(shlex.quote(a) for a in args)}"
+
+
+@dataclass
+class _Node:
+    name: str
+    rank: int
+    command: List[str]
+    connection: Optional[SSHConnection] = None
+    channel: object = None
+    exit_code: Optional[int] = None
+    stopped: bool = False
+
+
+class _Output:
+    """Lines from every node, each prefixed with its node, written whole (one lock for both streams)."""
+
+    def __init__(self, out: TextIO, err: TextIO):
+        self.out, self.err, self.lock = out, err, threading.Lock()
+
+    def write(self, stream: TextIO, prefix: str, line: bytes) -> None:
+        text = line.decode(errors="replace").rstrip("\r\n")
+        with self.lock:
+            stream.write(f"{prefix}{text}\n")
+            stream.flush()
+
+
+def _pump(recv, output: _Output, stream: TextIO, prefix: str) -> None:
+    buffer = b""
+    while True:
+        try:
+            chunk = recv(65536)
+        except socket.timeout:
+            continue
+        except Exception:
+            chunk = b""
+        if not chunk:
+            break
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            output.write(stream, prefix, line)
+    if buffer:
+        output.write(stream, prefix, buffer)
+
+
+def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *, ssh_config: Optional[str] = None,
+        accept_new: bool = False, timeout: float = 30.0, cwd: Optional[str] = None, pty: bool = True,
+        out: TextIO = None, err: TextIO = None) -> int:
+    """Run `command` (an `accelerate launch` line) on every node; the first non-zero exit, or 0."""
+    out, err = out or sys.stdout, err or sys.stderr
+    cwd = cwd or os.getcwd()
+    runs = [_Node(name, rank, rank_command(command, rank, address, port, len(nodes))) for rank, name in enumerate(nodes)]
+    output = _Output(out, err)
+    exits: "queue.Queue[_Node]" = queue.Queue()
+    threads: List[threading.Thread] = []
+
+    def say(text: str) -> None:
+        with output.lock:
+            err.write(f"preflight: {text}\n")
+            err.flush()
+
+    def stop(reason: str) -> None:
+        running = [n for n in runs if n.exit_code is None and not n.stopped]
+        if running:
+            say(f"{reason}; stopping {', '.join(n.name for n in running)}")
+        for node in running:
+            node.stopped = True
+            try:
+                node.channel.close()  # the pty hangs up: the remote launcher gets SIGHUP
+            except Exception:
+                pass
+
+    previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        errors = _connect_all(runs, ssh_config, accept_new, timeout)
+        if errors:
+            for name, exc in errors:
+                say(f"not launching: {name}: {exc.message} ({exc.remediation})")
+            return 1
+        say(f"launching on {len(runs)} node(s), main process {address}:{port}: "
+            + ", ".join(f"{n.name} (machine_rank {n.rank})" for n in runs))
+        for node in runs:
+            channel = node.connection.transport.open_session(timeout=timeout)
+            if pty:
+                channel.get_pty(term="dumb", width=500)
+            channel.exec_command(remote_command(cwd, node.command))
+            node.channel = channel
+            channel.settimeout(None)
+            prefix = f"[{node.name}] "
+            readers = [threading.Thread(target=_pump, args=(channel.recv, output, out, prefix), daemon=True)]
+            if not pty:  # with a pty, stderr arrives merged into the terminal's one stream
+                readers.append(threading.Thread(target=_pump, args=(channel.recv_stderr, output, err, prefix),
+                                                daemon=True))
+            waiter = threading.Thread(target=_wait, args=(node, readers, exits), daemon=True)
+            for thread in readers + [waiter]:
+                thread.start()
+            threads.extend(readers + [waiter])
+        first = 0
+        for _ in runs:
+            while True:
+                try:
+                    node = exits.get(timeout=0.2)
+                    break
+                except queue.Empty:
+                    continue
+            if node.stopped:
+                continue
+            if node.exit_code != 0 and first == 0:
+                first = node.exit_code
+                stop(f"{node.name} exited with {node.exit_code}")
+        return first
+    except KeyboardInterrupt:
+        stop("interrupted")
+        raise
+    finally:
+        for node in runs:
+            if node.channel is not None and not node.stopped and node.exit_code is None:
+                node.stopped = True
+                try:
+                    node.channel.close()
+                except Exception:
+                    pass
+        deadline = time.monotonic() + 2
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for node in runs:
+            if node.connection is not None:
+                node.connection.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _wait(node: _Node, readers: List[threading.Thread], exits: "queue.Queue[_Node]") -> None:
+    for reader in readers:
+        reader.join()  # the output ends first: every line is written before the exit is told
+    channel = node.channel
+    deadline = time.monotonic() + 5
+    while not channel.exit_status_ready() and not node.stopped and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not node.stopped:
+        node.exit_code = channel.recv_exit_status() if channel.exit_status_ready() else EXIT_LOST
+        if node.exit_code == -1:  # sshd sent no status (a signal ended the session)
+            node.exit_code = EXIT_LOST
+    exits.put(node)
+
+
+def _connect_all(runs: List[_Node], ssh_config: Optional[str], accept_new: bool, timeout: float) -> list:
+    errors = []
+    lock = threading.Lock()
+
+    def connect(node: _Node) -> None:
+        try:
+            def attempt():
+                settings = load_ssh_settings(node.name, ssh_config)
+                return SSHConnection(settings, timeout, accept_new, ssh_config).connect()
+
+            node.connection = run_with_deadline(attempt, timeout * 2 + 1)
+        except NodeError as exc:
+            with lock:
+                errors.append((node.name, exc))
+        except Exception as exc:
+            with lock:
+                errors.append((node.name, NodeError("connect", f"{type(exc).__name__}: {exc}", "check SSH to the node")))
+
+    threads = [threading.Thread(target=connect, args=(n,), daemon=True) for n in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(errors, key=lambda e: [n.name for n in runs].index(e[0]))

@@ -1,0 +1,354 @@
+"""Report files written next to the terminal or JSON output: JUnit XML (`--junit`), the node_exporter
+textfile-collector format (`--prometheus`) and one self-contained HTML page (`--html`).
+
+Each writer takes the same (results, verdict, nodes, duration_s) as the renderers and writes its file
+atomically: a temporary file in the same folder, then os.replace, so that a reader (a CI system,
+node_exporter) never sees half a report.
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import OrderedDict
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from preflight.documents import InputError
+from preflight.result import SEVERITY, Result, Status
+
+CONFIG = "config"  # the node name of results that concern no node (config lint, cluster-wide skips)
+STATUSES = (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR)
+VERDICTS = ("pass", "warn", "fail")
+
+
+# --- checking and writing files -----------------------------------------------------------------
+
+def unwritable(path: str) -> Optional[str]:
+    """Why `path` cannot be written (checked before the checks run), or None."""
+    if not path:
+        return "an empty path"
+    if os.path.isdir(path):
+        return "is a directory"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"no such folder {folder}" if not os.path.exists(folder) else f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write in the folder {folder}"
+    return None
+
+
+def check_writable(option: str, path: Optional[str]) -> None:
+    """Raise InputError (one line, exit 2) naming the file when `path` cannot be written."""
+    if path is None:
+        return
+    problem = unwritable(path)
+    if problem:
+        raise InputError(path or '""', f"{option}: cannot write the report: {problem}")
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+_XML_INVALID = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml(text: str) -> str:
+    """XML 1.0 cannot hold most control characters, even escaped: they are shown as \\xNN."""
+    return _XML_INVALID.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _per_node(results: Iterable[Result]) -> Iterable[Tuple[Result, str]]:
+    """Each result once per node it concerns; a result with no nodes once, as CONFIG."""
+    for r in results:
+        for node in r.nodes or (CONFIG,):
+            yield r, node
+
+
+def _worst(statuses: Iterable[Status]) -> Status:
+    return min(statuses, key=lambda s: SEVERITY[s])
+
+
+# --- JUnit XML ------------------------------------------------------------------------------------
+
+def junit(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> bytes:
+    """One <testsuite name="preflight">, one <testcase> per check and node."""
+    cases = list(_per_node(results))
+    count = lambda *statuses: sum(1 for r, _ in cases if r.status in statuses)  # noqa: E731
+    suite = ET.Element("testsuite", {
+        "name": "preflight",
+        "tests": str(len(cases)),
+        "failures": str(count(Status.FAIL)),
+        "errors": str(count(Status.ERROR)),
+        "skipped": str(count(Status.SKIP)),
+        "time": f"{duration_s:.6f}",
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime()),
+        "hostname": socket.gethostname(),
+    })
+    properties = ET.SubElement(suite, "properties")
+    ET.SubElement(properties, "property", {"name": "verdict", "value": verdict})
+    ET.SubElement(properties, "property", {"name": "nodes", "value": _xml(",".join(nodes))})
+    for r, node in cases:
+        case = ET.SubElement(suite, "testcase", {"classname": _xml(f"{r.id} {r.name}"), "name": _xml(node),
+                                                 "time": f"{r.duration_s:.6f}"})
+        tag = {Status.FAIL: "failure", Status.ERROR: "error", Status.SKIP: "skipped"}.get(r.status)
+        if tag:
+            outcome = ET.SubElement(case, tag, {"message": _xml(r.message), "type": r.status.value})
+            if r.remediation and tag != "skipped":
+                outcome.text = _xml(r.remediation)
+        elif r.status is Status.WARN:  # JUnit has no warning: the test passes, the output says why
+            out = ET.SubElement(case, "system-out")
+            out.text = _xml(f"WARN {r.message}" + (f"\nfix: {r.remediation}" if r.remediation else ""))
+        if r.evidence:
+            err = ET.SubElement(case, "system-err")
+            err.text = "evidence: " + json.dumps(dict(r.evidence), default=str, sort_keys=True)
+    ET.indent(suite)
+    return ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+def write_junit(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
+    _atomic_write(path, junit(results, verdict, nodes, duration_s))
+
+
+# --- Prometheus (node_exporter textfile collector) -----------------------------------------------
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float,
+                        now: Optional[float] = None):
+    """The metrics, in a fresh CollectorRegistry (no global state):
+
+    preflight_check_status{check,name,node,status}  1 for the check's status on that node, 0 for the other
+        four (pass, warn, fail, skip, error); the worst when a check has several results on one node;
+        node="config" for results that concern no node
+    preflight_verdict{verdict}                      1 for this run's verdict, 0 for the other two
+    preflight_last_run_timestamp_seconds            when the report was written (Unix time)
+    preflight_duration_seconds                      how long the run took
+    preflight_nodes                                 the nodes checked
+    preflight_clock_offset_seconds{check,node}      CLK evidence offset_s (node minus reference); a result
+        that covers several nodes carries its largest offset, which each of them gets
+    preflight_collective_busbw_gbps{check,node}     COL evidence busbw_gbps (GB/s), the lowest per node
+    preflight_gpu_count{node}                       GPU evidence `count`, where the GPU checks report it
+    """
+    from prometheus_client import CollectorRegistry, Gauge
+
+    registry = CollectorRegistry(auto_describe=True)
+    status = Gauge("preflight_check_status", "1 for the check's status on the node, 0 for the other statuses",
+                   ["check", "name", "node", "status"], registry=registry)
+    worst: Dict[Tuple[str, str, str], Status] = OrderedDict()
+    for r, node in _per_node(results):
+        key = (r.id, r.name, node)
+        worst[key] = _worst((worst.get(key, r.status), r.status))
+    for (check_id, name, node), current in worst.items():
+        for s in STATUSES:
+            status.labels(check_id, name, node, s.value).set(1 if s is current else 0)
+    verdict_gauge = Gauge("preflight_verdict", "1 for this run's verdict (pass, warn, fail), 0 for the others",
+                          ["verdict"], registry=registry)
+    for v in VERDICTS:
+        verdict_gauge.labels(v).set(1 if v == verdict else 0)
+    Gauge("preflight_last_run_timestamp_seconds", "when preflight last ran (Unix time)",
+          registry=registry).set(time.time() if now is None else now)
+    Gauge("preflight_duration_seconds", "how long the preflight run took", registry=registry).set(duration_s)
+    Gauge("preflight_nodes", "nodes checked", registry=registry).set(len(nodes))
+
+    offsets: Dict[Tuple[str, str], float] = {}
+    busbw: Dict[Tuple[str, str], float] = {}
+    gpus: Dict[str, float] = {}
+    for r, node in _per_node(results):
+        if r.id.startswith("CLK"):
+            value = _number(r.evidence.get("offset_s"))
+            if value is not None and abs(value) >= abs(offsets.get((r.id, node), 0.0)):
+                offsets[(r.id, node)] = value
+        elif r.id.startswith("COL"):
+            value = _number(r.evidence.get("busbw_gbps"))
+            if value is not None and value < busbw.get((r.id, node), float("inf")):
+                busbw[(r.id, node)] = value
+        elif r.id.startswith("GPU") and node != CONFIG:
+            value = _number(r.evidence.get("count"))
+            if value is not None:
+                gpus[node] = value
+    if offsets:
+        gauge = Gauge("preflight_clock_offset_seconds", "clock offset of the node from the reference (CLK evidence)",
+                      ["check", "node"], registry=registry)
+        for (check_id, node), value in offsets.items():
+            gauge.labels(check_id, node).set(value)
+    if busbw:
+        gauge = Gauge("preflight_collective_busbw_gbps", "all-reduce bus bandwidth in GB/s (COL evidence)",
+                      ["check", "node"], registry=registry)
+        for (check_id, node), value in busbw.items():
+            gauge.labels(check_id, node).set(value)
+    if gpus:
+        gauge = Gauge("preflight_gpu_count", "GPUs the node has (GPU evidence)", ["node"], registry=registry)
+        for node, value in gpus.items():
+            gauge.labels(node).set(value)
+    return registry
+
+
+def write_prometheus(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str],
+                     duration_s: float) -> None:
+    """prometheus_client's write_to_textfile: a temporary file next to `path`, then a rename."""
+    from prometheus_client import write_to_textfile
+
+    write_to_textfile(path, prometheus_registry(results, verdict, nodes, duration_s))
+
+
+# --- HTML -----------------------------------------------------------------------------------------
+
+COLORS = {  # background, text
+    Status.FAIL: ("#d9363e", "#fff"),
+    Status.ERROR: ("#8e44ad", "#fff"),
+    Status.WARN: ("#f0b429", "#222"),
+    Status.SKIP: ("#d5d8dc", "#444"),
+    Status.PASS: ("#2e9e5b", "#fff"),
+}
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fafafa}
+h1{font-size:22px;margin:0 0 4px} .meta{color:#555;margin-bottom:16px}
+.verdict{display:inline-block;padding:2px 10px;border-radius:4px;font-weight:bold;text-transform:uppercase}
+table.matrix{border-collapse:collapse;background:#fff}
+.matrix th,.matrix td{border:1px solid #ccc;padding:0;text-align:center;font-size:13px}
+.matrix thead th{padding:6px 10px;background:#eef0f3;white-space:nowrap}
+.matrix th.check{text-align:left;padding:6px 10px;white-space:nowrap;font-weight:normal}
+.matrix th.check b{font-family:ui-monospace,monospace;margin-right:6px}
+.matrix td button{border:0;width:100%;min-width:64px;padding:8px 6px;font:inherit;font-weight:bold;cursor:pointer}
+.matrix td.none{color:#aaa;padding:8px 6px}
+.matrix td button.selected{outline:3px solid #1f6feb;outline-offset:-3px}
+.legend span{display:inline-block;padding:2px 8px;margin-right:6px;border-radius:3px;font-size:12px}
+#panel{margin-top:16px;max-width:1100px} .detail{display:none;background:#fff;border:1px solid #ccc;
+border-left-width:6px;padding:10px 14px;margin-bottom:8px} .detail.shown{display:block}
+.detail h3{margin:0 0 6px;font-size:15px} .detail pre{background:#f4f4f4;padding:8px;overflow:auto;font-size:12px}
+.detail .fix{margin:6px 0}
+"""
+
+SCRIPT = """
+document.querySelectorAll('table.matrix td button').forEach(function (b) {
+  b.addEventListener('click', function () {
+    document.querySelectorAll('.detail.shown').forEach(function (d) { d.classList.remove('shown'); });
+    document.querySelectorAll('button.selected').forEach(function (x) { x.classList.remove('selected'); });
+    b.classList.add('selected');
+    b.getAttribute('data-details').split(' ').forEach(function (id) {
+      var d = document.getElementById(id); if (d) { d.classList.add('shown'); }
+    });
+    var first = document.getElementById(b.getAttribute('data-details').split(' ')[0]);
+    if (first) { first.scrollIntoView({block: 'nearest'}); }
+  });
+});
+"""
+
+
+def _style(status: Status) -> str:
+    bg, fg = COLORS[status]
+    return f"background:{bg};color:{fg}"
+
+
+def columns(results: Sequence[Result], nodes: Sequence[str]) -> List[str]:
+    """The matrix's columns: CONFIG when some result concerns no node, then the nodes in their order."""
+    cols = list(dict.fromkeys(nodes))
+    for r in results:
+        for node in r.nodes:
+            if node not in cols:
+                cols.append(node)
+    if any(not r.nodes for r in results):
+        cols.insert(0, CONFIG)
+    return cols
+
+
+def html_report(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> str:
+    """One self-contained page: the check x node matrix, worst checks first; a click on a cell shows
+    its message, remediation and evidence. Every string from the run is escaped."""
+    from preflight.render import summary
+
+    e = lambda text: html.escape(str(text), quote=True)  # noqa: E731
+    cols = columns(results, nodes)
+    cells: Dict[Tuple[str, str], Dict[str, List[Result]]] = OrderedDict()
+    names: Dict[str, str] = {}
+    for r, node in _per_node(results):
+        names.setdefault(r.id, r.name)
+        cells.setdefault(r.id, {}).setdefault(node, []).append(r)
+    rows = sorted(cells, key=lambda cid: (SEVERITY[_worst(x.status for rs in cells[cid].values() for x in rs)], cid))
+
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
+           f"<title>preflight: {e(verdict.upper())}</title>", f"<style>{CSS}</style>",
+           "<noscript><style>.detail{display:block}</style></noscript></head><body>",
+           f'<h1>preflight <span class="verdict" style="{_style(Status(verdict))}">{e(verdict)}</span></h1>',
+           f'<div class="meta">{e(summary(results))} in {duration_s:.2f} s; {len(list(dict.fromkeys(nodes)))} node(s); '
+           f'{e(time.strftime("%Y-%m-%d %H:%M:%S %Z"))}</div>',
+           '<p class="legend">' + "".join(f'<span style="{_style(s)}">{s.value}</span>' for s in
+                                          sorted(STATUSES, key=SEVERITY.get)) + " click a cell for the details</p>",
+           '<table class="matrix"><thead><tr><th>check</th>']
+    out += [f'<th class="node" scope="col">{e(c)}</th>' for c in cols]
+    out.append("</tr></thead><tbody>")
+    details: List[str] = []
+    for cid in rows:
+        out.append(f'<tr data-check="{e(cid)}"><th class="check" scope="row"><b>{e(cid)}</b>{e(names[cid])}</th>')
+        for col in cols:
+            found = cells[cid].get(col)
+            if not found:
+                out.append('<td class="none">&ndash;</td>')
+                continue
+            status = _worst(r.status for r in found)
+            ids = []
+            for r in sorted(found, key=lambda x: SEVERITY[x.status]):
+                ids.append(f"d{len(details)}")
+                fix = f'<p class="fix"><b>fix:</b> {e(r.remediation)}</p>' if r.remediation else ""
+                evidence = (f"<pre>{e(json.dumps(dict(r.evidence), indent=2, default=str, sort_keys=True))}</pre>"
+                            if r.evidence else "")
+                details.append(
+                    f'<div class="detail" id="{ids[-1]}" style="border-left-color:{COLORS[r.status][0]}">'
+                    f"<h3>{e(r.status.value.upper())} {e(r.id)} {e(r.name)} on {e(col)}</h3>"
+                    f'<p class="message">{e(r.message)}</p>{fix}{evidence}</div>')
+            title = f"{cid} on {col}: {found[0].message}"
+            out.append(f'<td class="cell {status.value}" data-node="{e(col)}"><button type="button" '
+                       f'class="{status.value}" style="{_style(status)}" title="{e(title)}" '
+                       f'data-details="{" ".join(ids)}">{e(status.value)}</button></td>')
+        out.append("</tr>")
+    out.append('</tbody></table><div id="panel">')
+    out += details
+    out.append(f"</div><script>{SCRIPT}</script></body></html>")
+    return "\n".join(out) + "\n"
+
+
+def write_html(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
+    _atomic_write(path, html_report(results, verdict, nodes, duration_s).encode("utf-8"))
+
+
+WRITERS = (("junit", "--junit", write_junit), ("prometheus", "--prometheus", write_prometheus),
+           ("html", "--html", write_html))
+
+
+def check_paths(args) -> None:
+    """Before the checks run: every report file asked for can be written (else exit 2 naming it)."""
+    for attr, option, _ in WRITERS:
+        check_writable(option, getattr(args, attr, None))
+
+
+def write_all(args, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
+    for attr, option, writer in WRITERS:
+        path = getattr(args, attr, None)
+        if path is None:
+            continue
+        try:
+            writer(path, results, verdict, nodes, duration_s)
+        except OSError as exc:
+            raise InputError(path, f"{option}: cannot write the report: {exc.strerror or exc}") from None

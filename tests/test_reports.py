@@ -1,0 +1,374 @@
+"""The report files: --junit (JUnit XML), --prometheus (textfile collector), --html (one page), and a
+screenshot of the page in headless Chromium."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+import zlib
+from html.parser import HTMLParser
+
+import pytest
+
+from conftest import run_cli
+from preflight import cli, reports
+from preflight.result import Result, Status
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+def R(id_, status, nodes=(), message="ok", fix=None, evidence=None, name=None, duration=0.25):
+    return Result(id_, name or id_.lower(), Status(status), tuple(nodes), message, fix, evidence or {}, duration)
+
+
+RESULTS = [
+    R("CFG001", "fail", (), "unknown key 'foo' & <bar>", "remove the key 'foo'", {"file": "a.yaml", "line": 3},
+      name="accelerate-keys"),
+    R("CFG030", "pass", (), "batch sizes agree", name="batch-size"),
+    R("CLK001", "pass", ("n1", "n2"), "within 1 ms", evidence={"offset_s": 0.001, "bound_s": 0.0002},
+      name="clock-skew"),
+    R("CLK001", "warn", ("n3",), "0.3 s ahead", "run chrony", {"offset_s": -0.3, "bound_s": 0.001},
+      name="clock-skew"),
+    R("COL001", "pass", ("n1", "n2", "n3"), "busbw 12.5 GB/s", evidence={"busbw_gbps": 12.5, "algbw_gbps": 9.4},
+      name="allreduce"),
+    R("GPU001", "pass", ("n1",), "8 GPUs", evidence={"count": 8, "usable": 8}, name="gpu-count"),
+    R("GPU001", "fail", ("n2",), "4 GPU(s) usable", "lower num_processes", {"count": 4, "usable": 4},
+      name="gpu-count"),
+    R("GPU001", "error", ("n3",), "check GPU001 raised KeyError: 'x'", "report it", name="gpu-count"),
+    R("SSH001", "skip", ("n3",), "not reached", name="ssh-reachable"),
+]
+NODES = ("n1", "n2", "n3")
+
+
+# --- JUnit ----------------------------------------------------------------------------------------
+
+def test_junit_has_one_testcase_per_check_and_node(tmp_path):
+    path = tmp_path / "out.xml"
+    reports.write_junit(str(path), RESULTS, "fail", NODES, 1.5)
+    suite = ET.parse(path).getroot()
+    assert suite.tag == "testsuite" and suite.get("name") == "preflight"
+    cases = suite.findall("testcase")
+    assert [(c.get("classname"), c.get("name")) for c in cases] == [
+        ("CFG001 accelerate-keys", "config"), ("CFG030 batch-size", "config"),
+        ("CLK001 clock-skew", "n1"), ("CLK001 clock-skew", "n2"), ("CLK001 clock-skew", "n3"),
+        ("COL001 allreduce", "n1"), ("COL001 allreduce", "n2"), ("COL001 allreduce", "n3"),
+        ("GPU001 gpu-count", "n1"), ("GPU001 gpu-count", "n2"), ("GPU001 gpu-count", "n3"),
+        ("SSH001 ssh-reachable", "n3"),
+    ]
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("12", "2", "1", "1")
+    assert float(suite.get("time")) == pytest.approx(1.5)
+    assert all(float(c.get("time")) == pytest.approx(0.25) for c in cases)
+    props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert props == {"verdict": "fail", "nodes": "n1,n2,n3"}
+
+    failures = [(c.get("classname"), c.get("name"), c.find("failure")) for c in cases if c.find("failure") is not None]
+    assert [(cls, node) for cls, node, _ in failures] == [("CFG001 accelerate-keys", "config"), ("GPU001 gpu-count", "n2")]
+    assert failures[0][2].get("message") == "unknown key 'foo' & <bar>"  # escaped on write, intact on read
+    assert failures[0][2].text == "remove the key 'foo'"
+    error = cases[10].find("error")
+    assert error.get("message") == "check GPU001 raised KeyError: 'x'" and error.text == "report it"
+    skipped = cases[11].find("skipped")
+    assert skipped.get("message") == "not reached"
+    for passing in (cases[1], cases[2], cases[8]):
+        assert passing.find("failure") is None and passing.find("error") is None and passing.find("skipped") is None
+    assert "WARN 0.3 s ahead" in cases[4].find("system-out").text
+    assert json.loads(cases[0].find("system-err").text.split(": ", 1)[1]) == {"file": "a.yaml", "line": 3}
+
+
+def test_junit_survives_control_characters(tmp_path):
+    path = tmp_path / "out.xml"
+    reports.write_junit(str(path), [R("CFG003", "fail", (), "tag \x00\x1b[31m here", "fix \x07 it")], "fail", (), 0.1)
+    failure = ET.parse(path).getroot().find("testcase/failure")
+    assert failure.get("message") == "tag \\x00\\x1b[31m here" and failure.text == "fix \\x07 it"
+
+
+# --- Prometheus -----------------------------------------------------------------------------------
+
+def parse_prom(path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: f for f in text_string_to_metric_families(path.read_text())}
+
+
+def samples(family):
+    return {tuple(sorted(s.labels.items())): s.value for s in family.samples}
+
+
+def test_prometheus_textfile(tmp_path):
+    path = tmp_path / "preflight.prom"
+    before = time.time()
+    reports.write_prometheus(str(path), RESULTS, "fail", NODES, 2.5)
+    families = parse_prom(path)
+    assert {f.type for f in families.values()} == {"gauge"}
+    status = samples(families["preflight_check_status"])
+    lbl = lambda check, name, node, s: (("check", check), ("name", name), ("node", node), ("status", s))  # noqa: E731
+    assert status[lbl("GPU001", "gpu-count", "n2", "fail")] == 1
+    assert status[lbl("GPU001", "gpu-count", "n2", "pass")] == 0
+    assert status[lbl("GPU001", "gpu-count", "n3", "error")] == 1
+    assert status[lbl("CFG001", "accelerate-keys", "config", "fail")] == 1
+    assert status[lbl("CLK001", "clock-skew", "n3", "warn")] == 1
+    # one sample per status for each check and node, exactly one of them 1
+    pairs = {(k[0][1], k[2][1]) for k in status}
+    assert len(pairs) == 12 and len(status) == 12 * 5
+    for check, node in pairs:
+        assert sum(v for k, v in status.items() if (k[0][1], k[2][1]) == (check, node)) == 1
+
+    assert samples(families["preflight_verdict"]) == {(("verdict", "pass"),): 0, (("verdict", "warn"),): 0,
+                                                      (("verdict", "fail"),): 1}
+    stamp = families["preflight_last_run_timestamp_seconds"].samples[0].value
+    assert before - 1 <= stamp <= time.time() + 1
+    assert families["preflight_duration_seconds"].samples[0].value == 2.5
+    assert samples(families["preflight_clock_offset_seconds"]) == {
+        (("check", "CLK001"), ("node", "n1")): 0.001, (("check", "CLK001"), ("node", "n2")): 0.001,
+        (("check", "CLK001"), ("node", "n3")): -0.3}
+    assert samples(families["preflight_collective_busbw_gbps"]) == {
+        (("check", "COL001"), ("node", n)): 12.5 for n in NODES}
+    assert samples(families["preflight_gpu_count"]) == {(("node", "n1"),): 8, (("node", "n2"),): 4}
+    assert [p.name for p in tmp_path.iterdir()] == ["preflight.prom"]  # no temporary file left behind
+
+
+def test_prometheus_fresh_registry_and_no_gpu_metric_without_gpu_evidence(tmp_path):
+    path = tmp_path / "a.prom"
+    reports.write_prometheus(str(path), RESULTS, "fail", NODES, 1.0)
+    # a second run in the same process: no "Duplicated timeseries" from a shared registry, and it
+    # replaces the file with this run's figures only
+    reports.write_prometheus(str(path), [R("CFG030", "pass", name="batch-size")], "pass", (), 0.5)
+    families = parse_prom(path)
+    assert "preflight_gpu_count" not in families and "preflight_clock_offset_seconds" not in families
+    assert samples(families["preflight_verdict"])[(("verdict", "pass"),)] == 1
+    assert len(families["preflight_check_status"].samples) == 5
+
+
+def test_prometheus_worst_status_wins_for_one_check_on_one_node(tmp_path):
+    path = tmp_path / "a.prom"
+    results = [R("GPU001", "pass", ("n1",)), R("GPU001", "fail", ("n1",), "lost"), R("GPU001", "warn", ("n1",))]
+    reports.write_prometheus(str(path), results, "fail", ("n1",), 1.0)
+    status = {s.labels["status"]: s.value for s in parse_prom(path)["preflight_check_status"].samples}
+    assert status == {"pass": 0, "warn": 0, "fail": 1, "skip": 0, "error": 0}
+
+
+# --- HTML -----------------------------------------------------------------------------------------
+
+class Page(HTMLParser):
+    """The matrix (header, rows of (check, [(cell class, text)])), every tag seen, and all text."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.header, self.rows, self.tags, self.text, self.details = [], [], [], [], {}
+        self._cell = self._detail = None
+        self._in_head = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append((tag, attrs))
+        if tag == "thead":
+            self._in_head = True
+        elif tag == "tr" and not self._in_head:
+            self.rows.append([attrs.get("data-check"), []])
+        elif tag in ("th", "td"):
+            self._cell = [attrs.get("class"), "", None]
+        elif tag == "button" and self._cell is not None:  # a cell with a result: its status and details
+            self._cell[0], self._cell[2] = attrs.get("class"), attrs.get("data-details")
+        elif tag == "div" and "detail" in (attrs.get("class") or "").split():
+            self._detail = attrs["id"]
+            self.details[self._detail] = ""
+
+    def handle_endtag(self, tag):
+        if tag == "thead":
+            self._in_head = False
+        elif tag in ("th", "td") and self._cell is not None:
+            if self._in_head:
+                self.header.append(self._cell[1].strip())
+            elif tag == "td":
+                self.rows[-1][1].append(tuple(self._cell))
+            self._cell = None
+        elif tag == "div" and self._detail:
+            self._detail = None
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self._cell is not None:
+            self._cell[1] += data
+        if self._detail:
+            self.details[self._detail] += data
+
+
+def parse_html(text):
+    page = Page()
+    page.feed(text)
+    page.close()
+    return page
+
+
+def test_html_matrix(tmp_path):
+    path = tmp_path / "report.html"
+    reports.write_html(str(path), RESULTS, "fail", NODES, 1.0)
+    page = parse_html(path.read_text())
+    assert page.header == ["check", "config", "n1", "n2", "n3"]
+    # failures first (CFG001, GPU001), then warnings, then skips, then passes
+    assert [row[0] for row in page.rows] == ["CFG001", "GPU001", "CLK001", "SSH001", "CFG030", "COL001"]
+    cells = {row[0]: [(c[0], c[1].strip()) for c in row[1]] for row in page.rows}
+    assert cells["GPU001"] == [("none", "\u2013"), ("pass", "pass"), ("fail", "fail"), ("error", "error")]
+    assert cells["CFG001"] == [("fail", "fail"), ("none", "\u2013"), ("none", "\u2013"), ("none", "\u2013")]
+    assert cells["CLK001"] == [("none", "\u2013"), ("pass", "pass"), ("pass", "pass"), ("warn", "warn")]
+    # the n2 GPU001 cell opens the detail with its message, remediation and evidence
+    n2 = [c for c in page.rows[1][1] if c[0] == "fail"][0]
+    detail = page.details[n2[2]]
+    assert "4 GPU(s) usable" in detail and "lower num_processes" in detail and '"usable": 4' in detail
+    # distinct colours per status
+    styles = {a["class"]: a["style"] for t, a in page.tags if t == "button"}
+    assert len({styles[s] for s in ("fail", "error", "warn", "skip", "pass")}) == 5
+
+
+def test_html_escapes_everything_and_loads_nothing(tmp_path):
+    path = tmp_path / "report.html"
+    results = [R("CFG001", "fail", (), HOSTILE, f"fix {HOSTILE}", {"key": HOSTILE}, name=f"n{HOSTILE}"),
+               R("NET001", "warn", ('"><img src=x onerror=alert(1)>',), HOSTILE)]
+    reports.write_html(str(path), results, "fail", ('"><img src=x onerror=alert(1)>',), 1.0)
+    text = path.read_text()
+    page = parse_html(text)
+    assert [t for t, _ in page.tags].count("script") == 1  # ours only
+    assert not any(t == "img" for t, _ in page.tags)
+    assert HOSTILE in "".join(page.text)  # shown as text
+    assert page.header == ["check", "config", '"><img src=x onerror=alert(1)>']
+    for tag, attrs in page.tags:  # self-contained: nothing fetched
+        assert tag not in ("link", "img", "iframe"), tag
+        for name, value in attrs.items():
+            assert not (name in ("src", "href") and value), (tag, attrs)
+    assert "http://" not in text and "https://" not in text
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+@pytest.fixture
+def bad_config(tmp_path):
+    path = tmp_path / "accelerate.yaml"
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 2\n"
+                    "no_such_key: 1\n")
+    return path
+
+
+def test_lint_writes_all_three_with_the_terminal_report(tmp_path, capsys, bad_config):
+    out = tmp_path / "out"
+    out.mkdir()
+    code, stdout, _ = run_cli(capsys, "lint", "--config", bad_config, "--junit", out / "j.xml",
+                              "--prometheus", out / "m.prom", "--html", out / "r.html")
+    assert code == 1 and "verdict: FAIL" in stdout
+    suite = ET.parse(out / "j.xml").getroot()
+    assert int(suite.get("failures")) >= 1 and {c.get("name") for c in suite.iter("testcase")} == {"config"}
+    assert samples(parse_prom(out / "m.prom")["preflight_verdict"])[(("verdict", "fail"),)] == 1
+    assert parse_html((out / "r.html").read_text()).header == ["check", "config"]
+    assert sorted(p.name for p in out.iterdir()) == ["j.xml", "m.prom", "r.html"]
+
+
+def test_json_stays_one_document_with_reports(tmp_path, capsys, bad_config):
+    code, doc, _ = run_cli(capsys, "lint", "--config", bad_config, "--json", "--junit", tmp_path / "j.xml")
+    assert doc["verdict"] == "fail"
+    assert int(ET.parse(tmp_path / "j.xml").getroot().get("tests")) == len(doc["results"])
+
+
+@pytest.mark.parametrize("option", ["--junit", "--prometheus", "--html"])
+@pytest.mark.parametrize("where", ["missing-folder", "directory"])
+def test_unwritable_report_is_exit_2_before_any_check(tmp_path, capsys, monkeypatch, option, where):
+    target = tmp_path / "nope" / "r.out" if where == "missing-folder" else tmp_path
+    monkeypatch.setattr(cli, "gather_for", lambda *a, **k: pytest.fail("gathered before checking the report path"))
+    from preflight import runner
+
+    monkeypatch.setattr(runner, "run", lambda *a, **k: pytest.fail("ran checks before checking the report path"))
+    code, out, err = run_cli(capsys, "check", option, target)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and str(target) in lines[0] and option in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_node_and_launch_accept_the_options(tmp_path):
+    from conftest import run_subprocess
+
+    for command in (["node"], ["launch", "--strict"]):
+        proc = run_subprocess(*command, "--only", "SYS001", "--junit", tmp_path / "j.xml",
+                              *(["--", "true"] if command[0] == "launch" else []))
+        assert proc.returncode == 0, proc.stderr
+        cases = ET.parse(tmp_path / "j.xml").getroot().findall("testcase")
+        assert [c.get("classname") for c in cases] == ["SYS001 open-files"]
+        (tmp_path / "j.xml").unlink()
+
+
+# --- a screenshot in headless Chromium ------------------------------------------------------------
+
+def png_pixels(data):
+    """Decode an 8-bit RGB or RGBA PNG (what Chromium writes): (width, height, channels, rows of bytes)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, color, _, _, interlace = header
+    assert depth == 8 and color in (2, 6) and interlace == 0, header
+    channels = 3 if color == 2 else 4
+    raw, stride = zlib.decompress(idat), width * channels
+    rows, prev = [], bytearray(stride)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        if kind == 1:
+            for i in range(channels, stride):
+                line[i] = (line[i] + line[i - channels]) & 0xFF
+        elif kind == 2:
+            line = bytearray((a + b) & 0xFF for a, b in zip(line, prev))
+        elif kind == 3:
+            for i in range(stride):
+                line[i] = (line[i] + ((line[i - channels] if i >= channels else 0) + prev[i]) // 2) & 0xFF
+        elif kind == 4:
+            for i in range(stride):
+                a = line[i - channels] if i >= channels else 0
+                b, c = prev[i], prev[i - channels] if i >= channels else 0
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
+        rows.append(bytes(line))
+        prev = line
+    return width, height, channels, rows
+
+
+def chromium():
+    for name in ("chromium", "chromium-browser"):
+        if shutil.which(name):
+            return shutil.which(name)
+    if os.geteuid() == 0:
+        pytest.fail("chromium is not installed: scripts/test installs it (apt-get install chromium)")
+    pytest.skip("chromium is not installed and this is not root: apt-get install --no-install-recommends chromium")
+
+
+def test_html_screenshot_shows_the_matrix(tmp_path):
+    browser = chromium()
+    report = tmp_path / "report.html"
+    reports.write_html(str(report), RESULTS, "fail", NODES, 1.0)
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,800",
+         report.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert shot.exists(), proc.stderr[-2000:]
+    data = shot.read_bytes()
+    assert len(data) > 10_000
+    width, height, channels, rows = png_pixels(data)
+    assert (width, height) == (1200, 800)
+    pixels = {}
+    for row in rows:
+        for i in range(0, len(row), channels):
+            px = row[i:i + 3]
+            pixels[px] = pixels.get(px, 0) + 1
+    assert len(pixels) > 20  # not one colour: text, borders, cells
+    # the status colours of the cells are painted (each cell is at least 64 x 30 pixels)
+    for status in (Status.FAIL, Status.ERROR, Status.WARN, Status.PASS):
+        rgb = bytes.fromhex(reports.COLORS[status][0][1:])
+        assert pixels.get(rgb, 0) > 1000, (status, pixels.get(rgb, 0))
