@@ -53,7 +53,7 @@ def _not_run(ctx) -> Optional[str]:
                 "--slurm)")
     if _probe(ctx) is None:
         return "the all-reduce did not run"
-    return None
+    return _probe(ctx).get("not_run")
 
 
 def _measured(result: dict) -> str:

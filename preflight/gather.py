@@ -132,11 +132,29 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
         if options.collective is not None:  # after the port probe: the slow part, only when COL is selected
             from preflight.collective import run_collective
 
-            _say(options, "all-reduce across the nodes (COL)")
-            probes["collective"] = run_collective(nodes, head_address, options)
+            blocked = _rendezvous_blocked(probes["port"], options)
+            if blocked:
+                probes["collective"] = {"not_run": blocked}
+            else:
+                _say(options, "all-reduce across the nodes (COL)")
+                probes["collective"] = run_collective(nodes, head_address, options)
     finally:
         _parallel(NodeState.close, nodes, options)
     return {n.name: n.to_context() for n in nodes}, probes
+
+
+def _rendezvous_blocked(port_probe: dict, options: GatherOptions) -> Optional[str]:
+    """Why the all-reduce would only wait for its deadline: its rendezvous port is taken or unreachable."""
+    if options.collective.port not in (None, options.port):
+        return None  # another port: the port probe says nothing about it
+    listen = port_probe.get("listen") or {}
+    if not listen.get("bound"):
+        return f"not run: the main port {options.port} is not free on the head (see NET003)"
+    unreachable = sorted(n for n, answer in port_probe["workers"].items() if not answer.get("ok"))
+    if unreachable:
+        return (f"not run: {', '.join(unreachable)} cannot reach the head's main port {options.port} "
+                "(see NET004); the all-reduce would only wait for its deadline")
+    return None
 
 
 def _ssh_hostname(alias: str, options: GatherOptions) -> str:

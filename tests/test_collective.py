@@ -458,15 +458,26 @@ def test_three_healthy_nodes_pass_at_the_bandwidth_of_a_plain_loop(cluster, tmp_
 
 
 @pytest.mark.cluster
-def test_a_dropped_main_port_names_the_head_within_the_timeout(cluster):
-    with cluster.dropped_port("node01", 29500):
-        doc, elapsed = check(cluster, timeout="5")
+def test_a_dropped_rendezvous_port_names_the_head_within_the_timeout(cluster):
+    # --col-port: the port probe (main port) passes, so the all-reduce itself meets the dropped port.
+    with cluster.dropped_port("node01", 29600):
+        doc, elapsed = check(cluster, "--col-port", "29600", timeout="5")
     allreduce = results(doc, "COL001")
     assert allreduce["node01"]["status"] == "fail" and "rendezvous" in allreduce["node01"]["message"]
-    assert "10.77.0.11:29500" in allreduce["node01"]["message"]
+    assert "10.77.0.11:29600" in allreduce["node01"]["message"]
     assert allreduce["node02"]["status"] == "skip" and allreduce["node03"]["status"] == "skip"
     assert allreduce["node01"]["evidence"]["phase_s"] <= 5 + 5
-    assert elapsed < 5 + 5 + 5 + 5  # the port probe's connects (5 s), then the collective (at most 5 + 5 s)
+    assert elapsed < 5 + 5 + 5  # the collective (at most 5 + 5 s), and the rest
+
+
+@pytest.mark.cluster
+def test_a_dropped_main_port_fails_within_the_timeout_without_waiting_for_the_all_reduce(cluster):
+    with cluster.dropped_port("node01", 29500):
+        doc, elapsed = check(cluster, "--only", "NET004,COL", timeout="5")
+    assert {r["status"] for r in results(doc, "NET004").values()} == {"fail"}
+    [allreduce] = [r for r in doc["results"] if r["id"] == "COL001"]
+    assert allreduce["status"] == "skip" and "NET004" in allreduce["message"]
+    assert elapsed < 5 + 5  # the port probe's connects (5 s) and no all-reduce
 
 
 @pytest.mark.cluster
