@@ -440,3 +440,53 @@ def mig_mode(ctx) -> Iterator[Finding]:
         if all(g.get("mig_enabled") is None for g in chosen):
             state = "not supported by these GPUs"
         yield passed(f"{indices(chosen)}: MIG {state}")
+
+
+@check("GPU007", "host-expectations", "node", tags=["gpu", "nvml", "profile"])
+def host_expectations(ctx) -> Iterator[Finding]:
+    """The node has the GPUs its [[hosts]] entry of the profile expects (gpus = 8, gpu_model = "H100"):
+    the first entry whose hosts pattern (such as gpu[001-064]) names the node decides.
+
+    A node that lost a GPU, or was given the wrong hardware, runs the job slower or not at all, and the
+    job's own settings (num_processes) may not reveal it when they were written for that node.
+
+    Repair or replace the node (`nvidia-smi -L` lists its GPUs), leave it out of the job, or correct the
+    [[hosts]] entry of the profile.
+    """
+    profile = ctx.plan.profile
+    expected = profile.expectation(ctx.node) if profile is not None else None
+    if expected is None:
+        yield skip("no [[hosts]] entry of the profile names this node" if profile is not None and profile.hosts
+                   else "no [[hosts]] expectations in the profile")
+        return
+    if expected.gpus is None and expected.gpu_model is None:
+        yield passed(f"nothing about GPUs expected by hosts = {expected.pattern!r}")
+        return
+    where = f"hosts = {expected.pattern!r} in {profile.path}"
+    gpus = gpus_of(ctx.fact)
+    if gpus is None:
+        if expected.gpus == 0:
+            yield passed(f"no GPU, as expected ({where})", count=0)
+        else:
+            yield fail(f"no GPU facts: {no_gpus_reason(ctx.fact)}; expected "
+                       f"{expected.gpus if expected.gpus is not None else 'some'} {expected.gpu_model or ''} GPU(s) "
+                       f"({where})".replace("  ", " "), NO_NVML_FIX, reason=no_gpus_reason(ctx.fact))
+        return
+    devices = gpus.get("devices") or []
+    evidence = {"count": len(devices), "expected_count": expected.gpus, "expected_model": expected.gpu_model}
+    problems = False
+    if expected.gpus is not None and len(devices) != expected.gpus:
+        problems = True
+        yield fail(f"{len(devices)} GPU(s) here, expected {expected.gpus} ({where})",
+                   "repair the node or leave it out of the job (`nvidia-smi -L` lists its GPUs)", **evidence)
+    if expected.gpu_model is not None:
+        odd = [d for d in devices if expected.gpu_model.lower() not in (d.get("name") or "").lower()]
+        if odd:
+            problems = True
+            names = ", ".join(sorted({d.get("name") or "unknown" for d in odd}))
+            yield fail(f"{indices(odd)} {'is' if len(odd) == 1 else 'are'} {names}, expected {expected.gpu_model} "
+                       f"({where})", "run on nodes with the expected GPUs, or correct gpu_model in the profile",
+                       models=names, **evidence)
+    if not problems:
+        names = ", ".join(sorted({d.get("name") or "unknown" for d in devices})) or "none"
+        yield passed(f"{len(devices)} GPU(s) ({names}), as expected ({where})", **evidence)

@@ -143,3 +143,42 @@ def environment(ctx) -> Iterator[Finding]:
                           evidence={"variable": name, "value": value, "expected": majority})
     if clean:
         yield Finding(Status.PASS, f"{len(names)} job-relevant variable(s) equal", nodes=tuple(n for n in nodes if n in clean))
+
+
+@check("PKG005", "pinned-versions", "node", tags=["packages", "versions", "profile"])
+def pinned_versions(ctx) -> Iterator[Finding]:
+    """Each package the profile pins ([pins] in preflight.toml, such as torch = "2.13.0" or
+    accelerate = ">=1.10,<2") is installed on the node in a version the pin allows.
+
+    Versions that agree across nodes (PKG001) can still all be the wrong ones: a torch without the fix the
+    job needs, a deepspeed whose config keys differ from the ones the job was written for.
+
+    Install the pinned version on the node (pip install 'torch==2.13.0'), or change the pin in the profile.
+    A pin without a local label (2.13.0) accepts any (2.13.0+cu124); a pin with one wants exactly that.
+    """
+    pins = ctx.plan.profile.pins if ctx.plan.profile is not None else ()
+    if not pins:
+        yield skip("no [pins] in the profile")
+        return
+    versions = _versions(ctx.fact)
+    installed = (ctx.fact.get("packages") or {}).get("distributions") or {}
+    within = []
+    for pin in pins:
+        version = versions.get(pin.package) or installed.get(pin.package)
+        evidence = {"package": pin.package, "version": version, "expected": pin.spec}
+        if not version:
+            yield Finding(Status.FAIL, f"{pin.package} is not installed, the profile pins {pin.spec}",
+                          f"pip install '{pin.package}{_requirement(pin.spec)}'", evidence=evidence)
+        elif not pin.allows(version):
+            yield Finding(Status.FAIL, f"{pin.package} is {version}, the profile pins {pin.spec}",
+                          f"pip install '{pin.package}{_requirement(pin.spec)}' (or change the pin in "
+                          f"{ctx.plan.profile.path})", evidence=evidence)
+        else:
+            within.append(f"{pin.package} {version}")
+    if within:
+        yield Finding(Status.PASS, f"as pinned: {', '.join(within)}", evidence={"pinned": len(within)})
+
+
+def _requirement(spec: str) -> str:
+    """A pin as pip writes a requirement: "2.13.0" -> "==2.13.0"."""
+    return ",".join(p.strip() if p.strip()[:1] in "=!<>" else f"=={p.strip()}" for p in spec.split(","))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from preflight.inventory import head_first
 from preflight.jobconfig import (
@@ -16,6 +16,9 @@ from preflight.jobconfig import (
     load_hostfile,
     resolve_beside,
 )
+
+if TYPE_CHECKING:
+    from preflight.profile import Profile
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Plan:
     port: int = 29500
     limits: Limits = Limits()
     checkpoint_dir: Optional[str] = None
+    profile: Optional["Profile"] = None  # pins and per-host expectations (its thresholds are in limits)
 
     @property
     def head(self) -> Optional[str]:
@@ -100,6 +104,7 @@ def build_plan(
     port: Optional[int] = None,
     limits: Limits = Limits(),
     checkpoint_dir: Optional[str] = None,
+    profile: Optional["Profile"] = None,
 ) -> Plan:
     """Load every input; unreadable input raises InputError (exit 2).
 
@@ -130,4 +135,5 @@ def build_plan(
         port=port or config_port or 29500,
         limits=limits,
         checkpoint_dir=checkpoint_dir,
+        profile=profile,
     )
