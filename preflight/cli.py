@@ -63,6 +63,9 @@ def build_parser() -> Parser:
                        help="processes of the whole job, for the batch arithmetic (default: from the configs)")
         p.add_argument("--only", metavar="SEL", help="run only these checks: IDs, ID prefixes, names or tags")
         p.add_argument("--skip", metavar="SEL", help="do not run these checks")
+        p.add_argument("--profile", metavar="FILE",
+                       help="thresholds, pins, skips and per-host expectations (default: ./preflight.toml, "
+                            "else [tool.preflight] of ./pyproject.toml)")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         p.add_argument("--strict", action="store_true", help="warnings make the verdict not ready (exit 1)")
         p.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
@@ -81,12 +84,14 @@ def build_parser() -> Parser:
         inputs(sub)
         sub.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go: must exist with free space")
         sub.add_argument("--ntp-server", metavar="HOST", help="also measure every node's clock against this NTP server")
-        sub.add_argument("--clock-warn", type=positive_float, default=0.1, metavar="S",
+        sub.add_argument("--clock-warn", type=positive_float, metavar="S",
                          help="clock offset from the head that warns (default 0.1 s)")
-        sub.add_argument("--clock-fail", type=positive_float, default=1.0, metavar="S",
+        sub.add_argument("--clock-fail", type=positive_float, metavar="S",
                          help="clock offset from the head that fails (default 1 s)")
         sub.add_argument("--port", type=port_number, metavar="N",
                          help="main process port (default: main_process_port of the config, else 29500)")
+        if name == "node":
+            slurm_options(sub)
         if name != "node":
             target = sub.add_mutually_exclusive_group()
             target.add_argument("--hosts", metavar="LIST", help="nodes, first the head: n1,n2 or gpu[001-004]")
@@ -111,6 +116,16 @@ def build_parser() -> Parser:
     explain = commands.add_parser("explain", help="explain one check: what, why, how to fix")
     explain.add_argument("id", metavar="ID")
     return parser
+
+
+def slurm_options(sub: argparse.ArgumentParser) -> None:
+    """`preflight node` in a SLURM prolog or HealthCheckProgram (preflight.slurm; scripts/slurm/)."""
+    sub.add_argument("--budget", type=positive_float, metavar="S",
+                     help="finish within S seconds: what does not fit is skipped (\"budget of S s spent\")")
+    sub.add_argument("--drain", action="store_true",
+                     help="when the verdict is fail, drain this SLURM node with a `preflight: ...` reason")
+    sub.add_argument("--undrain", action="store_true",
+                     help="when the verdict is not fail, resume this node if (only if) preflight drained it")
 
 
 def collective_options(sub: argparse.ArgumentParser) -> None:
@@ -173,20 +188,29 @@ def _main(argv: List[str]) -> int:
 
 def _run(reg, args) -> int:
     from preflight import registry, render, reports, runner
-    from preflight.plan import Limits, build_plan, default_accelerate_config
+    from preflight.plan import build_plan, default_accelerate_config
 
     if args.command == "launch":
         command = args.launch_command[1:] if args.launch_command[:1] == ["--"] else args.launch_command
         if not command:
             raise UsageError("launch needs the command to run after `--`, e.g. preflight launch -- accelerate launch train.py")
     reports.check_paths(args)  # an unwritable report file is exit 2 before any check runs
+    profile = _profile(args, reg)
     try:
         only, skip = registry.parse_selectors(args.only), registry.parse_selectors(args.skip)
         scopes = ("config",) if args.command == "lint" else ("config", "node", "cluster")
-        specs = registry.select([c for c in reg.checks if c.scope in scopes], only, skip)
+        specs = registry.select([c for c in reg.checks if c.scope in scopes], only,
+                                skip + list(profile.skip if profile else ()))
     except registry.SelectionError as exc:
         raise UsageError(str(exc)) from None
     started = time.perf_counter()
+    budget = getattr(args, "budget", None)
+    deadline = time.monotonic() + budget - min(1.0, budget * 0.1) if budget else None  # room to report/drain
+    if (getattr(args, "drain", False) or getattr(args, "undrain", False)):
+        from preflight import slurm
+
+        if slurm.scontrol_path() is None:
+            raise UsageError("--drain/--undrain need SLURM's scontrol, which is not on PATH")
     config = args.config
     if config is None and default_accelerate_config():
         config = default_accelerate_config()  # what `accelerate launch` uses without --config_file
@@ -199,15 +223,14 @@ def _run(reg, args) -> int:
         deep=getattr(args, "deep", False) or args.command != "lint",
         nodes=None if args.command == "lint" else _target(args),
         port=getattr(args, "port", None),
-        limits=Limits(clock_warn_s=args.clock_warn, clock_fail_s=args.clock_fail,
-                      min_busbw_gbps=getattr(args, "min_busbw", None))
-        if args.command != "lint" else Limits(),
+        limits=_limits(args, profile),
         checkpoint_dir=getattr(args, "checkpoint_dir", None),
+        profile=profile,
     )
     ctx = runner.CheckContext(plan)
     if args.command != "lint":
-        ctx = gather_for(plan, args, specs)
-    results = runner.run(specs, ctx)
+        ctx = gather_for(plan, args, specs) if deadline is None else _gather_bounded(plan, args, specs, deadline, budget)
+    results = runner.run(specs, ctx, deadline, budget)
     elapsed = time.perf_counter() - started
     outcome = verdict(results)
     if args.json:
@@ -215,6 +238,8 @@ def _run(reg, args) -> int:
     else:
         render.terminal(results, outcome, elapsed)
     reports.write_all(args, results, outcome, plan.nodes, elapsed)
+    if getattr(args, "drain", False) or getattr(args, "undrain", False):
+        _slurm_state(args, results, outcome, started, budget)
     code = exit_code(outcome, args.strict)
     if args.command == "launch" and code == 0:
         sys.stdout.flush()
@@ -233,6 +258,36 @@ def _run(reg, args) -> int:
     return code if code == 0 else EXIT_NOT_READY
 
 
+def _profile(args, reg):
+    """--profile FILE, else ./preflight.toml, else [tool.preflight] of ./pyproject.toml, else None."""
+    from preflight import profile, registry
+
+    path = args.profile if args.profile is not None else profile.find()
+    if path is None:
+        return None
+    if path == "":
+        raise UsageError("--profile is an empty path")
+    loaded = profile.load(path)
+    try:
+        registry.select(reg.checks, (), loaded.skip)
+    except registry.SelectionError as exc:
+        raise InputError(path, f"checks.skip: {exc}", loaded.skip_line) from None
+    print(f"preflight: using profile {path}", file=sys.stderr)
+    return loaded
+
+
+def _limits(args, profile):
+    """Defaults, then the profile's [thresholds], then the flags given on the command line."""
+    from dataclasses import replace
+
+    from preflight.plan import Limits
+
+    limits = profile.limits(Limits()) if profile else Limits()
+    given = {"clock_warn_s": getattr(args, "clock_warn", None), "clock_fail_s": getattr(args, "clock_fail", None),
+             "min_busbw_gbps": getattr(args, "min_busbw", None)}
+    return replace(limits, **{k: v for k, v in given.items() if v is not None})
+
+
 def _target(args) -> tuple:
     """The nodes: --hosts, --slurm, or (for check and launch) the hostfile; none means this machine."""
     from preflight import inventory
@@ -246,6 +301,48 @@ def _target(args) -> tuple:
         hosts = load_hostfile(args.hostfile).hosts
         return tuple(inventory.validate(list(dict.fromkeys(hosts)), args.hostfile))
     return ()
+
+
+def _gather_bounded(plan, args, specs, deadline: float, budget: float):
+    """gather_for within the budget: past it, no facts, and the runner skips every check that is left."""
+    from preflight import runner
+    from preflight.transport import NodeError, run_with_deadline
+
+    try:
+        return run_with_deadline(lambda: gather_for(plan, args, specs), max(0.0, deadline - time.monotonic()))
+    except NodeError:
+        print(f"preflight: gathering facts did not fit the budget of {budget:g} s", file=sys.stderr)
+        error = {"kind": "budget", "message": f"budget of {budget:g} s spent", "remediation": None}
+        return runner.CheckContext(plan, {name: {"facts": None, "error": error, "clock": None}
+                                          for name in plan.nodes}, {})
+
+
+def _slurm_state(args, results, outcome: str, started: float, budget) -> None:
+    """--drain / --undrain: this node's SLURM state after the verdict (messages on stderr)."""
+    from preflight import slurm
+
+    name = slurm.node_name()
+    timeout = 10.0 if not budget else max(0.5, budget - (time.perf_counter() - started))
+    try:
+        if outcome == "fail" and args.drain:
+            reason = slurm.drain_reason(slurm.first_failure(results))
+            slurm.drain(name, reason, timeout)
+            print(f"preflight: drained SLURM node {name}: {reason}", file=sys.stderr)
+        elif outcome == "fail" and args.undrain:
+            print(f"preflight: not returning SLURM node {name} to service: the verdict is fail", file=sys.stderr)
+        elif outcome != "fail" and args.undrain:
+            _, said = slurm.undrain(name, timeout)
+            print(f"preflight: {said}", file=sys.stderr)
+    except slurm.SlurmError as exc:
+        print(f"preflight: error: SLURM node {name}: {exc}", file=sys.stderr)
+
+
+def _transport(args) -> str:
+    """`check --slurm` inside an allocation reaches the nodes with srun job steps; everything else over SSH
+    (`launch` too: it starts the launcher on each node over SSH)."""
+    from preflight import srun
+
+    return "srun" if args.command == "check" and getattr(args, "slurm", False) and srun.usable() else "ssh"
 
 
 def gather_for(plan, args, specs=()):
@@ -268,6 +365,7 @@ def gather_for(plan, args, specs=()):
         ntp_server=getattr(args, "ntp_server", None),
         progress=not args.json or sys.stderr.isatty(),
         collective=options_from_args(plan, args) if plan.remote and any(s.family == "COL" for s in specs) else None,
+        transport=_transport(args),
     )
     if plan.remote:
         facts, probes = gather.gather_ssh(list(plan.nodes), options)

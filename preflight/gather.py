@@ -43,6 +43,7 @@ class GatherOptions:
     ntp_server: Optional[str] = None
     progress: bool = True
     collective: Optional[object] = None  # preflight.collective.CollectiveOptions: run the all-reduce (COL)
+    transport: str = "ssh"  # or "srun": job steps inside a SLURM allocation (preflight.srun)
 
 
 @dataclass
@@ -117,9 +118,10 @@ def gather_local(name: str, options: GatherOptions) -> tuple:
 def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
     nodes = [NodeState(n) for n in names]
     started = time.monotonic()
-    _say(options, f"reaching {len(nodes)} node(s) over SSH (fan-out {options.fanout}, timeout {options.timeout:g} s)")
+    how = "srun" if options.transport == "srun" else "SSH"
+    _say(options, f"reaching {len(nodes)} node(s) over {how} (fan-out {options.fanout}, timeout {options.timeout:g} s)")
     # What the job uses as MASTER_ADDR: main_process_ip, else the head's address as SSH reaches it.
-    head_address = options.main_address or _ssh_hostname(names[0], options)
+    head_address = options.main_address or (names[0] if options.transport == "srun" else _ssh_hostname(names[0], options))
     try:
         _parallel(lambda n: _collect(n, head_address, options), nodes, options)
         reached = [n for n in nodes if n.error is None]
@@ -167,6 +169,10 @@ def _ssh_hostname(alias: str, options: GatherOptions) -> str:
 def _collect(node: NodeState, head: str, options: GatherOptions) -> None:
     try:
         def connect():
+            if options.transport == "srun":
+                from preflight.srun import SrunConnection
+
+                return SrunConnection(node.name, options.timeout).connect()
             settings = load_ssh_settings(node.name, options.ssh_config)
             return SSHConnection(settings, options.timeout, options.accept_new, options.ssh_config).connect()
 

@@ -1,6 +1,7 @@
 """Running selected checks over a plan: every check yields Results, none can kill the run."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, List, Mapping, Optional
@@ -75,8 +76,38 @@ def _run(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
     ]
 
 
-def run(specs: Iterable[CheckSpec], ctx: CheckContext) -> List[Result]:
+def run(specs: Iterable[CheckSpec], ctx: CheckContext, deadline: Optional[float] = None,
+        budget_s: Optional[float] = None) -> List[Result]:
+    """Every check in turn. With a deadline (time.monotonic()), each check gets what is left of it, and a
+    check that does not fit is skipped with the reason "budget of S s spent" (never an overrun)."""
     results: List[Result] = []
     for spec in specs:
-        results.extend(run_check(spec, ctx))
+        if deadline is None:
+            results.extend(run_check(spec, ctx))
+        else:
+            results.extend(_run_bounded(spec, ctx, deadline, budget_s))
     return results
+
+
+def budget_skips(spec: CheckSpec, ctx: CheckContext, budget_s: Optional[float]) -> List[Result]:
+    """The skip results of a check that the time budget has no room for."""
+    message = f"budget of {budget_s:g} s spent" if budget_s is not None else "time budget spent"
+    nodes = [(node,) for node in ctx.facts] if spec.scope == "node" and ctx.facts else [()]
+    return [Result(spec.id, spec.name, Status.SKIP, n, message, None, {}, 0.0) for n in nodes]
+
+
+def _run_bounded(spec: CheckSpec, ctx: CheckContext, deadline: float, budget_s: Optional[float]) -> List[Result]:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return budget_skips(spec, ctx, budget_s)
+    box: dict = {}
+
+    def target() -> None:
+        box["results"] = run_check(spec, ctx)  # run_check never raises
+
+    thread = threading.Thread(target=target, name=f"check-{spec.id}", daemon=True)
+    thread.start()
+    thread.join(left)
+    if thread.is_alive() or "results" not in box:  # abandoned: a check does no I/O, it cannot hold anything
+        return budget_skips(spec, ctx, budget_s)
+    return box["results"]

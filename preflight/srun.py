@@ -1,0 +1,120 @@
+"""srun as the transport inside a SLURM allocation (`preflight check --slurm` with $SLURM_JOB_ID set): one
+job step per node (`srun --overlap -N1 -n1 -w NODE`), the same shipped program and line protocol as over
+SSH (preflight.transport), so the nodes need no SSH keys. srun is run with a list of arguments; the remote
+command is the fixed bootstrap of transport.shipped_command.
+"""
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import subprocess
+import threading
+import time
+from typing import List, Optional
+
+from preflight.transport import NodeError
+
+
+def usable() -> bool:
+    """Inside an allocation, with srun on PATH."""
+    return bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
+
+
+class SrunConnection:
+    def __init__(self, node: str, timeout: float):
+        self.node, self.timeout = node, timeout
+        self.processes: List["StepProcess"] = []
+
+    def connect(self) -> "SrunConnection":
+        if shutil.which("srun") is None:
+            raise NodeError("srun", "srun is not on PATH", "run inside an allocation (salloc/sbatch) with SLURM's tools")
+        return self
+
+    def start(self, command: str, stdin_text: str) -> "StepProcess":
+        argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={self.node}", "--quiet",
+                "--input=all", "sh", "-c", command]
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise NodeError("srun", f"cannot run srun: {exc}", "check SLURM's tools on this machine") from None
+        step = StepProcess(proc)
+        self.processes.append(step)
+        step.send_raw(stdin_text.encode())
+        return step
+
+    def close(self) -> None:
+        for step in self.processes:
+            step.close()
+        self.processes = []
+
+
+class StepProcess:
+    """The RemoteProcess interface over a local srun process."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self._buffer = b""
+        self._stderr = bytearray()
+        self._reader = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._reader.start()
+
+    def _drain_stderr(self) -> None:
+        for chunk in iter(lambda: self.proc.stderr.read1(65536), b""):
+            self._stderr += chunk
+            del self._stderr[:-8192]
+
+    def send_raw(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the step ended: read_line says so
+
+    def send_line(self, text: str) -> None:
+        self.send_raw((text + "\n").encode())
+
+    def read_line(self, timeout: float) -> Optional[str]:
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NodeError("timeout", f"no answer within {timeout:g} s", "the node is overloaded or hung")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                if self._buffer:
+                    line, self._buffer = self._buffer, b""
+                    return line.decode(errors="replace")
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        return bytes(self._stderr).decode(errors="replace")[-limit:]
+
+    def exit_status(self, timeout: float) -> Optional[int]:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except Exception:
+            pass
+        try:
+            self.proc.wait(2)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()  # srun passes it on to the step
+            try:
+                self.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

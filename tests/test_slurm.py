@@ -1,0 +1,126 @@
+"""`preflight node` under a real SLURM (tests/slurm_cluster.py): on every node through srun, as the example
+prolog (scripts/slurm/prolog.sh, configured as Prolog= with PrologFlags=Alloc) and as the example
+HealthCheckProgram (scripts/slurm/healthcheck.sh, run the way slurmd runs it: on the node, empty environment)."""
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import cluster, cluster_up  # noqa: F401
+from slurm_cluster import make_slurm_fixtures
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PREFLIGHT = str(BIN / "preflight")
+slurm_up, slurm = make_slurm_fixtures(prolog=str(ROOT / "scripts" / "slurm" / "prolog.sh"),
+                                      prolog_env={"PREFLIGHT": PREFLIGHT})
+
+
+def healthcheck(slurm, node):
+    """scripts/slurm/healthcheck.sh on the node as slurmd runs it: an empty environment (SLURM_CONF is
+    given here only because the test's slurm.conf is not at /etc/slurm/slurm.conf)."""
+    return slurm.node_exec(node, ["env", "-i", f"SLURM_CONF={slurm.conf}", f"PREFLIGHT={PREFLIGHT}",
+                                  f"PREFLIGHT_LOG={slurm.dir / 'healthcheck.log'}",
+                                  str(ROOT / "scripts" / "slurm" / "healthcheck.sh")])
+
+
+def wait_drained(slurm, node, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        drained = slurm.drained()
+        if node in drained:
+            return drained
+        time.sleep(0.2)
+    raise AssertionError(f"{node} not drained after {timeout} s: {slurm.drained()}; prolog log: "
+                         f"{slurm.prolog_log.read_text()[-2000:] if slurm.prolog_log.exists() else '(none)'}")
+
+
+def test_srun_runs_preflight_node_on_every_node(slurm, tmp_path):
+    started = time.monotonic()
+    slurm.run(["srun", "-N3", f"--output={tmp_path}/%N.json", PREFLIGHT, "node", "--budget", "20", "--json"],
+              timeout=60, check=False)  # exit 1 would be a fail verdict: the documents say which
+    assert time.monotonic() - started < 30
+    docs = {node: json.loads((tmp_path / f"{node}.json").read_text()) for node in slurm.nodes}
+    for node, doc in docs.items():
+        assert doc["nodes"] == [node], doc["nodes"]  # each ran on its own node, under its hostname
+        assert doc["verdict"] in ("pass", "warn"), [r for r in doc["results"] if r["status"] in ("fail", "error")]
+        fs001 = [r for r in doc["results"] if r["id"] == "FS001"]
+        assert fs001 and fs001[0]["status"] == "pass" and fs001[0]["nodes"] == [node]
+    assert slurm.drained() == {}
+
+
+def test_prolog_drains_the_faulty_node_only(slurm):
+    slurm.small_shm("node02")
+    job = subprocess.Popen(["srun", "-N3", "-t", "1", "hostname"], env=slurm.env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        drained = wait_drained(slurm, "node02")
+    finally:
+        slurm.run(["scancel", "--user=root"], check=False)
+        out, err = job.communicate(timeout=30)
+    assert drained["node02"].startswith("preflight: FS001 dev-shm: /dev/shm is 64 MiB"), drained
+    assert len(drained["node02"]) <= 100
+    assert set(drained) == {"node02"}, drained  # the healthy nodes stay in service
+    assert job.returncode != 0 and "hostname" not in out  # no task ran on the broken allocation
+    rows = slurm.run(["sinfo", "-R", "-h", "-o", "%E|%N"]).stdout
+    assert "preflight: FS001" in rows and "node02" in rows
+
+
+def test_healthcheck_drains_then_returns_the_node(slurm):
+    slurm.small_shm("node02")
+    proc = healthcheck(slurm, "node02")
+    assert proc.returncode == 1, proc.stderr
+    info = slurm.node_info("node02")
+    assert "DRAIN" in info["state"] and info["reason"].startswith("preflight: FS001 dev-shm:"), info
+    healthy = healthcheck(slurm, "node01")
+    assert healthy.returncode == 0, (healthy.stderr, (slurm.dir / "healthcheck.log").read_text()[-2000:])
+    assert "DRAIN" not in slurm.node_info("node01")["state"]
+    slurm.restore_shm("node02")  # fixed: the next health check returns it to service
+    proc = healthcheck(slurm, "node02")
+    assert proc.returncode == 0, (slurm.dir / "healthcheck.log").read_text()[-2000:]
+    assert "DRAIN" not in slurm.node_info("node02")["state"]
+    slurm.wait_idle(["node02"])
+    assert "returned to service" in (slurm.dir / "healthcheck.log").read_text()
+
+
+def test_undrain_leaves_a_node_someone_else_drained(slurm):
+    slurm.run(["scontrol", "update", "NodeName=node03", "State=DRAIN", "Reason=disk swap, ticket 42"])
+    proc = slurm.node_exec("node03", [PREFLIGHT, "node", "--budget", "20", "--undrain"])
+    assert proc.returncode == 0, proc.stderr
+    assert "stays drained" in proc.stderr and "disk swap, ticket 42" in proc.stderr
+    info = slurm.node_info("node03")
+    assert "DRAIN" in info["state"] and info["reason"].startswith("disk swap, ticket 42"), info
+
+
+def test_drain_uses_slurmd_nodename(slurm):
+    """In a job step, $SLURMD_NODENAME names the node (here the same as its hostname)."""
+    slurm.small_shm("node01")
+    proc = slurm.node_exec("node01", [PREFLIGHT, "node", "--budget", "20", "--drain", "--only", "FS001"],
+                           env={"SLURMD_NODENAME": "node01"})
+    assert proc.returncode == 1
+    assert "drained SLURM node node01: preflight: FS001" in proc.stderr
+    assert slurm.drained().get("node01", "").startswith("preflight: FS001 dev-shm")
+
+
+def test_check_slurm_inside_an_allocation_uses_srun(slurm):
+    """`preflight check --slurm` in an allocation reaches the nodes with srun steps: no SSH config given."""
+    started = time.monotonic()
+    # COL (the all-reduce: torch on 3 nodes at once, slow on a small machine) is tested over SSH elsewhere.
+    proc = slurm.run(["salloc", "-N3", PREFLIGHT, "check", "--slurm", "--python", sys.executable, "--json",
+                      "--timeout", "20", "--skip", "COL"], timeout=120, check=False)
+    elapsed = time.monotonic() - started
+    assert "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["nodes"] == ["node01", "node02", "node03"]
+    ssh001 = [r for r in doc["results"] if r["id"] == "SSH001"]
+    assert ssh001 and all(r["status"] == "pass" for r in ssh001), ssh001
+    failing = [(r["id"], r["nodes"], r["message"]) for r in doc["results"] if r["status"] in ("fail", "error")]
+    assert doc["verdict"] != "fail", failing
+    net004 = [r for r in doc["results"] if r["id"] == "NET004"]  # workers reached the head's main port
+    assert net004 and all(r["status"] == "pass" for r in net004), net004
+    assert elapsed < 60
