@@ -304,7 +304,7 @@ def _target(args) -> tuple:
 
 
 def _gather_bounded(plan, args, specs, deadline: float, budget: float):
-    """gather_for within the budget: past it, no facts, and the runner skips every check that is left."""
+    """gather_for within the budget: past it, no facts, and every node check is an error (a deadline)."""
     from preflight import runner
     from preflight.transport import NodeError, run_with_deadline
 
@@ -312,7 +312,8 @@ def _gather_bounded(plan, args, specs, deadline: float, budget: float):
         return run_with_deadline(lambda: gather_for(plan, args, specs), max(0.0, deadline - time.monotonic()))
     except NodeError:
         print(f"preflight: gathering facts did not fit the budget of {budget:g} s", file=sys.stderr)
-        error = {"kind": "budget", "message": f"budget of {budget:g} s spent", "remediation": None}
+        error = {"kind": "budget", "message": f"the facts were not gathered within the budget of {budget:g} s",
+                 "remediation": "find what hangs on this node (a stale NFS mount, DNS, the NTP server), or raise --budget"}
         return runner.CheckContext(plan, {name: {"facts": None, "error": error, "clock": None}
                                           for name in plan.nodes}, {})
 

@@ -44,7 +44,11 @@ def run_check(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
 def _run_on_node(spec: CheckSpec, ctx: CheckContext, node: str) -> List[Result]:
     state = ctx.facts[node]
     if state.get("error") is not None or not state.get("facts"):
-        reason = (state.get("error") or {}).get("message", "no facts")
+        error = state.get("error") or {}
+        if error.get("kind") == "budget":  # a deadline, not "not applicable": never silently a pass
+            return [Result(spec.id, spec.name, Status.ERROR, (node,), f"not evaluated: {error['message']}",
+                           error.get("remediation"), {}, 0.0)]
+        reason = error.get("message", "no facts")
         return [Result(spec.id, spec.name, Status.SKIP, (node,), f"node not checked: {reason}", None, {}, 0.0)]
     results = _run(spec, replace(ctx, node=node))
     return [r if r.nodes else replace(r, nodes=(node,)) for r in results]
@@ -92,8 +96,16 @@ def run(specs: Iterable[CheckSpec], ctx: CheckContext, deadline: Optional[float]
 def budget_skips(spec: CheckSpec, ctx: CheckContext, budget_s: Optional[float]) -> List[Result]:
     """The skip results of a check that the time budget has no room for."""
     message = f"budget of {budget_s:g} s spent" if budget_s is not None else "time budget spent"
-    nodes = [(node,) for node in ctx.facts] if spec.scope == "node" and ctx.facts else [()]
-    return [Result(spec.id, spec.name, Status.SKIP, n, message, None, {}, 0.0) for n in nodes]
+    if spec.scope != "node" or not ctx.facts:
+        return [Result(spec.id, spec.name, Status.SKIP, (), message, None, {}, 0.0)]
+    results = []
+    for node, state in ctx.facts.items():
+        error = state.get("error") or {}
+        if error.get("kind") == "budget":  # its facts never came: a deadline, never silently a pass
+            results.extend(_run_on_node(spec, ctx, node))
+        else:
+            results.append(Result(spec.id, spec.name, Status.SKIP, (node,), message, None, {}, 0.0))
+    return results
 
 
 def _run_bounded(spec: CheckSpec, ctx: CheckContext, deadline: float, budget_s: Optional[float]) -> List[Result]:

@@ -58,6 +58,12 @@ def leftovers(token: str) -> str:
     return subprocess.run(["pgrep", "-af", token], capture_output=True, text=True).stdout.strip()
 
 
+def scripts_running(name: str) -> list:
+    """The interpreters running the script `name` (not the launchers, whose command lines name it too),
+    whatever the interpreter is called (python, python3)."""
+    return [line for line in leftovers(name).splitlines() if line.endswith(" " + name) and "accelerate" not in line]
+
+
 ALL_REDUCE = """
 import json, os, socket, sys
 import torch, torch.distributed as dist
@@ -139,7 +145,7 @@ def test_ctrl_c_and_sigterm_stop_every_node(cluster, tmp_path, sig):
                   popen=True)
     try:
         deadline = time.monotonic() + 90
-        while len(leftovers(f"python3 {script.name}").splitlines()) < 3:  # the scripts themselves, on 3 nodes
+        while len(scripts_running(script.name)) < 3:  # the scripts themselves, on 3 nodes
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.2)
         stopped = time.monotonic()
