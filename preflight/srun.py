@@ -10,10 +10,9 @@ import select
 import shutil
 import subprocess
 import threading
-import time
 from typing import List, Optional
 
-from preflight.transport import NodeError
+from preflight.transport import LineReader, NodeError
 
 
 def usable() -> bool:
@@ -50,12 +49,11 @@ class SrunConnection:
         self.processes = []
 
 
-class StepProcess:
+class StepProcess(LineReader):
     """The RemoteProcess interface over a local srun process."""
 
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
-        self._buffer = b""
         self._stderr = bytearray()
         self._reader = threading.Thread(target=self._drain_stderr, daemon=True)
         self._reader.start()
@@ -75,25 +73,11 @@ class StepProcess:
     def send_line(self, text: str) -> None:
         self.send_raw((text + "\n").encode())
 
-    def read_line(self, timeout: float) -> Optional[str]:
-        deadline = time.monotonic() + timeout
+    def _receive(self, seconds: float) -> Optional[bytes]:
         fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise NodeError("timeout", f"no answer within {timeout:g} s", "the node is overloaded or hung")
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                if self._buffer:
-                    line, self._buffer = self._buffer, b""
-                    return line.decode(errors="replace")
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode(errors="replace")
+        if not select.select([fd], [], [], seconds)[0]:
+            return None
+        return os.read(fd, 65536)
 
     def stderr_tail(self, limit: int = 2000) -> str:
         return bytes(self._stderr).decode(errors="replace")[-limit:]

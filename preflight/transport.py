@@ -273,15 +273,14 @@ class SSHConnection:
             self._jump = None
 
 
-class RemoteProcess:
-    """A program running on a node: lines in, lines out, each read with a deadline."""
+class LineReader:
+    """Lines out of a node's program, each read with a deadline. A subclass says how bytes arrive:
+    `_receive(seconds)` gives bytes, b"" at the end of output, or None when nothing came in time."""
 
-    def __init__(self, channel):
-        self.channel = channel
-        self._buffer = b""
+    _buffer = b""
 
-    def send_line(self, text: str) -> None:
-        self.channel.sendall((text + "\n").encode())
+    def _receive(self, seconds: float) -> Optional[bytes]:
+        raise NotImplementedError
 
     def read_line(self, timeout: float) -> Optional[str]:
         """The next line, or None at end of output; NodeError past the deadline."""
@@ -290,19 +289,32 @@ class RemoteProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise NodeError("timeout", f"no answer within {timeout:g} s", "the node is overloaded or hung")
-            self.channel.settimeout(left)
-            try:
-                chunk = self.channel.recv(65536)
-            except socket.timeout:
+            chunk = self._receive(left)
+            if chunk is None:
                 continue
             if not chunk:
-                if self._buffer:
-                    line, self._buffer = self._buffer, b""
-                    return line.decode(errors="replace")
-                return None
+                line, self._buffer = self._buffer, b""
+                return line.decode(errors="replace") if line else None
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line.decode(errors="replace")
+
+
+class RemoteProcess(LineReader):
+    """A program running on a node over SSH: lines in, lines out."""
+
+    def __init__(self, channel):
+        self.channel = channel
+
+    def send_line(self, text: str) -> None:
+        self.channel.sendall((text + "\n").encode())
+
+    def _receive(self, seconds: float) -> Optional[bytes]:
+        self.channel.settimeout(seconds)
+        try:
+            return self.channel.recv(65536)
+        except socket.timeout:
+            return None
 
     def stderr_tail(self, limit: int = 2000) -> str:
         data = b""
