@@ -47,13 +47,16 @@ def _figures(probe) -> dict:
             "phase_s": (probe or {}).get("duration_s")}
 
 
-def _not_run(ctx) -> Optional[str]:
+def _collective(ctx):
+    """(the all-reduce's probe, the evidence figures), or (None, None, a skip) when it did not run."""
+    probe = _probe(ctx)
     if not ctx.plan.remote:
-        return ("this machine alone: the all-reduce runs across the job's nodes (give --hosts, --hostfile or "
-                "--slurm)")
-    if _probe(ctx) is None:
-        return "the all-reduce did not run"
-    return _probe(ctx).get("not_run")
+        reason = "this machine alone: the all-reduce runs across the job's nodes (give --hosts, --hostfile or --slurm)"
+    else:
+        reason = "the all-reduce did not run" if probe is None else probe.get("not_run")
+    if reason:
+        return None, None, skip(reason, algbw_gbps=None, busbw_gbps=None)
+    return probe, _figures(probe), None
 
 
 def _measured(result: dict) -> str:
@@ -75,12 +78,10 @@ def allreduce(ctx) -> Iterator[Finding]:
     the ephemeral ports between the nodes, set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the training
     network's interface; the evidence holds the tail of the failing rank's output (NCCL_DEBUG=INFO with nccl).
     """
-    reason = _not_run(ctx)
-    if reason:
-        yield skip(reason, algbw_gbps=None, busbw_gbps=None)
+    probe, figures, skipped = _collective(ctx)
+    if skipped:
+        yield skipped
         return
-    probe = _probe(ctx)
-    figures = _figures(probe)
     head, port, python = probe.get("head"), probe.get("port"), probe.get("python") or "python"
     for node, why in sorted((probe.get("untested") or {}).items()):
         yield Finding(Status.SKIP, f"not tested: {why}", nodes=(node,), evidence=figures)
@@ -154,12 +155,10 @@ def allreduce_bandwidth(ctx) -> Iterator[Finding]:
     NCCL or gloo chose (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, NCCL_DEBUG=INFO), and RDMA (NCCL_IB_*);
     or lower --min-busbw to what this fabric can do.
     """
-    reason = _not_run(ctx)
-    if reason:
-        yield skip(reason, algbw_gbps=None, busbw_gbps=None)
+    probe, figures, skipped = _collective(ctx)
+    if skipped:
+        yield skipped
         return
-    probe = _probe(ctx)
-    figures = _figures(probe)
     result = probe.get("result") or {}
     if result.get("busbw_gbps") is None:
         yield skip("no bandwidth measured: the all-reduce did not complete (see COL001)", **figures)

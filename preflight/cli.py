@@ -33,14 +33,22 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-    return value
+def positive(unit: str):
+    """An argparse type: a number above 0, of `unit` (seconds, GB/s), said so in the error."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number of {unit}, got {text}")
+        return value
+
+    return parse
+
+
+positive_float = positive("seconds")
 
 
 def port_number(text: str) -> int:
@@ -130,7 +138,7 @@ def slurm_options(sub: argparse.ArgumentParser) -> None:
 
 def collective_options(sub: argparse.ArgumentParser) -> None:
     """The all-reduce smoke test's options (the COL checks; preflight.collective)."""
-    from preflight.collective import BACKENDS, min_busbw, parse_sizes
+    from preflight.collective import BACKENDS, parse_sizes
 
     sub.add_argument("--backend", choices=BACKENDS, default="auto",
                      help="all-reduce backend (default auto: nccl when every node has GPUs, else gloo)")
@@ -140,7 +148,7 @@ def collective_options(sub: argparse.ArgumentParser) -> None:
                      help="all-reduce message sizes (default 1M,64M,256M; K, M, G are KiB, MiB, GiB)")
     sub.add_argument("--col-port", type=port_number, metavar="N",
                      help="the all-reduce's rendezvous port on the head (default: the main port)")
-    sub.add_argument("--min-busbw", type=min_busbw, metavar="GBPS",
+    sub.add_argument("--min-busbw", type=positive("GB/s"), metavar="GBPS",
                      help="all-reduce bus bandwidth (GB/s) below which COL002 fails (default: none)")
 
 

@@ -91,16 +91,6 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def min_busbw(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected GB/s as a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive bandwidth in GB/s, got {text}")
-    return value
-
-
 def options_from_args(plan, args) -> CollectiveOptions:
     """The collective's options from the command line and the plan (cli.gather_for)."""
     world, _ = plan.world_size
