@@ -60,13 +60,24 @@ def _packages():
         return {"error": "importlib.metadata needs Python 3.8 or newer"}
     dists = {}
     for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        name, version = _name_and_version(dist)
+        name = name.lower().replace("_", "-")
         if name and name not in dists:  # the first on sys.path wins, as for import
-            dists[name] = dist.version
+            dists[name] = version
     versions = {name: dists.get(name) for name in KEY_DISTRIBUTIONS}
     versions["cuda"] = _torch_cuda_build()
     versions["nccl"] = next((dists[n] for n in NCCL_DISTRIBUTIONS if n in dists), None)
     return {"versions": versions, "distributions": dists}
+
+
+def _name_and_version(dist):
+    """Name and Version from the metadata's header only: dist.metadata runs the e-mail parser over the
+    whole file, long description included (80 ms for a training environment's 130 distributions)."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    header = dict(line.split(": ", 1) for line in text.split("\n\n", 1)[0].splitlines() if ": " in line)
+    if "Name" in header and "Version" in header:
+        return header["Name"].strip(), header["Version"].strip()
+    return dist.metadata["Name"] or "", dist.version  # folded or unusual headers: the full parser
 
 
 def _torch_cuda_build():

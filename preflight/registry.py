@@ -77,15 +77,8 @@ def _spec(func: Callable, id: str, name: str, scope: str, tags: Tuple[str, ...])
 def checks_in(module) -> List[CheckSpec]:
     """The checks a module declares, in the order they appear in its source."""
     specs = [getattr(obj, MARK) for obj in vars(module).values() if callable(obj) and hasattr(obj, MARK)]
-    return sorted(specs, key=lambda s: inspect.getsourcelines(s.func)[1] if _has_source(s.func) else 0)
-
-
-def _has_source(func: Callable) -> bool:
-    try:
-        inspect.getsourcelines(func)
-        return True
-    except (OSError, TypeError):
-        return False
+    # The code object's line number, not inspect.getsourcelines: that tokenizes every file (0.1 s at start-up).
+    return sorted(specs, key=lambda s: getattr(getattr(s.func, "__code__", None), "co_firstlineno", 0))
 
 
 @dataclass(frozen=True)
