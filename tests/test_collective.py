@@ -458,6 +458,26 @@ def test_three_healthy_nodes_pass_at_the_bandwidth_of_a_plain_loop(cluster, tmp_
 
 
 @pytest.mark.cluster
+def test_two_gloo_ranks_per_node_make_a_world_of_twice_the_nodes(cluster):
+    """--col-procs-per-node 2: each node forks two local ranks (global ranks 2i, 2i+1) that meet the others."""
+    doc, elapsed = check(cluster, "--col-procs-per-node", "2")
+    assert doc["verdict"] == "pass", [(r["id"], r["status"], r["message"]) for r in doc["results"]]
+    [allreduce] = [r for r in doc["results"] if r["id"] == "COL001"]
+    [bandwidth] = [r for r in doc["results"] if r["id"] == "COL002"]
+    world = 2 * len(cluster.nodes)
+    assert allreduce["nodes"] == list(cluster.nodes) and bandwidth["nodes"] == list(cluster.nodes)
+    # Every rank checked each reduced value against the exact sum 1 + ... + world (checks/col.py says so).
+    assert f"all-reduce of {world} rank(s) on {len(cluster.nodes)} node(s) over gloo: every rank joined and the " \
+           "sums are exact" in allreduce["message"], allreduce["message"]
+    evidence = bandwidth["evidence"]
+    assert evidence["world_size"] == world and evidence["backend"] == "gloo"
+    assert evidence["busbw_gbps"] > 0 and evidence["algbw_gbps"] > 0
+    assert evidence["busbw_gbps"] == pytest.approx(evidence["algbw_gbps"] * bus_factor(world))
+    assert [s["bytes"] for s in evidence["per_size"]] == [MIB, 8 * MIB]
+    assert elapsed < 20 + 5 + 5
+
+
+@pytest.mark.cluster
 def test_a_dropped_rendezvous_port_names_the_head_within_the_timeout(cluster):
     # --col-port: the port probe (main port) passes, so the all-reduce itself meets the dropped port.
     with cluster.dropped_port("node01", 29600):
