@@ -20,6 +20,10 @@ Each slurmd runs in its own mount namespace (a copy of the root one, with the no
 it): `slurm.small_shm(node)` mounts a small tmpfs on that namespace's /dev/shm, which the node's prologs
 and job steps see. slurmd is started with `nsenter --net=/run/netns/X`, not `ip netns exec` (which remounts
 /sys, and slurmd then fails on cgroups).
+
+`make_slurm_fixtures(health_check=SCRIPT, health_check_env={...}, health_check_interval=S)` sets
+HealthCheckProgram= (a wrapper that exports the variables and logs each run: `slurm.health_checks(node)`);
+`ports=(CTLD, SLURMD)` and `scope="function"` let such a SLURM run beside the module's, for one test.
 """
 from __future__ import annotations
 
@@ -59,12 +63,23 @@ class SlurmError(RuntimeError):
 
 
 class Slurm:
-    def __init__(self, cluster, dir: Path, prolog: Optional[str] = None, prolog_env: Optional[dict] = None):
+    def __init__(self, cluster, dir: Path, prolog: Optional[str] = None, prolog_env: Optional[dict] = None,
+                 health_check: Optional[str] = None, health_check_env: Optional[dict] = None,
+                 health_check_interval: int = 2, health_check_node_state: str = "ANY",
+                 ports: Sequence[int] = (CTLD_PORT, SLURMD_PORT)):
         self.cluster = cluster
         self.dir = Path(dir)
         self.prolog = prolog  # a script for Prolog= (with PrologFlags=Alloc), run through a wrapper that
         self.prolog_env = dict(prolog_env or {})  # exports these variables first
         self.prolog_log = self.dir / "prolog.log"
+        # HealthCheckProgram=: the same kind of wrapper. slurmd fires it at its start, before it registers,
+        # and then whenever slurmctld asks (every HealthCheckInterval seconds, in HealthCheckNodeState).
+        self.health_check = health_check
+        self.health_check_env = dict(health_check_env or {})
+        self.health_check_interval, self.health_check_node_state = health_check_interval, health_check_node_state
+        self.health_check_log = self.dir / "healthcheck.log"
+        self.health_check_runs = self.dir / "healthcheck-runs.log"  # a line per finished run (health_checks)
+        self.ctld_port, self.slurmd_port = ports  # another pair lets a second SLURM run beside the first
         self.procs: Dict[str, subprocess.Popen] = {}
         self.conf = self.dir / "slurm.conf"
         self.munge_socket = self.dir / "munge" / "munge.socket.2"
@@ -117,7 +132,7 @@ class Slurm:
         lines = [
             "ClusterName=pftest",
             f"SlurmctldHost={host}({self.cluster.login_ip})",
-            f"SlurmctldPort={CTLD_PORT}", f"SlurmdPort={SLURMD_PORT}",
+            f"SlurmctldPort={self.ctld_port}", f"SlurmdPort={self.slurmd_port}",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={self.munge_socket}",
             f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d / 'spool' / '%n'}",
@@ -130,18 +145,45 @@ class Slurm:
             f"PlugStackConfig={d / 'plugstack.conf'}",
         ]
         if self.prolog:
-            wrapper = d / "prolog-wrapper.sh"
-            env = dict(self.prolog_env, PREFLIGHT_LOG=str(self.prolog_log))
-            wrapper.write_text("#!/bin/sh\n" + "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in env.items())
-                               + f"exec {shlex.quote(str(self.prolog))}\n")
-            wrapper.chmod(0o755)
+            wrapper = self._wrapper("prolog", self.prolog, dict(self.prolog_env, PREFLIGHT_LOG=str(self.prolog_log)))
             lines += [f"Prolog={wrapper}", "PrologFlags=Alloc"]
+        if self.health_check:
+            env = dict(self.health_check_env, SLURM_CONF=str(self.conf), PREFLIGHT_LOG=str(self.health_check_log))
+            wrapper = self._wrapper("healthcheck", self.health_check, env, runs=self.health_check_runs)
+            lines += [f"HealthCheckProgram={wrapper}", f"HealthCheckInterval={self.health_check_interval}",
+                      f"HealthCheckNodeState={self.health_check_node_state}"]
         cpus = os.cpu_count() or 1
         for node in self.nodes:
             lines.append(f"NodeName={node} NodeAddr={self.cluster.ip(node)} CPUs={cpus} State=UNKNOWN")
         lines.append(f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
         (d / "plugstack.conf").write_text("")
         self.conf.write_text("\n".join(lines) + "\n")
+
+    def _wrapper(self, name: str, script: str, env: dict, runs: Optional[Path] = None) -> Path:
+        """A script that exports env (what slurmd does not pass), then runs script; with runs, it appends
+        a line per run there: start and end (time.time()), node, exit status, the environment slurmd gave."""
+        exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in env.items())
+        if runs is None:
+            body = f"{exports}exec {shlex.quote(str(script))}\n"
+        else:
+            body = (f"started=$(date +%s.%N) given=$(env | sort | tr '\\n' ' ')\n"
+                    f"{exports}{shlex.quote(str(script))}\nstatus=$?\n"
+                    f'echo "$started $(date +%s.%N) $(hostname) $status $given" >>{shlex.quote(str(runs))}\n'
+                    "exit $status\n")
+        wrapper = self.dir / f"{name}-wrapper.sh"
+        wrapper.write_text("#!/bin/sh\n" + body)
+        wrapper.chmod(0o755)
+        return wrapper
+
+    def health_checks(self, node: str) -> List[dict]:
+        """The HealthCheckProgram runs slurmd finished on node, oldest first: {started, ended (time.time()),
+        status, env (what slurmd gave it)}."""
+        try:
+            rows = [line.split(" ", 4) for line in self.health_check_runs.read_text().splitlines()]
+        except OSError:
+            return []
+        return [{"started": float(r[0]), "ended": float(r[1]), "status": int(r[3]),
+                 "env": r[4].split() if len(r) > 4 else []} for r in rows if len(r) >= 4 and r[2] == node]
 
     def _start_slurmd(self, node: str) -> None:
         hosts = self.cluster.node_dir(node) / "hosts"
@@ -237,13 +279,16 @@ class Slurm:
             return "(no log)"
 
 
-def make_slurm_fixtures(prolog: Optional[str] = None, prolog_env: Optional[dict] = None, name: str = "slurm"):
-    @pytest.fixture(scope="module", name=f"{name}_up")
+def make_slurm_fixtures(prolog: Optional[str] = None, prolog_env: Optional[dict] = None, name: str = "slurm",
+                        scope: str = "module", **options):
+    """`{name}_up` (one SLURM per module, or per test with scope="function") and the per-test `{name}`;
+    options go to Slurm (health_check=SCRIPT, ports=...)."""
+    @pytest.fixture(scope=scope, name=f"{name}_up")
     def _up(cluster_up, tmp_path_factory):
         reason = slurm_unavailable()
         if reason:
             pytest.skip(f"SLURM unavailable: {reason}")
-        slurm = Slurm(cluster_up, tmp_path_factory.mktemp("slurm"), prolog=prolog, prolog_env=prolog_env)
+        slurm = Slurm(cluster_up, tmp_path_factory.mktemp(name), prolog=prolog, prolog_env=prolog_env, **options)
         atexit.register(slurm.down)
         try:
             slurm.up()

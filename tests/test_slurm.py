@@ -1,6 +1,7 @@
 """`preflight node` under a real SLURM (tests/slurm_cluster.py): on every node through srun, as the example
 prolog (scripts/slurm/prolog.sh, configured as Prolog= with PrologFlags=Alloc) and as the example
-HealthCheckProgram (scripts/slurm/healthcheck.sh, run the way slurmd runs it: on the node, empty environment)."""
+HealthCheckProgram (scripts/slurm/healthcheck.sh: run the way slurmd runs it, on the node with an empty
+environment, and fired by slurmd itself through HealthCheckProgram= and HealthCheckInterval=)."""
 import json
 import subprocess
 import sys
@@ -19,6 +20,12 @@ BIN = Path(sys.executable).parent
 PREFLIGHT = str(BIN / "preflight")
 slurm_up, slurm = make_slurm_fixtures(prolog=str(ROOT / "scripts" / "slurm" / "prolog.sh"),
                                       prolog_env={"PREFLIGHT": PREFLIGHT})
+# A SLURM per test, beside the first (its own ports and daemons), whose slurmd fires the example health
+# check every HC_INTERVAL seconds (slurmctld asks for it at a granularity of about 1 s).
+HC_INTERVAL = 2
+slurm_hc_up, slurm_hc = make_slurm_fixtures(
+    name="slurm_hc", scope="function", ports=(6927, 6928), health_check_interval=HC_INTERVAL,
+    health_check=str(ROOT / "scripts" / "slurm" / "healthcheck.sh"), health_check_env={"PREFLIGHT": PREFLIGHT})
 
 
 def healthcheck(slurm, node):
@@ -124,3 +131,43 @@ def test_check_slurm_inside_an_allocation_uses_srun(slurm):
     net004 = [r for r in doc["results"] if r["id"] == "NET004"]  # workers reached the head's main port
     assert net004 and all(r["status"] == "pass" for r in net004), net004
     assert elapsed < 60
+
+
+
+def until(predicate, timeout):
+    """Poll predicate until it is true or timeout seconds have passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return predicate()
+
+
+def test_slurmd_fires_the_healthcheck_and_it_drains_the_faulty_node_only(slurm_hc):
+    """HealthCheckProgram (a wrapper that sets SLURM_CONF, PREFLIGHT and the log, then runs
+    scripts/slurm/healthcheck.sh), fired by slurmd itself every HealthCheckInterval seconds."""
+    slurm = slurm_hc
+    assert all(slurm.health_checks(n) for n in slurm.nodes)  # slurmd runs it at its start, before registering
+    assert slurm.drained() == {}
+    slurm.small_shm("node02")
+    planted = time.time()  # every run that starts from now on sees the 64 MiB /dev/shm
+
+    def since(start):
+        return {n: [r for r in slurm.health_checks(n) if r["started"] >= start] for n in slurm.nodes}
+
+    assert until(lambda: all(since(planted).values()), 3 * HC_INTERVAL + 15), since(planted)
+    runs = since(planted)
+    drained = slurm.drained()
+    assert set(drained) == {"node02"}, drained  # the healthy nodes stay in service
+    assert drained["node02"].startswith("preflight: FS001 dev-shm: /dev/shm is 64 MiB"), drained
+    assert len(drained["node02"]) <= 100
+    assert runs["node02"][0]["status"] == 1
+    assert all(r["status"] == 0 for n in ("node01", "node03") for r in runs[n]), runs
+    assert all("DRAIN" not in slurm.node_info(n)["state"] for n in ("node01", "node03"))
+    # What slurmd gives the program: SLURMD_NODENAME, but no PATH and no SLURM_CONF (set by the script,
+    # and by the wrapper, since this slurm.conf is not /etc/slurm/slurm.conf).
+    given = runs["node02"][0]["env"]
+    assert "SLURMD_NODENAME=node02" in given and not [v for v in given if v.startswith(("PATH=", "SLURM_CONF="))]
+
+    slurm.restore_shm("node02")  # fixed: a later health check returns it to service (--undrain)
+    assert until(lambda: slurm.drained() == {}, 3 * HC_INTERVAL + 15), slurm.drained()
+    assert "returned to service" in slurm.health_check_log.read_text()

@@ -9,11 +9,12 @@
 #   HealthCheckInterval=300
 #   HealthCheckNodeState=ANY,CYCLE      # optional: spread the checks over the interval
 #
-# slurmd runs it as root with an EMPTY environment: PATH and SLURM_CONF (for scontrol) are set here.
+# slurmd runs it as root when it starts (before it registers), then on every node at once each interval,
+# with an environment of SLURMD_NODENAME only: PATH and SLURM_CONF (for scontrol) are set here.
 # Its exit code drains nothing by itself: preflight's --drain calls scontrol. slurmd kills a health check
 # that runs longer than 60 s: the budget (50 s) keeps it within that, scontrol included.
 PATH=/usr/local/bin:/usr/bin:/bin
-SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
+SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}   # where your slurm.conf is, if not there
 export PATH SLURM_CONF
 PREFLIGHT=${PREFLIGHT:-/opt/preflight/bin/preflight}
 LOG=${PREFLIGHT_LOG:-/var/log/preflight-healthcheck.log}
