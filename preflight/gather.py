@@ -134,7 +134,7 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
         if options.collective is not None:  # after the port probe: the slow part, only when COL is selected
             from preflight.collective import run_collective
 
-            blocked = _rendezvous_blocked(probes["port"], options)
+            blocked = _not_reached(nodes) or _rendezvous_blocked(probes["port"], options)
             if blocked:
                 probes["collective"] = {"not_run": blocked}
             else:
@@ -143,6 +143,15 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
     finally:
         _parallel(NodeState.close, nodes, options)
     return {n.name: n.to_context() for n in nodes}, probes
+
+
+def _not_reached(nodes: List[NodeState]) -> Optional[str]:
+    """The job cannot start without every node: running the all-reduce on the others would only hold
+    back the verdict (by torch's import and a rendezvous) to test a group the job never forms."""
+    missing = [n.name for n in nodes if n.error is not None]
+    if missing:
+        return f"not run: {', '.join(missing)} not reached (see SSH001); it runs once every node answers"
+    return None
 
 
 def _rendezvous_blocked(port_probe: dict, options: GatherOptions) -> Optional[str]:
