@@ -218,10 +218,11 @@ def same_gpus(ctx) -> Iterator[Finding]:
                       ("driver", "install the same NVIDIA driver on {node}")):
         values = {n: described[n][what] for n in nodes}
         majority, odd = odd_ones_out(values, ctx.plan.head)
+        others = nodes_with(values, majority) if odd else []
+        folded = fold(others) if odd else ""  # the same for every odd node: fold thousands of names once
         for node, value in odd.items():
             agreeing.discard(node)
-            others = nodes_with(values, majority)
-            yield Finding(Status.FAIL, f"{what} differ: {node} has {value}, {fold(others)} "
+            yield Finding(Status.FAIL, f"{what} differ: {node} has {value}, {folded} "
                           f"{'has' if len(others) == 1 else 'have'} {majority}", fix.format(node=node),
                           nodes=(node,), evidence={"what": what, "value": value, "expected": majority})
     if agreeing:

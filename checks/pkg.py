@@ -40,11 +40,12 @@ def key_versions(ctx) -> Iterator[Finding]:
     for package in KEY_VERSIONS:
         values = {n: _versions(ctx.facts[n]["facts"]).get(package) for n in nodes}
         majority, odd = odd_ones_out(values, ctx.plan.head)
+        others = nodes_with(values, majority) if odd else []
+        folded = fold(others) if odd else ""  # the same for every odd node: fold thousands of names once
         for node, version in odd.items():
             agreeing.discard(node)
-            others = nodes_with(values, majority)
             yield Finding(Status.FAIL, f"{package} differs: {node} has {version or 'none'}, "
-                          f"{fold(others)} {'has' if len(others) == 1 else 'have'} {majority or 'none'}",
+                          f"{folded} {'has' if len(others) == 1 else 'have'} {majority or 'none'}",
                           f"install {package} {majority} on {node}" if majority else f"remove {package} from {node}",
                           nodes=(node,), evidence={"package": package, "version": version, "expected": majority})
     if agreeing:

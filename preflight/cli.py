@@ -194,14 +194,14 @@ def _main(argv: List[str]) -> int:
     return _run(reg, args)
 
 
-def _run(reg, args) -> int:
-    from preflight import registry, render, reports, runner
+def evaluate(reg, args, gather=None):
+    """Parsed arguments to Results: report paths, profile, selection, plan, facts, checks. gather(plan, args,
+    specs) gives the CheckContext (default gather_for); scripts/bench_scale.py gives synthetic facts.
+    Returns (plan, ctx, results, started: time.perf_counter() when the run began)."""
+    from preflight import registry, reports, runner
     from preflight.plan import build_plan, default_accelerate_config
 
-    if args.command == "launch":
-        command = args.launch_command[1:] if args.launch_command[:1] == ["--"] else args.launch_command
-        if not command:
-            raise UsageError("launch needs the command to run after `--`, e.g. preflight launch -- accelerate launch train.py")
+    gather = gather or gather_for
     reports.check_paths(args)  # an unwritable report file is exit 2 before any check runs
     profile = _profile(args, reg)
     try:
@@ -237,8 +237,22 @@ def _run(reg, args) -> int:
     )
     ctx = runner.CheckContext(plan)
     if args.command != "lint":
-        ctx = gather_for(plan, args, specs) if deadline is None else _gather_bounded(plan, args, specs, deadline, budget)
-    results = runner.run(specs, ctx, deadline, budget)
+        if deadline is None:
+            ctx = gather(plan, args, specs)
+        else:
+            ctx = _gather_bounded(plan, args, specs, deadline, budget, gather)
+    return plan, ctx, runner.run(specs, ctx, deadline, budget), started
+
+
+def _run(reg, args) -> int:
+    from preflight import render, reports
+
+    if args.command == "launch":
+        command = args.launch_command[1:] if args.launch_command[:1] == ["--"] else args.launch_command
+        if not command:
+            raise UsageError("launch needs the command to run after `--`, e.g. preflight launch -- accelerate launch train.py")
+    plan, ctx, results, started = evaluate(reg, args)
+    budget = getattr(args, "budget", None)
     elapsed = time.perf_counter() - started
     outcome = verdict(results)
     if args.json:
@@ -311,13 +325,13 @@ def _target(args) -> tuple:
     return ()
 
 
-def _gather_bounded(plan, args, specs, deadline: float, budget: float):
-    """gather_for within the budget: past it, no facts, and every node check is an error (a deadline)."""
+def _gather_bounded(plan, args, specs, deadline: float, budget: float, gather):
+    """gather(plan, args, specs) within the budget: past it, no facts, and every node check is an error (a deadline)."""
     from preflight import runner
     from preflight.transport import NodeError, run_with_deadline
 
     try:
-        return run_with_deadline(lambda: gather_for(plan, args, specs), max(0.0, deadline - time.monotonic()))
+        return run_with_deadline(lambda: gather(plan, args, specs), max(0.0, deadline - time.monotonic()))
     except NodeError:
         print(f"preflight: gathering facts did not fit the budget of {budget:g} s", file=sys.stderr)
         error = {"kind": "budget", "message": f"the facts were not gathered within the budget of {budget:g} s",

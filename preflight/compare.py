@@ -7,14 +7,15 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 def odd_ones_out(values: Mapping[str, Any], head: str = None) -> Tuple[Any, Dict[str, Any]]:
     """(the value most nodes have, {node: its other value}). A tie goes to the head's value."""
-    counts = Counter(_key(v) for v in values.values())
+    keys = {n: _key(v) for n, v in values.items()}  # once per node: thousands of nodes, dozens of values each
+    counts = Counter(keys.values())
     if not counts:
         return None, {}
     top = max(counts.values())
     leaders = [k for k, c in counts.items() if c == top]
-    reference = _key(values[head]) if head in values and _key(values[head]) in leaders else leaders[0]
-    majority = next(v for v in values.values() if _key(v) == reference)
-    return majority, {n: v for n, v in values.items() if _key(v) != reference}
+    reference = keys[head] if head in values and keys[head] in leaders else leaders[0]
+    majority = next(v for n, v in values.items() if keys[n] == reference)
+    return majority, {n: v for n, v in values.items() if keys[n] != reference}
 
 
 def _key(value: Any) -> str:

@@ -8,6 +8,7 @@ node_exporter) never sees half a report.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import OrderedDict
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from preflight.documents import InputError
 from preflight.result import SEVERITY, Result, Status
@@ -51,12 +52,13 @@ def check_writable(option: str, path: Optional[str]) -> None:
         raise InputError(path or '""', f"{option}: cannot write the report: {problem}")
 
 
-def _atomic_write(path: str, data: bytes) -> None:
+def _atomic_write(path: str, pieces: Iterable[bytes]) -> None:
+    """The pieces, one after the other: a report of thousands of nodes need not be one string (and its copy)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.writelines(pieces)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -122,7 +124,7 @@ def junit(results: Sequence[Result], verdict: str, nodes: Sequence[str], duratio
 
 
 def write_junit(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
-    _atomic_write(path, junit(results, verdict, nodes, duration_s))
+    _atomic_write(path, [junit(results, verdict, nodes, duration_s)])
 
 
 # --- Prometheus (node_exporter textfile collector) -----------------------------------------------
@@ -133,13 +135,37 @@ def _number(value) -> Optional[float]:
     return float(value)
 
 
+STATUS_METRIC = "preflight_check_status"
+STATUS_HELP = "1 for the check's status on the node, 0 for the other statuses"
+
+
+def _label(value: str) -> str:
+    """A label value escaped as prometheus_client escapes it."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def check_status_lines(results: Sequence[Result]) -> Iterator[str]:
+    """preflight_check_status{check,name,node,status}: 1 for the check's status on that node, 0 for the other
+    four (pass, warn, fail, skip, error); the worst when a check has several results on one node;
+    node="config" for results that concern no node. In the text format, as a prometheus_client Gauge writes
+    it, but written here: five samples per check and node are 350,000 at 4,096 nodes, where a Gauge child
+    per sample and generate_latest take seconds (scripts/bench_scale.py)."""
+    worst: Dict[Tuple[str, str, str], Status] = OrderedDict()
+    for r, node in _per_node(results):
+        key = (r.id, r.name, node)
+        worst[key] = _worst((worst.get(key, r.status), r.status))
+    yield f"# HELP {STATUS_METRIC} {STATUS_HELP}\n"
+    yield f"# TYPE {STATUS_METRIC} gauge\n"
+    for (check_id, name, node), current in worst.items():
+        labels = f'{STATUS_METRIC}{{check="{_label(check_id)}",name="{_label(name)}",node="{_label(node)}",status="'
+        yield "".join(f'{labels}{s.value}"}} {"1.0" if s is current else "0.0"}\n' for s in STATUSES)
+
+
 def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float,
                         now: Optional[float] = None):
-    """The metrics, in a fresh CollectorRegistry (no global state):
+    """The metrics but preflight_check_status (check_status_lines), in a fresh CollectorRegistry (no global
+    state):
 
-    preflight_check_status{check,name,node,status}  1 for the check's status on that node, 0 for the other
-        four (pass, warn, fail, skip, error); the worst when a check has several results on one node;
-        node="config" for results that concern no node
     preflight_verdict{verdict}                      1 for this run's verdict, 0 for the other two
     preflight_last_run_timestamp_seconds            when the report was written (Unix time)
     preflight_duration_seconds                      how long the run took
@@ -152,15 +178,6 @@ def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence
     from prometheus_client import CollectorRegistry, Gauge
 
     registry = CollectorRegistry(auto_describe=True)
-    status = Gauge("preflight_check_status", "1 for the check's status on the node, 0 for the other statuses",
-                   ["check", "name", "node", "status"], registry=registry)
-    worst: Dict[Tuple[str, str, str], Status] = OrderedDict()
-    for r, node in _per_node(results):
-        key = (r.id, r.name, node)
-        worst[key] = _worst((worst.get(key, r.status), r.status))
-    for (check_id, name, node), current in worst.items():
-        for s in STATUSES:
-            status.labels(check_id, name, node, s.value).set(1 if s is current else 0)
     verdict_gauge = Gauge("preflight_verdict", "1 for this run's verdict (pass, warn, fail), 0 for the others",
                           ["verdict"], registry=registry)
     for v in VERDICTS:
@@ -205,10 +222,12 @@ def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence
 
 def write_prometheus(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str],
                      duration_s: float) -> None:
-    """prometheus_client's write_to_textfile: a temporary file next to `path`, then a rename."""
-    from prometheus_client import write_to_textfile
+    """preflight_check_status first, then the other metrics as prometheus_client writes them."""
+    from prometheus_client import generate_latest
 
-    write_to_textfile(path, prometheus_registry(results, verdict, nodes, duration_s))
+    registry = prometheus_registry(results, verdict, nodes, duration_s)
+    _atomic_write(path, itertools.chain((line.encode("utf-8") for line in check_status_lines(results)),
+                                        [generate_latest(registry)]))
 
 
 # --- HTML -----------------------------------------------------------------------------------------
@@ -264,10 +283,12 @@ def _style(status: Status) -> str:
 def columns(results: Sequence[Result], nodes: Sequence[str]) -> List[str]:
     """The matrix's columns: CONFIG when some result concerns no node, then the nodes in their order."""
     cols = list(dict.fromkeys(nodes))
+    known = set(cols)  # a list's `in` made this quadratic in the nodes
     for r in results:
         for node in r.nodes:
-            if node not in cols:
+            if node not in known:
                 cols.append(node)
+                known.add(node)
     if any(not r.nodes for r in results):
         cols.insert(0, CONFIG)
     return cols
@@ -276,6 +297,11 @@ def columns(results: Sequence[Result], nodes: Sequence[str]) -> List[str]:
 def html_report(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> str:
     """One self-contained page: the check x node matrix, worst checks first; a click on a cell shows
     its message, remediation and evidence. Every string from the run is escaped."""
+    return "\n".join(html_lines(results, verdict, nodes, duration_s)) + "\n"
+
+
+def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> List[str]:
+    """html_report's page, line by line."""
     from preflight.render import summary
 
     e = lambda text: html.escape(str(text), quote=True)  # noqa: E731
@@ -326,11 +352,11 @@ def html_report(results: Sequence[Result], verdict: str, nodes: Sequence[str], d
     out.append('</tbody></table><div id="panel">')
     out += details
     out.append(f"</div><script>{SCRIPT}</script></body></html>")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def write_html(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
-    _atomic_write(path, html_report(results, verdict, nodes, duration_s).encode("utf-8"))
+    _atomic_write(path, (f"{line}\n".encode("utf-8") for line in html_lines(results, verdict, nodes, duration_s)))
 
 
 WRITERS = (("junit", "--junit", write_junit), ("prometheus", "--prometheus", write_prometheus),

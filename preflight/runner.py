@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterable, List, Mapping, Optional
 
 from preflight.documents import one_line
@@ -50,11 +50,11 @@ def _run_on_node(spec: CheckSpec, ctx: CheckContext, node: str) -> List[Result]:
                            error.get("remediation"), {}, 0.0)]
         reason = error.get("message", "no facts")
         return [Result(spec.id, spec.name, Status.SKIP, (node,), f"node not checked: {reason}", None, {}, 0.0)]
-    results = _run(spec, replace(ctx, node=node))
-    return [r if r.nodes else replace(r, nodes=(node,)) for r in results]
+    return _run(spec, CheckContext(ctx.plan, ctx.facts, ctx.probes, node), (node,))
 
 
-def _run(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
+def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
+    """The check's Results; `nodes` for those whose finding names none (a node check's own node)."""
     started = time.perf_counter()
     try:
         findings = list(spec.func(ctx) or ())
@@ -74,10 +74,15 @@ def _run(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
     elapsed = (time.perf_counter() - started) / len(findings)
     # Messages quote what users wrote (keys, paths): one_line keeps each on one printable line.
     return [
-        Result(spec.id, spec.name, f.status, tuple(f.nodes), one_line(f.message),
-               one_line(f.remediation) if f.remediation is not None else None, dict(f.evidence), elapsed)
+        Result(spec.id, spec.name, f.status, tuple(f.nodes) or nodes, _one_line(f.message),
+               _one_line(f.remediation) if f.remediation is not None else None, dict(f.evidence), elapsed)
         for f in findings
     ]
+
+
+def _one_line(text: str) -> str:
+    """one_line, without its walk over each character when there is nothing to escape (most messages)."""
+    return text if text.isprintable() else one_line(text)
 
 
 def run(specs: Iterable[CheckSpec], ctx: CheckContext, deadline: Optional[float] = None,

@@ -1,0 +1,288 @@
+"""How the cost of `preflight check` grows with the cluster, without a network: synthetic facts for N nodes
+go through the same code as after a real gathering (cli.evaluate: selection, plan, every registered check)
+and then through every renderer (terminal, JSON, JUnit, Prometheus, HTML).
+
+The facts are this machine's, from the real collector, sent through JSON once per node as gather does,
+with each node's own name and address (node0001, 10.1.0.1, ...). This machine has no GPU: the gpus fact is
+the collector's own, built from the recorded answers of an 8 x H100 node (tests/fixtures/nvml). A few nodes
+are made odd (PLANTED) so that the checks find something: tests/test_bench_scale.py checks that they do.
+The all-reduce needs a network: no collective probe, so the COL checks skip as they do when it did not run.
+The libraries' validators (tag `deep`: importing accelerate and deepspeed, seconds, the same for any N)
+are left out, as `--skip deep` does.
+
+    .venv/bin/python scripts/bench_scale.py --nodes 1024 4096 --repeat 5
+
+Each run is a fresh interpreter (`--one N`), so imports and the peak RSS (getrusage ru_maxrss) are its own.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPUS_PER_NODE = 8
+PORT = 29500
+# Clusters run with these set the same everywhere (PKG004 compares them).
+JOB_ENV = {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "8"}
+
+
+def name_of(i: int) -> str:
+    return f"node{i + 1:04d}"
+
+
+def address_of(i: int) -> str:
+    return f"10.1.{i // 250}.{i % 250 + 1}"
+
+
+# --- what is made odd, and on which nodes -----------------------------------------------------------
+
+def _older_torch(state, n):
+    state["facts"]["packages"]["versions"]["torch"] = "2.12.1"
+
+
+def _clock_ahead(seconds):
+    def shift(state, n):
+        state["clock"]["offset_s"] += seconds
+    return shift
+
+
+def _nccl_ib_disabled(state, n):
+    state["facts"]["env"]["NCCL_IB_DISABLE"] = "1"
+
+
+def _small_shm(state, n):
+    state["facts"]["storage"]["shm"].update(total_bytes=64 * 2**20, free_bytes=64 * 2**20)
+
+
+def _gpu_lost(state, n):
+    state["facts"]["gpus"] = recorded_gpus("gpu-lost.json")
+
+
+def _stale_hosts_entry(state, n):
+    state["facts"]["host"]["head_resolves_to"] = ["10.9.9.9"]
+
+
+def _ssh_timeout(state, n):
+    state.update(facts=None, clock=None, error={"kind": "timeout", "message": "no answer within 30 s",
+                                                "remediation": "check that the node is up and sshd runs"})
+
+
+# (what, how many nodes, change): the check that must notice it is in tests/test_bench_scale.py.
+PLANTED = (
+    ("older-torch", 3, _older_torch),
+    ("clock-fail", 1, _clock_ahead(2.5)),
+    ("clock-warn", 1, _clock_ahead(0.3)),
+    ("nccl-env", 1, _nccl_ib_disabled),
+    ("small-shm", 1, _small_shm),
+    ("gpu-lost", 1, _gpu_lost),
+    ("stale-hosts", 1, _stale_hosts_entry),
+    ("ssh-timeout", 1, _ssh_timeout),
+    ("port-blocked", 1, None),  # a probe answer, not a fact: see synthesize
+)
+
+
+def planted_nodes(n: int) -> dict:
+    """what -> the node names made odd that way: spread over the cluster, never the head."""
+    step, placed = max(1, n // (len(PLANTED) + 1)), {}
+    for k, (what, count, _) in enumerate(PLANTED):
+        first = step * (k + 1)
+        placed[what] = [name_of(i) for i in range(first, first + count)]
+    return placed
+
+
+# --- the synthetic cluster ------------------------------------------------------------------------
+
+def recorded_gpus(recording: str) -> dict:
+    """The gpus fact as the collector builds it from a recording of NVML's answers (no GPU here)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    try:
+        from nvml_fake import fake
+    finally:
+        sys.path.remove(os.path.join(ROOT, "tests"))
+    from preflight import collector
+
+    return collector._gpus(fake(recording)())
+
+
+def write_inputs(n: int, folder: str) -> dict:
+    """The job's accelerate config, DeepSpeed config and hostfile for n nodes of 8 GPUs; the report paths."""
+    import yaml
+
+    ds = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+          "train_batch_size": 4 * 2 * GPUS_PER_NODE * n, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True},
+          "gradient_clipping": 1.0}
+    accelerate = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED",
+                  "deepspeed_config": {"deepspeed_config_file": "ds_config.json", "zero3_init_flag": True},
+                  "machine_rank": 0, "num_machines": n, "num_processes": GPUS_PER_NODE * n,
+                  "main_process_ip": address_of(0), "main_process_port": PORT,
+                  "rdzv_backend": "static", "same_network": True, "use_cpu": False}
+    paths = {name: os.path.join(folder, name) for name in
+             ("accelerate.yaml", "ds_config.json", "hostfile", "report.txt", "report.json", "junit.xml",
+              "preflight.prom", "report.html")}
+    with open(paths["ds_config.json"], "w") as f:
+        json.dump(ds, f, indent=2)
+    with open(paths["accelerate.yaml"], "w") as f:
+        yaml.safe_dump(accelerate, f)
+    with open(paths["hostfile"], "w") as f:
+        f.writelines(f"{name_of(i)} slots={GPUS_PER_NODE}\n" for i in range(n))
+    return paths
+
+
+def synthesize(n: int, folder: str) -> tuple:
+    """(facts, probes) as gather_ssh returns them for n nodes, the planted variations included."""
+    from preflight import collector
+
+    base = collector.collect({"head": address_of(0), "port": PORT, "paths": {"workdir": folder}})
+    base["env"].update(JOB_ENV)
+    base["gpus"] = recorded_gpus("h100x8.json")
+    base["clock"].update(synchronised=True, esterror_s=0.0005, maxerror_s=0.01)
+    base["limits"]["memlock"] = [None, None]  # unlimited, as an RDMA node has it
+    base["host"].update(rdma_devices=[f"mlx5_{k}" for k in range(GPUS_PER_NODE)], head_resolves_to=[address_of(0)])
+    changes = {name: change for what, _, change in PLANTED if change for name in planted_nodes(n)[what]}
+    jitter = random.Random(n)
+    facts = {}
+    for i in range(n):
+        name, address = name_of(i), address_of(i)
+        doc = copy.deepcopy(base)
+        doc["host"].update(hostname=name, fqdn=f"{name}.cluster", resolves_to=[address], resolves_to_own_interface=True,
+                           interfaces={"lo": ["127.0.0.1", "::1"], "eth0": [address]},
+                           route_to_head={"head": address_of(0), "source": address, "interface": "eth0"})
+        state = {"facts": doc, "error": None,
+                 "clock": {"offset_s": jitter.uniform(-0.002, 0.002), "bound_s": 0.0002, "rtt_s": 0.0004}}
+        if name in changes:
+            changes[name](state, name)
+        # Over the wire: each node's document is its own object tree, as json.loads gives it to gather.
+        state["facts"] = json.loads(json.dumps(state["facts"])) if state["facts"] else None
+        facts[name] = state
+    blocked = set(planted_nodes(n)["port-blocked"])
+    workers = {name: ({"ok": False, "error": "[Errno 111] Connection refused", "address": address_of(0)}
+                      if name in blocked else {"ok": True, "address": address_of(0)})
+               for name, state in list(facts.items())[1:] if state["error"] is None}
+    probes = {"port": {"head": name_of(0), "listen": {"bound": True}, "workers": workers},
+              "head": {"name": name_of(0), "address": address_of(0)}}
+    return facts, probes
+
+
+# --- one run, in this interpreter -------------------------------------------------------------------
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def run_once(n: int, folder: str) -> dict:
+    """Imports, synthesis, then checks and every report, timed apart (seconds); peak RSS in MB."""
+    started = time.perf_counter()
+    from preflight import cli, registry, render, reports, runner
+    from preflight.result import verdict
+
+    reg = registry.load()
+    for lazy in ("prometheus_client", "yaml"):  # imported on the way by reports and the plan: count them here
+        importlib.import_module(lazy)
+    imported = time.perf_counter()
+
+    paths = write_inputs(n, folder)
+    facts, probes = synthesize(n, folder)
+    synthesized = time.perf_counter()
+    peak_before = peak_mb()
+
+    args = cli.build_parser().parse_args([
+        "check", "--hostfile", paths["hostfile"], "--config", paths["accelerate.yaml"], "--skip", "deep", "--json",
+        "--junit", paths["junit.xml"], "--prometheus", paths["preflight.prom"], "--html", paths["report.html"]])
+    stages, peaks = {}, {}  # seconds of each stage; the peak RSS once it is done (which stage raised it)
+    mark = time.perf_counter()
+    synthetic = lambda plan, args, specs: runner.CheckContext(plan, facts, probes)  # noqa: E731  (gather_for's place)
+    plan, _, results, _ = cli.evaluate(reg, args, gather=synthetic)
+    stages["checks_s"], peaks["checks"], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
+    outcome, elapsed = verdict(results), time.perf_counter() - synthesized
+    with open(paths["report.json"], "w") as f:
+        f.write(render.to_json(results, outcome, plan.nodes, elapsed))
+        f.write("\n")  # as print() does, without a copy of the document
+    stages["json_s"], peaks["json"], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
+    with open(paths["report.txt"], "w") as f:  # a file is no terminal: plain text, as with a pipe
+        render.terminal(results, outcome, elapsed, stream=f)
+    stages["terminal_s"], peaks["terminal"], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
+    for attr, _, writer in reports.WRITERS:  # what reports.write_all does, one writer at a time
+        writer(getattr(args, attr), results, outcome, plan.nodes, elapsed)
+        stages[f"{attr}_s"], peaks[attr], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
+    done = time.perf_counter()
+    return dict(nodes=n, results=len(results), verdict=outcome, import_s=imported - started,
+                synthesis_s=synthesized - imported, wall_s=done - synthesized, peak_before_mb=peak_before,
+                peak_mb=peak_mb(), **stages, peaks_mb=peaks, paths=paths)
+
+
+# --- many runs, each in a fresh interpreter --------------------------------------------------------
+
+def _child(n: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="pf-bench-") as folder:
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", str(n), "--dir", folder],
+                              cwd=folder, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench_scale --one {n} failed: {done.stderr.strip()[-2000:]}")
+        return json.loads(done.stdout.splitlines()[-1])
+
+
+def measure(n: int, repeat: int = 5) -> dict:
+    """Medians over `repeat` fresh interpreters for n nodes, with the spread of the wall time."""
+    return _medians([_child(n) for _ in range(repeat)])
+
+
+def measure_sizes(sizes, repeat: int = 5) -> dict:
+    """n -> medians, the sizes interleaved run by run so that machine noise falls on all of them alike."""
+    runs = {n: [] for n in sizes}
+    for _ in range(repeat):
+        for n in sizes:
+            runs[n].append(_child(n))
+    return {n: _medians(r) for n, r in runs.items()}
+
+
+def _medians(runs: list) -> dict:
+    numbers = [k for k, v in runs[0].items() if isinstance(v, float)]
+    summary = {k: statistics.median(r[k] for r in runs) for k in numbers}
+    walls = [r["wall_s"] for r in runs]
+    summary.update(nodes=runs[0]["nodes"], results=runs[0]["results"], verdict=runs[0]["verdict"],
+                   runs=len(runs), wall_min_s=min(walls), wall_max_s=max(walls))
+    return summary
+
+
+def table(by_size: dict) -> str:
+    stages = ("checks_s", "json_s", "terminal_s", "junit_s", "prometheus_s", "html_s")
+    rows = ["| nodes | results | checks + reports: median (min-max) | peak RSS | of it, before the checks | "
+            "synthesis | import | " + " | ".join(s[:-2] for s in stages) + " |", "|---" * (7 + len(stages)) + "|"]
+    for n, m in by_size.items():
+        rows.append(f"| {n:,} | {m['results']:,} | {m['wall_s']:.2f} s ({m['wall_min_s']:.2f}-{m['wall_max_s']:.2f}) "
+                    f"| {m['peak_mb']:.0f} MB | {m['peak_before_mb']:.0f} MB | {m['synthesis_s']:.2f} s "
+                    f"| {m['import_s']:.2f} s | " + " | ".join(f"{m[s]:.2f} s" for s in stages) + " |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--repeat", type=int, default=5, help="fresh interpreters per size (medians)")
+    parser.add_argument("--one", type=int, metavar="N", help=argparse.SUPPRESS)  # a child: one run, one JSON line
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        result = run_once(args.one, args.dir)
+        print(json.dumps({k: v for k, v in result.items() if k != "paths"}))
+        return
+    by_size = measure_sizes(args.nodes, args.repeat)
+    print(table(by_size))
+    print(f"(medians of {args.repeat} runs each, sizes interleaved; wall: facts in memory to every report "
+          f"written; peak RSS: ru_maxrss of the whole run)")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)  # run from a checkout as well as from an installed preflight
+    main()
