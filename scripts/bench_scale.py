@@ -17,7 +17,6 @@ Each run is a fresh interpreter (`--one N`), so imports and the peak RSS (getrus
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib
 import json
 import os
@@ -65,7 +64,7 @@ def _small_shm(state, n):
 
 
 def _gpu_lost(state, n):
-    state["facts"]["gpus"] = recorded_gpus("gpu-lost.json")
+    state["facts"]["gpus"] = json.loads(json.dumps(recorded_gpus("gpu-lost.json")))  # as from the wire
 
 
 def _stale_hosts_entry(state, n):
@@ -151,10 +150,11 @@ def synthesize(n: int, folder: str) -> tuple:
     base["host"].update(rdma_devices=[f"mlx5_{k}" for k in range(GPUS_PER_NODE)], head_resolves_to=[address_of(0)])
     changes = {name: change for what, _, change in PLANTED if change for name in planted_nodes(n)[what]}
     jitter = random.Random(n)
+    sent = json.dumps(base)
     facts = {}
     for i in range(n):
         name, address = name_of(i), address_of(i)
-        doc = copy.deepcopy(base)
+        doc = json.loads(sent)  # each node's document is its own object tree, as gather has it from the wire
         doc["host"].update(hostname=name, fqdn=f"{name}.cluster", resolves_to=[address], resolves_to_own_interface=True,
                            interfaces={"lo": ["127.0.0.1", "::1"], "eth0": [address]},
                            route_to_head={"head": address_of(0), "source": address, "interface": "eth0"})
@@ -162,8 +162,6 @@ def synthesize(n: int, folder: str) -> tuple:
                  "clock": {"offset_s": jitter.uniform(-0.002, 0.002), "bound_s": 0.0002, "rtt_s": 0.0004}}
         if name in changes:
             changes[name](state, name)
-        # Over the wire: each node's document is its own object tree, as json.loads gives it to gather.
-        state["facts"] = json.loads(json.dumps(state["facts"])) if state["facts"] else None
         facts[name] = state
     blocked = set(planted_nodes(n)["port-blocked"])
     workers = {name: ({"ok": False, "error": "[Errno 111] Connection refused", "address": address_of(0)}
