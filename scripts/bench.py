@@ -1,0 +1,567 @@
+#!/usr/bin/env python3
+"""preflight against what users would run instead, on this machine, in one run (run it as scripts/bench).
+
+Every comparison runs its contenders interleaved (round-robin, starting one further each round; where wall
+time is compared, after one untimed warm-up each) and reports medians of --repeat rounds. Sections:
+
+  local    preflight lint / node against ds_report and accelerate env
+  fanout   preflight check (no collective) over N test hosts against clush and pdsh -R ssh running
+           preflight's own fact collector on the same hosts; the scaling curve as a PNG
+  hang     time to a verdict with one node's sshd frozen (--timeout 5) against a plain torch.distributed
+           rendezvous missing that node (measured at a 5 s timeout; its default timeout computed)
+  col      busbw of preflight's all-reduce against a plain torch.distributed loop, same hosts and sizes
+  scale    synthetic facts for 1,024 and 4,096 nodes through the checks and every renderer
+  startup  import time of the preflight command (python -X importtime)
+
+The test hosts are the test cluster of scripts/testcluster.py (root, ip netns, OpenSSH server). A full,
+error-free run rewrites the generated part of BENCHMARKS.md; a partial or failed one only prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import testcluster  # noqa: E402
+
+BIN = Path(sys.executable).parent
+PREFLIGHT = str(BIN / "preflight")
+COLLECTOR = ROOT / "preflight" / "collector.py"
+GOLDEN = ROOT / "tests" / "fixtures" / "config" / "golden" / "two-machines"
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+PNG = ROOT / "BENCHMARKS-fanout.png"
+BEGIN, END = "<!-- scripts/bench: begin -->", "<!-- scripts/bench: end -->"
+SECTIONS = ("local", "fanout", "hang", "col", "scale", "startup")
+HANG_TIMEOUT_S = 5
+COL_HOSTS = 4
+HEAVY_MODULES = ("torch", "accelerate", "deepspeed", "numpy")
+
+
+class BenchError(Exception):
+    """A contender failed or gave a wrong answer: its times would mean nothing."""
+
+
+@dataclass
+class Target:
+    text: str
+    measured: str
+    met: bool
+
+
+@dataclass
+class Section:
+    title: str
+    table: List[List[str]] = field(default_factory=list)  # header row first
+    targets: List[Target] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str = ""
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+def run(argv: Sequence[str], ok: Sequence[int] = (0,), timeout: float = 300, env: Optional[dict] = None):
+    """(wall seconds, stdout) of one command; a return code outside `ok` is a BenchError."""
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run([str(a) for a in argv], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout, env=None if env is None else {**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{Path(str(argv[0])).name}: no answer in {timeout} s") from None
+    elapsed = time.perf_counter() - started
+    if proc.returncode not in ok:
+        tail = (proc.stderr.strip() or proc.stdout.strip())[-400:]
+        raise BenchError(f"{shlex.join(map(str, argv))[:200]}: exit {proc.returncode}: {tail}")
+    return elapsed, proc.stdout
+
+
+def interleaved(contenders: Dict[str, Callable[[], float]], repeat: int, warm_up: bool = True) -> Dict[str, List[float]]:
+    """Each contender's times over `repeat` rounds; each round starts one contender further, so none is
+    always first (cold) or last; one untimed warm-up each fills the page cache and ssh's known state."""
+    names = list(contenders)
+    for name in names if warm_up else ():
+        contenders[name]()
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for round_ in range(repeat):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(contenders[name]())
+    return times
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def secs(value: float) -> str:
+    return f"{value:.2f} s" if value >= 0.995 else f"{value * 1000:.0f} ms"
+
+
+def spread(values: Sequence[float]) -> str:
+    return f"{secs(median(values))} ({secs(min(values))}-{secs(max(values))})"
+
+
+# --- 1. local speed -------------------------------------------------------------------------------
+
+def bench_local(section: Section, repeat: int, **_):
+    commands = {
+        "preflight lint": [PREFLIGHT, "lint", "--config", GOLDEN / "accelerate.yaml", "--deepspeed", GOLDEN / "ds.json"],
+        "preflight node": [PREFLIGHT, "node"],
+        "ds_report": [BIN / "ds_report"],
+        "accelerate env": [BIN / "accelerate", "env"],
+    }
+    # preflight exits 1 on a fail verdict (this machine may well have one): that is still a complete run.
+    times = interleaved({name: (lambda argv=argv: run(argv, ok=(0, 1))[0]) for name, argv in commands.items()},
+                        repeat)
+    ds = median(times["ds_report"])
+    section.table.append(["command", "median (min-max)", "ds_report / this"])
+    for name, values in times.items():
+        section.table.append([f"`{name}`", spread(values), f"{ds / median(values):.1f}x"])
+    for name in ("preflight lint", "preflight node"):
+        ratio = ds / median(times[name])
+        section.targets.append(Target(f"`{name}` at least 10x faster than `ds_report`", f"{ratio:.1f}x", ratio >= 10))
+    section.notes.append(f"lint reads `{GOLDEN.relative_to(ROOT)}/accelerate.yaml` and `ds.json`; `preflight node` "
+                         "runs every node-scope check on this machine.")
+
+
+# --- the test cluster -----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def test_cluster(nodes: int):
+    reason = "; ".join(testcluster.requirements(probe=True))
+    if reason:
+        raise BenchError(f"no test cluster here: {reason}")
+    with testcluster.cluster_lock(), tempfile.TemporaryDirectory(prefix="preflight-bench-") as folder:
+        testcluster.clean_stale("bench")
+        cluster = testcluster.Cluster(folder, nodes=nodes, prefix="bench")
+        try:
+            cluster.up()
+            yield cluster
+        finally:
+            cluster.down()
+
+
+def check_argv(cluster, hosts: Sequence[str], *extra) -> List[str]:
+    return [PREFLIGHT, "check", "--hosts", ",".join(hosts), "--ssh-config", cluster.ssh_config,
+            "--python", sys.executable, "--json", *extra]
+
+
+def result(doc: dict, check_id: str) -> dict:
+    return next(r for r in doc["results"] if r["id"] == check_id)
+
+
+# --- 2. fan-out -----------------------------------------------------------------------------------
+
+def fanout_contenders(cluster, hosts: Sequence[str]) -> Dict[str, Callable[[], float]]:
+    # The same fact collector preflight ships, here by path; after the facts it would serve requests
+    # until its input ends, and pdsh keeps ssh's input open.
+    collector = f"{shlex.quote(sys.executable)} {shlex.quote(str(COLLECTOR))} </dev/null"
+
+    def facts_from_every_host(stdout: str, tool: str):
+        seen = {line.split(":", 1)[0].strip() for line in stdout.splitlines() if ": {" in line}
+        if seen != set(hosts):
+            raise BenchError(f"{tool}: facts from {sorted(seen)}, expected {list(hosts)}")
+
+    def preflight():
+        elapsed, out = run(check_argv(cluster, hosts, "--skip", "COL"), ok=(0, 1), timeout=60)
+        reach = result(json.loads(out), "SSH001")
+        if reach["status"] != "pass":
+            raise BenchError(f"preflight: SSH001 {reach['status']}: {reach['message']}")
+        return elapsed
+
+    def clush():
+        elapsed, out = run([BIN / "clush", "-w", ",".join(hosts), "-f", "64", "--nostdin",
+                            "-o", f"-F {cluster.ssh_config}", collector], timeout=60)
+        facts_from_every_host(out, "clush")
+        return elapsed
+
+    def pdsh():
+        elapsed, out = run(["pdsh", "-R", "ssh", "-f", "64", "-w", ",".join(hosts), collector],
+                           env={"PDSH_SSH_ARGS_APPEND": f"-F {cluster.ssh_config}"}, timeout=60)
+        facts_from_every_host(out, "pdsh")
+        return elapsed
+
+    return {"preflight check": preflight, "clush": clush, "pdsh -R ssh": pdsh}
+
+
+def bench_fanout(section: Section, repeat: int, cluster, sizes: Sequence[int], png: Path, **_):
+    medians: Dict[str, Dict[int, float]] = {}
+    section.table.append(["hosts", "preflight check", "clush", "pdsh -R ssh", "preflight / pdsh"])
+    for n in sizes:
+        times = interleaved(fanout_contenders(cluster, cluster.nodes[:n]), repeat, warm_up=n == sizes[0])
+        for name, values in times.items():
+            medians.setdefault(name, {})[n] = median(values)
+        ratio = median(times["preflight check"]) / median(times["pdsh -R ssh"])
+        section.table.append([str(n)] + [spread(v) for v in times.values()] + [f"{ratio:.2f}"])
+    largest = max(sizes)
+    ratio = medians["preflight check"][largest] / medians["pdsh -R ssh"][largest]
+    section.targets.append(Target(f"fan-out at N = {largest} no slower than `pdsh -R ssh`",
+                                  f"{ratio:.2f} of pdsh's time", ratio <= 1.0))
+    section.notes.append("preflight also takes clock samples, probes the main port and runs every check; clush and "
+                         f"pdsh only run `{COLLECTOR.relative_to(ROOT)}` (the same facts, no verdict). Fan-out 64 "
+                         "for all three; each run is verified to bring back every host's facts.")
+    plot_fanout(medians, png)
+    section.notes.append(f"Scaling curve: [{png.name}]({png.name}).")
+
+
+def plot_fanout(medians: Dict[str, Dict[int, float]], png: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, by_n in medians.items():
+        ax.plot(list(by_n), list(by_n.values()), marker="o", label=name)
+    ax.set_xlabel("test hosts")
+    ax.set_ylabel("wall time, median (s)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(next(iter(medians.values()))))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title("facts from N hosts over SSH")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+# --- 3. a hung node -------------------------------------------------------------------------------
+
+RENDEZVOUS = textwrap.dedent("""
+    import datetime, sys, time
+    import torch.distributed as dist
+    rank, world, address, timeout = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    start = time.monotonic()
+    try:
+        dist.init_process_group("gloo", init_method="tcp://" + address, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout))
+    except Exception as exc:
+        print("gave up after %.1f s: %s" % (time.monotonic() - start, type(exc).__name__))
+        sys.exit(3)
+    print("joined")
+""")
+
+
+def bench_hang(section: Section, repeat: int, cluster, folder: Path, **_):
+    import torch.distributed.constants as constants
+
+    hosts, hung = cluster.nodes[:4], cluster.nodes[3]
+    script = folder / "rendezvous.py"
+    script.write_text(RENDEZVOUS)
+    ports = iter(range(29700, 29800))  # a fresh port each time: no TIME_WAIT from the last round in the way
+
+    def preflight():
+        elapsed, out = run(check_argv(cluster, hosts, "--timeout", str(HANG_TIMEOUT_S)), ok=(1,), timeout=60)
+        reach = result(json.loads(out), "SSH001")
+        if reach["status"] != "fail" or reach.get("nodes") != [hung]:
+            raise BenchError(f"preflight with {hung} frozen: SSH001 {reach['status']} on {reach.get('nodes')}")
+        return elapsed
+
+    def plain_rendezvous():
+        """Every rank but the hung node's, started over ssh; done when the last one gives up."""
+        address = f"{cluster.ip(hosts[0])}:{next(ports)}"
+        started = time.perf_counter()
+        procs = [subprocess.Popen(cluster.ssh_argv(host, sys.executable, str(script), str(rank), str(len(hosts)),
+                                                   address, str(HANG_TIMEOUT_S)),
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank, host in enumerate(hosts[:-1])]
+        outs = [p.communicate(timeout=120) for p in procs]
+        elapsed = time.perf_counter() - started
+        if any(p.returncode != 3 for p in procs):
+            raise BenchError(f"plain rendezvous without {hung} did not time out: {[o[0] + o[1][-200:] for o in outs]}")
+        return elapsed
+
+    with cluster.frozen_sshd(hung):
+        times = interleaved({"preflight": preflight, "plain": plain_rendezvous}, repeat)
+    verdict, plain = times["preflight"], times["plain"]
+    gloo_default = constants.default_pg_timeout.total_seconds()
+    section.table.append(["what", f"{len(hosts)} hosts, {hung}'s sshd frozen", "median (min-max)"])
+    section.table.append(["`preflight check --timeout 5`", "verdict: fail, SSH001 names " + hung, spread(verdict)])
+    section.table.append([f"plain `init_process_group`, timeout {HANG_TIMEOUT_S} s", "the 3 others give up",
+                          spread(plain)])
+    section.table.append(["plain `init_process_group`, default timeout",
+                          "computed: torch's `default_pg_timeout` (gloo)", f"{gloo_default / 60:.0f} min"])
+    section.table.append(["", "NCCL's default (torch documentation; this CPU build has no NCCL)", "10 min"])
+    section.targets.append(Target(f"verdict with a hung node within the timeout + 1 s ({HANG_TIMEOUT_S + 1} s)",
+                                  f"{secs(median(verdict))} median, {secs(max(verdict))} at most",
+                                  max(verdict) <= HANG_TIMEOUT_S + 1))
+    section.notes.append(f"A job started on these hosts with the defaults waits {gloo_default / 60:.0f} min (gloo) or "
+                         f"10 min (NCCL) before saying anything: {gloo_default / median(verdict):.0f}x and "
+                         f"{600 / median(verdict):.0f}x preflight's time to a verdict.")
+
+
+# --- 4. the collective ----------------------------------------------------------------------------
+
+PLAIN_LOOP = textwrap.dedent("""
+    import datetime, json, sys, time
+    import torch, torch.distributed as dist
+    rank, world, address, sizes, iters = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
+                                          [int(s) for s in sys.argv[4].split(",")], int(sys.argv[5]))
+    dist.init_process_group("gloo", init_method="tcp://" + address, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    busbw = {}
+    for size in sizes:
+        buf = torch.ones(size // 4)
+        dist.all_reduce(buf)  # warm-up
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf)
+        per_iter = (time.perf_counter() - start) / iters
+        busbw[size] = size / per_iter / 1e9 * 2 * (world - 1) / world
+    if rank == 0:
+        print(json.dumps(busbw))
+    dist.destroy_process_group()
+""")
+PLAIN_ITERS = 5
+
+
+def bench_col(section: Section, repeat: int, cluster, folder: Path, **_):
+    from preflight.collective import DEFAULT_SIZES
+
+    hosts = cluster.nodes[:COL_HOSTS]
+    script = folder / "plain_allreduce.py"
+    script.write_text(PLAIN_LOOP)
+    ports = iter(range(29800, 29900))
+    sizes = ",".join(str(s) for s in DEFAULT_SIZES)
+    figures: Dict[str, List[Dict[int, float]]] = {"preflight": [], "plain": []}
+
+    def preflight():
+        elapsed, out = run(check_argv(cluster, hosts, "--only", "COL", "--timeout", "120"), timeout=300)
+        evidence = result(json.loads(out), "COL002")["evidence"]
+        figures["preflight"].append({s["bytes"]: s["busbw_gbps"] for s in evidence["per_size"]})
+        return elapsed
+
+    def plain():
+        address = f"{cluster.ip(hosts[0])}:{next(ports)}"
+        started = time.perf_counter()
+        procs = [subprocess.Popen(cluster.ssh_argv(host, sys.executable, str(script), str(rank), str(len(hosts)),
+                                                   address, sizes, str(PLAIN_ITERS)),
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank, host in enumerate(hosts)]
+        outs = [p.communicate(timeout=300) for p in procs]
+        if any(p.returncode for p in procs):
+            raise BenchError(f"plain all-reduce loop failed: {[o[1][-300:] for o in outs]}")
+        figures["plain"].append({int(k): v for k, v in json.loads(outs[0][0].strip().splitlines()[-1]).items()})
+        return time.perf_counter() - started
+
+    interleaved({"preflight": preflight, "plain": plain}, repeat, warm_up=False)  # figures, not wall times
+    section.table.append(["message", "preflight busbw, median (min-max)", "plain loop busbw", "preflight / plain"])
+    ratios = {}
+    for size in DEFAULT_SIZES:
+        ours = [f[size] for f in figures["preflight"]]
+        theirs = [f[size] for f in figures["plain"]]
+        ratios[size] = median(ours) / median(theirs)
+        section.table.append([f"{size >> 20} MiB", gbps(ours), gbps(theirs), f"{ratios[size]:.2f}"])
+    largest = max(DEFAULT_SIZES)
+    section.targets.append(Target(f"busbw within 10% of the plain torch.distributed loop ({largest >> 20} MiB)",
+                                  f"{ratios[largest]:.2f} of the loop's", abs(ratios[largest] - 1) <= 0.10))
+    section.notes.append(f"gloo over the test cluster's veth bridge, {len(hosts)} hosts, one rank each; busbw = algbw x "
+                         "2(n-1)/n as nccl-tests. preflight times each size for about 0.5 s (3-20 iterations), the "
+                         f"loop for {PLAIN_ITERS} iterations after one warm-up.")
+
+
+def gbps(values: Sequence[float]) -> str:
+    return f"{median(values):.3f} GB/s ({min(values):.3f}-{max(values):.3f})"
+
+
+# --- 5. scale and 6. start-up ---------------------------------------------------------------------
+
+def bench_scale_section(section: Section, repeat: int, **_):
+    import bench_scale
+
+    section.table.append(["nodes", "facts made", "checks + every report", "peak memory"])
+    measured = {n: bench_scale.measure(n, repeat) for n in (1024, 4096)}
+    for n, m in measured.items():
+        section.table.append([f"{n:,}", secs(m["synthesis_s"]), secs(m["wall_s"]), f"{m['peak_mb']:.0f} MB"])
+    big = measured[4096]
+    section.targets.append(Target("4,096 synthetic nodes through checks and report in under 2 s and 300 MB",
+                                  f"{secs(big['wall_s'])}, {big['peak_mb']:.0f} MB",
+                                  big["wall_s"] < 2 and big["peak_mb"] < 300))
+    section.notes.append(bench_scale.DESCRIPTION)
+
+
+def bench_startup(section: Section, repeat: int, **_):
+    argv = [sys.executable, "-X", "importtime", "-m", "preflight", "node"]
+    runs, heavy = [], set()
+    for _ in range(repeat + 1):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        top_level = {}  # module imported at top level -> its cumulative microseconds
+        for line in proc.stderr.splitlines():
+            match = re.match(r"import time:\s+\d+ \|\s+(\d+) \| ( *)(\S+)", line)
+            if not match:
+                continue
+            microseconds, indent, module = match.groups()
+            if module.split(".")[0] in HEAVY_MODULES:
+                heavy.add(module.split(".")[0])
+            if not indent:
+                top_level[module] = int(microseconds) / 1e6
+        runs.append(top_level)
+    runs = runs[1:]  # the first fills the page cache
+    slowest = sorted(runs[-1], key=runs[-1].get, reverse=True)[:4]
+    section.table.append(["imports of `preflight node` (`-X importtime`)", "median (min-max)"])
+    section.table.append(["all, top-level cumulative", spread([sum(r.values()) for r in runs])])
+    for name in slowest:
+        section.table.append([f"`{name}`", spread([r.get(name, 0.0) for r in runs])])
+    section.table.append(["torch, accelerate, deepspeed or numpy", ", ".join(sorted(heavy)) or "not imported"])
+    section.targets.append(Target("torch, deepspeed and accelerate off the start-up path",
+                                  ", ".join(sorted(heavy)) or "none imported", not heavy))
+
+
+BENCHES = {"local": ("1. Local speed", bench_local), "fanout": ("2. Fan-out", bench_fanout),
+           "hang": ("3. Time to a verdict with a hung node", bench_hang), "col": ("4. Collective", bench_col),
+           "scale": ("5. Scale beyond this machine", bench_scale_section), "startup": ("6. Start-up", bench_startup)}
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+def markdown_table(rows: List[List[str]]) -> str:
+    header, *body = rows
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
+
+
+def machine() -> List[List[str]]:
+    def first(path, key):
+        with contextlib.suppress(OSError):
+            for line in Path(path).read_text().splitlines():
+                if line.startswith(key):
+                    return line.split(":", 1)[-1].split("=", 1)[-1].strip().strip('"')
+        return "?"
+
+    def version(argv):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+            return (proc.stdout + proc.stderr).strip().splitlines()[0]
+        return "not installed"
+
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    def dist(name):
+        with contextlib.suppress(PackageNotFoundError):
+            return dist_version(name)
+        return "not installed"
+
+    memory_kb = int(first("/proc/meminfo", "MemTotal").split()[0]) if first("/proc/meminfo", "MemTotal") != "?" else 0
+    rows = [["machine", f"{first('/proc/cpuinfo', 'model name')}, {os.cpu_count()} cores, "
+                        f"{memory_kb / 2**20:.0f} GiB, {first('/etc/os-release', 'PRETTY_NAME')}, "
+                        f"kernel {platform.release()}"],
+            ["python", platform.python_version()]]
+    for name in ("preflight", "torch", "accelerate", "deepspeed", "paramiko", "clustershell", "matplotlib"):
+        rows.append([name, dist(name)])
+    rows.append(["pdsh", version(["pdsh", "-V"])])
+    rows.append(["OpenSSH", version(["ssh", "-V"])])
+    return [["", "version"]] + rows
+
+
+def report(sections: Dict[str, Section], argv: List[str], started: datetime.datetime, total_s: float) -> str:
+    out = [BEGIN, f"Run {started:%Y-%m-%d %H:%M} UTC in {total_s / 60:.1f} min: `{shlex.join(argv)}`", "",
+           markdown_table(machine()), "", "## Targets", ""]
+    targets = [t for s in sections.values() for t in s.targets]
+    out.append(markdown_table([["target", "measured", "met"]] +
+                              [[t.text, t.measured, "yes" if t.met else "**no**"] for t in targets]))
+    for s in sections.values():
+        out += ["", f"## {s.title}", "", f"_{s.seconds:.0f} s_", ""]
+        if s.error:
+            out.append(f"Not measured: {s.error}")
+            continue
+        out.append(markdown_table(s.table))
+        out += [""] + s.notes if s.notes else []
+    out.append(END)
+    return "\n".join(out) + "\n"
+
+
+def write_benchmarks(text: str):
+    """Replace the generated block of BENCHMARKS.md, keeping what people wrote around it."""
+    old = BENCHMARKS.read_text() if BENCHMARKS.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
+    head, _, rest = old.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    BENCHMARKS.write_text(head + text.rstrip("\n") + tail)
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be 1 or more")
+    return value
+
+
+def on_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")  # so that the test cluster comes down on `kill PID` too
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=positive, default=5, help="timed rounds per comparison (default 5)")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), metavar="SECTION",
+                        help=f"run only these sections: {', '.join(SECTIONS)}")
+    parser.add_argument("--hosts", nargs="+", type=positive, default=[1, 4, 16, 32], metavar="N",
+                        help="fan-out sizes (default 1 4 16 32; at most 99)")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md as it is")
+    args = parser.parse_args(argv)
+    if max(args.hosts) > 99:
+        parser.error("--hosts: at most 99 test hosts")
+    started, clock = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
+    signal.signal(signal.SIGTERM, on_sigterm)
+    sections = {name: Section(BENCHES[name][0]) for name in args.only}
+    needs_cluster = [n for n in ("fanout", "hang", "col") if n in sections]
+    cluster_nodes = max(args.hosts + [COL_HOSTS, 4]) if "fanout" in sections else max(COL_HOSTS, 4)
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="preflight-bench-")))
+        cluster = None
+        if needs_cluster:
+            try:
+                cluster = stack.enter_context(test_cluster(cluster_nodes))
+            except (BenchError, testcluster.ClusterError) as exc:
+                for name in needs_cluster:
+                    sections[name].error = str(exc)
+        for name, section in sections.items():
+            if section.error:
+                continue
+            print(f"scripts/bench: {section.title} ...", file=sys.stderr, flush=True)
+            t = time.monotonic()
+            try:
+                BENCHES[name][1](section, args.repeat, cluster=cluster, folder=folder, sizes=args.hosts, png=PNG)
+            except (BenchError, testcluster.ClusterError) as exc:
+                section.error = str(exc)
+            section.seconds = time.monotonic() - t
+            print(f"scripts/bench: {section.title}: {section.error or 'done'} ({section.seconds:.0f} s)",
+                  file=sys.stderr, flush=True)
+    text = report(sections, ["scripts/bench"] + (argv if argv is not None else sys.argv[1:]), started,
+                  time.monotonic() - clock)
+    print(text)
+    failed = [s.title for s in sections.values() if s.error]
+    complete = not failed and set(sections) == set(SECTIONS) and args.repeat >= 5
+    if complete and not args.no_write:
+        write_benchmarks(text)
+        print(f"scripts/bench: wrote {BENCHMARKS.name}", file=sys.stderr)
+    elif not args.no_write:
+        print(f"scripts/bench: {BENCHMARKS.name} left as it is (only a full run of every section, --repeat 5 or "
+              "more, without errors is written)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
