@@ -117,7 +117,7 @@ def test_drain_uses_slurmd_nodename(slurm):
 def test_check_slurm_inside_an_allocation_uses_srun(slurm):
     """`preflight check --slurm` in an allocation reaches the nodes with srun steps: no SSH config given."""
     started = time.monotonic()
-    # COL (the all-reduce: torch on 3 nodes at once, slow on a small machine) is tested over SSH elsewhere.
+    # COL (the all-reduce: torch on 3 nodes at once, slow on a small machine) has its own test below.
     proc = slurm.run(["salloc", "-N3", PREFLIGHT, "check", "--slurm", "--python", sys.executable, "--json",
                       "--timeout", "20", "--skip", "COL"], timeout=120, check=False)
     elapsed = time.monotonic() - started
@@ -131,7 +131,6 @@ def test_check_slurm_inside_an_allocation_uses_srun(slurm):
     net004 = [r for r in doc["results"] if r["id"] == "NET004"]  # workers reached the head's main port
     assert net004 and all(r["status"] == "pass" for r in net004), net004
     assert elapsed < 60
-
 
 
 def until(predicate, timeout):
@@ -171,3 +170,16 @@ def test_slurmd_fires_the_healthcheck_and_it_drains_the_faulty_node_only(slurm_h
     slurm.restore_shm("node02")  # fixed: a later health check returns it to service (--undrain)
     assert until(lambda: slurm.drained() == {}, 3 * HC_INTERVAL + 15), slurm.drained()
     assert "returned to service" in slurm.health_check_log.read_text()
+
+
+def test_check_slurm_runs_the_all_reduce_through_srun(slurm):
+    """The collective's rank processes start in the same srun steps as the facts: gloo across the
+    allocation's nodes, rendezvous at the first node's main port."""
+    proc = slurm.run(["salloc", "-N3", PREFLIGHT, "check", "--slurm", "--python", sys.executable, "--json",
+                      "--timeout", "30", "--only", "COL", "--col-sizes", "1M"], timeout=150, check=False)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads(proc.stdout)
+    allreduce, bandwidth = (next(r for r in doc["results"] if r["id"] == i) for i in ("COL001", "COL002"))
+    assert allreduce["status"] == "pass", (allreduce["message"], proc.stderr[-2000:])
+    assert allreduce["nodes"] == ["node01", "node02", "node03"]
+    assert bandwidth["evidence"]["world_size"] == 3 and bandwidth["evidence"]["busbw_gbps"] > 0
