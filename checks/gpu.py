@@ -395,7 +395,7 @@ def compute_mode(ctx) -> Iterator[Finding]:
     modes = {}
     for gpu in chosen:
         modes.setdefault(gpu.get("compute_mode"), []).append(gpu)
-    for mode, gpus in sorted(modes.items(), key=str):
+    for mode, gpus in sorted(modes.items(), key=lambda item: repr(item[0])):  # not the GPUs' repr: 20 us a node
         which = ",".join(str(g["index"]) for g in gpus)
         if mode == "prohibited":
             yield fail(f"{indices(gpus)}: compute mode is prohibited, expected default: no process can use them",

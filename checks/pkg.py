@@ -37,8 +37,9 @@ def key_versions(ctx) -> Iterator[Finding]:
         yield skip("no node was reached")
         return
     agreeing = set(nodes)
+    versions = {n: _versions(ctx.facts[n]["facts"]) for n in nodes}
     for package in KEY_VERSIONS:
-        values = {n: _versions(ctx.facts[n]["facts"]).get(package) for n in nodes}
+        values = {n: versions[n].get(package) for n in nodes}
         majority, odd = odd_ones_out(values, ctx.plan.head)
         others = nodes_with(values, majority) if odd else []
         folded = fold(others) if odd else ""  # the same for every odd node: fold thousands of names once
@@ -69,13 +70,21 @@ def distributions(ctx) -> Iterator[Finding]:
         yield skip("fewer than two nodes reached: nothing to compare")
         return
     installed = {n: (ctx.facts[n]["facts"].get("packages") or {}).get("distributions") or {} for n in nodes}
+    # Nodes with the same distributions are compared as one: thousands of nodes, dozens of names, few groups.
+    groups = {}  # repr of the distributions -> the nodes that have them
+    for n in nodes:
+        groups.setdefault(repr(installed[n]), []).append(n)
+    members = {group[0]: group for group in groups.values()}  # the first node stands for its group
+    head = next((first for first, group in members.items() if ctx.plan.head in group), None)
+    sizes = {first: len(group) for first, group in members.items()}
     # The key packages are PKG001's; the interpreter's own are PKG001's python.
-    names = sorted(set().union(*installed.values()) - {"torch", "deepspeed", "accelerate", "transformers"})
+    names = sorted(set().union(*(installed[n] for n in members)) - {"torch", "deepspeed", "accelerate", "transformers"})
     differing = {}
     for name in names:
-        majority, odd = odd_ones_out({n: installed[n].get(name) for n in nodes}, ctx.plan.head)
-        for node, version in odd.items():
-            differing.setdefault(node, []).append(f"{name} {version or 'missing'} (others {majority or 'missing'})")
+        majority, odd = odd_ones_out({n: installed[n].get(name) for n in members}, head, sizes)
+        for first, version in odd.items():
+            for node in members[first]:
+                differing.setdefault(node, []).append(f"{name} {version or 'missing'} (others {majority or 'missing'})")
     for node, items in sorted(differing.items()):
         shown = "; ".join(items[:8]) + (f"; and {len(items) - 8} more" if len(items) > 8 else "")
         yield Finding(Status.WARN, f"{len(items)} distribution(s) differ on {node}: {shown}",

@@ -65,12 +65,15 @@ def free_memory(ctx) -> Iterator[Finding]:
         return
     evidence = {"total_bytes": total, "available_bytes": available}
     shown = f"{available / 2**30:.1f} GiB of {total / 2**30:.1f} GiB available"
-    ds = ctx.plan.deepspeed
-    offloading = ds is not None and any(
-        ds.get("zero_optimization", block, "device") == "cpu" for block in ("offload_param", "offload_optimizer"))
     if available < 2**30:
         yield fail(f"only {shown}", "free memory on this node before the job starts", **evidence)
-    elif offloading and available < total / 4:
+    elif available < total / 4 and _cpu_offload(ctx.plan):  # the config only when it matters: once per node
         yield warn(f"{shown}, with DeepSpeed CPU offload configured", "free memory, or offload less", **evidence)
     else:
         yield passed(shown, **evidence)
+
+
+def _cpu_offload(plan) -> bool:
+    ds = plan.deepspeed
+    return ds is not None and any(
+        ds.get("zero_optimization", block, "device") == "cpu" for block in ("offload_param", "offload_optimizer"))

@@ -5,10 +5,17 @@ from collections import Counter
 from typing import Any, Dict, List, Mapping, Tuple
 
 
-def odd_ones_out(values: Mapping[str, Any], head: str = None) -> Tuple[Any, Dict[str, Any]]:
-    """(the value most nodes have, {node: its other value}). A tie goes to the head's value."""
+def odd_ones_out(values: Mapping[str, Any], head: str = None,
+                 weights: Mapping[str, int] = None) -> Tuple[Any, Dict[str, Any]]:
+    """(the value most nodes have, {node: its other value}). A tie goes to the head's value. With weights,
+    each node of `values` stands for that many nodes (a group of nodes whose values are all the same)."""
     keys = {n: _key(v) for n, v in values.items()}  # once per node: thousands of nodes, dozens of values each
-    counts = Counter(keys.values())
+    if weights is None:
+        counts = Counter(keys.values())
+    else:
+        counts = Counter()
+        for n, k in keys.items():
+            counts[k] += weights[n]
     if not counts:
         return None, {}
     top = max(counts.values())
