@@ -80,6 +80,26 @@ class NodeState:
         return {"facts": self.facts, "error": error, "clock": self.clock}
 
 
+def facts_decoder() -> Callable[[str], dict]:
+    """json.loads for the nodes' facts lines, sharing identical strings (keys, versions, environment
+    values) across nodes: thousands of nodes send mostly the same ones, and each would otherwise be its
+    own copy in memory (the facts of 4,096 nodes: 182 -> 1xx MB). One decoder per run."""
+    strings: Dict[str, str] = {}
+    share = strings.setdefault
+
+    def shared(value):
+        if type(value) is str:
+            return share(value, value) if len(value) <= 200 else value  # long text is rarely repeated
+        if type(value) is list:  # objects inside were shared when they were decoded
+            return [shared(v) for v in value]
+        return value
+
+    def pairs(items: list) -> dict:
+        return {share(k, k): shared(v) for k, v in items}
+
+    return lambda line: json.loads(line, object_pairs_hook=pairs)
+
+
 def _say(options: GatherOptions, text: str) -> None:
     if options.progress:
         print(f"preflight: {text}", file=sys.stderr, flush=True)
@@ -123,7 +143,8 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
     # What the job uses as MASTER_ADDR: main_process_ip, else the head's address as SSH reaches it.
     head_address = options.main_address or (names[0] if options.transport == "srun" else _ssh_hostname(names[0], options))
     try:
-        _parallel(lambda n: _collect(n, head_address, options), nodes, options)
+        decode = facts_decoder()
+        _parallel(lambda n: _collect(n, head_address, options, decode), nodes, options)
         reached = [n for n in nodes if n.error is None]
         _say(options, f"facts from {len(reached)}/{len(nodes)} node(s) in {time.monotonic() - started:.1f} s")
         probes = {"port": _probe_port(nodes, options), "head": {"name": names[0], "address": head_address}}
@@ -175,7 +196,7 @@ def _ssh_hostname(alias: str, options: GatherOptions) -> str:
         return alias
 
 
-def _collect(node: NodeState, head: str, options: GatherOptions) -> None:
+def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callable[[str], dict]) -> None:
     try:
         def connect():
             if options.transport == "srun":
@@ -199,7 +220,7 @@ def _collect(node: NodeState, head: str, options: GatherOptions) -> None:
                                 "pass --python with the path of the training interpreter on the nodes")
             raise NodeError("collector", f"the fact collector stopped (exit {status}): "
                             f"{node.agent.stderr_tail().strip()[-300:]}", "run the training interpreter there by hand")
-        node.facts = json.loads(line)
+        node.facts = decode(line)
         node.clock = _clock_samples(node, options.timeout)
     except NodeError as exc:
         node.error = exc

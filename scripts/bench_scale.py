@@ -1,14 +1,18 @@
 """How the cost of `preflight check` grows with the cluster, without a network: synthetic facts for N nodes
 go through the same code as after a real gathering (cli.evaluate: selection, plan, every registered check)
-and then through every renderer (terminal, JSON, JUnit, Prometheus, HTML).
+and then through the reports.
 
-The facts are this machine's, from the real collector, sent through JSON once per node as gather does,
-with each node's own name and address (node0001, 10.1.0.1, ...). This machine has no GPU: the gpus fact is
-the collector's own, built from the recorded answers of an 8 x H100 node (tests/fixtures/nvml). A few nodes
-are made odd (PLANTED) so that the checks find something: tests/test_bench_scale.py checks that they do.
-The all-reduce needs a network: no collective probe, so the COL checks skip as they do when it did not run.
-The libraries' validators (tag `deep`: importing accelerate and deepspeed, seconds, the same for any N)
-are left out, as `--skip deep` does.
+What is timed (wall_s, peak_mb) is what `preflight check` itself produces: the checks, the terminal report
+and the JSON document (`--json`). The report files that are asked for by option (`--junit`, `--prometheus`,
+`--html`) are timed after it, in the same process, as separate figures (every_report_s, every_report_peak_mb).
+
+The facts are this machine's, from the real collector, sent through JSON once per node and decoded as
+gather decodes them (gather.facts_decoder), with each node's own name and address (node0001, 10.1.0.1, ...).
+This machine has no GPU: the gpus fact is the collector's own, built from the recorded answers of an
+8 x H100 node (tests/fixtures/nvml). A few nodes are made odd (PLANTED) so that the checks find something:
+tests/test_bench_scale.py checks that they do. The all-reduce needs a network: no collective probe, so the
+COL checks skip as they do when it did not run. The libraries' validators (tag `deep`: importing accelerate
+and deepspeed, seconds, the same for any N) are left out, as `--skip deep` does.
 
     .venv/bin/python scripts/bench_scale.py --nodes 1024 4096 --repeat 5
 
@@ -31,6 +35,19 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPUS_PER_NODE = 8
 PORT = 29500
+DESCRIPTION = (
+    "Synthetic facts for N nodes go through what `preflight check` runs after gathering them: the real checks "
+    "(`cli.evaluate`, every registered check but the `deep` validators, which import accelerate and DeepSpeed "
+    "and cost the same for any N) and both of its reports, the terminal text and the `--json` document. "
+    "*checks + report* and *peak RSS* are that path: wall time from the facts in memory to both reports "
+    "written, and the process's peak RSS by then (ru_maxrss, facts included). The opt-in report files "
+    "(`--junit`, `--prometheus`, `--html`) are written after it in the same process and timed apart "
+    "(*with every report*). The facts are this machine's, from the real collector, sent through JSON once per "
+    "node and decoded as gather decodes them, each node with its own name and address; the GPUs are the "
+    "recorded answers of an 8 x H100 node, and a few nodes are made odd (an older torch, clock skew, a lost GPU, "
+    "an unreachable node, ...) so that the checks have something to find. The all-reduce needs a network, so "
+    "the COL checks skip as when it did not run. Each run is a fresh interpreter; medians of the runs."
+)
 # Clusters run with these set the same everywhere (PKG004 compares them).
 JOB_ENV = {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "8"}
 
@@ -140,7 +157,7 @@ def write_inputs(n: int, folder: str) -> dict:
 
 def synthesize(n: int, folder: str) -> tuple:
     """(facts, probes) as gather_ssh returns them for n nodes, the planted variations included."""
-    from preflight import collector
+    from preflight import collector, gather
 
     base = collector.collect({"head": address_of(0), "port": PORT, "paths": {"workdir": folder}})
     base["env"].update(JOB_ENV)
@@ -150,11 +167,11 @@ def synthesize(n: int, folder: str) -> tuple:
     base["host"].update(rdma_devices=[f"mlx5_{k}" for k in range(GPUS_PER_NODE)], head_resolves_to=[address_of(0)])
     changes = {name: change for what, _, change in PLANTED if change for name in planted_nodes(n)[what]}
     jitter = random.Random(n)
-    sent = json.dumps(base)
+    sent, decode = json.dumps(base), gather.facts_decoder()
     facts = {}
     for i in range(n):
         name, address = name_of(i), address_of(i)
-        doc = json.loads(sent)  # each node's document is its own object tree, as gather has it from the wire
+        doc = decode(sent)  # each node's document is its own object tree, as gather has it from the wire
         doc["host"].update(hostname=name, fqdn=f"{name}.cluster", resolves_to=[address], resolves_to_own_interface=True,
                            interfaces={"lo": ["127.0.0.1", "::1"], "eth0": [address]},
                            route_to_head={"head": address_of(0), "source": address, "interface": "eth0"})
@@ -179,7 +196,8 @@ def peak_mb() -> float:
 
 
 def run_once(n: int, folder: str) -> dict:
-    """Imports, synthesis, then checks and every report, timed apart (seconds); peak RSS in MB."""
+    """Imports, synthesis, then the checks and `preflight check`'s reports (terminal, JSON), then the opt-in
+    report files, timed apart (seconds); peak RSS in MB after each stage."""
     started = time.perf_counter()
     from preflight import cli, registry, render, reports, runner
     from preflight.result import verdict
@@ -204,19 +222,21 @@ def run_once(n: int, folder: str) -> dict:
     stages["checks_s"], peaks["checks"], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
     outcome, elapsed = verdict(results), time.perf_counter() - synthesized
     with open(paths["report.json"], "w") as f:
-        f.write(render.to_json(results, outcome, plan.nodes, elapsed))
-        f.write("\n")  # as print() does, without a copy of the document
+        print(render.to_json(results, outcome, plan.nodes, elapsed), file=f)  # as `preflight check --json`
     stages["json_s"], peaks["json"], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
     with open(paths["report.txt"], "w") as f:  # a file is no terminal: plain text, as with a pipe
         render.terminal(results, outcome, elapsed, stream=f)
     stages["terminal_s"], peaks["terminal"], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
+    checked = time.perf_counter()
     for attr, _, writer in reports.WRITERS:  # what reports.write_all does, one writer at a time
         writer(getattr(args, attr), results, outcome, plan.nodes, elapsed)
         stages[f"{attr}_s"], peaks[attr], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
     done = time.perf_counter()
     return dict(nodes=n, results=len(results), verdict=outcome, import_s=imported - started,
-                synthesis_s=synthesized - imported, wall_s=done - synthesized, peak_before_mb=peak_before,
-                peak_mb=peak_mb(), **stages, peaks_mb=peaks, paths=paths)
+                synthesis_s=synthesized - imported, peak_before_mb=peak_before,
+                wall_s=checked - synthesized, peak_mb=peaks["terminal"],  # `preflight check`: checks, terminal, JSON
+                every_report_s=done - synthesized, every_report_peak_mb=peak_mb(),  # and the three report files
+                **stages, peaks_mb=peaks, paths=paths)
 
 
 # --- many runs, each in a fresh interpreter --------------------------------------------------------
@@ -254,13 +274,16 @@ def _medians(runs: list) -> dict:
 
 
 def table(by_size: dict) -> str:
-    stages = ("checks_s", "json_s", "terminal_s", "junit_s", "prometheus_s", "html_s")
-    rows = ["| nodes | results | checks + reports: median (min-max) | peak RSS | of it, before the checks | "
-            "synthesis | import | " + " | ".join(s[:-2] for s in stages) + " |", "|---" * (7 + len(stages)) + "|"]
+    extra = ("junit_s", "prometheus_s", "html_s")
+    rows = ["| nodes | results | checks + report: median (min-max) | peak RSS | of it, before the checks | checks "
+            "| json | terminal | with every report | its peak RSS | " + " | ".join(s[:-2] for s in extra)
+            + " | synthesis | import |", "|---" * (12 + len(extra)) + "|"]
     for n, m in by_size.items():
         rows.append(f"| {n:,} | {m['results']:,} | {m['wall_s']:.2f} s ({m['wall_min_s']:.2f}-{m['wall_max_s']:.2f}) "
-                    f"| {m['peak_mb']:.0f} MB | {m['peak_before_mb']:.0f} MB | {m['synthesis_s']:.2f} s "
-                    f"| {m['import_s']:.2f} s | " + " | ".join(f"{m[s]:.2f} s" for s in stages) + " |")
+                    f"| {m['peak_mb']:.0f} MB | {m['peak_before_mb']:.0f} MB | {m['checks_s']:.2f} s "
+                    f"| {m['json_s']:.2f} s | {m['terminal_s']:.2f} s | {m['every_report_s']:.2f} s "
+                    f"| {m['every_report_peak_mb']:.0f} MB | " + " | ".join(f"{m[s]:.2f} s" for s in extra)
+                    + f" | {m['synthesis_s']:.2f} s | {m['import_s']:.2f} s |")
     return "\n".join(rows)
 
 
@@ -277,8 +300,7 @@ def main() -> None:
         return
     by_size = measure_sizes(args.nodes, args.repeat)
     print(table(by_size))
-    print(f"(medians of {args.repeat} runs each, sizes interleaved; wall: facts in memory to every report "
-          f"written; peak RSS: ru_maxrss of the whole run)")
+    print(f"\n(medians of {args.repeat} runs each, sizes interleaved)\n\n{DESCRIPTION}")
 
 
 if __name__ == "__main__":

@@ -84,7 +84,31 @@ def test_every_report_was_written(run):
     assert pathlib.Path(paths["report.txt"]).read_text().splitlines()[-1].startswith("verdict: FAIL")
 
 
+def test_the_json_document_has_one_result_per_line(run):
+    measured, document = run
+    lines = pathlib.Path(measured["paths"]["report.json"]).read_text().splitlines()
+    assert lines[0].endswith('"results": [') and lines[-1] == "]}"
+    assert [json.loads(line.rstrip(",")) for line in lines[1:-1]] == document["results"]
+
+
+def test_facts_are_decoded_as_gather_decodes_them_with_strings_shared_across_nodes():
+    from preflight.gather import facts_decoder
+
+    line = json.dumps({"env": {"NCCL_DEBUG": "WARN"}, "versions": ["2.13.0", {"cuda": "12.8"}], "n": 1, "x": None})
+    decode = facts_decoder()
+    first, second = decode(line), decode(line)
+    assert first == second == json.loads(line)
+    assert first["env"]["NCCL_DEBUG"] is second["env"]["NCCL_DEBUG"]
+    assert first["versions"][0] is second["versions"][0] and first["versions"][1]["cuda"] is second["versions"][1]["cuda"]
+    assert [k for k in first["env"]][0] is [k for k in second["env"]][0]
+
+
 def test_measure_runs_fresh_interpreters():
     measured = bench_scale.measure(16, repeat=1)
     assert measured["nodes"] == 16 and measured["runs"] == 1 and measured["verdict"] == "fail"
     assert measured["wall_s"] > 0 and measured["import_s"] > 0 and measured["peak_mb"] > 0
+    # The target path (checks, terminal, JSON) and, after it, the opt-in report files.
+    assert measured["wall_s"] == pytest.approx(measured["checks_s"] + measured["json_s"] + measured["terminal_s"], abs=0.01)
+    assert measured["every_report_s"] > measured["wall_s"] and measured["every_report_peak_mb"] >= measured["peak_mb"]
+    assert all(measured[k] > 0 for k in ("junit_s", "prometheus_s", "html_s", "synthesis_s"))
+    assert "--json" in bench_scale.DESCRIPTION and "\n" not in bench_scale.DESCRIPTION
