@@ -15,9 +15,9 @@ import re
 import socket
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from collections import OrderedDict
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from xml.sax.saxutils import escape
 
 from preflight.documents import InputError
 from preflight.result import SEVERITY, Result, Status
@@ -90,41 +90,58 @@ def _worst(statuses: Iterable[Status]) -> Status:
 
 def junit(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> bytes:
     """One <testsuite name="preflight">, one <testcase> per check and node."""
+    return b"".join(junit_pieces(results, verdict, nodes, duration_s))
+
+
+# Attribute values escaped as ElementTree escapes them (the report was once built as a tree, indented by
+# ET.indent: the same bytes, without a tree of 70,000 elements at 4,096 nodes).
+_ATTRIBUTE = {'"': "&quot;", "\r": "&#13;", "\n": "&#10;", "\t": "&#09;"}
+_OUTCOME = {Status.FAIL: "failure", Status.ERROR: "error", Status.SKIP: "skipped"}
+
+
+def _element(tag: str, attributes: Iterable[Tuple[str, str]], text: Optional[str] = None) -> str:
+    opening = tag + "".join(f' {name}="{escape(value, _ATTRIBUTE)}"' for name, value in attributes)
+    return f"<{opening}>{escape(text)}</{tag}>" if text else f"<{opening} />"
+
+
+def junit_pieces(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> Iterator[bytes]:
+    """junit's document, a testcase at a time."""
     cases = list(_per_node(results))
     count = lambda *statuses: sum(1 for r, _ in cases if r.status in statuses)  # noqa: E731
-    suite = ET.Element("testsuite", {
-        "name": "preflight",
-        "tests": str(len(cases)),
-        "failures": str(count(Status.FAIL)),
-        "errors": str(count(Status.ERROR)),
-        "skipped": str(count(Status.SKIP)),
-        "time": f"{duration_s:.6f}",
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime()),
-        "hostname": socket.gethostname(),
-    })
-    properties = ET.SubElement(suite, "properties")
-    ET.SubElement(properties, "property", {"name": "verdict", "value": verdict})
-    ET.SubElement(properties, "property", {"name": "nodes", "value": _xml(",".join(nodes))})
+    suite = _element("testsuite", [
+        ("name", "preflight"), ("tests", str(len(cases))), ("failures", str(count(Status.FAIL))),
+        ("errors", str(count(Status.ERROR))), ("skipped", str(count(Status.SKIP))), ("time", f"{duration_s:.6f}"),
+        ("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())), ("hostname", socket.gethostname())])
+    yield _utf8("<?xml version='1.0' encoding='utf-8'?>\n" + suite[:-len(" />")] + ">\n  <properties>\n"
+                f"    {_element('property', [('name', 'verdict'), ('value', verdict)])}\n"
+                f"    {_element('property', [('name', 'nodes'), ('value', _xml(','.join(nodes)))])}\n"
+                "  </properties>\n")
     for r, node in cases:
-        case = ET.SubElement(suite, "testcase", {"classname": _xml(f"{r.id} {r.name}"), "name": _xml(node),
-                                                 "time": f"{r.duration_s:.6f}"})
-        tag = {Status.FAIL: "failure", Status.ERROR: "error", Status.SKIP: "skipped"}.get(r.status)
+        inside = []
+        tag = _OUTCOME.get(r.status)
         if tag:
-            outcome = ET.SubElement(case, tag, {"message": _xml(r.message), "type": r.status.value})
-            if r.remediation and tag != "skipped":
-                outcome.text = _xml(r.remediation)
+            text = _xml(r.remediation) if r.remediation and tag != "skipped" else None
+            inside.append(_element(tag, [("message", _xml(r.message)), ("type", r.status.value)], text))
         elif r.status is Status.WARN:  # JUnit has no warning: the test passes, the output says why
-            out = ET.SubElement(case, "system-out")
-            out.text = _xml(f"WARN {r.message}" + (f"\nfix: {r.remediation}" if r.remediation else ""))
+            inside.append(_element("system-out", (), _xml(f"WARN {r.message}" + (f"\nfix: {r.remediation}"
+                                                                                  if r.remediation else ""))))
         if r.evidence:
-            err = ET.SubElement(case, "system-err")
-            err.text = "evidence: " + json.dumps(dict(r.evidence), default=str, sort_keys=True)
-    ET.indent(suite)
-    return ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n"
+            inside.append(_element("system-err", (), "evidence: " + json.dumps(dict(r.evidence), default=str,
+                                                                               sort_keys=True)))
+        case = _element("testcase", [("classname", _xml(f"{r.id} {r.name}")), ("name", _xml(node)),
+                                     ("time", f"{r.duration_s:.6f}")])
+        if inside:
+            case = case[:-len(" />")] + ">" + "".join(f"\n    {x}" for x in inside) + "\n  </testcase>"
+        yield _utf8(f"  {case}\n")
+    yield b"</testsuite>\n"
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "xmlcharrefreplace")  # as ElementTree writes
 
 
 def write_junit(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
-    _atomic_write(path, [junit(results, verdict, nodes, duration_s)])
+    _atomic_write(path, junit_pieces(results, verdict, nodes, duration_s))
 
 
 # --- Prometheus (node_exporter textfile collector) -----------------------------------------------
@@ -304,7 +321,15 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
     """html_report's page, line by line."""
     from preflight.render import summary
 
-    e = lambda text: html.escape(str(text), quote=True)  # noqa: E731
+    memo: Dict[str, str] = {}  # the same IDs, names, statuses and messages come back on every node
+
+    def e(text) -> str:
+        text = str(text)
+        found = memo.get(text)
+        if found is None:
+            found = memo[text] = html.escape(text, quote=True)
+        return found
+
     cols = columns(results, nodes)
     cells: Dict[Tuple[str, str], Dict[str, List[Result]]] = OrderedDict()
     names: Dict[str, str] = {}
@@ -338,15 +363,15 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
             for r in sorted(found, key=lambda x: SEVERITY[x.status]):
                 ids.append(f"d{len(details)}")
                 fix = f'<p class="fix"><b>fix:</b> {e(r.remediation)}</p>' if r.remediation else ""
-                evidence = (f"<pre>{e(json.dumps(dict(r.evidence), indent=2, default=str, sort_keys=True))}</pre>"
+                evidence = (f"<pre>{html.escape(json.dumps(dict(r.evidence), indent=2, default=str, sort_keys=True))}</pre>"
                             if r.evidence else "")
                 details.append(
                     f'<div class="detail" id="{ids[-1]}" style="border-left-color:{COLORS[r.status][0]}">'
                     f"<h3>{e(r.status.value.upper())} {e(r.id)} {e(r.name)} on {e(col)}</h3>"
                     f'<p class="message">{e(r.message)}</p>{fix}{evidence}</div>')
-            title = f"{cid} on {col}: {found[0].message}"
+            title = f"{e(cid)} on {e(col)}: {e(found[0].message)}"  # escaped in parts: each part repeats
             out.append(f'<td class="cell {status.value}" data-node="{e(col)}"><button type="button" '
-                       f'class="{status.value}" style="{_style(status)}" title="{e(title)}" '
+                       f'class="{status.value}" style="{_style(status)}" title="{title}" '
                        f'data-details="{" ".join(ids)}">{e(status.value)}</button></td>')
         out.append("</tr>")
     out.append('</tbody></table><div id="panel">')
