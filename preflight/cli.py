@@ -174,6 +174,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"preflight: internal error: {type(exc).__name__}: {exc} (PREFLIGHT_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        gc.unfreeze()  # evaluate froze this run's facts: a caller running main again must get them collected
 
 
 def _main(argv: List[str]) -> int:
