@@ -16,7 +16,7 @@ and deepspeed, seconds, the same for any N) are left out, as `--skip deep` does.
 
     .venv/bin/python scripts/bench_scale.py --nodes 1024 4096 --repeat 5
 
-Each run is a fresh interpreter (`--one N`), so imports and the peak RSS (getrusage ru_maxrss) are its own.
+Each run is a fresh interpreter (`--one N`), so imports and the peak RSS (VmHWM) are its own.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ DESCRIPTION = (
     "(`cli.evaluate`, every registered check but the `deep` validators, which import accelerate and DeepSpeed "
     "and cost the same for any N) and both of its reports, the terminal text and the `--json` document. "
     "*checks + report* and *peak RSS* are that path: wall time from the facts in memory to both reports "
-    "written, and the process's peak RSS by then (ru_maxrss, facts included). The opt-in report files "
+    "written, and the process's peak RSS by then (VmHWM, facts included). The opt-in report files "
     "(`--junit`, `--prometheus`, `--html`) are written after it in the same process and timed apart "
     "(*with every report*). The facts are this machine's, from the real collector, sent through JSON once per "
     "node and decoded as gather decodes them, each node with its own name and address; the GPUs are the "
@@ -192,6 +192,15 @@ def synthesize(n: int, folder: str) -> tuple:
 # --- one run, in this interpreter -------------------------------------------------------------------
 
 def peak_mb() -> float:
+    """This process's peak RSS. VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a
+    child of a big parent (scripts/bench has imported torch) would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
