@@ -16,8 +16,8 @@ Debian's packages: `apt-get install -y --no-install-recommends slurmctld slurmd 
 under one tmp dir; `SLURM_CONF` in `slurm.env` points the clients at it. Every daemon is our child process
 and is ended by its PID at teardown, always (finalizer and atexit).
 
-Each slurmd runs in its own mount namespace (a copy of the root one, with the node's /etc/hosts bound over
-it): `slurm.small_shm(node)` mounts a small tmpfs on that namespace's /dev/shm, which the node's prologs
+Each slurmd runs in its own mount namespace (a copy of the root one, with the node's /etc/hosts and
+/etc/resolv.conf bound over it): `slurm.small_shm(node)` mounts a small tmpfs on that namespace's /dev/shm, which the node's prologs
 and job steps see. slurmd is started with `nsenter --net=/run/netns/X`, not `ip netns exec` (which remounts
 /sys, and slurmd then fails on cgroups).
 
@@ -186,8 +186,11 @@ class Slurm:
                  "env": r[4].split() if len(r) > 4 else []} for r in rows if len(r) >= 4 and r[2] == node]
 
     def _start_slurmd(self, node: str) -> None:
-        hosts = self.cluster.node_dir(node) / "hosts"
+        hosts, resolv = self.cluster.node_dir(node) / "hosts", self.cluster.node_dir(node) / "resolv.conf"
+        # The node's resolv.conf too, as its sshd has it: the machine's DNS server is out of the node's reach,
+        # and every name or address missing from /etc/hosts would wait for its timeouts.
         script = (f"hostname {shlex.quote(node)} && mount --bind {shlex.quote(str(hosts))} /etc/hosts && "
+                  f"mount --bind {shlex.quote(str(resolv))} /etc/resolv.conf && "
                   f"exec {_tool('slurmd')} -D -N {shlex.quote(node)} -f {shlex.quote(str(self.conf))}")
         log = open(self.dir / f"slurmd-{node}.stdout", "ab")
         self.procs[f"slurmd-{node}"] = subprocess.Popen(

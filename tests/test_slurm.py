@@ -180,6 +180,6 @@ def test_check_slurm_runs_the_all_reduce_through_srun(slurm):
     assert "Traceback" not in proc.stderr, proc.stderr
     doc = json.loads(proc.stdout)
     allreduce, bandwidth = (next(r for r in doc["results"] if r["id"] == i) for i in ("COL001", "COL002"))
-    assert allreduce["status"] == "pass", (allreduce["message"], proc.stderr[-2000:])
+    assert allreduce["status"] == "pass", (allreduce["message"], allreduce["evidence"], proc.stderr[-2000:])
     assert allreduce["nodes"] == ["node01", "node02", "node03"]
     assert bandwidth["evidence"]["world_size"] == 3 and bandwidth["evidence"]["busbw_gbps"] > 0
