@@ -210,7 +210,8 @@ def same_gpus(ctx) -> Iterator[Finding]:
         gpus = gpus_of(ctx.facts[node]["facts"])
         counts = Counter((d.get("name"), d.get("memory_total_bytes")) for d in gpus.get("devices") or [])
         described[node] = {
-            "GPUs": ", ".join(f"{n} x {name} ({gib(mem)})" for (name, mem), n in sorted(counts.items(), key=str)),
+            "GPUs": ", ".join(f"{n} x {name} ({gib(mem)})" if name is not None else f"{n} x unreadable (lost)"
+                              for (name, mem), n in sorted(counts.items(), key=str)),
             "driver": f"{gpus.get('driver_version')} (CUDA {gpus.get('cuda_driver_version')})",
         }
     agreeing = set(nodes)
@@ -222,7 +223,7 @@ def same_gpus(ctx) -> Iterator[Finding]:
         folded = fold(others) if odd else ""  # the same for every odd node: fold thousands of names once
         for node, value in odd.items():
             agreeing.discard(node)
-            yield Finding(Status.FAIL, f"{what} differ: {node} has {value}, {folded} "
+            yield Finding(Status.FAIL, f"{what} differ: {node} has {value}; {folded} "
                           f"{'has' if len(others) == 1 else 'have'} {majority}", fix.format(node=node),
                           nodes=(node,), evidence={"what": what, "value": value, "expected": majority})
     if agreeing:

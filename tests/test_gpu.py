@@ -288,6 +288,10 @@ def test_a_node_missing_a_gpu_differs(tmp_path):
     states = {"n01": node("h100x8.json"), "n02": node("h100x8.json"), "n03": node("h100x8.json", change=lost_one)}
     results = run("GPU002", plan(tmp_path, nodes=("n01", "n02", "n03")), states)
     assert statuses(results, "n03") == ["fail"] and "7 x NVIDIA H100" in on(results, "n03")[0].message
+    states["n03"] = node("gpu-lost.json")  # NVML cannot read GPU 5's name or memory
+    [lost] = [r for r in run("GPU002", plan(tmp_path, nodes=("n01", "n02", "n03")), states) if r.nodes == ("n03",)]
+    assert lost.message == ("GPUs differ: n03 has 7 x NVIDIA H100 80GB HBM3 (79.6 GiB), 1 x unreadable (lost); "
+                            "n[01-02] have 8 x NVIDIA H100 80GB HBM3 (79.6 GiB)")
     [alone] = run("GPU002", plan(tmp_path), {"n01": node("h100x8.json"), "n02": node("no-driver.json")})
     assert alone.status == Status.SKIP and "fewer than two nodes" in alone.message
 
