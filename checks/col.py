@@ -39,11 +39,13 @@ def _probe(ctx):
 
 
 def _figures(probe) -> dict:
-    """The evidence every COL result carries: the passing run's bandwidth (None when nothing was measured)."""
+    """The evidence every COL result carries: the passing run's bandwidth (None when nothing was measured),
+    and rank 0's check of the sums: {"ok", "expected" (the exact sum), "mismatches", "first"}."""
     result = (probe or {}).get("result") or {}
     return {"algbw_gbps": result.get("algbw_gbps"), "busbw_gbps": result.get("busbw_gbps"),
             "bytes": result.get("bytes"), "world_size": result.get("world_size"),
-            "backend": (probe or {}).get("backend"), "per_size": result.get("per_size") or [],
+            "backend": (probe or {}).get("backend"), "procs_per_node": (probe or {}).get("procs_per_node"),
+            "per_size": result.get("per_size") or [], "sum_check": result.get("sum_check"),
             "phase_s": (probe or {}).get("duration_s")}
 
 

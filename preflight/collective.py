@@ -363,7 +363,7 @@ class _Phase:
                "master_addr": self.master_addr(names[0]), "budget_s": round(budget, 3),
                "elapsed_s": round(time.monotonic() - started, 3), "sizes": list(sizes),
                "figures": figures(rank0.get("sizes") or []) if ok else None,
-               "skipped_sizes": rank0.get("skipped_sizes") or [], "reports": final}
+               "skipped_sizes": rank0.get("skipped_sizes") or [], "sum_check": rank0.get("check"), "reports": final}
         self.runs.append(run)
         return run
 
@@ -495,6 +495,7 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
             if run["figures"] else {"nodes": list(group), "world_size": run["world_size"], "bytes": None,
                                     "algbw_gbps": None, "busbw_gbps": None, "per_size": []}
         doc["result"]["skipped_sizes"] = run["skipped_sizes"]
+        doc["result"]["sum_check"] = run.get("sum_check")
         slow = (col.min_busbw_gbps is not None and run["figures"] is not None and run["world_size"] > 1
                 and run["figures"]["busbw_gbps"] < col.min_busbw_gbps)
         doc["result"]["below_threshold"] = bool(slow)

@@ -466,11 +466,12 @@ def test_two_gloo_ranks_per_node_make_a_world_of_twice_the_nodes(cluster):
     [bandwidth] = [r for r in doc["results"] if r["id"] == "COL002"]
     world = 2 * len(cluster.nodes)
     assert allreduce["nodes"] == list(cluster.nodes) and bandwidth["nodes"] == list(cluster.nodes)
-    # Every rank checked each reduced value against the exact sum 1 + ... + world (checks/col.py says so).
+    # Every rank checked each reduced value against the exact sum 1 + ... + world (rank 0's check is in the evidence).
     assert f"all-reduce of {world} rank(s) on {len(cluster.nodes)} node(s) over gloo: every rank joined and the " \
            "sums are exact" in allreduce["message"], allreduce["message"]
     evidence = bandwidth["evidence"]
-    assert evidence["world_size"] == world and evidence["backend"] == "gloo"
+    assert evidence["world_size"] == world and evidence["backend"] == "gloo" and evidence["procs_per_node"] == 2
+    assert evidence["sum_check"] == {"ok": True, "expected": world * (world + 1) / 2, "mismatches": 0, "first": None}
     assert evidence["busbw_gbps"] > 0 and evidence["algbw_gbps"] > 0
     assert evidence["busbw_gbps"] == pytest.approx(evidence["algbw_gbps"] * bus_factor(world))
     assert [s["bytes"] for s in evidence["per_size"]] == [MIB, 8 * MIB]
