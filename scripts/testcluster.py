@@ -8,7 +8,7 @@ in the root namespace (the "login node", where `preflight check` runs):
                         <-veth->  pf-node02 (eth0 10.77.0.12, ...)
 
 Needs root, iproute2 (`ip netns`), util-linux (unshare, nsenter) and openssh-server; the faults need
-nftables (drop_port), iproute2's tc (slow_link), faketime (fake_time) and chrony (start_ntp_server).
+nftables (drop_port, block_incoming), iproute2's tc (slow_link), faketime (fake_time) and chrony (start_ntp_server).
 Stdlib only, Python 3.9+. Importable (``Cluster``, and module-level ``up``/``down``/fault helpers that take
 the cluster folder first) and runnable::
 
@@ -386,7 +386,7 @@ class Cluster:
                 raise ClusterError(f"interface name {veth!r} is over 15 characters: shorten the prefixes")
             out.append({"name": name, "index": i, "ip": f"{c['subnet']}.{10 + i}", "netns": netns, "veth": veth,
                         "dir": str(self.dir / name), "pid": None, "env": {}, "loopback_hostname": False,
-                        "shm": None, "drop_ports": [], "ntp_pid": None, "slow_link": None,
+                        "shm": None, "drop_ports": [], "allowed_ports": None, "ntp_pid": None, "slow_link": None,
                         "frozen": False, "stopped": False})
         return out
 
@@ -638,7 +638,8 @@ class Cluster:
                "login_ip": state.get("login_ip"), "ssh_config": str(self.ssh_config), "nodes": []}
         for n in state["nodes"]:
             banner = self.banner(n["name"], timeout=0.5) if n["netns"] in existing else None
-            faults = {k: n[k] for k in ("env", "loopback_hostname", "shm", "drop_ports", "ntp_pid", "slow_link",
+            faults = {k: n[k] for k in ("env", "loopback_hostname", "shm", "drop_ports", "allowed_ports", "ntp_pid",
+                                        "slow_link",
                                         "frozen", "stopped") if n.get(k)}
             out["nodes"].append({"name": n["name"], "ip": n["ip"], "netns": n["netns"], "netns_exists":
                                  n["netns"] in existing, "sshd_pid": n.get("pid"), "sshd_alive":
@@ -812,27 +813,45 @@ class Cluster:
         """Drop incoming TCP to `port` on the node (nftables table `inet pfc_<node>` in its netns)."""
         with self._mutate() as state:
             n = self._node(state, node)
-            ports = sorted(set(n.get("drop_ports") or []) | {int(port)})
-            self._apply_nft(n, ports)
-            n["drop_ports"] = ports
+            n["drop_ports"] = sorted(set(n.get("drop_ports") or []) | {int(port)})
+            self._apply_nft(n)
 
     def undrop_port(self, node: str, port: Optional[int] = None) -> None:
         """Stop dropping `port` (all ports when None)."""
         with self._mutate() as state:
             n = self._node(state, node)
-            ports = [] if port is None else sorted(set(n.get("drop_ports") or []) - {int(port)})
-            self._apply_nft(n, ports)
-            n["drop_ports"] = ports
+            n["drop_ports"] = [] if port is None else sorted(set(n.get("drop_ports") or []) - {int(port)})
+            self._apply_nft(n)
 
-    def _apply_nft(self, n: Dict[str, Any], ports: List[int]) -> None:
+    def block_incoming(self, node: str, *allowed: int) -> None:
+        """Refuse new incoming TCP connections except to SSH and `allowed` ports: a host firewall that lets
+        in the main port but not the ephemeral ports the ranks of gloo or NCCL connect to each other on.
+        The node's own outgoing connections still work."""
+        with self._mutate() as state:
+            n = self._node(state, node)
+            n["allowed_ports"] = sorted({22} | {int(p) for p in allowed})
+            self._apply_nft(n)
+
+    def unblock_incoming(self, node: str) -> None:
+        with self._mutate() as state:
+            n = self._node(state, node)
+            n["allowed_ports"] = None
+            self._apply_nft(n)
+
+    def _apply_nft(self, n: Dict[str, Any]) -> None:
+        """The node's nftables table `inet pfc_<node>`, rebuilt from its drop_ports and allowed_ports."""
         table = "pfc_" + re.sub(r"[^A-Za-z0-9_]", "_", n["name"])
         ns = ["ip", "netns", "exec", n["netns"]]
         _run(ns + ["nft", "delete", "table", "inet", table], check=False)
-        if ports:
-            rules = ", ".join(str(p) for p in ports)
+        rules = []
+        if n.get("drop_ports"):
+            rules.append(f"tcp dport {{ {', '.join(map(str, n['drop_ports']))} }} drop")
+        if n.get("allowed_ports"):
+            rules.append(f"ct state new tcp dport != {{ {', '.join(map(str, n['allowed_ports']))} }} drop")
+        if rules:
             _run(ns + ["nft", "-f", "-"], input=(
                 f"table inet {table} {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n"
-                f"    tcp dport {{ {rules} }} drop\n  }}\n}}\n"))
+                + "".join(f"    {rule}\n" for rule in rules) + "  }\n}\n"))
 
     def slow_link(self, node: str, rate: str = "1mbit", burst: str = "32kbit", latency: str = "400ms") -> None:
         """Shape the node's link both ways with a token bucket (tbf: this kernel has no netem)."""
@@ -903,6 +922,8 @@ class Cluster:
             self.fast_link(node)
         if n.get("drop_ports"):
             self.undrop_port(node)
+        if n.get("allowed_ports"):
+            self.unblock_incoming(node)
         if n.get("loopback_hostname"):
             self.real_hostname(node)
         if n.get("frozen"):
@@ -965,6 +986,14 @@ class Cluster:
             yield overlay
         finally:
             self.unshadow_package(node, dist)
+
+    @contextlib.contextmanager
+    def blocked_incoming(self, node: str, *allowed: int) -> Iterator[None]:
+        self.block_incoming(node, *allowed)
+        try:
+            yield
+        finally:
+            self.unblock_incoming(node)
 
     @contextlib.contextmanager
     def dropped_port(self, node: str, port: int) -> Iterator[None]:
@@ -1101,6 +1130,7 @@ def status(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
 
 FAULT_METHODS = ("stop_sshd", "start_sshd", "restart_sshd", "freeze_sshd", "thaw_sshd", "set_env", "clear_env",
                  "fake_time", "real_time", "shadow_package", "unshadow_package", "drop_port", "undrop_port",
+                 "block_incoming", "unblock_incoming",
                  "loopback_hostname", "real_hostname", "small_shm", "restore_shm", "slow_link", "fast_link",
                  "start_ntp_server", "stop_ntp_server", "restore", "restore_all")
 
@@ -1128,6 +1158,7 @@ FAULTS_CLI = {
     "env": ("set_env", "clear_env", ["NAME=VALUE..."]),
     "shadow-package": ("shadow_package", "unshadow_package", ["dist", "version"]),
     "drop-port": ("drop_port", "undrop_port", ["port"]),
+    "block-incoming": ("block_incoming", "unblock_incoming", ["[allowed port...]"]),
     "loopback-hostname": ("loopback_hostname", "real_hostname", []),
     "small-shm": ("small_shm", "restore_shm", ["[size]"]),
     "slow-link": ("slow_link", "fast_link", ["[rate]"]),
@@ -1201,7 +1232,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 method = getattr(cluster, apply if args.cmd == "fault" else undo)
                 if args.kind == "env" and args.cmd == "fault":
                     method(node, **dict(a.split("=", 1) for a in args.args))
-                elif args.kind == "drop-port":
+                elif args.kind in ("drop-port", "block-incoming"):
                     method(node, *[int(a) for a in args.args])
                 elif args.cmd == "fault" or args.kind in ("shadow-package",):
                     method(node, *args.args)

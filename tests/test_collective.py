@@ -1,5 +1,6 @@
 """The all-reduce smoke test (COL): its arithmetic, its diagnosis and bisect, the worker on this machine, and
-the real test cluster (healthy, a dropped main port, a node without torch, a node behind a slow link)."""
+the real test cluster (healthy, two ranks per node, a dropped main port, a node without torch, a node behind a
+slow link, a node whose firewall refuses the other ranks)."""
 import json
 import os
 import socket
@@ -475,6 +476,23 @@ def test_two_gloo_ranks_per_node_make_a_world_of_twice_the_nodes(cluster):
     assert evidence["busbw_gbps"] > 0 and evidence["algbw_gbps"] > 0
     assert evidence["busbw_gbps"] == pytest.approx(evidence["algbw_gbps"] * bus_factor(world))
     assert [s["bytes"] for s in evidence["per_size"]] == [MIB, 8 * MIB]
+    assert elapsed < 20 + 5 + 5
+
+
+@pytest.mark.cluster
+def test_a_worker_whose_firewall_refuses_the_other_ranks_is_among_the_suspects(cluster):
+    """node02 lets in SSH and the main port, not the ephemeral ports the ranks connect to each other on: all
+    ranks meet at the rendezvous, then the all-reduce hangs. Each pair with the head passes (in a pair, node02
+    connects out to the head), so the bisect ends with the group that fails only together, and says so."""
+    with cluster.blocked_incoming("node02", 29500):
+        doc, elapsed = check(cluster)
+    allreduce = {node: r for r in doc["results"] if r["id"] == "COL001" for node in r["nodes"]}
+    assert {n: r["status"] for n, r in allreduce.items()} == {"node01": "pass", "node02": "fail", "node03": "fail"}
+    for node in ("node02", "node03"):
+        assert "fails with all of node[02-03] together, and passes in every smaller group with the head" \
+            in allreduce[node]["message"], allreduce[node]["message"]
+        assert "the firewall must let the nodes connect to each other" in allreduce[node]["remediation"]
+    assert doc["verdict"] == "fail"
     assert elapsed < 20 + 5 + 5
 
 

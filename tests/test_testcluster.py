@@ -145,6 +145,28 @@ def test_dropped_port_times_out_while_listening(cluster):
         listener.wait(timeout=10)
 
 
+def test_blocked_incoming_refuses_new_connections_but_to_the_allowed_ports(cluster):
+    ip = cluster.ip("node02")
+    listener = cluster.netns_popen("node02", [sys.executable, "-c",
+                                              "import socket\n"
+                                              "servers = [socket.create_server(('0.0.0.0', p)) for p in (29500, 40000)]\n"
+                                              "while True: [s.accept()[0].close() for s in servers]"])
+    try:
+        deadline = time.monotonic() + 10
+        while connect_from(cluster, "node01", ip, 29500, 1) != "connected":
+            assert time.monotonic() < deadline, "listener did not come up"
+            time.sleep(0.1)
+        with cluster.blocked_incoming("node02", 29500):
+            assert connect_from(cluster, "node01", ip, 40000, 1.5) == "timeout"
+            assert connect_from(cluster, "node01", ip, 29500, 1.5) == "connected"
+            assert connect_from(cluster, "node01", ip, 22, 1.5) == "connected"  # SSH always
+            assert connect_from(cluster, "node02", cluster.ip("node01"), 22, 1.5) == "connected"  # going out
+        assert connect_from(cluster, "node01", ip, 40000, 1.5) == "connected"
+    finally:
+        listener.terminate()
+        listener.wait(timeout=10)
+
+
 def test_loopback_hostname(cluster):
     hosts = cluster.node_dir("node02") / "hosts"
     inode = hosts.stat().st_ino
