@@ -17,7 +17,6 @@ import tempfile
 import time
 from collections import OrderedDict
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
-from xml.sax.saxutils import escape
 
 from preflight.documents import InputError
 from preflight.result import SEVERITY, Result, Status
@@ -97,6 +96,14 @@ def junit(results: Sequence[Result], verdict: str, nodes: Sequence[str], duratio
 # ET.indent: the same bytes, without a tree of 70,000 elements at 4,096 nodes).
 _ATTRIBUTE = {'"': "&quot;", "\r": "&#13;", "\n": "&#10;", "\t": "&#09;"}
 _OUTCOME = {Status.FAIL: "failure", Status.ERROR: "error", Status.SKIP: "skipped"}
+
+
+def escape(text: str, entities: Optional[Dict[str, str]] = None) -> str:
+    """xml.sax.saxutils.escape, which imports urllib.request and http.client: 20 ms at every start-up."""
+    text = text.replace("&", "&amp;").replace(">", "&gt;").replace("<", "&lt;")
+    for char, entity in (entities or {}).items():
+        text = text.replace(char, entity)
+    return text
 
 
 def _element(tag: str, attributes: Iterable[Tuple[str, str]], text: Optional[str] = None) -> str:
