@@ -5,8 +5,7 @@ from collections import Counter
 from typing import Iterator, List, Optional, Tuple
 
 from preflight.checks.config import gpu_id_list, processes_per_machine
-from preflight.compare import nodes_with, odd_ones_out
-from preflight.inventory import fold
+from preflight.compare import holders, odd_ones_out
 from preflight.registry import check
 from preflight.result import Finding, Status, fail, passed, skip, warn
 
@@ -219,12 +218,11 @@ def same_gpus(ctx) -> Iterator[Finding]:
                       ("driver", "install the same NVIDIA driver on {node}")):
         values = {n: described[n][what] for n in nodes}
         majority, odd = odd_ones_out(values, ctx.plan.head)
-        others = nodes_with(values, majority) if odd else []
-        folded = fold(others) if odd else ""  # the same for every odd node: fold thousands of names once
+        majority_holders = holders(values, majority) if odd else ""
         for node, value in odd.items():
             agreeing.discard(node)
-            yield Finding(Status.FAIL, f"{what} differ: {node} has {value}; {folded} "
-                          f"{'has' if len(others) == 1 else 'have'} {majority}", fix.format(node=node),
+            yield Finding(Status.FAIL, f"{what} differ: {node} has {value}; {majority_holders} {majority}",
+                          fix.format(node=node),
                           nodes=(node,), evidence={"what": what, "value": value, "expected": majority})
     if agreeing:
         reference = described[sorted(agreeing)[0]]

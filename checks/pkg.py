@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from preflight.compare import nodes_with, odd_ones_out
-from preflight.inventory import fold
+from preflight.compare import holders, odd_ones_out
 from preflight.registry import check
 from preflight.result import Finding, Status, skip
 
@@ -41,12 +40,11 @@ def key_versions(ctx) -> Iterator[Finding]:
     for package in KEY_VERSIONS:
         values = {n: versions[n].get(package) for n in nodes}
         majority, odd = odd_ones_out(values, ctx.plan.head)
-        others = nodes_with(values, majority) if odd else []
-        folded = fold(others) if odd else ""  # the same for every odd node: fold thousands of names once
+        majority_holders = holders(values, majority) if odd else ""
         for node, version in odd.items():
             agreeing.discard(node)
             yield Finding(Status.FAIL, f"{package} differs: {node} has {version or 'none'}, "
-                          f"{folded} {'has' if len(others) == 1 else 'have'} {majority or 'none'}",
+                          f"{majority_holders} {majority or 'none'}",
                           f"install {package} {majority} on {node}" if majority else f"remove {package} from {node}",
                           nodes=(node,), evidence={"package": package, "version": version, "expected": majority})
     if agreeing:

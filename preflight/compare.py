@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, List, Mapping, Tuple
 
+from preflight.inventory import fold
+
 
 def odd_ones_out(values: Mapping[str, Any], head: str = None,
                  weights: Mapping[str, int] = None) -> Tuple[Any, Dict[str, Any]]:
@@ -31,3 +33,10 @@ def _key(value: Any) -> str:
 
 def nodes_with(values: Mapping[str, Any], value: Any) -> List[str]:
     return [n for n, v in values.items() if _key(v) == _key(value)]
+
+
+def holders(values: Mapping[str, Any], value: Any) -> str:
+    """'n[01-63] have' or 'n01 has': the nodes with that value, for a message. Build it once per value, not
+    once per odd node: folding thousands of names is the cost."""
+    nodes = nodes_with(values, value)
+    return f"{fold(nodes)} {'has' if len(nodes) == 1 else 'have'}"

@@ -30,7 +30,6 @@ import platform
 import re
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Callable, Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +54,7 @@ BEGIN, END = "<!-- scripts/bench: begin -->", "<!-- scripts/bench: end -->"
 SECTIONS = ("local", "fanout", "hang", "col", "scale", "startup")
 HANG_TIMEOUT_S = 5
 COL_HOSTS = 4
+HANG_HOSTS = 4
 COL_MIN_ROUNDS = 7  # one busbw figure varies by +-20% here (gloo, 4 ranks on 2 shared cores): more pairs
 HEAVY_MODULES = ("torch", "accelerate", "deepspeed", "numpy")
 
@@ -108,10 +109,6 @@ def interleaved(contenders: Dict[str, Callable[[], float]], repeat: int, warm_up
         for name in names[shift:] + names[:shift]:
             times[name].append(contenders[name]())
     return times
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
 
 
 def secs(value: float) -> str:
@@ -268,7 +265,8 @@ RENDEZVOUS = textwrap.dedent("""
 def bench_hang(section: Section, repeat: int, cluster, folder: Path, **_):
     import torch.distributed.constants as constants
 
-    hosts, hung = cluster.nodes[:4], cluster.nodes[3]
+    hosts = cluster.nodes[:HANG_HOSTS]
+    hung = hosts[-1]
     script = folder / "rendezvous.py"
     script.write_text(RENDEZVOUS)
     ports = iter(range(29700, 29800))  # a fresh port each time: no TIME_WAIT from the last round in the way
@@ -544,7 +542,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     sections = {name: Section(BENCHES[name][0]) for name in args.only}
     needs_cluster = [n for n in ("fanout", "hang", "col") if n in sections]
-    cluster_nodes = max(args.hosts + [COL_HOSTS, 4]) if "fanout" in sections else max(COL_HOSTS, 4)
+    cluster_nodes = max([COL_HOSTS, HANG_HOSTS] + (args.hosts if "fanout" in sections else []))
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="preflight-bench-")))
         cluster = None
