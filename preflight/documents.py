@@ -26,7 +26,9 @@ class InputError(Exception):
 
 def one_line(text: str) -> str:
     """Escape line breaks and other unprintable characters (a path, a YAML tag with %0A in it) so
-    that a message stays one line on a terminal."""
+    that a message stays one line on a terminal. Most texts have nothing to escape: no walk over them."""
+    if text.isprintable():
+        return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 

@@ -50,7 +50,8 @@ def _run_on_node(spec: CheckSpec, ctx: CheckContext, node: str) -> List[Result]:
                            error.get("remediation"), {}, 0.0)]
         reason = error.get("message", "no facts")
         return [Result(spec.id, spec.name, Status.SKIP, (node,), f"node not checked: {reason}", None, {}, 0.0)]
-    return _run(spec, CheckContext(ctx.plan, ctx.facts, ctx.probes, node), (node,))
+    # Built directly: dataclasses.replace costs more than many checks, once per check and node.
+    return _run(spec, CheckContext(plan=ctx.plan, facts=ctx.facts, probes=ctx.probes, node=node), (node,))
 
 
 def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
@@ -74,15 +75,10 @@ def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
     elapsed = (time.perf_counter() - started) / len(findings)
     # Messages quote what users wrote (keys, paths): one_line keeps each on one printable line.
     return [
-        Result(spec.id, spec.name, f.status, tuple(f.nodes) or nodes, _one_line(f.message),
-               _one_line(f.remediation) if f.remediation is not None else None, dict(f.evidence), elapsed)
+        Result(spec.id, spec.name, f.status, tuple(f.nodes) or nodes, one_line(f.message),
+               one_line(f.remediation) if f.remediation is not None else None, dict(f.evidence), elapsed)
         for f in findings
     ]
-
-
-def _one_line(text: str) -> str:
-    """one_line, without its walk over each character when there is nothing to escape (most messages)."""
-    return text if text.isprintable() else one_line(text)
 
 
 def run(specs: Iterable[CheckSpec], ctx: CheckContext, deadline: Optional[float] = None,
