@@ -387,7 +387,7 @@ class Cluster:
             out.append({"name": name, "index": i, "ip": f"{c['subnet']}.{10 + i}", "netns": netns, "veth": veth,
                         "dir": str(self.dir / name), "pid": None, "env": {}, "loopback_hostname": False,
                         "shm": None, "drop_ports": [], "allowed_ports": None, "ntp_pid": None, "slow_link": None,
-                        "frozen": False, "stopped": False})
+                        "frozen": False, "stopped": False, "binds": {}})
         return out
 
     # ---- ssh and exec helpers
@@ -541,6 +541,8 @@ class Cluster:
         script = (f"hostname {shlex.quote(node['name'])} && "
                   f"mount --bind {shlex.quote(str(ndir / 'hosts'))} /etc/hosts && "
                   f"mount --bind {shlex.quote(str(ndir / 'resolv.conf'))} /etc/resolv.conf && "
+                  + "".join(f"mount --bind {shlex.quote(private)} {shlex.quote(target)} && "
+                            for target, private in (node.get("binds") or {}).items()) +
                   f"exec {SSHD} -D -e -f {shlex.quote(str(ndir / 'sshd_config'))}")
         with open(ndir / "sshd.log", "ab") as log:
             proc = subprocess.Popen(["ip", "netns", "exec", node["netns"], "unshare", "--uts", "--mount",
@@ -638,8 +640,8 @@ class Cluster:
                "login_ip": state.get("login_ip"), "ssh_config": str(self.ssh_config), "nodes": []}
         for n in state["nodes"]:
             banner = self.banner(n["name"], timeout=0.5) if n["netns"] in existing else None
-            faults = {k: n[k] for k in ("env", "loopback_hostname", "shm", "drop_ports", "allowed_ports", "ntp_pid",
-                                        "slow_link",
+            faults = {k: n[k] for k in ("env", "loopback_hostname", "shm", "binds", "drop_ports", "allowed_ports",
+                                        "ntp_pid", "slow_link",
                                         "frozen", "stopped") if n.get(k)}
             out["nodes"].append({"name": n["name"], "ip": n["ip"], "netns": n["netns"], "netns_exists":
                                  n["netns"] in existing, "sshd_pid": n.get("pid"), "sshd_alive":
@@ -797,16 +799,99 @@ class Cluster:
     def _mount_shm(self, n: Dict[str, Any], size: str) -> None:
         if not re.fullmatch(r"\d+[kmgKMG]?", size):
             raise ClusterError(f"shm size {size!r}: use e.g. 64m")
-        pid = n.get("pid")
-        if not pid or not _in_netns(pid, _netns_inode(n["netns"])):
-            raise ClusterError(f"{n['name']}: sshd is not running (its mount namespace is the node's)")
-        _run(["nsenter", "--target", str(pid), "--mount", "mount", "-t", "tmpfs", "-o", f"size={size}",
-              "pf-shm", "/dev/shm"])
+        self._in_mounts(n, ["mount", "-t", "tmpfs", "-o", f"size={size}", "pf-shm", "/dev/shm"])
 
     def _umount_shm(self, n: Dict[str, Any]) -> None:
+        self._in_mounts(n, ["umount", "/dev/shm"], check=False)
+
+    def _in_mounts(self, n: Dict[str, Any], argv: Sequence[str], check: bool = True) -> None:
+        """Run argv in the node's mount namespace (its sshd's, which every session inherits); without a
+        running sshd there is none: an error, or (check False) nothing to do."""
         pid = n.get("pid")
-        if pid and _in_netns(pid, _netns_inode(n["netns"])):
-            _run(["nsenter", "--target", str(pid), "--mount", "umount", "/dev/shm"], check=False)
+        if not pid or not _in_netns(pid, _netns_inode(n["netns"])):
+            if check:
+                raise ClusterError(f"{n['name']}: sshd is not running (its mount namespace is the node's)")
+            return
+        _run(["nsenter", "--target", str(pid), "--mount", *argv], check=check)
+
+    # ---- faults: per-node folders, HOME and shell start-up file
+    def bind_dir(self, node: str, target: "os.PathLike[str] | str") -> Path:
+        """Show a folder private to the node at the absolute path `target`, in the node's mount namespace
+        only (every ssh session there; kept across sshd restarts): the same path holds different files on
+        each node, as without a shared filesystem. `target` is created in the root namespace if missing and
+        stays as it is there. Returns the private folder (DIR/nodeXX/binds/<n>), to write the node's files into."""
+        target = Path(os.path.normpath(target))
+        if not target.is_absolute() or target == self.dir or target in self.dir.parents:
+            raise ClusterError(f"bind_dir {target}: give an absolute path that does not hide {self.dir}")
+        with self._mutate() as state:
+            n = self._node(state, node)
+            binds = n.setdefault("binds", {})
+            if str(target) in binds:
+                return Path(binds[str(target)])
+            i = 0
+            while (Path(n["dir"]) / "binds" / str(i)).exists():
+                i += 1
+            private = Path(n["dir"]) / "binds" / str(i)
+            target.mkdir(parents=True, exist_ok=True)
+            private.mkdir(parents=True)
+            try:
+                self._in_mounts(n, ["mount", "--bind", str(private), str(target)])
+            except ClusterError:
+                shutil.rmtree(private)
+                raise
+            binds[str(target)] = str(private)
+            return private
+
+    def unbind_dir(self, node: str, target: "os.PathLike[str] | str | None" = None) -> None:
+        """Undo bind_dir for `target` (all when None) and remove the private folder."""
+        with self._mutate() as state:
+            n = self._node(state, node)
+            binds = n.get("binds") or {}
+            for t in reversed(list(binds) if target is None else [os.path.normpath(target)]):
+                if t in binds:
+                    self._in_mounts(n, ["umount", "--lazy", t], check=False)
+                    shutil.rmtree(binds.pop(t), ignore_errors=True)
+            n["binds"] = binds
+            with contextlib.suppress(OSError):
+                (Path(n["dir"]) / "binds").rmdir()
+
+    def set_home(self, node: str) -> Path:
+        """Give the node's ssh sessions a HOME of their own, DIR/nodeXX/home (SetEnv HOME; restarts sshd),
+        whose .bashrc runs the real one with the real HOME (Debian's bash sources ~/.bashrc in sessions
+        started by sshd: PATH and the rest stay as on the other nodes). Returns the folder."""
+        home = self.node_dir(node) / "home"
+        if not (home / ".bashrc").exists():
+            home.mkdir(exist_ok=True)
+            self._write_bashrc(home, None)
+        self.set_env(node, HOME=str(home))
+        return home
+
+    def unset_home(self, node: str) -> None:
+        """Back to the real HOME; the node's own is removed."""
+        self.set_env(node, HOME=None)
+        shutil.rmtree(self.node_dir(node) / "home", ignore_errors=True)
+
+    def noisy_shell(self, node: str, text: Optional[str] = None) -> Path:
+        """Non-interactive ssh sessions on the node print `text` (one line, default "Welcome to nodeXX") on
+        stdout before the command runs: an echo in the .bashrc of a HOME of its own (set_home). Returns it.
+        (SetEnv BASH_ENV does nothing here: bash started by sshd reads ~/.bashrc instead of $BASH_ENV.)"""
+        text = f"Welcome to {self._node(self.state(), node)['name']}" if text is None else text
+        if "\n" in text or "\r" in text:
+            raise ClusterError(f"noisy_shell text {text!r}: one line")
+        home = self.set_home(node)
+        self._write_bashrc(home, text)
+        return home
+
+    def quiet_shell(self, node: str) -> None:
+        """Undo noisy_shell (and set_home): the real HOME and its .bashrc again."""
+        self.unset_home(node)
+
+    def _write_bashrc(self, home: Path, text: Optional[str]) -> None:
+        real = shlex.quote(os.path.expanduser("~root"))  # ssh_config logs in as root
+        (home / ".bashrc").write_text("# preflight test cluster: this node's own HOME\n"
+                                      + (f"printf '%s\\n' {shlex.quote(text)}\n" if text is not None else "")
+                                      + f"if [ -f {real}/.bashrc ]; then HOME={real}; . {real}/.bashrc; "
+                                      f"HOME={shlex.quote(str(home))}; fi\n")
 
     # ---- faults: network
     def drop_port(self, node: str, port: int) -> None:
@@ -920,6 +1005,8 @@ class Cluster:
             self.stop_ntp_server(node)
         if n.get("slow_link"):
             self.fast_link(node)
+        if n.get("binds"):
+            self.unbind_dir(node)
         if n.get("drop_ports"):
             self.undrop_port(node)
         if n.get("allowed_ports"):
@@ -931,6 +1018,7 @@ class Cluster:
         overlay = Path(n["dir"]) / "overlay"
         if overlay.exists():
             shutil.rmtree(overlay, ignore_errors=True)
+        shutil.rmtree(Path(n["dir"]) / "home", ignore_errors=True)
         if n.get("env"):
             self.clear_env(node)  # restarts sshd
         if n.get("shm"):
@@ -1018,6 +1106,22 @@ class Cluster:
             yield
         finally:
             self.restore_shm(node)
+
+    @contextlib.contextmanager
+    def bound_dir(self, node: str, target: "os.PathLike[str] | str") -> Iterator[Path]:
+        private = self.bind_dir(node, target)
+        try:
+            yield private
+        finally:
+            self.unbind_dir(node, target)
+
+    @contextlib.contextmanager
+    def noisy_shell_fault(self, node: str, text: Optional[str] = None) -> Iterator[Path]:
+        home = self.noisy_shell(node, text)
+        try:
+            yield home
+        finally:
+            self.quiet_shell(node)
 
     @contextlib.contextmanager
     def slowed_link(self, node: str, rate: str = "1mbit") -> Iterator[None]:
@@ -1131,7 +1235,8 @@ def status(dir: "os.PathLike[str] | str") -> Dict[str, Any]:
 FAULT_METHODS = ("stop_sshd", "start_sshd", "restart_sshd", "freeze_sshd", "thaw_sshd", "set_env", "clear_env",
                  "fake_time", "real_time", "shadow_package", "unshadow_package", "drop_port", "undrop_port",
                  "block_incoming", "unblock_incoming",
-                 "loopback_hostname", "real_hostname", "small_shm", "restore_shm", "slow_link", "fast_link",
+                 "loopback_hostname", "real_hostname", "small_shm", "restore_shm", "bind_dir", "unbind_dir",
+                 "set_home", "unset_home", "noisy_shell", "quiet_shell", "slow_link", "fast_link",
                  "start_ntp_server", "stop_ntp_server", "restore", "restore_all")
 
 
@@ -1161,6 +1266,8 @@ FAULTS_CLI = {
     "block-incoming": ("block_incoming", "unblock_incoming", ["[allowed port...]"]),
     "loopback-hostname": ("loopback_hostname", "real_hostname", []),
     "small-shm": ("small_shm", "restore_shm", ["[size]"]),
+    "bind-dir": ("bind_dir", "unbind_dir", ["target"]),
+    "noisy-shell": ("noisy_shell", "quiet_shell", ["[text]"]),
     "slow-link": ("slow_link", "fast_link", ["[rate]"]),
     "ntp-server": ("start_ntp_server", "stop_ntp_server", []),
 }
@@ -1234,7 +1341,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     method(node, **dict(a.split("=", 1) for a in args.args))
                 elif args.kind in ("drop-port", "block-incoming"):
                     method(node, *[int(a) for a in args.args])
-                elif args.cmd == "fault" or args.kind in ("shadow-package",):
+                elif args.kind == "noisy-shell" and args.cmd == "fault":
+                    method(node, *([" ".join(args.args)] if args.args else []))
+                elif args.kind == "bind-dir" and args.cmd == "fault":
+                    print(method(node, *args.args))  # the node's private folder, to put its files in
+                elif args.cmd == "fault" or args.kind in ("shadow-package", "bind-dir"):
                     method(node, *args.args)
                 else:
                     method(node)

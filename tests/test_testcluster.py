@@ -187,6 +187,86 @@ def test_small_shm(cluster):
     assert int(ssh_out(cluster, "node02", query)) == normal
 
 
+def plain_ssh(cluster, node, *command):
+    """stdout of `ssh -F DIR/ssh_config NODE COMMAND...`, exactly as the OpenSSH client prints it."""
+    proc = subprocess.run(["ssh", "-F", str(cluster.ssh_config), node, *command], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"ssh {node} {command}: rc {proc.returncode}: {proc.stderr}"
+    return proc.stdout
+
+
+def mounted_in_node(cluster, node, path):
+    """The processes of the node (sshd and its sessions) whose mount table has `path`."""
+    found = []
+    for pid in testcluster.netns_pids(cluster.netns(node)):
+        try:
+            if f" {path} " in Path(f"/proc/{pid}/mountinfo").read_text():
+                found.append(pid)
+        except OSError:
+            pass  # ended meanwhile
+    return found
+
+
+def test_bind_dir_is_private_to_the_node(cluster, tmp_path):
+    target = tmp_path / "data"  # missing: bind_dir creates it
+    private = cluster.bind_dir("node02", target)
+    assert target.is_dir() and private.is_dir() and private.parent == cluster.node_dir("node02") / "binds"
+    (private / "file").write_text("node02's own\n")
+    other = cluster.bind_dir("node03", target)
+    (other / "file").write_text("node03's own\n")
+    assert plain_ssh(cluster, "node02", f"cat {target}/file") == "node02's own\n"
+    assert plain_ssh(cluster, "node03", f"cat {target}/file") == "node03's own\n"
+    assert plain_ssh(cluster, "node01", f"ls -A {target}") == ""  # the login node's folder, empty
+    assert list(target.iterdir()) == []
+    pid = cluster.sshd_pid("node02")
+    cluster.set_env("node02", PF_MARK="1")  # restarts sshd: a fresh mount namespace, the bind again
+    assert cluster.sshd_pid("node02") != pid
+    assert plain_ssh(cluster, "node02", f"cat {target}/file") == "node02's own\n"
+    assert cluster.bind_dir("node02", target) == private  # once per target
+
+    cluster.restore("node02")
+    assert plain_ssh(cluster, "node02", f"ls -A {target}") == ""
+    assert not private.exists() and not (cluster.node_dir("node02") / "binds").exists()
+    assert mounted_in_node(cluster, "node02", target) == []
+    assert mounted_in_node(cluster, "node03", target) != []  # restore is per node
+    assert str(target) not in Path("/proc/self/mountinfo").read_text()
+    proc = subprocess.run([sys.executable, str(Path(testcluster.__file__)), "restore", "--dir", str(cluster.dir),
+                           "node03", "bind-dir", str(target)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert mounted_in_node(cluster, "node03", target) == [] and not other.exists()
+
+    proc = subprocess.run([sys.executable, str(Path(testcluster.__file__)), "fault", "--dir", str(cluster.dir),
+                           "node01", "bind-dir", str(target)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    (Path(proc.stdout.strip()) / "file").write_text("node01's own\n")
+    assert plain_ssh(cluster, "node01", f"cat {target}/file") == "node01's own\n"
+    cluster.unbind_dir("node01")
+    with cluster.bound_dir("node01", target) as private:
+        assert plain_ssh(cluster, "node01", f"ls -A {target}") == ""
+    assert not private.exists() and mounted_in_node(cluster, "node01", target) == []
+    assert cluster.healthy() == []
+
+
+def test_noisy_shell_prints_before_the_command(cluster):
+    path = plain_ssh(cluster, "node01", 'echo "$PATH"')
+    assert plain_ssh(cluster, "node02", "echo hi") == "hi\n"
+    with cluster.noisy_shell_fault("node02") as home:
+        assert plain_ssh(cluster, "node02", "echo hi") == "Welcome to node02\nhi\n"
+        assert plain_ssh(cluster, "node02", 'echo "$HOME"; echo "$PATH"') == f"Welcome to node02\n{home}\n{path}"
+        assert plain_ssh(cluster, "node01", "echo hi") == "hi\n"
+    assert plain_ssh(cluster, "node02", 'echo hi; echo "$HOME"') == f"hi\n{os.path.expanduser('~root')}\n"
+    assert not home.exists()
+
+    proc = subprocess.run([sys.executable, str(Path(testcluster.__file__)), "fault", "--dir", str(cluster.dir),
+                           "node03", "noisy-shell", "Last", "login:", "never"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert plain_ssh(cluster, "node03", "echo", "hi") == "Last login: never\nhi\n"
+    cluster.restore("node03")
+    assert plain_ssh(cluster, "node03", "echo", "hi") == "hi\n"
+    assert not (cluster.node_dir("node03") / "home").exists() and cluster.healthy() == []
+
+
 def test_ntp_server_answers(cluster):
     ntplib = pytest.importorskip("ntplib")
     with cluster.ntp_server("node03") as ip:
