@@ -1,11 +1,12 @@
-"""Renderers over the same list of Results: the terminal report and the JSON document."""
+"""Renderers over the same list of Results: the terminal report and the JSON document; the launch plan (JOB001's
+per-node table of the effective launch) as a table whose differing cells stand out."""
 from __future__ import annotations
 
 import json
 import os
 import sys
 from collections import Counter
-from typing import List, Sequence, TextIO, Tuple
+from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Set, TextIO, Tuple
 
 from preflight.result import SEVERITY, Result, Status
 
@@ -58,12 +59,83 @@ def summary(results: Sequence[Result]) -> str:
     return ", ".join(f"{counts[s]} {one if counts[s] == 1 else many}" for s, one, many in words if counts[s]) or "no checks ran"
 
 
+PLAN = "launch_plan"  # the evidence key of the per-node table of the effective launch (JOB001)
+# Columns that differ from node to node by design: the node, its rank, and the path of its config (config_sha
+# compares what the path holds).
+PLAN_UNCOMPARED = ("node", "machine_rank", "config")
+CELL_MAX = 40
+
+
+class LaunchPlan(NamedTuple):
+    columns: List[str]
+    rows: List[List[Any]]  # the values, in the columns' order
+    differs: Set[Tuple[int, int]]  # (row, column) of each cell unlike its column's most common value
+
+
+def launch_plan(results: Sequence[Result]) -> Optional[LaunchPlan]:
+    """The first launch plan among the results (columns: the first row's keys, in order), and the cells a user
+    would otherwise compare by hand. None when there is none."""
+    table = next((r.evidence[PLAN] for r in results if isinstance(r.evidence.get(PLAN), list)), None)
+    rows = [row for row in table or () if isinstance(row, Mapping)]
+    if not rows:
+        return None
+    columns = list(rows[0])
+    values = [[row.get(c) for c in columns] for row in rows]
+    differs = set()
+    for j, column in enumerate(columns):
+        if column in PLAN_UNCOMPARED:
+            continue
+        seen = [repr(row[j]) for row in values]  # repr: hashable, and 1, True and "1" stay apart
+        common = Counter(seen).most_common(1)[0][0]  # ties go to the first seen: the first row's value wins
+        differs.update((i, j) for i, value in enumerate(seen) if value != common)
+    return LaunchPlan(columns, values, differs)
+
+
+def plan_cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _cut(text: str) -> str:
+    """A long cell cut in the middle: the end of a path tells more than its start."""
+    if len(text) <= CELL_MAX:
+        return text
+    head = (CELL_MAX - 1) // 3
+    return f"{text[:head]}\u2026{text[head - CELL_MAX + 1:]}"
+
+
+def plan_lines(plan: LaunchPlan, color: bool) -> List[List[Tuple[str, str]]]:
+    """The plan as an aligned table of (text, style) parts: differing cells in bold red, and without colour
+    marked with a trailing '*' (explained on a line under the table)."""
+    mark = "" if color else "*"
+    table = [[c.replace("_", " ") for c in plan.columns]]
+    table += [[_cut(plan_cell(v)) + (mark if (i, j) in plan.differs else "") for j, v in enumerate(row)]
+              for i, row in enumerate(plan.rows)]
+    widths = [max(len(row[j]) for row in table) for j in range(len(plan.columns))]
+    last = len(widths) - 1
+    lines = [[("launch plan:", "bold")]]
+    for i, row in enumerate(table, start=-1):  # the header is row -1: no cell of it differs
+        parts = [("  ", "")]
+        for j, text in enumerate(row):
+            pad = " " * (widths[j] - len(text) + 2) if j < last else ""
+            for piece, style in ((text, "bold red" if (i, j) in plan.differs else "bold" if i < 0 else ""),
+                                 (pad, "bold" if i < 0 else "")):
+                if style == parts[-1][1]:  # one part per run of a style: rich takes twice as long with a part per cell
+                    parts[-1] = (parts[-1][0] + piece, style)
+                else:
+                    parts.append((piece, style))
+        lines.append(parts)
+    if plan.differs and not color:
+        lines.append([("  * differs from the other nodes", "")])
+    return lines
+
+
 def use_color(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
 def terminal(results: Sequence[Result], verdict: str, duration_s: float, stream: TextIO = None) -> None:
     stream = stream or sys.stdout
+    color = use_color(stream)
     lines = []  # (text, style) pairs per line
     folded = {}  # many lines concern the same nodes (all of them): fold each set once
     for result, nodes in fold(results):
@@ -76,16 +148,19 @@ def terminal(results: Sequence[Result], verdict: str, duration_s: float, stream:
         lines.append(head)
         if result.remediation and result.status in (Status.FAIL, Status.ERROR, Status.WARN):
             lines.append([("      fix: ", "bold"), (result.remediation, "")])
+    plan = launch_plan(results)
+    if plan:
+        lines += plan_lines(plan, color)
     lines.append(
         [("verdict: ", "bold"), (verdict.upper(), VERDICT_STYLE[verdict]), (f"  {summary(results)} in {duration_s:.2f} s", "")]
     )
-    if use_color(stream):
+    if color:
         from rich.console import Console
         from rich.text import Text
 
         console = Console(file=stream, highlight=False, soft_wrap=True)
-        for parts in lines:
-            console.print(Text.assemble(*parts))
+        # one print: rich's cost per print made a print per line the most of a 1,000-node launch plan's time
+        console.print(Text("\n").join(Text.assemble(*parts) for parts in lines))
     else:
         for parts in lines:
             stream.write("".join(text for text, _ in parts) + "\n")

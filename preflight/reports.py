@@ -16,7 +16,7 @@ import socket
 import tempfile
 import time
 from collections import OrderedDict
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from preflight.documents import InputError
 from preflight.result import SEVERITY, Result, Status
@@ -283,6 +283,11 @@ table.matrix{border-collapse:collapse;background:#fff}
 border-left-width:6px;padding:10px 14px;margin-bottom:8px} .detail.shown{display:block}
 .detail h3{margin:0 0 6px;font-size:15px} .detail pre{background:#f4f4f4;padding:8px;overflow:auto;font-size:12px}
 .detail .fix{margin:6px 0}
+h2{font-size:17px;margin:16px 0 6px}
+table.plan{border-collapse:collapse;background:#fff;margin-bottom:16px}
+.plan th,.plan td{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:13px;white-space:nowrap}
+.plan thead th{background:#eef0f3} .plan td{font-family:ui-monospace,monospace}
+.plan td.differs{background:#d9363e;color:#fff;font-weight:bold}
 """
 
 SCRIPT = """
@@ -320,6 +325,26 @@ def columns(results: Sequence[Result], nodes: Sequence[str]) -> List[str]:
     return cols
 
 
+_DIFFERS = ' class="differs" title="differs from the other nodes"'
+
+
+def plan_html(results: Sequence[Result], e: Callable[[object], str]) -> List[str]:
+    """The launch plan's section, none without a plan: the cells unlike the other nodes' in red, as in the
+    terminal. `e` escapes, as for the rest of the page."""
+    from preflight.render import launch_plan, plan_cell
+
+    plan = launch_plan(results)
+    if not plan:
+        return []
+    out = ["<h2>Launch plan</h2>", '<table class="plan"><thead><tr>'
+           + "".join(f'<th scope="col">{e(c.replace("_", " "))}</th>' for c in plan.columns) + "</tr></thead><tbody>"]
+    for i, row in enumerate(plan.rows):
+        cells = (f'<td{_DIFFERS if (i, j) in plan.differs else ""}>{e(plan_cell(v))}</td>' for j, v in enumerate(row))
+        out.append(f"<tr>{''.join(cells)}</tr>")
+    out.append("</tbody></table>")
+    return out
+
+
 def html_report(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> str:
     """One self-contained page: the check x node matrix, worst checks first; a click on a cell shows
     its message, remediation and evidence. Every string from the run is escaped."""
@@ -354,6 +379,7 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
            f'<h1>preflight <span class="verdict" style="{_style(Status(verdict))}">{e(verdict)}</span></h1>',
            f'<div class="meta">{e(summary(results))} in {duration_s:.2f} s; {len(list(dict.fromkeys(nodes)))} node(s); '
            f'{e(time.strftime("%Y-%m-%d %H:%M:%S %Z"))}</div>',
+           *plan_html(results, e),
            '<p class="legend">' + "".join(f'<span style="{_style(s)}">{s.value}</span>' for s in
                                           sorted(STATUSES, key=SEVERITY.get)) + " click a cell for the details</p>",
            '<table class="matrix"><thead><tr><th>check</th>']
