@@ -1,9 +1,16 @@
 """NET: names, interfaces, the main port and its reachability."""
 from __future__ import annotations
 
-from typing import Iterator, List, Mapping
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from preflight import launchcmd
 from preflight.compare import odd_ones_out
+from preflight.jobview import selected_interfaces
 from preflight.registry import check
 from preflight.result import Finding, Status, fail, passed, skip
 
@@ -92,14 +99,246 @@ def head_resolution(ctx) -> Iterator[Finding]:
                       evidence={"address": majority})
 
 
+# --- who holds the main port --------------------------------------------------------------------------
+
+REDACTED = "<redacted>"
+# An option or VAR=value name that looks secret: --token, --hf_token, --password=, --api-key, WANDB_API_KEY=.
+SECRET_NAME = re.compile(r"(^|[-_])(token|secret|password|passwd|pwd|api[-_]?key|key|credentials?)($|[-_])", re.I)
+URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@:]*:[^/\s@]*@", re.I)
+# Console scripts that start a launcher agent (`python .../bin/torchrun ...` as /proc shows them).
+LAUNCHER_SCRIPTS = frozenset(("torchrun", "accelerate", "accelerate-launch", "deepspeed"))
+DS_NODE_LAUNCH = "deepspeed.launcher.launch"  # what DeepSpeed's runner starts on each node: torchrun-like
+ENV_WORD = launchcmd.ENV_ASSIGNMENT
+LOCAL_RANK_ARG = re.compile(r"^--local[-_]rank(=(\d+))?$")
+
+
+def redact_argv(argv: Sequence[str]) -> List[str]:
+    """A command line as it may be shown: the value of an option or VAR=value whose name looks secret
+    (`--token X`, `--password=X`, `--hf_token X`, `--api-key X`, `HF_TOKEN=X`) and the user:password@ of
+    URLs replaced by <redacted>."""
+    shown: List[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next and not arg.startswith("-"):
+            shown.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        name, has_value, _ = arg.partition("=")
+        if SECRET_NAME.search(name.lstrip("-")) and (arg.startswith("-") or (has_value and ENV_WORD.match(arg))):
+            if has_value:
+                shown.append(f"{name}={REDACTED}")
+            else:
+                shown.append(arg)
+                hide_next = arg.startswith("-")
+            continue
+        shown.append(URL_CREDENTIALS.sub(lambda m: m.group(1) + REDACTED + "@", arg))
+    return shown
+
+
+def redact_holder(holder: Mapping) -> dict:
+    """A holder from the collector with its command lines redacted (what evidence may carry)."""
+    shown = dict(holder)
+    argv = holder.get("argv")
+    shown["argv"] = redact_argv(argv) if argv else []
+    shown["command"] = " ".join(redact_argv(argv if argv else (holder.get("command") or "").split()))[:200]
+    if holder.get("parent_argv"):
+        shown["parent_argv"] = redact_argv(holder["parent_argv"])
+    return shown
+
+
+def _one_line(words: Sequence[str], limit: int = 200) -> str:
+    """A command line as shown in a message: redacted, on one line, at most `limit` characters."""
+    words = redact_argv(words)
+    text = " ".join(w if w and not re.search(r"[\s'\"]", w) or w == REDACTED else shlex.quote(w) for w in words)
+    text = re.sub(r"\s+", " ", text).strip()
+    return text if len(text) <= limit else text[:limit - 4].rstrip() + " ..."
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launcher agent's command line: which launcher, the words from its name on, and what it says of
+    the job (None: not on the command line, e.g. in accelerate's config file)."""
+
+    launcher: str  # torchrun, accelerate, deepspeed, deepspeed.launcher.launch
+    words: Tuple[str, ...]
+    node_rank: Optional[int] = None
+    nnodes: Optional[str] = None  # as given: "2", or "1:4" for an elastic torchrun
+    master: Optional[str] = None  # address:port of the rendezvous, as given
+
+    @property
+    def min_nodes(self) -> Optional[int]:
+        first = (self.nnodes or "").split(":")[0].strip()
+        return int(first) if first.isdigit() else None
+
+    @property
+    def agent(self) -> bool:
+        """It holds the rendezvous itself and starts its ranks only once every node has joined."""
+        return self.launcher in ("torchrun", "accelerate")
+
+    def where(self) -> str:
+        rank = f"node rank {self.node_rank}" if self.node_rank is not None else "node rank not on its command line"
+        return rank + (f" of {self.nnodes} nodes" if self.nnodes else "")
+
+
+def launch_of(argv: Sequence[str]) -> Optional[Launch]:
+    """The launcher agent a command line runs (accelerate launch, torchrun, python -m torch.distributed.run,
+    DeepSpeed's runner, python -m deepspeed.launcher.launch), or None."""
+    argv = [str(a) for a in argv]
+    if not argv:
+        return None
+    command = launchcmd.parse(argv)
+    start = next((k for k, w in enumerate(argv) if w != "env" and not ENV_WORD.match(w)), 0)
+    words = [os.path.basename(argv[start])] + argv[start + 1:] if start < len(argv) else []
+    label = command.launcher
+    if label == "python" and command.script and os.path.basename(command.script) in LAUNCHER_SCRIPTS:
+        words = [os.path.basename(command.script), *command.script_args]  # python .../bin/torchrun ARGS
+        command = launchcmd.parse(words)
+        label = command.launcher
+    elif label == "other" and words and re.fullmatch(r"python[0-9.]*", words[0]):
+        for k, word in enumerate(words):
+            if word in ("-m" + DS_NODE_LAUNCH,) or (word == DS_NODE_LAUNCH and words[k - 1] == "-m"):
+                command, label = launchcmd.parse(["deepspeed", *words[k + 1:]]), DS_NODE_LAUNCH
+                break
+    if label not in ("torchrun", "accelerate", "deepspeed", DS_NODE_LAUNCH):
+        return None
+    names = {"torchrun": ("node_rank", "nnodes", "master_addr", "master_port"),
+             "accelerate": ("machine_rank", "num_machines", "main_process_ip", "main_process_port"),
+             "deepspeed": ("node_rank", "num_nodes", "master_addr", "master_port"),
+             DS_NODE_LAUNCH: ("node_rank", None, "master_addr", "master_port")}[label]
+    nnodes = command.get(names[1]) if names[1] else _world_info_nodes(command.get("world_info"))
+    address, port = command.get(names[2]), command.get(names[3])
+    master = f"{address or '?'}:{port or '?'}" if isinstance(address, str) or isinstance(port, str) else None
+    if master is None and isinstance(command.get("rdzv_endpoint"), str):
+        master = command.get("rdzv_endpoint")
+    return Launch(label, tuple(words), command.integer(names[0]), nnodes if isinstance(nnodes, str) else None, master)
+
+
+def _world_info_nodes(value) -> Optional[str]:
+    """How many nodes deepspeed.launcher.launch's --world_info names (base64 JSON {host: [slots]})."""
+    if not isinstance(value, str):
+        return None
+    try:
+        import base64
+
+        return str(len(json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))))
+    except (ValueError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process that holds the main port, as far as its command line, parent and job variables tell."""
+
+    pid: int
+    shown: str  # its command line, redacted, on one line
+    launch: Optional[Launch] = None  # it is this launcher agent
+    parent: Optional[Launch] = None  # it is a rank process started by this launcher
+    ppid: Optional[int] = None
+    rank: Optional[str] = None  # "rank 3" (RANK) or "local rank 0" (LOCAL_RANK, --local_rank) of a rank process
+    rank_evidence: Optional[str] = None  # how we know it is a rank of a job, None when it is not known
+    children: Optional[int] = None
+
+    @property
+    def of_a_job(self) -> bool:
+        return self.launch is not None or self.rank_evidence is not None
+
+    @property
+    def waiting(self) -> Optional[bool]:
+        """True: a launcher agent of a multi-node job that has started no ranks (it waits in the rendezvous
+        for nodes that never joined); False: it is not waiting; None: its command line cannot tell."""
+        launch = self.launch
+        if launch is None or not launch.agent or launch.min_nodes is None or self.children is None:
+            return None
+        return launch.min_nodes > 1 and self.children == 0
+
+    def describe(self) -> str:
+        if self.launch is not None:
+            text = f"{_one_line(self.launch.words)} (pid {self.pid}, {self.launch.where()})"
+            if self.waiting:
+                others = self.launch.min_nodes - 1
+                nodes = "the other node" if others == 1 else f"the other {others} nodes"
+                return text + f"; it has started no ranks: it waits for {nodes} of the job, which never joined"
+            if self.children:
+                return text + f"; it runs {self.children} process(es)"
+            return text
+        rank = self.rank or "a rank"
+        if self.parent is not None:
+            return (f"{rank} ({self.shown}, pid {self.pid}) of a job started by {_one_line(self.parent.words)} "
+                    f"(pid {self.ppid}, {self.parent.where()})")
+        return f"{rank} ({self.shown}, pid {self.pid}; {self.rank_evidence})"
+
+    def remediation(self) -> str:
+        if self.launch is not None:
+            stop = f"kill {self.pid} (the {self.launch.launcher} launcher: its ranks stop with it)"
+        elif self.parent is not None:
+            stop = f"kill {self.ppid} (its launcher, {self.parent.launcher}: every rank stops with it)"
+        else:
+            stop = f"kill {self.pid}, and the launcher that started it (so that the job's other ranks stop too)"
+        if self.waiting:
+            missing = [r for r in range(self.launch.min_nodes) if r != self.launch.node_rank]
+            ranks = (f" (node rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:8]))}"
+                     f"{', ...' if len(missing) > 8 else ''})" if self.launch.node_rank is not None else "")
+            wait = f"it is waiting for nodes that never joined: start the job on the other node(s){ranks}, or stop it"
+        elif self.waiting is False:
+            wait = ""
+        else:
+            wait = "if it waits for other nodes, they never joined: start the job on them, or stop it"
+        return f"if that job should not be running, stop it: {stop}; " + (f"{wait}; " if wait else "") + \
+            "or choose another main_process_port"
+
+    def evidence(self) -> dict:
+        launch = self.launch or self.parent
+        found = {"pid": self.pid, "kind": "launcher" if self.launch is not None else "rank",
+                 "waiting_for_nodes": self.waiting, "children": self.children}
+        if launch is not None:
+            found.update(launcher=launch.launcher, launcher_pid=self.pid if self.launch is not None else self.ppid,
+                         node_rank=launch.node_rank, nnodes=launch.nnodes, master=launch.master)
+        if self.launch is None:
+            found.update(rank=self.rank, known_by=self.rank_evidence)
+        return found
+
+
+def classify_holder(holder: Mapping, port: int) -> Holder:
+    """What a holder from the collector is: a launcher agent (its command line says which), a rank process
+    of a running job (only when its launcher, its job variables or a --local_rank argument say so), or a
+    process we cannot tell anything about."""
+    argv = list(holder.get("argv") or ())
+    shown = _one_line(argv or (holder.get("command") or "").split())
+    base = dict(pid=holder.get("pid"), shown=shown, ppid=holder.get("ppid"), children=holder.get("children"))
+    launch = launch_of(argv) if argv else None
+    if launch is not None:
+        return Holder(launch=launch, **base)
+    env = holder.get("env") or {}
+    parent = launch_of(holder.get("parent_argv") or ())
+    local_rank = next((m.group(2) or (argv[k + 1] if k + 1 < len(argv) else None)
+                       for k, m in ((k, LOCAL_RANK_ARG.match(a)) for k, a in enumerate(argv)) if m), None)
+    rank = (f"rank {env['RANK']}" if env.get("RANK") else f"local rank {env['LOCAL_RANK']}" if env.get("LOCAL_RANK")
+            else f"local rank {local_rank}" if local_rank is not None else None)
+    if parent is not None:
+        evidence = f"started by {parent.launcher}"
+    elif "RANK" in env or "TORCHELASTIC_RUN_ID" in env:
+        evidence = "its environment has the RANK a launcher gives its ranks"
+    elif env.get("MASTER_PORT") == str(port):
+        evidence = f"its environment has MASTER_PORT={port}"
+    elif local_rank is not None:
+        evidence = "it was given --local_rank, as a launcher starts its ranks"
+    else:
+        return Holder(**base)
+    return Holder(parent=parent, rank=rank, rank_evidence=evidence, **base)
+
+
 @check("NET003", "main-port-free", "cluster", tags=["network", "port"])
 def main_port_free(ctx) -> Iterator[Finding]:
     """The main port is free on the head.
 
     The head's rank 0 binds the main port for the rendezvous (the TCPStore); when another process holds it,
-    accelerate stops with 'port in use' or, worse, the workers talk to the old job's store and hang.
+    accelerate stops with 'port in use' or, worse, the workers talk to the old job's store and hang. The
+    holder is often an earlier job still running, or stuck in its rendezvous waiting for nodes that never
+    joined: the message names its launcher (accelerate, torchrun, deepspeed), node rank and number of nodes.
 
-    Stop the process that holds the port (the message names it), or choose another main_process_port.
+    Stop the process that holds the port (the message names it; for a job, kill its launcher's PID so that
+    every rank stops), start the nodes a waiting job expects, or choose another main_process_port.
     """
     probe = (ctx.probes or {}).get("port") or {}
     listen, head, port = probe.get("listen"), probe.get("head", ctx.plan.head), ctx.plan.port
@@ -109,11 +348,20 @@ def main_port_free(ctx) -> Iterator[Finding]:
     if listen.get("bound"):
         yield Finding(Status.PASS, f"port {port} is free on the head {head}", nodes=(head,), evidence={"port": port})
         return
-    holders = listen.get("holders") or []
-    held = "; ".join(f"pid {h['pid']} ({h['command'] or '?'})" for h in holders) or "a process this user cannot see"
-    yield Finding(Status.FAIL, f"port {port} on the head {head} is taken ({listen.get('error')}): held by {held}",
-                  f"stop {'pid ' + str(holders[0]['pid']) if holders else 'that process'}, or set main_process_port "
-                  "to a free port", nodes=(head,), evidence={"port": port, "holders": holders})
+    raw = listen.get("holders") or []
+    found = [classify_holder(h, port) for h in raw]
+    shown = [redact_holder(h) for h in raw]
+    jobs = [h for h in found if h.of_a_job]
+    if not jobs:
+        held = "; ".join(f"pid {h.pid} ({h.shown or '?'})" for h in found) or "a process this user cannot see"
+        yield Finding(Status.FAIL, f"port {port} on the head {head} is taken ({listen.get('error')}): held by {held}",
+                      f"stop {'pid ' + str(found[0].pid) if found else 'that process'}, or set main_process_port "
+                      "to a free port", nodes=(head,), evidence={"port": port, "holders": shown})
+        return
+    job = jobs[0]
+    others = "".join(f"; also held by pid {h.pid} ({h.shown or '?'})" for h in found if h is not job)
+    yield Finding(Status.FAIL, f"port {port} on the head {head} is held by a running job: {job.describe()}{others}",
+                  job.remediation(), nodes=(head,), evidence={"port": port, "holders": shown, "job": job.evidence()})
 
 
 @check("NET004", "main-port-reachable", "cluster", tags=["network", "port", "firewall"])
@@ -149,19 +397,68 @@ def main_port_reachable(ctx) -> Iterator[Finding]:
         yield skip("no worker node was reached")
 
 
-def selected_interfaces(spec: str, names: List[str], nccl: bool) -> List[str]:
-    """The interfaces NCCL (prefixes; `=` exact; `^` excludes) or gloo (exact names) would use."""
+
+def ib_hca_spec(spec: str) -> Tuple[bool, bool, List[Tuple[str, Optional[str]]]]:
+    """NCCL_IB_HCA as NCCL reads it: (exclude `^`, exact `=`, [(device, port or None)]); without `=` each
+    name is a prefix (mlx5 selects mlx5_0, mlx5_1, ...)."""
     spec = spec.strip()
-    exclude = nccl and spec.startswith("^")
+    exclude = spec.startswith("^")
     spec = spec[1:] if exclude else spec
-    exact = not nccl or spec.startswith("=")
-    spec = spec[1:] if nccl and spec.startswith("=") else spec
-    patterns = [p.strip() for p in spec.split(",") if p.strip()]
+    exact = spec.startswith("=")
+    spec = spec[1:] if exact else spec
+    entries = []
+    for item in (p.strip() for p in spec.split(",")):
+        if item:
+            name, _, port = item.partition(":")
+            entries.append((name.strip(), port.strip() or None))
+    return exclude, exact, entries
 
-    def matches(name: str) -> bool:
-        return any(name == p if exact else name.startswith(p) for p in patterns)
 
-    return [n for n in names if matches(n) != exclude]
+def _network_to_head(host: Mapping, links: Optional[Mapping]):
+    """(the network of the address this node reaches the head from, the interface, the address) or
+    (None, why it is not known)."""
+    import ipaddress
+
+    route = host.get("route_to_head")
+    if not isinstance(route, dict) or not route.get("source"):
+        return None, "the route to the head is not known (see NET006)"
+    source, via = route["source"], route.get("interface")
+    if _is_loopback(source):
+        return None, "this node reaches the head over loopback"
+    names = ([via] if via in links else []) + [n for n in links if n != via]
+    for name in names:
+        link = links.get(name) or {}
+        for entry in (link.get("ipv4") or []) + (link.get("ipv6") or []):
+            try:
+                address = ipaddress.ip_interface(entry)
+            except ValueError:
+                continue
+            if str(address.ip) == source:
+                return (address.network, name, source), None
+    return None, f"the address {source} it reaches the head from has no netmask in the facts"
+
+
+def _judge_link(name: str, link: Mapping, network) -> Optional[str]:
+    """What is wrong with an interface for traffic to the head, None when nothing is."""
+    import ipaddress
+
+    if link.get("up") is False:
+        return f"{name} is DOWN"
+    if link.get("running") is False:
+        return f"{name} is UP but has no carrier (NO-CARRIER)"
+    if network is None:
+        return None
+    addresses = [a for a in (link.get("ipv4") or []) + (link.get("ipv6") or [])]
+    inside = []
+    for entry in addresses:
+        try:
+            inside.append(ipaddress.ip_interface(entry).ip in network)
+        except ValueError:
+            continue
+    if not any(inside):
+        have = ", ".join(a for a in addresses if not a.startswith("fe80:")) or "no address"
+        return f"{name} ({have}) is not on {network}"
+    return None
 
 
 @check("NET005", "socket-ifname", "node", tags=["network", "nccl", "gloo"])
@@ -170,14 +467,21 @@ def socket_ifname(ctx) -> Iterator[Finding]:
 
     NCCL and gloo bind to the interfaces these name (NCCL by prefix, `=` for an exact name, `^` to exclude);
     a name that matches nothing on one node makes NCCL fail with 'no socket interface found' or gloo
-    hang, on that node only.
+    hang, on that node only. They may differ between nodes (interfaces are named per node), so PKG004
+    does not compare their text: here the selected interface must also be UP and have an address on the
+    network this node reaches the head through, and NCCL_IB_HCA must name RDMA devices this node has
+    (else NCCL falls back to TCP sockets, or fails, on this node only).
 
-    Set them to the interface of the training network as it is named on every node (`ip -br addr`),
-    e.g. NCCL_SOCKET_IFNAME=eth0 or =ib0.
+    Set them to the interface of the training network as it is named on each node (`ip -br addr`),
+    e.g. NCCL_SOCKET_IFNAME=eth0 or =ib0; bring a DOWN interface up (`ip link set IF up`); set NCCL_IB_HCA
+    to this node's HCAs (`ibv_devices`), or unset it.
     """
     env = ctx.fact.get("env", {})
-    interfaces: Mapping[str, list] = ctx.fact.get("host", {}).get("interfaces", {})
+    host = ctx.fact.get("host", {})
+    interfaces: Mapping[str, list] = host.get("interfaces", {})
     usable = [n for n, addrs in interfaces.items() if addrs]
+    links = host.get("links")
+    links = links if isinstance(links, dict) and "error" not in links else None
     found = False
     for var, nccl in (("NCCL_SOCKET_IFNAME", True), ("GLOO_SOCKET_IFNAME", False)):
         spec = env.get(var)
@@ -185,15 +489,91 @@ def socket_ifname(ctx) -> Iterator[Finding]:
             continue
         found = True
         chosen = selected_interfaces(spec, usable, nccl)
-        if chosen:
-            yield passed(f"{var}={spec} selects {', '.join(f'{c} ({interfaces[c][0]})' for c in chosen)}",
-                         variable=var, interfaces=chosen)
-        else:
+        if not chosen:
             yield fail(f"{var}={spec} selects no interface with an address (this node has {', '.join(usable)})",
                        f"set {var} to one of: {', '.join(n for n in usable if n != 'lo') or ', '.join(usable)}",
                        variable=var, value=spec, interfaces=usable)
+            continue
+        yield _judge_selection(ctx, var, spec, nccl, chosen, interfaces, host, links)
+    hca = env.get("NCCL_IB_HCA")
+    if hca is not None:
+        found = True
+        yield _judge_ib_hca(ctx, hca, host.get("rdma_devices"))
     if not found:
-        yield skip("neither NCCL_SOCKET_IFNAME nor GLOO_SOCKET_IFNAME is set")
+        yield skip("none of NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA is set")
+
+
+def _judge_selection(ctx, var: str, spec: str, nccl: bool, chosen: List[str], interfaces: Mapping,
+                     host: Mapping, links: Optional[Mapping]) -> Finding:
+    selected = ", ".join(f"{c} ({interfaces[c][0]})" for c in chosen)
+    evidence = {"variable": var, "value": spec, "interfaces": chosen}
+    if links is None:
+        return passed(f"{var}={spec} selects {selected} (UP state and the head's network not checked: these "
+                      "facts have no host.links, from an older collector)", **evidence)
+    found, why = _network_to_head(host, links)
+    network = found[0] if found else None
+    if found:
+        where = f"{network} (this node reaches the head {_head_target(ctx)} from {found[2]} on {found[1]})"
+        evidence.update(network=str(network), route_interface=found[1], source=found[2])
+    else:
+        where = None
+        evidence.update(network=None, network_unknown=why)
+    judged = {c: _judge_link(c, links.get(c) or {}, network) for c in chosen}
+    problems = [p for p in judged.values() if p]
+    good = [c for c, p in judged.items() if p is None]
+    if not problems:
+        tail = f"UP, on {where}" if where else f"UP; the head's network not checked: {why}"
+        return passed(f"{var}={spec} selects {selected}: {tail}", **evidence)
+    evidence.update(problems=problems, usable=good)
+    expected = f"expected an UP interface on {where}" if where else "expected an UP interface with carrier"
+    expected = expected.replace(" (this node", ": this node").rstrip(")") if where else expected
+    fixes = [f"ip link set {c} up" for c in chosen
+             if (links.get(c) or {}).get("up") is False and _judge_link(c, {**links[c], "up": True}, network) is None]
+    target = found[1] if found else (good[0] if good else None)
+    if target is None:
+        fixes.append(f"set {var} to an UP interface of the training network")
+    elif chosen != [target]:  # not what it already selects
+        fixes.append(f"set {var}={'=' if nccl else ''}{target}" + (" (the interface to the head)" if found else ""))
+    if not fixes:  # it selects the interface to the head, which has no carrier
+        fixes.append(f"restore the link of {', '.join(c for c, p in judged.items() if p)} (cable, switch port; "
+                     "`ip -br link` shows its state)")
+    fix = " or ".join(fixes) + f" on {ctx.node}"
+    if good and nccl:  # NCCL bootstraps over one of them and uses every one for its socket transport
+        return Finding(Status.WARN, f"{var}={spec} selects {selected}, and {'; '.join(problems)}: NCCL may use it "
+                       f"for traffic between nodes ({expected})", fix, evidence=evidence)
+    return fail(f"{var}={spec} selects {selected}, but {'; '.join(problems)} ({expected})", fix, **evidence)
+
+
+def _judge_ib_hca(ctx, spec: str, devices) -> Finding:
+    evidence = {"variable": "NCCL_IB_HCA", "value": spec, "rdma_devices": devices}
+    if not isinstance(devices, list):
+        return skip(f"NCCL_IB_HCA={spec}: these facts do not list the RDMA devices", **evidence)
+    if not devices:
+        return Finding(Status.WARN, f"NCCL_IB_HCA={spec} is set, but this node has no RDMA device "
+                       "(/sys/class/infiniband is empty): NCCL falls back to TCP sockets here",
+                       f"load the RDMA driver on {ctx.node} (ibv_devices lists the HCAs), or unset NCCL_IB_HCA "
+                       "there if the job is meant to run over TCP", evidence=evidence)
+    exclude, exact, entries = ib_hca_spec(spec)
+
+    def matches(device: str, name: str) -> bool:
+        return device == name if exact else device.startswith(name)
+
+    hit = [d for d in devices if any(matches(d, name) for name, _ in entries)]
+    selected = [d for d in devices if d not in hit] if exclude else hit
+    evidence.update(selected=selected)
+    if not exclude:
+        missing = [f"{name}:{port}" if port else name for name, port in entries
+                   if not any(matches(d, name) for d in devices)]
+        if missing:
+            return fail(f"NCCL_IB_HCA={spec} names {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+                        f"not an RDMA device of this node (it has {', '.join(devices)})",
+                        f"set NCCL_IB_HCA={'=' if exact else ''}{','.join(devices)} on {ctx.node} (or the HCAs of "
+                        "the training network among them), or unset it", missing=missing, **evidence)
+    if not selected:
+        return Finding(Status.WARN, f"NCCL_IB_HCA={spec} excludes every RDMA device of this node "
+                       f"({', '.join(devices)}): NCCL falls back to TCP sockets here",
+                       f"remove the exclusion on {ctx.node}, or unset NCCL_IB_HCA", evidence=evidence)
+    return passed(f"NCCL_IB_HCA={spec} selects {', '.join(selected)} (ports not checked)", **evidence)
 
 
 @check("NET006", "route-to-head", "node", tags=["network"])

@@ -12,6 +12,16 @@ KEY_VERSIONS = ("python", "torch", "cuda", "nccl", "deepspeed", "accelerate", "t
 MUST_MATCH_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
 COMPARED_PREFIXES = MUST_MATCH_PREFIXES + ("CUDA_", "TORCH_", "FI_", "UCX_", "OMP_", "ACCELERATE_", "DEEPSPEED_")
 PER_NODE = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK", "NODE_RANK")
+# Variables that name per-node things (interfaces, HCAs, GPUs, files), so their text may differ between nodes
+# (NCCL's documentation and maintainers say so): never compared; the check that tests each one's meaning on
+# every node, None where none does.
+BY_MEANING = {
+    "NCCL_SOCKET_IFNAME": "NET005", "GLOO_SOCKET_IFNAME": "NET005", "NCCL_IB_HCA": "NET005",
+    "CUDA_VISIBLE_DEVICES": "GPU001",
+    "NCCL_IB_GID_INDEX": None, "NCCL_HOSTID": None, "NCCL_CONF_FILE": None, "NCCL_DEBUG_FILE": None,
+    "NCCL_TOPO_FILE": None, "NCCL_TOPO_DUMP_FILE": None, "NCCL_GRAPH_FILE": None, "NCCL_GRAPH_DUMP_FILE": None,
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": None,
+}
 
 
 def _versions(facts: dict) -> dict:
@@ -128,7 +138,10 @@ def environment(ctx) -> Iterator[Finding]:
 
     NCCL settings that differ between ranks (NCCL_IB_DISABLE, NCCL_P2P_LEVEL, NCCL_ALGO, ...) make ranks
     pick different transports and hang in the first collective; other differences change behaviour on
-    one node only.
+    one node only. Variables that name a node's own interfaces, HCAs, GPUs or files (NCCL_SOCKET_IFNAME,
+    GLOO_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_IB_GID_INDEX, CUDA_VISIBLE_DEVICES, NCCL_TOPO_FILE,
+    NCCL_DEBUG_FILE, ...) may differ: their text is not compared, their meaning is checked on each node
+    (NET005, GPU001).
 
     Set these variables the same way on every node (the job script, not a node's profile). Values of
     names containing TOKEN, SECRET, PASSWORD or KEY are compared redacted.
@@ -138,7 +151,8 @@ def environment(ctx) -> Iterator[Finding]:
         yield skip("fewer than two nodes reached: nothing to compare")
         return
     envs = {n: ctx.facts[n]["facts"].get("env") or {} for n in nodes}
-    names = sorted(v for v in set().union(*envs.values()) if v.startswith(COMPARED_PREFIXES) and v not in PER_NODE)
+    present = set().union(*envs.values())
+    names = sorted(v for v in present if v.startswith(COMPARED_PREFIXES) and v not in PER_NODE and v not in BY_MEANING)
     clean = set(nodes)
     for name in names:
         majority, odd = odd_ones_out({n: envs[n].get(name) for n in nodes}, ctx.plan.head)
@@ -150,7 +164,17 @@ def environment(ctx) -> Iterator[Finding]:
                           f"set {name} the same on every node", nodes=(node,),
                           evidence={"variable": name, "value": value, "expected": majority})
     if clean:
-        yield Finding(Status.PASS, f"{len(names)} job-relevant variable(s) equal", nodes=tuple(n for n in nodes if n in clean))
+        per_node = sorted(v for v in present if v in BY_MEANING)
+        checked = {}
+        for name in per_node:
+            checked.setdefault(BY_MEANING[name], []).append(name)
+        notes = [f"{', '.join(vs)} checked by meaning in {check_id}, not by text"
+                 for check_id, vs in sorted(checked.items(), key=lambda kv: kv[0] or "~") if check_id]
+        if checked.get(None):
+            notes.append(f"{', '.join(checked[None])} may differ per node (not compared)")
+        yield Finding(Status.PASS, f"{len(names)} job-relevant variable(s) equal" + "".join(f"; {n}" for n in notes),
+                      nodes=tuple(n for n in nodes if n in clean),
+                      evidence={"compared": len(names), "by_meaning": {v: BY_MEANING[v] for v in per_node}})
 
 
 @check("PKG005", "pinned-versions", "node", tags=["packages", "versions", "profile"])

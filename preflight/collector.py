@@ -10,11 +10,13 @@ JSON request line it reads, it writes one JSON answer line (see `serve`), until 
 input. One process per node serves every phase: clock samples, the port probe, the shared folder.
 """
 import ctypes
+import hashlib
 import json
 import os
 import platform
 import resource
 import socket
+import stat
 import struct
 import sys
 import time
@@ -41,6 +43,7 @@ def collect(options):
         ("memory", _memory),
         ("clock", _clock),
         ("gpus", _gpus),
+        ("job", lambda: _job(options.get("job"))),
     ):
         try:
             facts[name] = gather()
@@ -99,9 +102,10 @@ def _torch_cuda_build():
 
 def _host(options):
     hostname = socket.gethostname()
-    interfaces = _interfaces()
+    links = {}
+    interfaces = _interfaces(links)
     own = {a for addrs in interfaces.values() for a in addrs}
-    facts = {"hostname": hostname, "fqdn": socket.getfqdn(), "interfaces": interfaces,
+    facts = {"hostname": hostname, "fqdn": socket.getfqdn(), "interfaces": interfaces, "links": links,
              "resolves_to": _resolve(hostname), "kernel": platform.release(),
              "rdma_devices": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []}
     facts["resolves_to_own_interface"] = any(a in own for a in facts["resolves_to"] if not a.startswith("127."))
@@ -124,27 +128,50 @@ def _resolve(name):
     return seen
 
 
-def _interfaces():
-    """Interface name -> addresses (IPv4 through an ioctl, IPv6 from /proc)."""
+def _interfaces(links=None):
+    """Interface name -> addresses (IPv4 through an ioctl, IPv6 from /proc). When `links` is a dict, it is
+    filled with name -> {"up": IFF_UP, "running": IFF_RUNNING (carrier), "ipv4": ["10.0.0.2/24"] (the
+    interface's primary address and its netmask), "ipv6": ["fe80::1/64", ...]} from the same probe
+    socket (SIOCGIFFLAGS, SIOCGIFNETMASK); an ioctl that fails leaves its field None."""
     import fcntl
 
     result = {}
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name[:15].encode())
+            ipv4 = None
             try:
-                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+                packed = fcntl.ioctl(probe.fileno(), 0x8915, request)  # SIOCGIFADDR
                 result[name] = [socket.inet_ntoa(packed[20:24])]
-            except OSError:
+            except OSError as exc:
                 result[name] = []
+                ipv4 = [] if exc.errno == 99 else None  # EADDRNOTAVAIL: no IPv4 address
+            if links is None:
+                continue
+            link = links[name] = {"up": None, "running": None, "ipv4": ipv4, "ipv6": []}
+            try:
+                flags = struct.unpack("H", fcntl.ioctl(probe.fileno(), 0x8913, request)[16:18])[0]  # SIOCGIFFLAGS
+                link["up"], link["running"] = bool(flags & 0x1), bool(flags & 0x40)  # IFF_UP, IFF_RUNNING
+            except (OSError, struct.error):
+                pass
+            if result[name]:
+                try:
+                    mask = fcntl.ioctl(probe.fileno(), 0x891B, request)[20:24]  # SIOCGIFNETMASK
+                    link["ipv4"] = ["%s/%d" % (result[name][0], bin(struct.unpack("!I", mask)[0]).count("1"))]
+                except (OSError, struct.error):
+                    pass
     finally:
         probe.close()
     try:
         for line in open("/proc/net/if_inet6"):
-            hexaddr, _, _, _, _, name = line.split()
+            hexaddr, _, prefix, _, _, name = line.split()
             address = socket.inet_ntop(socket.AF_INET6, bytes.fromhex(hexaddr))
             result.setdefault(name, []).append(address)
-    except OSError:
+            if links is not None:
+                links.setdefault(name, {"up": None, "running": None, "ipv4": None, "ipv6": []})["ipv6"].append(
+                    "%s/%d" % (address, int(prefix, 16)))
+    except (OSError, ValueError):
         pass
     return result
 
@@ -436,10 +463,142 @@ def _gpu(nvml, index):
     return gpu
 
 
+# --- the job as this node would launch it ---------------------------------------------------------
+
+TEXT_LIMIT = 1 << 20  # a config file's text comes back up to this size; bigger files only as a digest
+DIGEST_LIMIT = 256 << 20  # past this, a file is not read at all (a checkpoint named on the command line)
+
+
+def _job(job):
+    """What this node's launch would read, as its SSH session sees it: the accelerate config (the one
+    named, else accelerate's default under this session's HF_HOME / XDG_CACHE_HOME), the files of the
+    command line, and where the launcher and python resolve on this session's PATH. None: not asked.
+    With "expand", $VAR in the command is this session's variable, as a shell on the node reads it."""
+    if not job:
+        return None
+    cwd = job.get("cwd") or os.getcwd()
+
+    def word(text):
+        return os.path.expandvars(text) if job.get("expand") else text
+
+    config = job.get("config")
+    if config:
+        config_file = read_file(word(config), cwd, True)
+    elif job.get("default_config", True):
+        config_file = dict(read_file(accelerate_default_config(), cwd, True), default=True)
+    else:
+        config_file = None
+    return {
+        "cwd": cwd, "cwd_exists": os.path.isdir(cwd), "argv": [word(a) for a in job.get("argv") or ()],
+        "config": config_file,
+        "files": dict((p, read_file(word(p), cwd, p in (job.get("text") or ()))) for p in job.get("files") or ()),
+        "programs": dict((name, _program(word(name))) for name in job.get("programs") or ()),
+    }
+
+
+def accelerate_default_config():
+    """accelerate's default config file (accelerate/commands/config/config_args.py): the YAML one,
+    unless only the JSON one exists."""
+    home = os.path.expanduser(os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"),
+                                                                     "huggingface")))
+    yaml_file = os.path.join(home, "accelerate", "default_config.yaml")
+    json_file = os.path.join(home, "accelerate", "default_config.json")
+    return yaml_file if os.path.isfile(yaml_file) or not os.path.isfile(json_file) else json_file
+
+
+def read_file(path, cwd, text=False):
+    """{"path", "sha256", "size"} of a regular file (relative: to the job's working directory), with its
+    "text" when asked and small; {"path", "error"} otherwise. Never opens a FIFO or a device."""
+    full = os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
+    entry = {"path": full}
+    try:
+        st = os.stat(full)
+        if not stat.S_ISREG(st.st_mode):
+            entry["error"] = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            return entry
+        entry["size"] = st.st_size
+        if st.st_size > DIGEST_LIMIT:
+            entry["error"] = "larger than %d MiB: not read" % (DIGEST_LIMIT >> 20)
+            return entry
+        digest, data, kept = hashlib.sha256(), [], 0
+        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                digest.update(chunk)
+                if text and kept <= TEXT_LIMIT:
+                    data.append(chunk)
+                    kept += len(chunk)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        entry["error"] = "missing" if exc.errno == 2 else (exc.strerror or str(exc))
+        return entry
+    entry["sha256"] = digest.hexdigest()
+    if text and kept <= TEXT_LIMIT:
+        try:
+            entry["text"] = b"".join(data).decode("utf-8-sig")
+        except UnicodeDecodeError:
+            entry["error"] = "not UTF-8 text"
+    return entry
+
+
+def _program(name):
+    """Where `name` resolves on this session's PATH, and the interpreter its #! line runs."""
+    import shutil
+
+    path = shutil.which(name) if name else None
+    if path is None:
+        return {"name": name, "path": None}
+    entry = {"name": name, "path": path, "real": os.path.realpath(path), "interpreter": None}
+    try:
+        with open(path, "rb") as handle:
+            lines = handle.read(1024).split(b"\n")
+    except OSError:
+        return entry
+    words = lines[0][2:].decode("utf-8", "replace").split() if lines[0].startswith(b"#!") else []
+    if words and os.path.basename(words[0]) == "env" and len(words) > 1:
+        words = [shutil.which(words[-1]) or words[-1]]
+    if words and os.path.basename(words[0]) == "sh" and len(lines) > 1 and lines[1].startswith(b"'''exec' "):
+        words = [lines[1].split()[1].decode("utf-8", "replace")]  # pip's launcher for long interpreter paths
+    entry["interpreter"] = words[0] if words else None
+    return entry
+
+
 # --- requests after the facts --------------------------------------------------------------------
 
 def holders(port):
-    """Processes listening on `port` (from /proc: what this user may see of them)."""
+    """Processes listening on `port` (from /proc: what this user may see of them): "pid", "command" (the
+    command line as one line, 200 characters), "argv" (each argument up to 200 characters, at most 64),
+    "ppid" and "parent_argv" (the launcher of a rank process), "children" (how many processes it has
+    started: None when unknown), and "env": only the variables a launcher gives its ranks (RANK,
+    MASTER_PORT, ...), no other variable is read."""
+    job_variables = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+    def argv_of(pid):
+        try:
+            raw = open("/proc/%s/cmdline" % pid, "rb").read()
+        except OSError:
+            return []
+        return [a.decode(errors="replace")[:200] for a in raw.split(b"\0")[:-1 if raw.endswith(b"\0") else None]][:64]
+
+    def parent_of(pid):
+        try:
+            return int(open("/proc/%s/stat" % pid, "rb").read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def job_env(pid):
+        try:
+            raw = open("/proc/%s/environ" % pid, "rb").read()
+        except OSError:
+            return None
+        pairs = (item.decode(errors="replace").split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+        return dict((k, v[:200]) for k, v in pairs if k in job_variables)
+
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -453,15 +612,27 @@ def holders(port):
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            links = [os.readlink("/proc/%s/fd/%s" % (pid, fd)) for fd in os.listdir("/proc/%s/fd" % pid)]
+            fds = os.listdir("/proc/%s/fd" % pid)
         except OSError:
             continue
-        if any(link.startswith("socket:[") and link[8:-1] in inodes for link in links):
+        links = []
+        for fd in fds:
             try:
-                command = open("/proc/%s/cmdline" % pid, "rb").read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                command = ""
-            found.append({"pid": int(pid), "command": command.strip()[:200]})
+                links.append(os.readlink("/proc/%s/fd/%s" % (pid, fd)))
+            except OSError:  # closed meanwhile (the listing's own descriptor, in this process)
+                pass
+        if any(link.startswith("socket:[") and link[8:-1] in inodes for link in links):
+            argv, ppid = argv_of(pid), parent_of(pid)
+            found.append({"pid": int(pid), "command": " ".join(argv).strip()[:200], "argv": argv, "ppid": ppid,
+                          "parent_argv": argv_of(ppid) if ppid else [], "children": None, "env": job_env(pid)})
+    if found:  # one pass over /proc/*/stat: how many processes each holder has started
+        counts = dict((h["pid"], 0) for h in found)
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            ppid = parent_of(pid)
+            if ppid in counts:
+                counts[ppid] += 1
+        for h in found:
+            h["children"] = counts[h["pid"]]
     return found
 
 
@@ -521,7 +692,7 @@ def shared_file(op, folder, name, token=None):
 class Agent(object):
     """Answers requests: {"op": "time"}, {"op": "listen", "port"}, {"op": "unlisten"},
     {"op": "connect", "address", "port", "timeout_s"}, {"op": "write"|"read"|"remove", "folder", "name",
-    "token"}. While a port is listened on, connections are accepted between requests."""
+    "token"}, {"op": "files", "paths", "cwd"}. While a port is listened on, connections are accepted between requests."""
 
     def __init__(self):
         self.server, self.peers, self.conns = None, [], []
@@ -542,6 +713,8 @@ class Agent(object):
             return {"peers": self.peers}
         if op == "connect":
             return connect(request["address"], int(request["port"]), float(request["timeout_s"]))
+        if op == "files":  # the files a node's own config names (asked once that config is parsed)
+            return dict((p, read_file(p, request["cwd"], True)) for p in request["paths"][:16])
         if op in ("write", "read", "remove"):
             return shared_file(op, request["folder"], request["name"], request.get("token"))
         return {"error": "unknown request %r" % op}

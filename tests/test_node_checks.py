@@ -133,7 +133,7 @@ def test_main_port_unreachable_from_a_worker_is_named():
     ("eth1,ib0", False, ["eth1", "ib0"]),
 ])
 def test_socket_ifname_selection_rules(spec, nccl, expected):
-    from preflight.checks.net import selected_interfaces
+    from preflight.jobview import selected_interfaces
 
     assert selected_interfaces(spec, ["lo", "eth0", "eth1", "ib0"], nccl) == expected
 
