@@ -82,8 +82,12 @@ def build_parser() -> Parser:
                        help="also write metrics to FILE in node_exporter's textfile-collector format (*.prom)")
         p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page (check x node matrix)")
 
+    def launch_command(p: argparse.ArgumentParser, text: str) -> None:
+        p.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help=text)
+
     lint = commands.add_parser("lint", help="lint the accelerate and DeepSpeed configs and the hostfile")
     inputs(lint)
+    launch_command(lint, "the launch command, after `--`: its flags override the config files")
     lint.add_argument("--deep", action="store_true",
                       help="also run accelerate's and DeepSpeed's own validators (when importable; ~2 s each)")
     for name, text in (("check", "check the job on its nodes before it starts (no target: this machine)"),
@@ -117,8 +121,10 @@ def build_parser() -> Parser:
                              help="deadline in seconds for each remote step (default 30)")
             collective_options(sub)
         if name == "launch":
-            sub.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
-                             help="the launch command, after `--`")
+            launch_command(sub, "the launch command, after `--`")
+        if name == "check":
+            launch_command(sub, "the launch command each node will run, after `--`: its flags override the files "
+                                "and $VAR in it is each node's")
     listing = commands.add_parser("list", help="list every registered check")
     listing.add_argument("--json", action="store_true", help="print the checks as JSON")
     listing.add_argument("--markdown", action="store_true", help="print the table of checks as Markdown")
@@ -222,13 +228,24 @@ def evaluate(reg, args, gather=None):
 
         if slurm.scontrol_path() is None:
             raise UsageError("--drain/--undrain need SLURM's scontrol, which is not on PATH")
-    config = args.config
+    from preflight.launchcmd import parse as parse_command
+
+    command = parse_command(launch_command(args))
+    config, deepspeed = args.config, args.deepspeed
+    # The files the command names, when this machine has them too, are the ones the CFG checks lint
+    # (each node reads its own for the JOB checks).
+    named = command.get("config_file") if command.launcher == "accelerate" else None
+    if config is None and isinstance(named, str) and os.path.isfile(named):
+        config = named
+    named = command.get("deepspeed_config_file")
+    if deepspeed is None and isinstance(named, str) and os.path.isfile(named):
+        deepspeed = named
     if config is None and default_accelerate_config():
         config = default_accelerate_config()  # what `accelerate launch` uses without --config_file
         print(f"preflight: using accelerate's default config {config}", file=sys.stderr)
     plan = build_plan(
         config=config,
-        deepspeed=args.deepspeed,
+        deepspeed=deepspeed,
         hostfile=args.hostfile,
         world_size=args.world_size,
         deep=getattr(args, "deep", False) or args.command != "lint",
@@ -237,6 +254,10 @@ def evaluate(reg, args, gather=None):
         limits=_limits(args, profile),
         checkpoint_dir=getattr(args, "checkpoint_dir", None),
         profile=profile,
+        command=tuple(launch_command(args)),
+        config_path=args.config,
+        launching=args.command == "launch",
+        python=getattr(args, "python", None),
     )
     ctx = runner.CheckContext(plan)
     if args.command != "lint":
@@ -251,8 +272,8 @@ def evaluate(reg, args, gather=None):
 def _run(reg, args) -> int:
     from preflight import render, reports
 
+    command = launch_command(args)
     if args.command == "launch":
-        command = args.launch_command[1:] if args.launch_command[:1] == ["--"] else args.launch_command
         if not command:
             raise UsageError("launch needs the command to run after `--`, e.g. preflight launch -- accelerate launch train.py")
     plan, ctx, results, started = evaluate(reg, args)
@@ -282,6 +303,14 @@ def _run(reg, args) -> int:
     if args.command == "launch":
         print("preflight: not launching: the job is not ready (see the report above)", file=sys.stderr)
     return code if code == 0 else EXIT_NOT_READY
+
+
+def launch_command(args) -> List[str]:
+    """The words after `--` (the job's launch command), or none."""
+    words = list(getattr(args, "launch_command", None) or [])
+    if words and words[0] != "--":
+        raise UsageError(f"unexpected argument {words[0]!r}; put the launch command after `--`")
+    return words[1:]
 
 
 def _profile(args, reg):
@@ -375,7 +404,7 @@ def _transport(args) -> str:
 def gather_for(plan, args, specs=()):
     """Facts and probes: over SSH for a target, in-process for this machine alone. The all-reduce (the slow
     part) runs only over SSH, and only when a COL check is selected."""
-    from preflight import gather, runner
+    from preflight import gather, jobview, runner
     from preflight.collective import options_from_args
 
     options = gather.GatherOptions(
@@ -393,11 +422,14 @@ def gather_for(plan, args, specs=()):
         progress=not args.json or sys.stderr.isatty(),
         collective=options_from_args(plan, args) if plan.remote and any(s.family == "COL" for s in specs) else None,
         transport=_transport(args),
+        job=jobview.request(plan),
+        job_files=jobview.named_files,
     )
     if plan.remote:
         facts, probes = gather.gather_ssh(list(plan.nodes), options)
     else:
         facts, probes = gather.gather_local(plan.nodes[0], options)
+    probes["job"] = jobview.launches(plan, facts, (probes.get("head") or {}).get("address"))
     return runner.CheckContext(plan, facts, probes)
 
 

@@ -44,6 +44,8 @@ class GatherOptions:
     progress: bool = True
     collective: Optional[object] = None  # preflight.collective.CollectiveOptions: run the all-reduce (COL)
     transport: str = "ssh"  # or "srun": job steps inside a SLURM allocation (preflight.srun)
+    job: Optional[dict] = None  # what each node's launch would read (preflight.collector._job; jobview.request)
+    job_files: Optional[Callable[[dict], List[str]]] = None  # the files a node's own config names (jobview.named_files)
 
 
 @dataclass
@@ -120,7 +122,11 @@ def _parallel(func: Callable, nodes: List[NodeState], options: GatherOptions) ->
 
 def gather_local(name: str, options: GatherOptions) -> tuple:
     """This machine alone, in-process: facts, a zero clock offset, and whether the port is free."""
-    facts = collector.collect({"head": options.main_address or name, "port": options.port, "paths": options.paths})
+    facts = collector.collect({"head": options.main_address or name, "port": options.port, "paths": options.paths,
+                               "job": options.job})
+    job = facts.get("job")
+    if isinstance(job, dict) and options.job_files:
+        job["named"] = {p: collector.read_file(p, job["cwd"], True) for p in options.job_files(job)}
     node = NodeState(name, facts=facts, clock={"offset_s": 0.0, "bound_s": 0.0, "rtt_s": 0.0})
     server = collector.bindable(options.port)
     listen = server if isinstance(server, dict) else {"bound": True}
@@ -208,10 +214,10 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
 
         # The connection has its own deadlines; this one also bounds DNS and anything unforeseen.
         node.connection = run_with_deadline(connect, options.timeout * 2 + 1)
-        payload = {"head": head, "port": options.port, "paths": options.paths}
+        payload = {"head": head, "port": options.port, "paths": options.paths, "job": options.job}
         source = open(collector.__file__, encoding="utf-8").read()
         node.agent = node.connection.start(shipped_command(options.python), shipped_input(source, payload))
-        line = node.agent.read_line(options.timeout)
+        line, printed = _facts_line(node, options.timeout)
         if line is None:
             status = node.agent.exit_status(2)
             if status in (126, 127):
@@ -221,11 +227,36 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
             raise NodeError("collector", f"the fact collector stopped (exit {status}): "
                             f"{node.agent.stderr_tail().strip()[-300:]}", "run the training interpreter there by hand")
         node.facts = decode(line)
+        if not isinstance(node.facts, dict):
+            raise NodeError("protocol", f"the collector sent {type(node.facts).__name__}, not facts",
+                            "run the training interpreter there by hand")
+        node.facts["session"] = {"stdout": printed}
+        job = node.facts.get("job")
+        if isinstance(job, dict) and options.job_files:
+            named = options.job_files(job)
+            if named:
+                job["named"] = node.ask({"op": "files", "paths": named, "cwd": job.get("cwd")}, options.timeout)
         node.clock = _clock_samples(node, options.timeout)
     except NodeError as exc:
         node.error = exc
     except Exception as exc:  # anything else the node sent us: still a result, never a crash
         node.error = NodeError("protocol", f"{type(exc).__name__}: {exc}", "run the collector there by hand")
+
+
+PRINTED_LIMIT = 4096  # what a shell start-up file printed before the facts, kept for JOB009
+
+
+def _facts_line(node: NodeState, timeout: float) -> tuple:
+    """The collector's facts line, and what the session printed on stdout before it (a start-up file such
+    as ~/.bashrc that echoes in non-interactive sessions), within one deadline."""
+    deadline = time.monotonic() + timeout
+    printed = ""
+    while True:
+        line = node.agent.read_line(max(0.001, deadline - time.monotonic()))
+        if line is None or line.startswith('{"schema"'):
+            return line, printed or None
+        if len(printed) < PRINTED_LIMIT:
+            printed = (printed + line + "\n")[:PRINTED_LIMIT]
 
 
 def _clock_samples(node: NodeState, timeout: float) -> dict:

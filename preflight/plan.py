@@ -49,6 +49,13 @@ class Plan:
     limits: Limits = Limits()
     checkpoint_dir: Optional[str] = None
     profile: Optional["Profile"] = None  # pins and per-host expectations (its thresholds are in limits)
+    command: Tuple[str, ...] = ()  # the launch command (after `--`): its flags override the files
+    config_path: Optional[str] = None  # --config as given: each node resolves it in the job's directory
+    deepspeed_path: Optional[str] = None  # --deepspeed as given
+    workdir: Optional[str] = None  # the job's working directory on every node (this one's)
+    expand_vars: bool = True  # $VAR in the command is each node's (check); `launch` quotes every word
+    sets_ranks: bool = False  # `launch` over SSH gives each node its rank flags (preflight.launcher)
+    python: Optional[str] = None  # --python: the interpreter whose versions the facts hold
 
     @property
     def head(self) -> Optional[str]:
@@ -105,6 +112,10 @@ def build_plan(
     limits: Limits = Limits(),
     checkpoint_dir: Optional[str] = None,
     profile: Optional["Profile"] = None,
+    command: Tuple[str, ...] = (),
+    config_path: Optional[str] = None,
+    launching: bool = False,
+    python: Optional[str] = None,
 ) -> Plan:
     """Load every input; unreadable input raises InputError (exit 2).
 
@@ -136,4 +147,11 @@ def build_plan(
         limits=limits,
         checkpoint_dir=checkpoint_dir,
         profile=profile,
+        command=tuple(command),
+        config_path=config_path,
+        deepspeed_path=deepspeed,
+        workdir=os.getcwd(),
+        expand_vars=not launching,
+        sets_ranks=launching and remote,
+        python=python,
     )

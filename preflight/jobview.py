@@ -1,0 +1,432 @@
+"""The job as each node will launch it: that node's own accelerate config and DeepSpeed JSON, with the
+launch command's flags over them (as `accelerate launch`, torchrun and DeepSpeed's runner merge them).
+
+The collector reads, on every node, the files that node's launch would read (preflight.collector._job);
+here, on this machine, they are parsed and merged into one effective launch per node, a plain dict that
+the JOB checks compare and the reports show as the launch plan. No I/O here: facts in, dicts out.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from preflight import launchcmd
+from preflight.documents import Document, InputError, parse_json, parse_yaml
+from preflight.jobconfig import ACCELERATE_DS_KEYS, ACCELERATE_KEYS, HOSTFILE_LINE, validate_types
+
+DEFAULT_PORT = 29500
+DEEPSPEED_HOSTFILE = "/job/hostfile"
+# distributed_type values that accelerate starts with torchrun (its multi_gpu_launcher).
+TORCHRUN_TYPES = frozenset("""MULTI_GPU FSDP MEGATRON_LM MULTI_NPU MULTI_MLU MULTI_SDAA MULTI_MUSA MULTI_XPU MULTI_HPU
+MULTI_NEURON""".split())  # DeepSpeed's runner reads this one when none is named
+# Keys of an accelerate config that differ per node by design (each node's rank, its own GPUs).
+PER_NODE_KEYS = frozenset({"machine_rank", "gpu_ids", "main_training_function"})
+# Fields of the effective launch that must be the same on every node, with their names in the plan.
+MUST_MATCH = ("main_ip", "main_port", "num_machines", "world_size", "distributed_type", "mixed_precision",
+              "zero_stage", "gradient_accumulation_steps", "rdzv_backend")
+
+
+def request(plan) -> dict:
+    """What the collector reads on each node for the job (preflight.collector._job's argument)."""
+    cmd = launchcmd.parse(plan.command) if plan.command else None
+    config = plan.config_path
+    accelerate = cmd is None or cmd.launcher == "accelerate"
+    if cmd is not None and cmd.launcher == "accelerate" and isinstance(cmd.get("config_file"), str):
+        config = cmd.get("config_file")
+    files = list(cmd.files) if cmd is not None else []
+    text = [v for k, v in (cmd.options.items() if cmd else ()) if k in launchcmd.FILE_OPTIONS and isinstance(v, str)]
+    if plan.deepspeed_path:
+        files.append(plan.deepspeed_path)
+        text.append(plan.deepspeed_path)
+    if cmd is not None and cmd.launcher == "deepspeed" and not cmd.get("hostfile"):
+        files.append(DEEPSPEED_HOSTFILE)
+        text.append(DEEPSPEED_HOSTFILE)
+    programs = ["python3"]
+    if cmd is not None and _from_program(cmd):
+        programs.insert(0, _from_program(cmd)[0])
+    return {"cwd": plan.workdir or os.getcwd(), "argv": list(plan.command), "config": config,
+            "default_config": accelerate and not (cmd is not None and cmd.flag("cpu")),
+            "files": list(dict.fromkeys(f for f in files if f)), "text": text, "programs": programs,
+            "expand": plan.expand_vars}
+
+
+def _from_program(cmd: launchcmd.LaunchCommand) -> Tuple[str, ...]:
+    """The command from its program on (after `env` and VAR=value words)."""
+    argv = cmd.argv
+    i = 1 if argv and os.path.basename(argv[0]) == "env" else 0
+    while i < len(argv) and launchcmd.ENV_ASSIGNMENT.match(argv[i]):
+        i += 1
+    return argv[i:]
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(path: str, text: str, kind: str) -> Document:
+    """A file's text as a Document (thousands of nodes usually send the same few texts: parsed once)."""
+    what = "accelerate config" if kind == "accelerate" else "DeepSpeed config"
+    json_syntax = path.lower().endswith(".json") if kind == "accelerate" else not path.lower().endswith((".yaml", ".yml"))
+    doc = parse_json(path, text, what) if json_syntax else parse_yaml(path, text, what)
+    if kind == "accelerate":
+        validate_types(doc, ACCELERATE_KEYS)
+        validate_types(doc, ACCELERATE_DS_KEYS, ("deepspeed_config",))
+    return doc
+
+
+def parsed(entry: Optional[dict], kind: str) -> Tuple[Optional[Document], Optional[str]]:
+    """(the Document, None) or (None, why not) for a file the collector read."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        return None, "not read"
+    if entry.get("error"):
+        return None, str(entry["error"])
+    if not isinstance(entry.get("text"), str):
+        return None, "its text did not come back"
+    try:
+        return _parse(entry["path"], entry["text"], kind), None
+    except InputError as exc:
+        return None, f"line {exc.line}: {exc.problem}" if exc.line else exc.problem
+    except RecursionError:
+        return None, "nested too deeply"
+
+
+def named_files(job: Mapping[str, Any]) -> List[str]:
+    """The files a node's own accelerate config names (its DeepSpeed JSON, its hostfile), for a second
+    request to that node once its config is known; those the command line names were read already."""
+    if not isinstance(job.get("files"), dict):
+        return []
+    doc, _ = parsed(job.get("config"), "accelerate")
+    if doc is None:
+        return []
+    section = doc.data.get("deepspeed_config")
+    names = [section.get(k) for k in ("deepspeed_config_file", "deepspeed_hostfile")] if isinstance(section, dict) else []
+    if isinstance(section, dict) and not section.get("deepspeed_hostfile") and doc.data.get("distributed_type") == "DEEPSPEED":
+        names.append(DEEPSPEED_HOSTFILE)
+    return [n for n in names if isinstance(n, str) and n.strip() and n not in (job.get("files") or {})]
+
+
+def _file(job: Mapping[str, Any], name: str) -> Optional[dict]:
+    """A file the node read for its job: named on the command line, or by its own config."""
+    for group in (job.get("files"), job.get("named")):
+        if isinstance(group, dict) and isinstance(group.get(name), dict):
+            return group[name]
+    return None
+
+
+def settings_digest(data: Mapping[str, Any], leave_out=frozenset()) -> str:
+    """A digest of a config's settings, leaving out the keys that differ per node by design: configs that
+    differ only in machine_rank have the same one (the file's bytes would not)."""
+    kept = {k: v for k, v in data.items() if k not in leave_out}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def _short(digest: Any) -> Optional[str]:
+    return digest[:8] if isinstance(digest, str) else None
+
+
+class _Fields:
+    """The effective values of one node's launch, each with where it came from."""
+
+    def __init__(self, node: str):
+        self.node, self.values, self.sources = node, {}, {}
+
+    def set(self, key: str, value: Any, source: str) -> None:
+        self.values[key], self.sources[key] = value, source
+
+    def first(self, key: str, *candidates: Tuple[Any, Optional[str]], default: Any = None) -> None:
+        """The first candidate that is given (flag, then file), else the launcher's default."""
+        for value, source in candidates:
+            if value is not None and source is not None:
+                self.set(key, value, source)
+                return
+        self.set(key, default, "default")
+
+
+def _int(value: Any) -> Any:
+    """A flag's text as accelerate's argparse reads it (type=int); anything else stays as it is."""
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
+def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.LaunchCommand]) -> dict:
+    """One node's effective launch: {"launcher", "started_by", field: value..., "sources": {field: where},
+    "problems": [...], "files": {...}}. `command` is this node's launch command (its $VARs expanded)."""
+    out = _Fields(node)
+    problems: List[str] = []
+    launcher = command.launcher if command is not None else "accelerate"
+    config_entry = job.get("config")
+    doc, why = parsed(config_entry, "accelerate") if config_entry else (None, "none")
+    config_path = config_entry.get("path") if isinstance(config_entry, dict) else None
+    if launcher == "accelerate" and doc is None and config_entry is not None:
+        if not (config_entry.get("default") and why == "missing"):
+            problems.append(f"accelerate config {config_path}: {why}")
+    if launcher != "accelerate":
+        doc = None  # torchrun and DeepSpeed's runner never read accelerate's config
+    data = doc.data if doc is not None else {}
+    section = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
+
+    def flag(name: str) -> Tuple[Any, Optional[str]]:
+        if command is None or name not in command.options:
+            return None, None
+        return _int(command.options[name]), f"flag --{name}"
+
+    def in_file(key: str, *inner: str) -> Tuple[Any, Optional[str]]:
+        holder = section if inner else data
+        name = inner[0] if inner else key
+        if doc is None or name not in holder:
+            return None, None
+        line = doc.line(*(("deepspeed_config", name) if inner else (key,)))
+        return holder[name], f"{config_path}:{line}" if line else config_path
+
+    ds_doc = None
+    if launcher == "accelerate":
+        out.first("machine_rank", flag("machine_rank"), in_file("machine_rank"), default=0)
+        out.first("num_machines", flag("num_machines"), in_file("num_machines"), default=1)
+        out.first("num_processes", flag("num_processes"), in_file("num_processes"))
+        out.first("main_ip", flag("main_process_ip"), in_file("main_process_ip"))
+        out.first("main_port", flag("main_process_port"), in_file("main_process_port"), default=DEFAULT_PORT)
+        out.first("mixed_precision", flag("mixed_precision"), in_file("mixed_precision"), default="no")
+        out.first("rdzv_backend", flag("rdzv_backend"), in_file("rdzv_backend"), default="static")
+        out.first("gpu_ids", flag("gpu_ids"), in_file("gpu_ids"), default="all")
+        chosen = next(((f, t) for f, t in (("use_deepspeed", "DEEPSPEED"), ("multi_gpu", "MULTI_GPU"),
+                                          ("use_fsdp", "FSDP"), ("use_megatron_lm", "MEGATRON_LM"), ("tpu", "XLA"))
+                       if command is not None and command.flag(f)), (None, None))
+        out.first("distributed_type", (chosen[1], f"flag --{chosen[0]}" if chosen[0] else None),
+                  in_file("distributed_type"), default="NO")
+        # Which of accelerate's launchers runs (accelerate/commands/launch.py, launch_command): --cpu (the
+        # flag, not use_cpu in the file) makes it the simple one, which starts one process and no rendezvous.
+        cpu = command is not None and command.flag("cpu")
+        dtype = out.values["distributed_type"]
+        path = ("deepspeed" if dtype == "DEEPSPEED" else "torchrun" if dtype in TORCHRUN_TYPES
+                else "xla" if dtype == "XLA" else "simple") if not cpu else "simple"
+        out.set("accelerate_launcher", path, "flag --cpu" if cpu else out.sources["distributed_type"])
+        deepspeed = path == "deepspeed"
+        out.first("deepspeed_config_file", flag("deepspeed_config_file"),
+                  in_file("deepspeed_config", "deepspeed_config_file") if deepspeed else (None, None))
+        ds_name = out.values["deepspeed_config_file"]
+        if isinstance(ds_name, str) and ds_name:
+            ds_doc, ds_why = parsed(_file(job, ds_name), "deepspeed")
+            if ds_doc is None:
+                problems.append(f"DeepSpeed config {ds_name}: {ds_why}")
+        if ds_doc is not None:
+            stage = (ds_doc.data.get("zero_optimization") or {}).get("stage") \
+                if isinstance(ds_doc.data.get("zero_optimization"), dict) else None
+            where = f"{(_file(job, ds_name) or {}).get('path')}:{ds_doc.line('zero_optimization', 'stage') or 1}"
+            out.set("zero_stage", stage, where if stage is not None else "default")
+            accumulation = ds_doc.data.get("gradient_accumulation_steps")
+            out.set("gradient_accumulation_steps", accumulation,
+                    f"{(_file(job, ds_name) or {}).get('path')}:{ds_doc.line('gradient_accumulation_steps')}"
+                    if accumulation is not None else "default")
+        elif deepspeed:
+            out.first("zero_stage", flag("zero_stage"), in_file("deepspeed_config", "zero_stage"))
+            out.first("gradient_accumulation_steps", flag("gradient_accumulation_steps"),
+                      in_file("deepspeed_config", "gradient_accumulation_steps"), default=1)
+        else:
+            out.set("zero_stage", None, "default")
+            out.first("gradient_accumulation_steps", flag("gradient_accumulation_steps"), default=1)
+        out.first("multinode_launcher", flag("deepspeed_multinode_launcher"),
+                  in_file("deepspeed_config", "deepspeed_multinode_launcher"), default="pdsh")
+        procs, machines = out.values["num_processes"], out.values["num_machines"]
+        if path in ("torchrun", "deepspeed"):  # num_processes is the total: each node starts its share
+            per_node = procs // machines if _is_int(procs) and _is_int(machines) and machines > 0 else None
+            out.set("processes", per_node, out.sources["num_processes"])
+            out.set("world_size", procs, out.sources["num_processes"])
+        else:  # one process per node, and no rendezvous of the launcher's own: machine_rank is not read
+            out.set("processes", 1, f"accelerate's {path} launcher")
+            out.set("world_size", None, f"accelerate's {path} launcher")
+            out.set("rdzv_backend", "none", f"accelerate's {path} launcher")
+        head_starts = deepspeed and _is_int(machines) and machines > 1 and out.values["multinode_launcher"] != "standard"
+        started_by = "head" if head_starts else "self"
+        if head_starts:
+            out.first("hostfile", flag("deepspeed_hostfile"), in_file("deepspeed_config", "deepspeed_hostfile"),
+                      default=DEEPSPEED_HOSTFILE)
+    elif launcher == "torchrun":
+        standalone = command.flag("standalone")
+        nnodes = command.get("nnodes")
+        out.first("num_machines", (1, "flag --standalone") if standalone else (None, None),
+                  (_nnodes(nnodes), "flag --nnodes" if nnodes is not None else None), default=1)
+        out.first("machine_rank", flag("node_rank"), default=0)
+        out.first("processes", flag("nproc_per_node"), default=1)
+        out.first("rdzv_backend", ("c10d", "flag --standalone") if standalone else (None, None), flag("rdzv_backend"),
+                  default="static")
+        endpoint = command.get("rdzv_endpoint")
+        if out.values["rdzv_backend"] != "static" and isinstance(endpoint, str) and endpoint:
+            host, _, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+            out.set("main_ip", host.strip("[]") or endpoint, "flag --rdzv_endpoint")
+            out.set("main_port", _int(port) if port else DEFAULT_PORT, "flag --rdzv_endpoint")
+        else:
+            out.first("main_ip", flag("master_addr"), default="127.0.0.1")
+            out.first("main_port", flag("master_port"), default=DEFAULT_PORT)
+        machines, procs = out.values["num_machines"], out.values["processes"]
+        world = machines * procs if _is_int(machines) and _is_int(procs) else None
+        out.set("world_size", world, "--nnodes x --nproc-per-node")
+        started_by = "self"
+    elif launcher == "deepspeed":
+        out.first("main_ip", flag("master_addr"))
+        out.first("main_port", flag("master_port"), default=DEFAULT_PORT)
+        started_by = "head"  # the runner on the first node starts every node (pdsh by default)
+        out.first("hostfile", flag("hostfile"), default=DEEPSPEED_HOSTFILE)
+    else:
+        started_by = "self"
+    facts = {
+        # Without a command or a config, nothing says how this node launches: not compared.
+        "known": command is not None or doc is not None,
+        "launcher": launcher, "started_by": started_by, **out.values, "sources": out.sources, "problems": problems,
+        "config": config_path if doc is not None or (config_entry and not config_entry.get("error")) else None,
+        "config_sha": settings_digest(data, PER_NODE_KEYS) if doc is not None else None,
+        "deepspeed_settings": dict(_leaves(ds_doc)) if ds_doc is not None else None,
+        "deepspeed_path": (_file(job, out.values.get("deepspeed_config_file") or "") or {}).get("path") if ds_doc else None,
+        "deepspeed_sha": _short((_file(job, out.values.get("deepspeed_config_file") or "") or {}).get("sha256"))
+        if ds_doc is not None else None,
+        "accelerate_settings": {k: (v, doc.line(k)) for k, v in data.items()} if doc is not None else None,
+        "script": command.script if command is not None else None,
+        "hosts": _hosts(job, out.values.get("hostfile")),
+        "files": {name: {k: v for k, v in entry.items() if k != "text"}
+                  for name, entry in (job.get("files") or {}).items() if isinstance(entry, dict)},
+    }
+    return facts
+
+
+def _leaves(doc: Document, keys: Tuple[str, ...] = ()) -> List[Tuple[str, Tuple[Any, Optional[int]]]]:
+    """Every setting of a DeepSpeed config as (dotted key, (value, line)): what two nodes' files are compared by."""
+    value = doc.data
+    for key in keys:
+        value = value[key]
+    if isinstance(value, dict) and value:
+        return [leaf for key in value for leaf in _leaves(doc, keys + (key,))]
+    return [(".".join(map(str, keys)), (value, doc.line(*keys)))]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _nnodes(text: Any) -> Any:
+    """torchrun's --nnodes: N, or MIN:MAX for an elastic job (its maximum is what may join)."""
+    if isinstance(text, str) and ":" in text:
+        return _int(text.split(":", 1)[1])
+    return _int(text)
+
+
+def _hosts(job: Mapping[str, Any], name: Any) -> Optional[dict]:
+    """The hostfile DeepSpeed's runner reads on this node: {"path", "hosts": [[host, slots]]} or {"path", "error"}."""
+    if not isinstance(name, str):
+        return None
+    entry = _file(job, name)
+    if entry is None:
+        return None
+    if entry.get("error") or not isinstance(entry.get("text"), str):
+        return {"path": entry.get("path"), "error": entry.get("error") or "its text did not come back"}
+    return {"path": entry.get("path"), "hosts": [list(h) for h in hostfile_hosts(entry["text"])]}
+
+
+def hostfile_hosts(text: str) -> List[Tuple[str, int]]:
+    """DeepSpeed's hostfile text: [(host, slots)], as its runner reads it."""
+    found = []
+    for line in text.splitlines():
+        match = HOSTFILE_LINE.match(line.strip())
+        if match:
+            found.append((match.group(1), int(match.group(2))))
+    return found
+
+
+def socket_interface(facts: Mapping[str, Any]) -> Optional[str]:
+    """The interface NCCL's socket transport (with GPUs) or gloo (without) binds on this node, as they pick
+    it: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME when set, else NCCL's default (an ib* interface first, then
+    any but lo and docker*), else gloo's (the address the hostname resolves to)."""
+    host, env = facts.get("host") or {}, facts.get("env") or {}
+    interfaces = host.get("interfaces") or {}
+    if not isinstance(interfaces, dict):
+        return None
+    usable = [n for n, addrs in interfaces.items() if isinstance(addrs, list) and addrs]
+    gpus = (facts.get("gpus") or {}).get("available")
+    spec = env.get("NCCL_SOCKET_IFNAME") if gpus else env.get("GLOO_SOCKET_IFNAME")
+    if isinstance(spec, str) and spec.strip():
+        chosen = selected_interfaces(spec, usable, bool(gpus))
+        return f"{chosen[0]} {interfaces[chosen[0]][0]}" if chosen else f"none matches {spec}"
+    if gpus:
+        ordered = [n for n in usable if n.startswith("ib")] + [n for n in usable if not n.startswith(("ib", "lo", "docker"))]
+        return f"{ordered[0]} {interfaces[ordered[0]][0]}" if ordered else None
+    resolved = host.get("resolves_to")
+    if isinstance(resolved, list) and resolved:
+        owner = next((n for n in usable if resolved[0] in interfaces[n]), None)
+        return f"{owner or '?'} {resolved[0]}"
+    return None
+
+
+def selected_interfaces(spec: str, names: List[str], nccl: bool) -> List[str]:
+    """The interfaces NCCL (prefixes; `=` exact; `^` excludes) or gloo (exact names) would use."""
+    spec = spec.strip()
+    exclude = nccl and spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = not nccl or spec.startswith("=")
+    spec = spec[1:] if nccl and spec.startswith("=") else spec
+    patterns = [p.strip() for p in spec.split(",") if p.strip()]
+
+    def matches(name: str) -> bool:
+        return any(name == p if exact else name.startswith(p) for p in patterns)
+
+    return [n for n in names if matches(n) != exclude]
+
+
+def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dict[str, Any]:
+    """Every reached node's effective launch, in node order: probes["job"] for the JOB checks.
+    With `preflight launch` over SSH, each node's command is the one preflight will run there (its
+    rank flags inserted by preflight.launcher)."""
+    from preflight import launcher as starter
+
+    nodes = [n for n in plan.nodes if (facts.get(n) or {}).get("facts")]
+    result: Dict[str, Any] = {"command": list(plan.command), "nodes": {}}
+    sets_ranks = plan.sets_ranks and plan.command and starter.is_accelerate_launch(plan.command)
+    for index, node in enumerate(plan.nodes):
+        node_facts = (facts.get(node) or {}).get("facts")
+        job = node_facts.get("job") if isinstance(node_facts, dict) else None
+        if not isinstance(job, dict):
+            continue
+        try:
+            argv = [str(a) for a in job["argv"]] if isinstance(job.get("argv"), list) else list(plan.command)
+            if sets_ranks:
+                argv = starter.rank_command(argv, index, head_address or plan.head, plan.port, len(plan.nodes))
+            result["nodes"][node] = _node_view(node, node_facts, job, argv)
+        except Exception as exc:  # what a node sent is not to be trusted: its launch is unknown, said so
+            result["nodes"][node] = {"known": True, "launcher": "other", "started_by": "self", "sources": {},
+                                     "problems": [f"its job facts cannot be read ({type(exc).__name__}: {exc})"]}
+    result["reached"] = nodes
+    return result
+
+
+def _node_view(node: str, node_facts: dict, job: dict, argv: List[str]) -> dict:
+    command = launchcmd.parse(argv) if argv else None
+    view = launch(node, job, command)
+    view["interface"] = socket_interface(node_facts)
+    programs = job.get("programs") if isinstance(job.get("programs"), dict) else {}
+    program = programs.get(_from_program(command)[0]) if command is not None and _from_program(command) else None
+    view["program"] = program if isinstance(program, dict) else None
+    view["python"] = programs.get("python3") if isinstance(programs.get("python3"), dict) else None
+    session = node_facts.get("session")
+    view["session_stdout"] = session.get("stdout") if isinstance(session, dict) else None
+    return view
+
+
+def plan_rows(job: Mapping[str, Any]) -> List[dict]:
+    """The launch plan table: one row per node, the columns a user compares by hand."""
+    rows = []
+    for node, v in (job.get("nodes") or {}).items():
+        program = v.get("program") or {}
+        main = f"{v.get('main_ip')}:{v.get('main_port')}" if v.get("main_ip") or v.get("main_port") else None
+        rows.append({
+            "node": node, "machine_rank": v.get("machine_rank") if v.get("started_by") == "self" else "by head",
+            "main": main, "num_machines": v.get("num_machines"), "processes": v.get("processes"),
+            "world_size": v.get("world_size"), "distributed_type": v.get("distributed_type"),
+            "precision": v.get("mixed_precision"), "zero_stage": v.get("zero_stage"), "config": v.get("config"),
+            "config_sha": v.get("config_sha"), "deepspeed_sha": v.get("deepspeed_sha"),
+            "script_sha": _short(((v.get("files") or {}).get(v.get("script") or "") or {}).get("sha256")),
+            "python": program.get("interpreter") or (v.get("python") or {}).get("path"),
+            "launcher": program.get("path") if program else None,
+            "interface": v.get("interface").split()[0] if isinstance(v.get("interface"), str) else None,
+        })
+    return rows

@@ -1,0 +1,173 @@
+"""The launch command: which launcher it starts, and the flags that override the config files.
+
+One parser for the launchers a multi-node job is started with: `accelerate launch`, `torchrun` (and
+`python -m torch.distributed.run` / `.launch`), DeepSpeed's runner (`deepspeed`), and a plain `python
+train.py`. Each launcher's options are parsed as its own argparse parser reads them (accelerate and
+torchrun accept `--num-processes` for `--num_processes`, neither takes abbreviations): every option takes a
+value except the flags listed here; the first word that is neither is the script, and what follows is
+the script's. Used by `lint`, `check` and `launch` alike (preflight.jobview turns it into each node's
+effective launch).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+# Options that take no value (argparse store_true / store_const), by launcher, canonical names.
+FLAGS = {
+    # accelerate 1.x, accelerate/commands/launch.py
+    "accelerate": frozenset("""
+help quiet cpu debug multi_gpu tpu use_deepspeed use_fsdp use_megatron_lm use_parallelism_config module no_python
+same_network downcast_bf16 dynamo_use_dynamic dynamo_use_fullgraph dynamo_use_regional_compilation
+enable_cpu_affinity fp8_use_autocast_during_eval tpu_cluster no_tpu_cluster tpu_use_sudo
+""".split()),
+    # torch/distributed/run.py
+    "torchrun": frozenset("standalone module no_python run_path virtual_local_rank help".split()),
+    # deepspeed/launcher/runner.py
+    "deepspeed": frozenset("""
+module no_python no_local_rank no_ssh no_ssh_check force_multi save_pid enable_each_rank_log bind_cores_to_rank
+quiet help
+""".split()),
+    "python": frozenset(),
+}
+SHORT = {  # short options, by launcher: canonical name
+    "accelerate": {"-h": "help", "-q": "quiet", "-m": "module", "-t": "tee"},
+    "torchrun": {"-m": "module", "-r": "redirects", "-t": "tee", "-h": "help"},
+    "deepspeed": {"-H": "hostfile", "-i": "include", "-e": "exclude", "-q": "quiet", "-h": "help"},
+    "python": {},
+}
+# `python -m MODULE` that is a launcher.
+LAUNCHER_MODULES = {
+    "accelerate.commands.launch": "accelerate",
+    "torch.distributed.run": "torchrun",
+    "torch.distributed.launch": "torchrun",
+    "deepspeed.launcher.runner": "deepspeed",
+}
+# Options whose value is a file the launcher (or accelerate) reads on the node.
+FILE_OPTIONS = frozenset("config_file deepspeed_config_file deepspeed_hostfile hostfile mpirun_hostfile".split())
+# A word of the script's arguments that names a file (digested on every node when it exists there).
+FILE_LIKE = re.compile(r"(/|\.(py|json|ya?ml|toml|cfg|ini|txt|sh|jsonl)$)", re.I)
+ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+Value = Union[str, bool]
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    argv: Tuple[str, ...]
+    launcher: str  # "accelerate", "torchrun", "deepspeed", "python", or "other" (not a launcher we know)
+    program: str  # the word that starts it: accelerate, torchrun, deepspeed, python3, ...
+    options: Mapping[str, Value] = field(default_factory=dict)  # canonical name -> last value given
+    script: Optional[str] = None  # the training script (a module name with -m)
+    script_args: Tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)  # `env A=B` / `A=B` before the program
+    problem: Optional[str] = None  # why the flags could not be read to the end
+
+    def get(self, name: str) -> Optional[Value]:
+        return self.options.get(name)
+
+    def integer(self, name: str) -> Optional[int]:
+        value = self.options.get(name)
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,9}", value.strip()):
+            return int(value)
+        return None
+
+    def flag(self, name: str) -> bool:
+        return self.options.get(name) is True
+
+    @property
+    def files(self) -> List[str]:
+        """The paths on the command line that the job may read: the script, file options, file-like arguments."""
+        found = [v for k, v in self.options.items() if k in FILE_OPTIONS and isinstance(v, str) and v]
+        if self.script and not self.flag("module") and not self.flag("no_python"):
+            found.append(self.script)
+        found += [a for a in self.script_args if FILE_LIKE.search(a) and not a.startswith("-") and "=" not in a]
+        found += [a.split("=", 1)[1] for a in self.script_args
+                  if a.startswith("--") and "=" in a and FILE_LIKE.search(a.split("=", 1)[1])]
+        return list(dict.fromkeys(found))[:32]
+
+
+def canonical(option: str) -> str:
+    """`--num-processes` -> `num_processes` (the launchers accept both spellings)."""
+    return option.lstrip("-").replace("-", "_")
+
+
+def launcher_of(argv: Sequence[str]) -> Tuple[str, int]:
+    """(launcher, index of its first option) after `env` and VAR=value words."""
+    i = 0
+    if i < len(argv) and os.path.basename(argv[i]) == "env":
+        i += 1
+    while i < len(argv) and ENV_ASSIGNMENT.match(argv[i]):
+        i += 1
+    if i >= len(argv):
+        return "other", i
+    program = os.path.basename(argv[i])
+    if program == "accelerate" and tuple(argv[i + 1:i + 2]) == ("launch",):
+        return "accelerate", i + 2
+    if program in ("accelerate-launch", "torchrun", "deepspeed"):
+        return {"accelerate-launch": "accelerate"}.get(program, program), i + 1
+    if re.fullmatch(r"python[0-9.]*", program):
+        j = i + 1
+        while j < len(argv) and argv[j].startswith("-") and argv[j] != "-m" and not argv[j].startswith("-m"):
+            j += 1  # the interpreter's own flags: -u, -O, -X dev, ...
+            if argv[j - 1] in ("-X", "-W") and j < len(argv):
+                j += 1
+        if j < len(argv) and argv[j].startswith("-m"):
+            module = argv[j][2:] or (argv[j + 1] if j + 1 < len(argv) else "")
+            start = j + (1 if argv[j][2:] else 2)
+            return LAUNCHER_MODULES.get(module, "other"), start
+        return "python", j
+    return "other", i
+
+
+def parse(argv: Sequence[str]) -> LaunchCommand:
+    """The launch command as its launcher reads it. Never raises: what cannot be read is `problem`."""
+    argv = tuple(str(a) for a in argv)
+    launcher, i = launcher_of(argv)
+    env: Dict[str, str] = {}
+    for word in argv[:i]:
+        if ENV_ASSIGNMENT.match(word):
+            name, value = word.split("=", 1)
+            env[name] = value
+    start = next((k for k, w in enumerate(argv) if w not in ("env",) and not ENV_ASSIGNMENT.match(w)), 0)
+    program = os.path.basename(argv[start]) if start < len(argv) else ""
+    if launcher == "other":
+        return LaunchCommand(argv, launcher, program, env=env)
+    if launcher == "python":
+        script = argv[i] if i < len(argv) else None
+        return LaunchCommand(argv, launcher, program, {}, script, argv[i + 1:], env)
+    flags, short = FLAGS[launcher], SHORT[launcher]
+    options: Dict[str, Value] = {}
+    problem = None
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            i += 1
+            break
+        if not word.startswith("-") or word == "-":
+            break
+        if word.startswith("--"):
+            name, has_value, value = word.partition("=")
+            key = canonical(name)
+        elif word[:2] in short:
+            key, has_value, value = short[word[:2]], bool(word[2:]), word[2:]
+        else:
+            problem = f"unknown option {word!r}"
+            key, has_value, value = canonical(word), "", ""
+        if key in flags:
+            options[key] = True
+            i += 1
+            continue
+        if has_value:
+            options[key] = value
+            i += 1
+        elif i + 1 < len(argv):
+            options[key] = argv[i + 1]
+            i += 2
+        else:
+            problem = f"{word} needs a value"
+            i += 1
+    script = argv[i] if i < len(argv) else None
+    return LaunchCommand(argv, launcher, program, options, script, argv[i + 1:], env, problem)

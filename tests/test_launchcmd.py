@@ -1,0 +1,133 @@
+"""The launch command's flags (preflight.launchcmd) and each node's effective launch (preflight.jobview),
+from recorded facts: the launchers' own parsing rules, and nodes that send nonsense."""
+import pytest
+
+from preflight import launchcmd, jobview, registry, runner
+from preflight.plan import build_plan
+from preflight.result import Status
+
+CONFIG = """compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU
+num_machines: 2
+machine_rank: {rank}
+num_processes: 4
+main_process_ip: 10.0.0.1
+main_process_port: 29500
+mixed_precision: bf16
+"""
+
+
+@pytest.mark.parametrize("argv, launcher, options, script, args", [
+    (["accelerate", "launch", "--num-processes", "8", "--machine_rank=1", "--multi_gpu", "train.py", "--lr", "1"],
+     "accelerate", {"num_processes": "8", "machine_rank": "1", "multi_gpu": True}, "train.py", ("--lr", "1")),
+    (["/venv/bin/accelerate", "launch", "-m", "pkg.train", "--x"], "accelerate", {"module": True}, "pkg.train", ("--x",)),
+    (["torchrun", "--nnodes", "2", "--nproc-per-node=4", "--node_rank", "1", "--standalone", "t.py"],
+     "torchrun", {"nnodes": "2", "nproc_per_node": "4", "node_rank": "1", "standalone": True}, "t.py", ()),
+    (["python3", "-u", "-m", "torch.distributed.run", "--master_addr", "h", "t.py"], "torchrun",
+     {"master_addr": "h"}, "t.py", ()),
+    (["env", "NCCL_DEBUG=INFO", "deepspeed", "-H", "hf", "--num_gpus", "8", "t.py", "--deepspeed", "ds.json"],
+     "deepspeed", {"hostfile": "hf", "num_gpus": "8"}, "t.py", ("--deepspeed", "ds.json")),
+    (["python", "train.py", "a"], "python", {}, "train.py", ("a",)),
+    (["bash", "run.sh"], "other", {}, None, ()),
+])
+def test_each_launcher_is_read_as_its_parser_reads_it(argv, launcher, options, script, args):
+    command = launchcmd.parse(argv)
+    assert (command.launcher, dict(command.options), command.script, command.script_args) == \
+        (launcher, options, script, args)
+    assert command.problem is None
+
+
+def test_the_files_a_command_names():
+    command = launchcmd.parse(["accelerate", "launch", "--config_file", "c.yaml", "train.py", "--data", "d/x.json",
+                               "--out=ckpt/", "--epochs", "3"])
+    assert command.files == ["c.yaml", "train.py", "d/x.json", "ckpt/"]
+    assert launchcmd.parse(["accelerate", "launch", "--num_processes"]).problem == "--num_processes needs a value"
+
+
+def facts(config_text=None, argv=(), files=None, gpus=None):
+    job = {"cwd": "/job", "argv": list(argv), "files": files or {}, "programs": {},
+           "config": {"path": "/home/u/.cache/huggingface/accelerate/default_config.yaml", "default": True,
+                      **({"text": config_text, "sha256": "x"} if config_text else {"error": "missing"})}}
+    return {"facts": {"job": job, "host": {"interfaces": {"lo": ["127.0.0.1"]}}, "env": {},
+                      "gpus": gpus or {"available": False}}, "error": None, "clock": None}
+
+
+def context(node_facts, command=(), launching=False):
+    plan = build_plan(nodes=tuple(node_facts), command=tuple(command), launching=launching)
+    plan = plan.__class__(**{**plan.__dict__, "remote": True})
+    return runner.CheckContext(plan, node_facts, {"job": jobview.launches(plan, node_facts, "10.0.0.1"),
+                                                  "head": {"address": "10.0.0.1"}})
+
+
+def run(check_id, ctx):
+    spec = registry.load().get(check_id)
+    return runner.run_check(spec, ctx)
+
+
+def test_torchrun_without_master_addr_is_loopback_on_every_node():
+    argv = ["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--node_rank", "$R", "t.py"]
+    nodes = {"a": facts(argv=[*argv[:6], "0", "t.py"]), "b": facts(argv=[*argv[:6], "1", "t.py"])}
+    results = run("JOB003", context(nodes, argv))
+    assert [r.status for r in results] == [Status.FAIL] and "127.0.0.1" in results[0].message
+    assert [r.status for r in run("JOB002", context(nodes, argv))] == [Status.PASS]
+
+
+def test_launch_gives_every_node_its_rank_so_the_files_ranks_do_not_matter():
+    command = ["accelerate", "launch", "t.py"]
+    nodes = {n: facts(CONFIG.format(rank=0), argv=command) for n in ("a", "b")}
+    assert {r.status for r in run("JOB002", context(nodes, command))} == {Status.FAIL}
+    assert [r.status for r in run("JOB002", context(nodes, command, launching=True))] == [Status.PASS]
+
+
+def test_deepspeed_with_pdsh_on_several_machines_is_started_by_the_head():
+    text = CONFIG.format(rank=0).replace("MULTI_GPU", "DEEPSPEED") + "deepspeed_config:\n  zero_stage: 2\n"
+    nodes = {n: facts(text) for n in ("a", "b")}
+    [result] = run("JOB002", context(nodes))
+    assert result.status == Status.SKIP and "head's launcher starts every node" in result.message
+
+
+def test_no_config_and_no_command_compares_nothing():
+    nodes = {n: facts() for n in ("a", "b", "c")}
+    for check_id in ("JOB001", "JOB002", "JOB004", "JOB005"):
+        assert {r.status for r in run(check_id, context(nodes))} == {Status.SKIP}, check_id
+
+
+def test_more_processes_than_gpus():
+    gpus = {"available": True, "devices": [{"index": i, "uuid": f"GPU-{i}"} for i in range(2)]}
+    nodes = {n: facts(CONFIG.format(rank=i), gpus=gpus) for i, n in enumerate(("a", "b"))}
+    ctx = context(nodes)
+    results = runner.run_check(registry.load().get("JOB008"), ctx)
+    assert [r.status for r in results] == [Status.PASS, Status.PASS]  # 4 processes over 2 machines: 2 per node
+    nodes = {n: facts(CONFIG.format(rank=i).replace("num_processes: 4", "num_processes: 8"), gpus=gpus)
+             for i, n in enumerate(("a", "b"))}
+    results = runner.run_check(registry.load().get("JOB008"), context(nodes))
+    assert [r.status for r in results] == [Status.FAIL, Status.FAIL] and "2 usable GPU(s)" in results[0].message
+
+
+@pytest.mark.parametrize("job", [
+    {"config": 5, "files": [], "argv": [1, 2]},
+    {"config": {"path": "/x", "text": "[1, 2]"}, "files": {"t.py": "nonsense"}, "argv": "accelerate"},
+    {"config": {"path": "/x.yaml", "text": "a: &a [*a]"}, "programs": [], "argv": None},
+    {"config": {"path": "/x.yaml", "text": "num_machines: {deep: {deeper: 1}}"}, "files": None},
+])
+def test_a_node_that_sends_nonsense_is_a_result_not_a_crash(job):
+    nodes = {"a": facts(CONFIG.format(rank=0)), "b": {"facts": {"job": job, "host": "?"}, "error": None, "clock": None}}
+    ctx = context(nodes, ["accelerate", "launch", "t.py"])
+    for spec in registry.load().checks:
+        if spec.family == "JOB":
+            for result in runner.run_check(spec, ctx):
+                assert result.status != Status.ERROR, (spec.id, result.message)
+    [bad] = [r for r in run("JOB001", ctx) if r.status == Status.FAIL]
+    assert bad.nodes == ("b",)
+
+
+def test_deepspeeds_runner_starts_the_hosts_of_its_hostfile_not_the_checked_nodes():
+    argv = ["deepspeed", "-H", "hf", "t.py"]
+    hostfile = {"hf": {"path": "/job/hf", "text": "a slots=8\nz slots=8\n", "sha256": "x"}}
+    nodes = {n: facts(argv=argv, files=hostfile) for n in ("a", "b")}
+    results = run("JOB004", context(nodes, argv))
+    [wrong] = [r for r in results if r.status == Status.FAIL]
+    assert wrong.nodes == ("a",) and "b is not in it" in wrong.message and "it lists z" in wrong.message
+    hostfile["hf"]["text"] = "a slots=8\nb slots=8\n"
+    assert {r.status for r in run("JOB004", context(nodes, argv))} == {Status.PASS}
+    assert {r.status for r in run("JOB002", context(nodes, argv))} == {Status.SKIP}
