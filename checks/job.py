@@ -7,12 +7,15 @@ files say, with the command's flags over them, each value with where it came fro
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
+import re
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
+from preflight import launchcmd, redact
 from preflight.compare import holders, odd_ones_out
 from preflight.inventory import fold
-from preflight.jobview import MUST_MATCH, PER_NODE_KEYS, plan_rows
+from preflight.jobview import MUST_MATCH, NOT_READ_KEYS, PER_NODE_KEYS, plan_rows
 from preflight.registry import check
 from preflight.result import Finding, Status, passed, skip, warn
 
@@ -71,6 +74,9 @@ def launch_plan(ctx) -> Iterator[Finding]:
             yield Finding(Status.FAIL, f"{problem} (on {node}): its launcher would stop there",
                           f"fix that file on {node}, or give the path of a good one (--config_file in the command)",
                           nodes=(node,), evidence={"problem": problem})
+        for warning in view.get("warnings") or ():
+            yield Finding(Status.WARN, f"{warning} (on {node})", "check the command's options against the launcher's "
+                          "--help", nodes=(node,), evidence={"problem": warning})
     readable = tuple(n for n in views if n not in broken)
     if readable:
         yield Finding(Status.PASS, f"the launch of {len(readable)} node(s) read", nodes=readable,
@@ -98,7 +104,8 @@ def machine_ranks(ctx) -> Iterator[Finding]:
         yield skip("no node sets its own rank (an elastic rendezvous assigns them, or the head's launcher starts "
                    "every node)")
         return
-    ranks = {n: v.get("machine_rank") for n, v in views.items()}
+    ranks = {n: v.get("machine_rank") for n, v in views.items() if isinstance(v.get("machine_rank"), int)}
+    views = {n: v for n, v in views.items() if n in ranks}  # a rank that is not a number is JOB001's finding
     count = len(ctx.plan.nodes)
     by_rank: Dict[Any, List[str]] = {}
     for node, rank in ranks.items():
@@ -230,9 +237,16 @@ def num_machines(ctx) -> Iterator[Finding]:
     if gate:
         yield gate
         return
-    views = _self_started(ctx)
+    views = {n: v for n, v in _self_started(ctx).items() if v.get("num_machines") is not None}
     count = len(ctx.plan.nodes)
-    wrong = {n: v.get("num_machines") for n, v in views.items() if v.get("num_machines") != count}
+
+    def fits(view: dict) -> bool:
+        low, high = (view.get("nnodes_range") or [None, None])
+        if isinstance(low, int) and isinstance(high, int):  # torchrun --nnodes MIN:MAX: any count in between
+            return low <= count <= high
+        return view.get("num_machines") == count
+
+    wrong = {n: v.get("num_machines") for n, v in views.items() if not fits(v)}
     for value in dict.fromkeys(map(repr, wrong.values())):
         nodes = [n for n, v in wrong.items() if repr(v) == value]
         where = "; ".join(_where(views[n], n, "num_machines") for n in nodes[:4])
@@ -272,9 +286,13 @@ def _hostfile_nodes(ctx, view: dict) -> Iterator[Finding]:
     for node in ctx.plan.nodes:
         facts = (ctx.facts.get(node) or {}).get("facts") or {}
         host = facts.get("host") if isinstance(facts.get("host"), dict) else {}
-        names[node] = {node, host.get("hostname"), host.get("fqdn")} - {None}
+        interfaces = host.get("interfaces") if isinstance(host.get("interfaces"), dict) else {}
+        addresses = {a for found in interfaces.values() if isinstance(found, list) for a in found if isinstance(a, str)}
+        names[node] = ({node, host.get("hostname"), host.get("fqdn")} | addresses) - {None}
     missing = [n for n in ctx.plan.nodes if not names[n] & set(listed)]
-    extra = [h for h in listed if not any(h in known for known in names.values())]
+    # --num_nodes, --include, --exclude (and accelerate's filters) choose among the hosts: extra ones are fine.
+    extra = [] if view.get("host_filter") is not None else \
+        [h for h in listed if not any(h in known for known in names.values())]
     if missing or extra:
         parts = ([f"{fold(missing)} {'is' if len(missing) == 1 else 'are'} not in it"] if missing else []) + \
                 ([f"it lists {', '.join(extra[:8])}, not a node of this job"] if extra else [])
@@ -324,8 +342,10 @@ def launch_consistency(ctx) -> Iterator[Finding]:
                           f"({where}), {others} {majority!r}", f"set {shown} to {majority!r} on {fold(nodes)}",
                           nodes=tuple(nodes), evidence={"key": shown, "value": odd[nodes[0]], "expected": majority})
     configs = {n: v.get("accelerate_settings") for n, v in views.items() if isinstance(v.get("accelerate_settings"), dict)}
-    configs = {n: {k: c[k] for k in c if k not in PER_NODE_KEYS} for n, c in configs.items() if n not in differ}
+    configs = {n: {k: (_same_meaning(v), line) for k, (v, line) in c.items() if k not in PER_NODE_KEYS | NOT_READ_KEYS}
+               for n, c in configs.items() if n not in differ}
     for node, key, value, majority, others, line in _differing(configs, ctx.plan.head):
+        value, majority = redact.value(key, value), redact.value(key, majority)
         yield Finding(Status.WARN, f"{key} is {value!r} on {node} ({node}:{views[node].get('config')}"
                       f"{':' + str(line) if line else ''}), {others} {majority!r}",
                       f"make {key} the same in every node's accelerate config", nodes=(node,),
@@ -333,6 +353,16 @@ def launch_consistency(ctx) -> Iterator[Finding]:
     same = tuple(n for n in views if n not in differ)
     if same:
         yield Finding(Status.PASS, "the same head, world, distributed type, precision and ZeRO stage", nodes=same)
+
+
+def _same_meaning(value: Any) -> Any:
+    """A config value in the form two nodes are compared by: false and an empty value read as a missing key
+    (accelerate's default), mappings whatever their key order."""
+    if value in (False, None, "", [], {}):
+        return None
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, default=str)
+    return value
 
 
 def _differing(settings: Mapping[str, Mapping[str, Any]], head: str) -> Iterator[tuple]:
@@ -381,6 +411,8 @@ def deepspeed_consistency(ctx) -> Iterator[Finding]:
     for node, key, value, majority, others, line in _differing(present, ctx.plan.head):
         differ.add(node)
         where = f"{node}:{views[node].get('deepspeed_path')}{':' + str(line) if line else ''}"
+        value, majority = redact.value(key, value), redact.value(key, majority)
+        others = others if not redact.secret_name(key.rsplit(".", 1)[-1]) else "the others have"
         yield Finding(Status.FAIL, f"DeepSpeed setting {key} is {value!r} on {node} ({where}), {others} {majority!r}",
                       f"make {key} the same in every node's DeepSpeed config", nodes=(node,),
                       evidence={"key": key, "value": value, "expected": majority})
@@ -409,28 +441,41 @@ def same_files(ctx) -> Iterator[Finding]:
     if not names:
         yield skip("no file on the launch command (give it after `--`)")
         return
-    bad = set()
+    command = launchcmd.parse(ctx.plan.command) if ctx.plan.command else None
+    # The script and the files the launcher reads must match; other arguments may be outputs, logs or
+    # per-node shards: a difference there is only a warning.
+    critical = {command.script} | {v for k, v in command.options.items() if k in launchcmd.FILE_OPTIONS} \
+        if command is not None else set()
+    bad, compared = set(), []
     for name in names:
+        shown = redact.text(name)
+        status = Status.FAIL if name in critical else Status.WARN
         entries = {n: (v.get("files") or {}).get(name) or {} for n, v in views.items()}
         missing = [n for n, e in entries.items() if e.get("error") == "missing"]
-        if missing and len(missing) < len(entries):
+        if len(missing) == len(entries):
+            continue  # on no node: not a file the job reads (an output to be written, a name)
+        compared.append(shown)
+        if missing:
             bad.update(missing)
-            yield Finding(Status.FAIL, f"{name} is missing on {fold(missing)} "
-                          f"({entries[missing[0]].get('path')}), present on the others",
-                          f"copy {name} to {fold(missing)}", nodes=tuple(missing), evidence={"file": name})
+            yield Finding(status, f"{shown} is missing on {fold(missing)} "
+                          f"({redact.text(str(entries[missing[0]].get('path')))}), present on the others",
+                          f"copy {shown} to {fold(missing)}", nodes=tuple(missing), evidence={"file": shown})
         digests = {n: e.get("sha256") for n, e in entries.items() if e.get("sha256")}
         majority, odd = odd_ones_out(digests, ctx.plan.head)
         for value in dict.fromkeys(odd.values()):
             nodes = [n for n, d in odd.items() if d == value]
             bad.update(nodes)
-            sizes = f"{entries[nodes[0]].get('size')} bytes against {entries[next(n for n in digests if n not in odd)].get('size')}"
-            yield Finding(Status.FAIL, f"{name} differs on {fold(nodes)} ({entries[nodes[0]].get('path')}, sha256 "
-                          f"{value[:8]}, {sizes}; {holders(digests, majority)} {majority[:8]})",
-                          f"copy the right {name} to {fold(nodes)} (rsync), or run from a shared filesystem",
-                          nodes=tuple(nodes), evidence={"file": name, "sha256": value, "expected": majority})
+            reference = next(n for n in digests if n not in odd)
+            yield Finding(status, f"{shown} differs on {fold(nodes)} ({redact.text(str(entries[nodes[0]].get('path')))}, "
+                          f"sha256 {value[:8]}, {entries[nodes[0]].get('size')} bytes against "
+                          f"{entries[reference].get('size')}; {holders(digests, majority)} {majority[:8]})",
+                          f"copy the right {shown} to {fold(nodes)} (rsync), or run from a shared filesystem",
+                          nodes=tuple(nodes), evidence={"file": shown, "sha256": value, "expected": majority})
     same = tuple(n for n in views if n not in bad)
-    if same:
-        yield Finding(Status.PASS, f"the same {len(names)} file(s): {', '.join(names[:4])}", nodes=same)
+    if same and compared:
+        yield Finding(Status.PASS, f"the same {len(compared)} file(s): {', '.join(compared[:4])}", nodes=same)
+    elif not compared:
+        yield skip("no file of the launch command exists on any node (outputs, or names that are not files)")
 
 
 def _visible_gpus(facts: Mapping[str, Any]) -> Optional[List[str]]:
@@ -552,7 +597,8 @@ def launcher_on_path(ctx) -> Iterator[Finding]:
                       f"install the same environment at the same path on {node}", nodes=(node,),
                       evidence={"program": programs[node].get("path"), "interpreter": interpreter, "expected": majority})
     python = ctx.plan.python
-    if python and majority and not _same_environment(majority, python):
+    is_python = re.fullmatch(r"python[0-9.]*", os.path.basename(str(name or ""))) is not None
+    if python and isinstance(majority, str) and not is_python and not _same_environment(majority, python):
         nodes = tuple(n for n in found if n not in odd)
         yield Finding(Status.WARN, f"{name} runs {majority}, but the versions were read with --python {python}",
                       f"pass --python {majority}", nodes=nodes, evidence={"interpreter": majority, "python": python})

@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from preflight import launchcmd
+from preflight import launchcmd, redact
 from preflight.compare import odd_ones_out
 from preflight.jobview import selected_interfaces
 from preflight.registry import check
@@ -101,10 +101,6 @@ def head_resolution(ctx) -> Iterator[Finding]:
 
 # --- who holds the main port --------------------------------------------------------------------------
 
-REDACTED = "<redacted>"
-# An option or VAR=value name that looks secret: --token, --hf_token, --password=, --api-key, WANDB_API_KEY=.
-SECRET_NAME = re.compile(r"(^|[-_])(token|secret|password|passwd|pwd|api[-_]?key|key|credentials?)($|[-_])", re.I)
-URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@:]*:[^/\s@]*@", re.I)
 # Console scripts that start a launcher agent (`python .../bin/torchrun ...` as /proc shows them).
 LAUNCHER_SCRIPTS = frozenset(("torchrun", "accelerate", "accelerate-launch", "deepspeed"))
 DS_NODE_LAUNCH = "deepspeed.launcher.launch"  # what DeepSpeed's runner starts on each node: torchrun-like
@@ -112,28 +108,8 @@ ENV_WORD = launchcmd.ENV_ASSIGNMENT
 LOCAL_RANK_ARG = re.compile(r"^--local[-_]rank(=(\d+))?$")
 
 
-def redact_argv(argv: Sequence[str]) -> List[str]:
-    """A command line as it may be shown: the value of an option or VAR=value whose name looks secret
-    (`--token X`, `--password=X`, `--hf_token X`, `--api-key X`, `HF_TOKEN=X`) and the user:password@ of
-    URLs replaced by <redacted>."""
-    shown: List[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next and not arg.startswith("-"):
-            shown.append(REDACTED)
-            hide_next = False
-            continue
-        hide_next = False
-        name, has_value, _ = arg.partition("=")
-        if SECRET_NAME.search(name.lstrip("-")) and (arg.startswith("-") or (has_value and ENV_WORD.match(arg))):
-            if has_value:
-                shown.append(f"{name}={REDACTED}")
-            else:
-                shown.append(arg)
-                hide_next = arg.startswith("-")
-            continue
-        shown.append(URL_CREDENTIALS.sub(lambda m: m.group(1) + REDACTED + "@", arg))
-    return shown
+redact_argv = redact.argv
+REDACTED = redact.REDACTED
 
 
 def redact_holder(holder: Mapping) -> dict:
@@ -361,7 +337,9 @@ def main_port_free(ctx) -> Iterator[Finding]:
     job = jobs[0]
     others = "".join(f"; also held by pid {h.pid} ({h.shown or '?'})" for h in found if h is not job)
     yield Finding(Status.FAIL, f"port {port} on the head {head} is held by a running job: {job.describe()}{others}",
-                  job.remediation(), nodes=(head,), evidence={"port": port, "holders": shown, "job": job.evidence()})
+                  f"{job.remediation()}; to see why that job is stuck on each of its nodes: preflight doctor "
+                  f"--port {port} with its nodes (--hosts, --slurm-job)", nodes=(head,),
+                  evidence={"port": port, "holders": shown, "job": job.evidence()})
 
 
 @check("NET004", "main-port-reachable", "cluster", tags=["network", "port", "firewall"])
@@ -521,6 +499,14 @@ def _judge_selection(ctx, var: str, spec: str, nccl: bool, chosen: List[str], in
     judged = {c: _judge_link(c, links.get(c) or {}, network) for c in chosen}
     problems = [p for p in judged.values() if p]
     good = [c for c, p in judged.items() if p is None]
+    link_down = [c for c in chosen if _judge_link(c, links.get(c) or {}, None)]
+    if problems and not link_down:
+        # Up, but on another network than the one to the head: NCCL and gloo exchange the addresses they
+        # bind through the store, so a second network (IPoIB, a dedicated fabric) works when every node has it.
+        return Finding(Status.WARN, f"{var}={spec} selects {selected}, which is not on the network this node reaches "
+                       f"the head over ({'; '.join(problems)}): the ranks connect to each other over it, so every node "
+                       "must reach it", f"check that the other nodes reach {ctx.node} on {', '.join(chosen)} (the same "
+                       "network on every node), or select the interface to the head", evidence=evidence)
     if not problems:
         tail = f"UP, on {where}" if where else f"UP; the head's network not checked: {why}"
         return passed(f"{var}={spec} selects {selected}: {tail}", **evidence)
@@ -565,10 +551,14 @@ def _judge_ib_hca(ctx, spec: str, devices) -> Finding:
         missing = [f"{name}:{port}" if port else name for name, port in entries
                    if not any(matches(d, name) for d in devices)]
         if missing:
-            return fail(f"NCCL_IB_HCA={spec} names {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
-                        f"not an RDMA device of this node (it has {', '.join(devices)})",
-                        f"set NCCL_IB_HCA={'=' if exact else ''}{','.join(devices)} on {ctx.node} (or the HCAs of "
-                        "the training network among them), or unset it", missing=missing, **evidence)
+            # NCCL uses the devices that match: a list written for every node may name some this one lacks.
+            status = Status.FAIL if not hit else Status.WARN
+            return Finding(status, f"NCCL_IB_HCA={spec} names {', '.join(missing)}, which "
+                           f"{'is' if len(missing) == 1 else 'are'} not an RDMA device of this node (it has "
+                           f"{', '.join(devices)})" + ("" if hit else ": NCCL finds no HCA it may use here"),
+                           f"set NCCL_IB_HCA={'=' if exact else ''}{','.join(devices)} on {ctx.node} (or the HCAs of "
+                           "the training network among them), or unset it",
+                           evidence=dict(evidence, missing=missing))
     if not selected:
         return Finding(Status.WARN, f"NCCL_IB_HCA={spec} excludes every RDMA device of this node "
                        f"({', '.join(devices)}): NCCL falls back to TCP sockets here",

@@ -260,6 +260,8 @@ def parse_json(path: str, text: str, what: str) -> Document:
         raise InputError(path, f"malformed JSON: {exc.msg} (column {exc.colno})", exc.lineno) from None
     except RecursionError:
         raise InputError(path, "JSON nesting is too deep") from None
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise InputError(path, f"malformed JSON: {exc}") from None
     lines, dups, too_deep = _json_positions(text)
     if too_deep:
         raise InputError(path, f"JSON nesting is deeper than {MAX_DEPTH} levels", too_deep)

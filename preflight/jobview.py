@@ -11,19 +11,24 @@ import functools
 import hashlib
 import json
 import os
+import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight import launchcmd
 from preflight.documents import Document, InputError, parse_json, parse_yaml
-from preflight.jobconfig import ACCELERATE_DS_KEYS, ACCELERATE_KEYS, HOSTFILE_LINE, validate_types
 
 DEFAULT_PORT = 29500
-DEEPSPEED_HOSTFILE = "/job/hostfile"
+DEEPSPEED_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner reads this one when none is named
 # distributed_type values that accelerate starts with torchrun (its multi_gpu_launcher).
 TORCHRUN_TYPES = frozenset("""MULTI_GPU FSDP MEGATRON_LM MULTI_NPU MULTI_MLU MULTI_SDAA MULTI_MUSA MULTI_XPU MULTI_HPU
-MULTI_NEURON""".split())  # DeepSpeed's runner reads this one when none is named
-# Keys of an accelerate config that differ per node by design (each node's rank, its own GPUs).
+MULTI_NEURON""".split())
+CONFIG_TEXT_LIMIT = 256 * 1024  # a config's text past this is not parsed (PyYAML takes seconds a megabyte)
+JOB_READ_S = 5.0  # a node's digests of the command's files stop here: the rest is said to be unread
+UNEXPANDED = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*")
+# Keys of an accelerate config that differ per node by design (each node's rank, its own GPUs), and keys
+# that `accelerate launch` never takes from the file (their flags' defaults are not None: launch.py).
 PER_NODE_KEYS = frozenset({"machine_rank", "gpu_ids", "main_training_function"})
+NOT_READ_KEYS = frozenset({"rdzv_backend", "same_network"})
 # Fields of the effective launch that must be the same on every node, with their names in the plan.
 MUST_MATCH = ("main_ip", "main_port", "num_machines", "world_size", "distributed_type", "mixed_precision",
               "zero_stage", "gradient_accumulation_steps", "rdzv_backend")
@@ -32,8 +37,9 @@ MUST_MATCH = ("main_ip", "main_port", "num_machines", "world_size", "distributed
 def request(plan) -> dict:
     """What the collector reads on each node for the job (preflight.collector._job's argument)."""
     cmd = launchcmd.parse(plan.command) if plan.command else None
-    config = plan.config_path
     accelerate = cmd is None or cmd.launcher == "accelerate"
+    # `accelerate launch` reads its --config_file, else each node's default: --config is for no command only.
+    config = plan.config_path if cmd is None else None
     if cmd is not None and cmd.launcher == "accelerate" and isinstance(cmd.get("config_file"), str):
         config = cmd.get("config_file")
     files = list(cmd.files) if cmd is not None else []
@@ -50,7 +56,8 @@ def request(plan) -> dict:
     return {"cwd": plan.workdir or os.getcwd(), "argv": list(plan.command), "config": config,
             "default_config": accelerate and not (cmd is not None and cmd.flag("cpu")),
             "files": list(dict.fromkeys(f for f in files if f)), "text": text, "programs": programs,
-            "expand": plan.expand_vars}
+            "expand": plan.expand_vars, "env": dict(cmd.env) if cmd is not None else {},
+            "deadline_s": JOB_READ_S}
 
 
 def _from_program(cmd: launchcmd.LaunchCommand) -> Tuple[str, ...]:
@@ -67,11 +74,9 @@ def _parse(path: str, text: str, kind: str) -> Document:
     """A file's text as a Document (thousands of nodes usually send the same few texts: parsed once)."""
     what = "accelerate config" if kind == "accelerate" else "DeepSpeed config"
     json_syntax = path.lower().endswith(".json") if kind == "accelerate" else not path.lower().endswith((".yaml", ".yml"))
-    doc = parse_json(path, text, what) if json_syntax else parse_yaml(path, text, what)
-    if kind == "accelerate":
-        validate_types(doc, ACCELERATE_KEYS)
-        validate_types(doc, ACCELERATE_DS_KEYS, ("deepspeed_config",))
-    return doc
+    # No type validation: accelerate builds its ClusterConfig from the mapping as it is; where a type
+    # matters, the effective launch says so (launch()).
+    return parse_json(path, text, what) if json_syntax else parse_yaml(path, text, what)
 
 
 def parsed(entry: Optional[dict], kind: str) -> Tuple[Optional[Document], Optional[str]]:
@@ -82,12 +87,14 @@ def parsed(entry: Optional[dict], kind: str) -> Tuple[Optional[Document], Option
         return None, str(entry["error"])
     if not isinstance(entry.get("text"), str):
         return None, "its text did not come back"
+    if len(entry["text"]) > CONFIG_TEXT_LIMIT:
+        return None, f"larger than {CONFIG_TEXT_LIMIT // 1024} KiB: not a configuration file"
     try:
         return _parse(entry["path"], entry["text"], kind), None
     except InputError as exc:
         return None, f"line {exc.line}: {exc.problem}" if exc.line else exc.problem
-    except RecursionError:
-        return None, "nested too deeply"
+    except (RecursionError, ValueError) as exc:  # ValueError: an integer past Python's digit limit
+        return None, "nested too deeply" if isinstance(exc, RecursionError) else f"cannot be read ({exc})"
 
 
 def named_files(job: Mapping[str, Any]) -> List[str]:
@@ -100,8 +107,6 @@ def named_files(job: Mapping[str, Any]) -> List[str]:
         return []
     section = doc.data.get("deepspeed_config")
     names = [section.get(k) for k in ("deepspeed_config_file", "deepspeed_hostfile")] if isinstance(section, dict) else []
-    if isinstance(section, dict) and not section.get("deepspeed_hostfile") and doc.data.get("distributed_type") == "DEEPSPEED":
-        names.append(DEEPSPEED_HOSTFILE)
     return [n for n in names if isinstance(n, str) and n.strip() and n not in (job.get("files") or {})]
 
 
@@ -152,11 +157,19 @@ def _int(value: Any) -> Any:
     return value
 
 
-def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.LaunchCommand]) -> dict:
+def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.LaunchCommand], gpus: int = 0) -> dict:
     """One node's effective launch: {"launcher", "started_by", field: value..., "sources": {field: where},
-    "problems": [...], "files": {...}}. `command` is this node's launch command (its $VARs expanded)."""
+    "problems": [...], "files": {...}}. `command` is this node's launch command (its $VARs expanded);
+    `gpus`, the GPUs the node has (accelerate picks its launcher by them when nothing else says)."""
     out = _Fields(node)
     problems: List[str] = []
+    if command is not None:
+        unset = sorted({m.group(0) for word in command.argv for m in UNEXPANDED.finditer(word)})
+        if unset:
+            problems.append(f"{', '.join(unset)} in the command {'is' if len(unset) == 1 else 'are'} not set in this "
+                            "node's SSH session: the launcher would get the text itself")
+    warnings = [f"the command cannot be read as {command.launcher} reads it: {command.problem}"] \
+        if command is not None and command.problem else []
     launcher = command.launcher if command is not None else "accelerate"
     config_entry = job.get("config")
     doc, why = parsed(config_entry, "accelerate") if config_entry else (None, "none")
@@ -184,19 +197,28 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
 
     ds_doc = None
     if launcher == "accelerate":
-        out.first("machine_rank", flag("machine_rank"), in_file("machine_rank"), default=0)
+        rank_in_file = in_file("machine_rank")  # accelerate takes int() of it: "1" in the file works
+        out.first("machine_rank", flag("machine_rank"), (_int(rank_in_file[0]), rank_in_file[1]), default=0)
         out.first("num_machines", flag("num_machines"), in_file("num_machines"), default=1)
         out.first("num_processes", flag("num_processes"), in_file("num_processes"))
         out.first("main_ip", flag("main_process_ip"), in_file("main_process_ip"))
         out.first("main_port", flag("main_process_port"), in_file("main_process_port"), default=DEFAULT_PORT)
+        for key, shown in (("num_machines", "num_machines"), ("num_processes", "num_processes"),
+                           ("main_port", "main_process_port")):
+            if isinstance(out.values[key], str):  # accelerate does arithmetic and comparisons on them
+                problems.append(f"{shown} is the text {out.values[key]!r} ({out.sources[key]}): accelerate stops "
+                                "with a TypeError; write it as a number")
         out.first("mixed_precision", flag("mixed_precision"), in_file("mixed_precision"), default="no")
-        out.first("rdzv_backend", flag("rdzv_backend"), in_file("rdzv_backend"), default="static")
+        # Not from the file: the flag's default ("static") is not None, so accelerate never copies the file's.
+        out.first("rdzv_backend", flag("rdzv_backend"), default="static")
         out.first("gpu_ids", flag("gpu_ids"), in_file("gpu_ids"), default="all")
         chosen = next(((f, t) for f, t in (("use_deepspeed", "DEEPSPEED"), ("multi_gpu", "MULTI_GPU"),
                                           ("use_fsdp", "FSDP"), ("use_megatron_lm", "MEGATRON_LM"), ("tpu", "XLA"))
                        if command is not None and command.flag(f)), (None, None))
+        # Without a config or a flag, accelerate turns on multi_gpu when the node has more than one GPU.
         out.first("distributed_type", (chosen[1], f"flag --{chosen[0]}" if chosen[0] else None),
-                  in_file("distributed_type"), default="NO")
+                  in_file("distributed_type"), ("MULTI_GPU", f"{gpus} GPUs" if doc is None and gpus > 1 else None),
+                  default="NO")
         # Which of accelerate's launchers runs (accelerate/commands/launch.py, launch_command): --cpu (the
         # flag, not use_cpu in the file) makes it the simple one, which starts one process and no rendezvous.
         cpu = command is not None and command.flag("cpu")
@@ -239,11 +261,16 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
             out.set("processes", 1, f"accelerate's {path} launcher")
             out.set("world_size", None, f"accelerate's {path} launcher")
             out.set("rdzv_backend", "none", f"accelerate's {path} launcher")
-        head_starts = deepspeed and _is_int(machines) and machines > 1 and out.values["multinode_launcher"] != "standard"
+        # nossh: every node runs DeepSpeed's runner itself with --node_rank (utils/launch.py).
+        head_starts = deepspeed and _is_int(machines) and machines > 1 and \
+            out.values["multinode_launcher"] not in ("standard", "nossh")
         started_by = "head" if head_starts else "self"
-        if head_starts:
+        if head_starts:  # accelerate passes --hostfile str(deepspeed_hostfile): "None" when it is not set
             out.first("hostfile", flag("deepspeed_hostfile"), in_file("deepspeed_config", "deepspeed_hostfile"),
-                      default=DEEPSPEED_HOSTFILE)
+                      default="None")
+            out.first("host_filter", flag("deepspeed_inclusion_filter"), flag("deepspeed_exclusion_filter"),
+                      in_file("deepspeed_config", "deepspeed_inclusion_filter"),
+                      in_file("deepspeed_config", "deepspeed_exclusion_filter"))
     elif launcher == "torchrun":
         standalone = command.flag("standalone")
         nnodes = command.get("nnodes")
@@ -253,11 +280,17 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         out.first("processes", flag("nproc_per_node"), default=1)
         out.first("rdzv_backend", ("c10d", "flag --standalone") if standalone else (None, None), flag("rdzv_backend"),
                   default="static")
+        if isinstance(nnodes, str) and ":" in nnodes:
+            low, high = (_int(x) for x in nnodes.split(":", 1))
+            out.set("nnodes_range", [low, high], "flag --nnodes")
         endpoint = command.get("rdzv_endpoint")
-        if out.values["rdzv_backend"] != "static" and isinstance(endpoint, str) and endpoint:
-            host, _, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+        if isinstance(endpoint, str) and endpoint:  # torch's get_rdzv_endpoint: the endpoint wins when given
+            host, sep, port = endpoint.rpartition(":")
+            if not sep or "]" in port:  # no port ("host", "[::1]")
+                host, port = endpoint, ""
+            default = DEFAULT_PORT if out.values["rdzv_backend"] == "static" else 29400  # c10d's own default
             out.set("main_ip", host.strip("[]") or endpoint, "flag --rdzv_endpoint")
-            out.set("main_port", _int(port) if port else DEFAULT_PORT, "flag --rdzv_endpoint")
+            out.set("main_port", _int(port) if port else default, "flag --rdzv_endpoint")
         else:
             out.first("main_ip", flag("master_addr"), default="127.0.0.1")
             out.first("main_port", flag("master_port"), default=DEFAULT_PORT)
@@ -268,14 +301,22 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
     elif launcher == "deepspeed":
         out.first("main_ip", flag("master_addr"))
         out.first("main_port", flag("master_port"), default=DEFAULT_PORT)
-        started_by = "head"  # the runner on the first node starts every node (pdsh by default)
+        if command.flag("no_ssh"):  # every node runs the runner itself, with its --node_rank
+            started_by = "self"
+            out.first("machine_rank", flag("node_rank"), default=0)
+            out.first("num_machines", flag("num_nodes"))
+            out.set("rdzv_backend", "static", "DeepSpeed's runner")
+        else:
+            started_by = "head"  # the runner on the first node starts every node (pdsh by default)
         out.first("hostfile", flag("hostfile"), default=DEEPSPEED_HOSTFILE)
+        out.first("host_filter", flag("include"), flag("exclude"), flag("num_nodes"))
     else:
         started_by = "self"
     facts = {
         # Without a command or a config, nothing says how this node launches: not compared.
-        "known": command is not None or doc is not None,
+        "known": command is not None or doc is not None or bool(problems),
         "launcher": launcher, "started_by": started_by, **out.values, "sources": out.sources, "problems": problems,
+        "warnings": warnings,
         "config": config_path if doc is not None or (config_entry and not config_entry.get("error")) else None,
         "config_sha": settings_digest(data, PER_NODE_KEYS) if doc is not None else None,
         "deepspeed_settings": dict(_leaves(ds_doc)) if ds_doc is not None else None,
@@ -285,10 +326,18 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         "accelerate_settings": {k: (v, doc.line(k)) for k, v in data.items()} if doc is not None else None,
         "script": command.script if command is not None else None,
         "hosts": _hosts(job, out.values.get("hostfile")),
-        "files": {name: {k: v for k, v in entry.items() if k != "text"}
-                  for name, entry in (job.get("files") or {}).items() if isinstance(entry, dict)},
+        "files": {name: _clean_file(entry) for name, entry in
+                  ((job.get("files") if isinstance(job.get("files"), dict) else {}).items()) if isinstance(entry, dict)},
     }
     return facts
+
+
+def _clean_file(entry: Mapping[str, Any]) -> dict:
+    """A file entry a node sent, with only the fields and types the checks read."""
+    kept = {k: entry.get(k) for k in ("path", "sha256", "error") if isinstance(entry.get(k), str)}
+    if isinstance(entry.get("size"), int) and not isinstance(entry.get("size"), bool):
+        kept["size"] = entry["size"]
+    return kept
 
 
 def _leaves(doc: Document, keys: Tuple[str, ...] = ()) -> List[Tuple[str, Tuple[Any, Optional[int]]]]:
@@ -316,22 +365,39 @@ def _hosts(job: Mapping[str, Any], name: Any) -> Optional[dict]:
     """The hostfile DeepSpeed's runner reads on this node: {"path", "hosts": [[host, slots]]} or {"path", "error"}."""
     if not isinstance(name, str):
         return None
+    if name == "None":
+        return {"path": None, "error": "no deepspeed_hostfile is set: accelerate passes `--hostfile None`, and "
+                                       "DeepSpeed's runner then trains on the head alone"}
     entry = _file(job, name)
     if entry is None:
         return None
     if entry.get("error") or not isinstance(entry.get("text"), str):
         return {"path": entry.get("path"), "error": entry.get("error") or "its text did not come back"}
-    return {"path": entry.get("path"), "hosts": [list(h) for h in hostfile_hosts(entry["text"])]}
+    hosts, problem = hostfile_hosts(entry["text"])
+    if problem:
+        return {"path": entry.get("path"), "error": problem}
+    return {"path": entry.get("path"), "hosts": [list(h) for h in hosts]}
 
 
-def hostfile_hosts(text: str) -> List[Tuple[str, int]]:
-    """DeepSpeed's hostfile text: [(host, slots)], as its runner reads it."""
-    found = []
+DEEPSPEED_HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")  # deepspeed/launcher/runner.py, _parse_hostfile
+
+
+def hostfile_hosts(text: str) -> Tuple[List[Tuple[str, int]], Optional[str]]:
+    """DeepSpeed's hostfile text as its runner reads it: ([(host, slots)], None), or ([], why it stops)."""
+    found: List[Tuple[str, int]] = []
     for line in text.splitlines():
-        match = HOSTFILE_LINE.match(line.strip())
-        if match:
-            found.append((match.group(1), int(match.group(2))))
-    return found
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = DEEPSPEED_HOSTFILE_LINE.search(line)
+        if match is None:
+            return [], f"a bad entry {line[:60]!r}: the runner stops ('Hostfile contains a bad entry')"
+        if any(h == match.group(1) for h, _ in found):
+            return [], f"{match.group(1)} is listed twice: the runner stops"
+        found.append((match.group(1), int(match.group(2))))
+    if not found:
+        return [], "it is empty: the runner stops"
+    return found, None
 
 
 def socket_interface(facts: Mapping[str, Any]) -> Optional[str]:
@@ -376,12 +442,16 @@ def selected_interfaces(spec: str, names: List[str], nccl: bool) -> List[str]:
 def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dict[str, Any]:
     """Every reached node's effective launch, in node order: probes["job"] for the JOB checks.
     With `preflight launch` over SSH, each node's command is the one preflight will run there (its
-    rank flags inserted by preflight.launcher)."""
+    rank flags inserted by preflight.launcher). When the head's launcher starts every node (DeepSpeed's
+    runner), the other nodes' own configs are never read: their views keep only what they run."""
     from preflight import launcher as starter
 
     nodes = [n for n in plan.nodes if (facts.get(n) or {}).get("facts")]
     result: Dict[str, Any] = {"command": list(plan.command), "nodes": {}}
     sets_ranks = plan.sets_ranks and plan.command and starter.is_accelerate_launch(plan.command)
+    raw = launchcmd.parse(plan.command) if plan.command else None
+    names = {"program": _from_program(raw)[0] if raw is not None and _from_program(raw) else None,
+             "script": raw.script if raw is not None else None}  # the collector's keys: the words as typed
     for index, node in enumerate(plan.nodes):
         node_facts = (facts.get(node) or {}).get("facts")
         job = node_facts.get("job") if isinstance(node_facts, dict) else None
@@ -391,25 +461,40 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dic
             argv = [str(a) for a in job["argv"]] if isinstance(job.get("argv"), list) else list(plan.command)
             if sets_ranks:
                 argv = starter.rank_command(argv, index, head_address or plan.head, plan.port, len(plan.nodes))
-            result["nodes"][node] = _node_view(node, node_facts, job, argv)
+            result["nodes"][node] = _node_view(node, node_facts, job, argv, names)
         except Exception as exc:  # what a node sent is not to be trusted: its launch is unknown, said so
             result["nodes"][node] = {"known": True, "launcher": "other", "started_by": "self", "sources": {},
                                      "problems": [f"its job facts cannot be read ({type(exc).__name__}: {exc})"]}
+    head = result["nodes"].get(plan.head) or {}
+    if head.get("started_by") == "head":
+        for node, view in result["nodes"].items():
+            if node != plan.head:
+                result["nodes"][node] = {k: view.get(k) for k in ("known", "launcher", "files", "script", "program",
+                                                                  "python", "interface", "session_stdout")}
+                result["nodes"][node].update(started_by="head", sources={}, problems=[])
     result["reached"] = nodes
     return result
 
 
-def _node_view(node: str, node_facts: dict, job: dict, argv: List[str]) -> dict:
+def _node_view(node: str, node_facts: dict, job: dict, argv: List[str], names: Mapping[str, Optional[str]]) -> dict:
     command = launchcmd.parse(argv) if argv else None
-    view = launch(node, job, command)
+    devices = (node_facts.get("gpus") or {}).get("devices") if isinstance(node_facts.get("gpus"), dict) else None
+    view = launch(node, job, command, len(devices) if isinstance(devices, list) else 0)
+    view["script"] = names["script"] if names["script"] in view["files"] else view.get("script")
     view["interface"] = socket_interface(node_facts)
     programs = job.get("programs") if isinstance(job.get("programs"), dict) else {}
-    program = programs.get(_from_program(command)[0]) if command is not None and _from_program(command) else None
-    view["program"] = program if isinstance(program, dict) else None
-    view["python"] = programs.get("python3") if isinstance(programs.get("python3"), dict) else None
+    view["program"] = _clean_program(programs.get(names["program"])) if names["program"] else None
+    view["python"] = _clean_program(programs.get("python3"))
     session = node_facts.get("session")
     view["session_stdout"] = session.get("stdout") if isinstance(session, dict) else None
     return view
+
+
+def _clean_program(entry: Any) -> Optional[dict]:
+    """A program a node resolved, with string fields only."""
+    if not isinstance(entry, dict):
+        return None
+    return {k: entry.get(k) if isinstance(entry.get(k), str) else None for k in ("name", "path", "real", "interpreter")}
 
 
 def plan_rows(job: Mapping[str, Any]) -> List[dict]:

@@ -24,11 +24,10 @@ same_network downcast_bf16 dynamo_use_dynamic dynamo_use_fullgraph dynamo_use_re
 enable_cpu_affinity fp8_use_autocast_during_eval tpu_cluster no_tpu_cluster tpu_use_sudo
 """.split()),
     # torch/distributed/run.py
-    "torchrun": frozenset("standalone module no_python run_path virtual_local_rank help".split()),
+    "torchrun": frozenset("standalone module no_python run_path virtual_local_rank use_env help".split()),
     # deepspeed/launcher/runner.py
     "deepspeed": frozenset("""
-module no_python no_local_rank no_ssh no_ssh_check force_multi save_pid enable_each_rank_log bind_cores_to_rank
-quiet help
+module no_python no_local_rank no_ssh no_ssh_check force_multi save_pid bind_cores_to_rank quiet help
 """.split()),
     "python": frozenset(),
 }
@@ -37,6 +36,21 @@ SHORT = {  # short options, by launcher: canonical name
     "torchrun": {"-m": "module", "-r": "redirects", "-t": "tee", "-h": "help"},
     "deepspeed": {"-H": "hostfile", "-i": "include", "-e": "exclude", "-q": "quiet", "-h": "help"},
     "python": {},
+}
+# Every long option of the launchers whose parsers take abbreviations (argparse's allow_abbrev, on by default
+# in torch/distributed/run.py and deepspeed/launcher/runner.py): `--node_r 1` is --node_rank there.
+OPTIONS = {
+    "torchrun": frozenset("""
+local_rank nnodes nproc_per_node rdzv_backend rdzv_endpoint rdzv_id rdzv_conf standalone max_restarts
+monitor_interval start_method event_log_handler role module no_python run_path log_dir redirects tee
+local_ranks_filter duplicate_stdout_filters duplicate_stderr_filters node_rank master_addr master_port local_addr
+logs_specs numa_binding signals_to_handle shutdown_timeout virtual_local_rank use_env help
+""".split()),
+    "deepspeed": frozenset("""
+hostfile include exclude num_nodes num_gpus num_accelerators master_port master_addr node_rank launcher
+launcher_args module no_python no_local_rank no_ssh no_ssh_check force_multi save_pid enable_each_rank_log
+autotuning bind_cores_to_rank bind_core_list ssh_port venv_script log_level quiet help
+""".split()),
 }
 # `python -m MODULE` that is a launcher.
 LAUNCHER_MODULES = {
@@ -122,6 +136,15 @@ def launcher_of(argv: Sequence[str]) -> Tuple[str, int]:
     return "other", i
 
 
+def _full_name(launcher: str, key: str) -> str:
+    """An abbreviated option as the launcher's argparse completes it (a unique prefix), else as given."""
+    known = OPTIONS.get(launcher)
+    if known is None or key in known:
+        return key
+    matches = [option for option in known if option.startswith(key)]
+    return matches[0] if len(matches) == 1 else key
+
+
 def parse(argv: Sequence[str]) -> LaunchCommand:
     """The launch command as its launcher reads it. Never raises: what cannot be read is `problem`."""
     argv = tuple(str(a) for a in argv)
@@ -150,7 +173,7 @@ def parse(argv: Sequence[str]) -> LaunchCommand:
             break
         if word.startswith("--"):
             name, has_value, value = word.partition("=")
-            key = canonical(name)
+            key = _full_name(launcher, canonical(name))
         elif word[:2] in short:
             key, has_value, value = short[word[:2]], bool(word[2:]), word[2:]
         else:

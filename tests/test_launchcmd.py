@@ -131,3 +131,107 @@ def test_deepspeeds_runner_starts_the_hosts_of_its_hostfile_not_the_checked_node
     hostfile["hf"]["text"] = "a slots=8\nb slots=8\n"
     assert {r.status for r in run("JOB004", context(nodes, argv))} == {Status.PASS}
     assert {r.status for r in run("JOB002", context(nodes, argv))} == {Status.SKIP}
+
+
+# --- what a review found: jobs that work must not be refused, and the launchers' own rules -----------------
+
+def statuses(check_id, nodes, command=()):
+    return {r.status for r in run(check_id, context(nodes, command))}
+
+
+def test_a_quoted_machine_rank_is_a_number_to_accelerate():
+    nodes = {n: facts(CONFIG.format(rank=f'"{i}"')) for i, n in enumerate(("a", "b"))}
+    assert statuses("JOB002", nodes) == {Status.PASS} and statuses("JOB001", nodes) == {Status.PASS}
+
+
+def test_a_quoted_num_processes_stops_accelerate():
+    text = CONFIG.format(rank=0).replace("num_processes: 4", "num_processes: '4'")
+    nodes = {"a": facts(text), "b": facts(CONFIG.format(rank=1).replace("num_processes: 4", "num_processes: '4'"))}
+    failed = [r for r in run("JOB001", context(nodes)) if r.status == Status.FAIL]
+    assert failed and "TypeError" in failed[0].message
+
+
+def test_rdzv_backend_in_the_file_is_not_what_accelerate_uses():
+    """accelerate's --rdzv_backend defaults to "static", never None, so the file's value is not copied."""
+    nodes = {"a": facts(CONFIG.format(rank=0) + "rdzv_backend: c10d\n"), "b": facts(CONFIG.format(rank=1))}
+    assert statuses("JOB005", nodes) == {Status.PASS}
+
+
+def test_torchrun_with_an_endpoint_and_an_elastic_node_count():
+    argv = ["torchrun", "--nnodes", "2:4", "--nproc-per-node", "1", "--rdzv_endpoint", "10.0.0.1:29400", "t.py"]
+    nodes = {n: facts(argv=argv[:-1] + ["--node_rank", str(i), "t.py"]) for i, n in enumerate(("a", "b", "c"))}
+    assert statuses("JOB004", nodes, argv) == {Status.PASS}
+    ctx = context(nodes, argv)
+    assert {v["main_ip"] for v in ctx.probes["job"]["nodes"].values()} == {"10.0.0.1"}
+
+
+def test_the_workers_own_configs_do_not_count_when_the_head_starts_them():
+    head = CONFIG.format(rank=0).replace("MULTI_GPU", "DEEPSPEED") + "deepspeed_config:\n  zero_stage: 2\n"
+    stale = CONFIG.format(rank=0).replace("num_processes: 4", "num_processes: 64")
+    nodes = {"a": facts(head), "b": facts(stale), "c": facts("{not: [yaml")}
+    assert statuses("JOB001", nodes) == {Status.PASS}
+    assert Status.FAIL not in {r.status for r in runner.run_check(registry.load().get("JOB008"), context(nodes))}
+
+
+def test_accelerate_with_deepspeed_and_no_hostfile_trains_on_the_head_alone():
+    head = CONFIG.format(rank=0).replace("MULTI_GPU", "DEEPSPEED") + "deepspeed_config:\n  zero_stage: 2\n"
+    nodes = {n: facts(head) for n in ("a", "b")}
+    [wrong] = [r for r in run("JOB004", context(nodes)) if r.status == Status.FAIL]
+    assert "--hostfile None" in wrong.message and "head alone" in wrong.message
+
+
+@pytest.mark.parametrize("text, extra, status", [
+    ("10.0.0.1 slots=8\n10.0.0.2 slots=8\n", [], Status.PASS),  # IP addresses of the nodes
+    ("a slots=8 max_slots=8\nb slots=8\n", [], Status.PASS),  # more after slots=: DeepSpeed takes it
+    ("a slots=8\nb slots=8\nc slots=8\nd slots=8\n", ["--num_nodes", "2"], Status.PASS),  # a filter chooses
+    ("a slots = 8\nb slots=8\n", [], Status.FAIL),  # DeepSpeed stops on it
+])
+def test_deepspeeds_hostfile_as_its_runner_reads_it(text, extra, status):
+    argv = ["deepspeed", "-H", "hf", *extra, "t.py"]
+    hostfile = {"hf": {"path": "/job/hf", "text": text, "sha256": "x"}}
+    nodes = {n: facts(argv=argv, files=hostfile) for n in ("a", "b")}
+    for name, address in (("a", "10.0.0.1"), ("b", "10.0.0.2")):
+        nodes[name]["facts"]["host"]["interfaces"]["eth0"] = [address]
+    assert statuses("JOB004", nodes, argv) == {status}
+
+
+def test_a_plain_python_launch_has_no_machine_count_to_judge():
+    nodes = {n: facts(argv=["python", "t.py"]) for n in ("a", "b")}
+    assert Status.FAIL not in statuses("JOB004", nodes, ["python", "t.py"])
+
+
+def test_outputs_and_missing_names_on_the_command_are_not_the_scripts_failure():
+    argv = ["accelerate", "launch", "t.py", "--out", "results.json", "--data", "https://u:s3cret@h/x.json"]
+    files = lambda out: {"t.py": {"path": "/job/t.py", "sha256": "aa", "size": 3},  # noqa: E731
+                         "results.json": out, "https://u:s3cret@h/x.json": {"path": "/x", "error": "missing"}}
+    nodes = {"a": facts(CONFIG.format(rank=0), argv, files({"path": "/job/results.json", "sha256": "b1", "size": 9})),
+             "b": facts(CONFIG.format(rank=1), argv, files({"path": "/job/results.json", "error": "missing"}))}
+    results = run("JOB007", context(nodes, argv))
+    assert {r.status for r in results} == {Status.WARN, Status.PASS}
+    assert "s3cret" not in repr([r.message for r in results])
+
+
+def test_a_variable_not_set_on_a_node_is_said_so():
+    argv = ["accelerate", "launch", "--machine_rank", "$SLURM_NODEID", "t.py"]
+    nodes = {n: facts(CONFIG.format(rank=0), argv) for n in ("a", "b")}
+    failed = [r for r in run("JOB001", context(nodes, argv)) if r.status == Status.FAIL]
+    assert failed and "$SLURM_NODEID" in failed[0].message and "not set" in failed[0].message
+    assert Status.FAIL not in statuses("JOB002", nodes, argv)  # not a rank: nothing to compare
+
+
+def test_an_integer_past_pythons_digit_limit_is_that_nodes_problem():
+    nodes = {"a": facts(CONFIG.format(rank=0)),
+             "b": facts(None)}
+    nodes["b"]["facts"]["job"]["config"] = {"path": "/c.json", "text": '{"num_processes": ' + "9" * 5000 + "}"}
+    [bad] = [r for r in run("JOB001", context(nodes)) if r.status == Status.FAIL]
+    assert bad.nodes == ("b",) and "malformed JSON" in bad.message and "digits" in bad.message
+
+
+def test_fields_of_the_wrong_type_from_a_node_are_not_an_error():
+    argv = ["accelerate", "launch", "t.py"]
+    nodes = {n: facts(CONFIG.format(rank=i), argv, {"t.py": {"path": "/t.py", "sha256": 5, "size": "x"}})
+             for i, n in enumerate(("a", "b"))}
+    for node in nodes.values():
+        node["facts"]["job"]["programs"] = {"accelerate": {"path": ["x"], "interpreter": {"a": 1}}}
+    for check_id in ("JOB007", "JOB010"):
+        assert Status.ERROR not in statuses(check_id, nodes, argv), check_id
