@@ -125,12 +125,42 @@ def build_parser() -> Parser:
         if name == "check":
             launch_command(sub, "the launch command each node will run, after `--`: its flags override the files "
                                 "and $VAR in it is each node's")
+    doctor = commands.add_parser("doctor", help="say why a running job is stuck: its launchers and ranks on every node")
+    doctor_options(doctor)
     listing = commands.add_parser("list", help="list every registered check")
     listing.add_argument("--json", action="store_true", help="print the checks as JSON")
     listing.add_argument("--markdown", action="store_true", help="print the table of checks as Markdown")
     explain = commands.add_parser("explain", help="explain one check: what, why, how to fix")
     explain.add_argument("id", metavar="ID")
     return parser
+
+
+def doctor_options(sub: argparse.ArgumentParser) -> None:
+    """`preflight doctor`: the same targets, transports and reports as `check`; read only."""
+    target = sub.add_mutually_exclusive_group()
+    target.add_argument("--hosts", metavar="LIST", help="the job's nodes, first the head: n1,n2 or gpu[001-004]")
+    target.add_argument("--slurm", action="store_true", help="the nodes of this SLURM job (SLURM_JOB_NODELIST)")
+    target.add_argument("--slurm-job", metavar="JOBID", help="the nodes of that SLURM job, reached with srun --overlap")
+    sub.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile: the job's nodes")
+    sub.add_argument("--port", type=port_number, metavar="N",
+                     help="the job's master port: picks one job when several run (default: every job found)")
+    sub.add_argument("--pid", type=positive_int, action="append", metavar="PID",
+                     help="only this process and its children (repeatable)")
+    sub.add_argument("--ssh-config", metavar="FILE", help="ssh_config to read (default ~/.ssh/config)")
+    sub.add_argument("--ssh-accept-new", action="store_true", help="trust (and remember) unknown host keys")
+    sub.add_argument("--python", metavar="PATH", default=sys.executable,
+                     help=f"the interpreter on the nodes that runs the census (default {sys.executable})")
+    sub.add_argument("--fanout", type=positive_int, default=64, metavar="N", help="nodes reached at once (default 64)")
+    sub.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
+                     help="deadline in seconds for each node (default 10)")
+    sub.add_argument("--no-stacks", action="store_true", help="do not read the Python stacks (py-spy)")
+    sub.add_argument("--only", metavar="SEL", help="run only these checks")
+    sub.add_argument("--skip", metavar="SEL", help="do not run these checks")
+    sub.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    sub.add_argument("--strict", action="store_true", help="warnings make the exit code 1")
+    sub.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
+    sub.add_argument("--prometheus", metavar="FILE", help="also write metrics to FILE (*.prom)")
+    sub.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
 
 
 def slurm_options(sub: argparse.ArgumentParser) -> None:
@@ -187,7 +217,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _main(argv: List[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command is None:
-        raise UsageError("a command is needed: lint, check, node, launch, list or explain (see `preflight --help`)")
+        raise UsageError("a command is needed: lint, check, node, launch, doctor, list or explain "
+                         "(see `preflight --help`)")
     for option in ("config", "deepspeed", "hostfile"):
         if getattr(args, option, None) == "":
             raise UsageError(f"--{option} is an empty path")
@@ -198,6 +229,8 @@ def _main(argv: List[str]) -> int:
         print(f"preflight: warning: {problem}", file=sys.stderr)
     if args.command == "list":
         return _list(reg, args)
+    if args.command == "doctor":
+        return _doctor(reg, args)
     if args.command == "explain":
         return _explain(reg, args.id)
     return _run(reg, args)
@@ -237,10 +270,11 @@ def evaluate(reg, args, gather=None):
     named = command.get("config_file") if command.launcher == "accelerate" else None
     if config is None and isinstance(named, str) and os.path.isfile(named):
         config = named
+    named_elsewhere = config is None and isinstance(named, str)  # only the nodes have it: not this default
     named = command.get("deepspeed_config_file")
     if deepspeed is None and isinstance(named, str) and os.path.isfile(named):
         deepspeed = named
-    if config is None and default_accelerate_config():
+    if config is None and not named_elsewhere and default_accelerate_config():
         config = default_accelerate_config()  # what `accelerate launch` uses without --config_file
         print(f"preflight: using accelerate's default config {config}", file=sys.stderr)
     plan = build_plan(
@@ -250,7 +284,9 @@ def evaluate(reg, args, gather=None):
         world_size=args.world_size,
         deep=getattr(args, "deep", False) or args.command != "lint",
         nodes=None if args.command == "lint" else _target(args),
-        port=getattr(args, "port", None),
+        # The port the job will use: --port, else the command's own flag, else the config's.
+        port=getattr(args, "port", None) or next((command.integer(k) for k in ("main_process_port", "master_port")
+                                                  if command.integer(k)), None),
         limits=_limits(args, profile),
         checkpoint_dir=getattr(args, "checkpoint_dir", None),
         profile=profile,
@@ -305,6 +341,68 @@ def _run(reg, args) -> int:
     return code if code == 0 else EXIT_NOT_READY
 
 
+def _doctor(reg, args) -> int:
+    """`preflight doctor`: the census of the running job on every node, then the RUN checks; read only."""
+    from preflight import gather, jobcensus, registry, render, reports, runner
+    from preflight.plan import build_plan
+
+    if args.hostfile == "":
+        raise UsageError("--hostfile is an empty path")
+    reports.check_paths(args)
+    try:
+        specs = registry.select([c for c in reg.checks if c.family in ("RUN", "SSH")],
+                                registry.parse_selectors(args.only), registry.parse_selectors(args.skip))
+    except registry.SelectionError as exc:
+        raise UsageError(str(exc)) from None
+    started = time.perf_counter()
+    transport = "ssh"
+    if args.slurm_job:
+        from preflight import slurm
+
+        nodes = tuple(slurm.job_nodes(args.slurm_job, args.timeout))
+        transport = "srun"
+    else:
+        nodes = _target(args)
+        if getattr(args, "slurm", False):
+            from preflight import srun
+
+            transport = "srun" if srun.usable() else "ssh"
+    plan = build_plan(nodes=nodes, port=args.port)
+    census = {"port": args.port, "pids": args.pid, "stacks": not args.no_stacks, "deadline_s": args.timeout * 0.6}
+    options = gather.GatherOptions(python=args.python, timeout=args.timeout, fanout=args.fanout,
+                                   ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, port=plan.port,
+                                   progress=not args.json or sys.stderr.isatty(), transport=transport,
+                                   census=census, slurm_job=args.slurm_job)
+    if plan.remote:
+        facts, probes = gather.gather_ssh(list(plan.nodes), options)
+    else:
+        facts, probes = gather.gather_local(plan.nodes[0], options)
+    probes["census"] = jobcensus.build(plan.nodes, facts, args.port or _found_port(facts))
+    results = runner.run(specs, runner.CheckContext(plan, facts, probes))
+    elapsed = time.perf_counter() - started
+    outcome = verdict(results)
+    if args.json:
+        print(render.to_json(results, outcome, plan.nodes, elapsed))
+    else:
+        render.terminal(results, outcome, elapsed)
+    reports.write_all(args, results, outcome, plan.nodes, elapsed)
+    return exit_code(outcome, args.strict)
+
+
+def _found_port(facts) -> Optional[int]:
+    """The master port of the job the nodes found, when they found one job (the most common MASTER_PORT)."""
+    from collections import Counter
+
+    ports = Counter()
+    for state in facts.values():
+        census = ((state or {}).get("facts") or {}).get("census") if isinstance((state or {}).get("facts"), dict) else None
+        for proc in (census or {}).get("processes") or () if isinstance(census, dict) else ():
+            port = ((proc or {}).get("env") or {}).get("MASTER_PORT") if isinstance(proc, dict) else None
+            if isinstance(port, str) and port.isdigit():
+                ports[int(port)] += 1
+    return ports.most_common(1)[0][0] if ports else None
+
+
 def launch_command(args) -> List[str]:
     """The words after `--` (the job's launch command), or none."""
     words = list(getattr(args, "launch_command", None) or [])
@@ -352,7 +450,7 @@ def _target(args) -> tuple:
         return tuple(inventory.validate(inventory.expand(args.hosts, "--hosts"), "--hosts"))
     if getattr(args, "slurm", False):
         return tuple(inventory.from_slurm())
-    if args.command in ("check", "launch") and args.hostfile:
+    if args.command in ("check", "launch", "doctor") and args.hostfile:
         hosts = load_hostfile(args.hostfile).hosts
         return tuple(inventory.validate(list(dict.fromkeys(hosts)), args.hostfile))
     return ()

@@ -44,6 +44,7 @@ def collect(options):
         ("clock", _clock),
         ("gpus", _gpus),
         ("job", lambda: _job(options.get("job"))),
+        ("census", lambda: _census(options.get("census"))),
     ):
         try:
             facts[name] = gather()
@@ -463,6 +464,17 @@ def _gpu(nvml, index):
     return gpu
 
 
+def _census(options):
+    """The running job's processes on this node (preflight doctor); None: not asked. Shipped, census.py's
+    source comes first and defines take_census; in-process, it is imported."""
+    if not options:
+        return None
+    take = globals().get("take_census")
+    if take is None:
+        from preflight.census import take_census as take
+    return take(options)
+
+
 # --- the job as this node would launch it ---------------------------------------------------------
 
 TEXT_LIMIT = 1 << 20  # a config file's text comes back up to this size; bigger files only as a digest
@@ -485,22 +497,32 @@ def _job(job):
     if config:
         config_file = read_file(word(config), cwd, True)
     elif job.get("default_config", True):
-        config_file = dict(read_file(accelerate_default_config(), cwd, True), default=True)
+        env = dict(os.environ, **(job.get("env") or {}))  # `HF_HOME=/x accelerate launch ...` sets it for the launch
+        config_file = dict(read_file(accelerate_default_config(env), cwd, True), default=True)
     else:
         config_file = None
+    # Digests within a deadline: data files on a shared filesystem, read by every node at once, must not
+    # hold back the facts past the run's timeout.
+    until = time.monotonic() + float(job.get("deadline_s") or 5)
+    files = {}
+    for name in job.get("files") or ():
+        if time.monotonic() > until:
+            files[name] = {"path": name, "error": "not read: out of time (the run's deadline)"}
+        else:
+            files[name] = read_file(word(name), cwd, name in (job.get("text") or ()))
     return {
         "cwd": cwd, "cwd_exists": os.path.isdir(cwd), "argv": [word(a) for a in job.get("argv") or ()],
-        "config": config_file,
-        "files": dict((p, read_file(word(p), cwd, p in (job.get("text") or ()))) for p in job.get("files") or ()),
-        "programs": dict((name, _program(word(name))) for name in job.get("programs") or ()),
+        "config": config_file, "files": files,
+        "programs": dict((name, _program(word(name), cwd)) for name in job.get("programs") or ()),
     }
 
 
-def accelerate_default_config():
+def accelerate_default_config(env=None):
     """accelerate's default config file (accelerate/commands/config/config_args.py): the YAML one,
-    unless only the JSON one exists."""
-    home = os.path.expanduser(os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"),
-                                                                     "huggingface")))
+    unless only the JSON one exists. `env`: the launch's environment (default: this process's)."""
+    env = os.environ if env is None else env
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+    home = os.path.expanduser(env.get("HF_HOME") or os.path.join(cache, "huggingface"))
     yaml_file = os.path.join(home, "accelerate", "default_config.yaml")
     json_file = os.path.join(home, "accelerate", "default_config.json")
     return yaml_file if os.path.isfile(yaml_file) or not os.path.isfile(json_file) else json_file
@@ -545,17 +567,27 @@ def read_file(path, cwd, text=False):
     return entry
 
 
-def _program(name):
-    """Where `name` resolves on this session's PATH, and the interpreter its #! line runs."""
+def _program(name, cwd="."):
+    """Where `name` resolves on this session's PATH (a name with a / from the job's working directory, as
+    the launch's shell would), and the interpreter its #! line runs."""
     import shutil
 
-    path = shutil.which(name) if name else None
+    if name and "/" in name:
+        path = os.path.join(cwd, name)
+        path = path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+    else:
+        path = shutil.which(name) if name else None
     if path is None:
         return {"name": name, "path": None}
     entry = {"name": name, "path": path, "real": os.path.realpath(path), "interpreter": None}
     try:
-        with open(path, "rb") as handle:
-            lines = handle.read(1024).split(b"\n")
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return entry
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never wait on a FIFO that looks like a program
+        try:
+            lines = os.read(fd, 1024).split(b"\n")
+        finally:
+            os.close(fd)
     except OSError:
         return entry
     words = lines[0][2:].decode("utf-8", "replace").split() if lines[0].startswith(b"#!") else []

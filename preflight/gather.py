@@ -46,6 +46,8 @@ class GatherOptions:
     transport: str = "ssh"  # or "srun": job steps inside a SLURM allocation (preflight.srun)
     job: Optional[dict] = None  # what each node's launch would read (preflight.collector._job; jobview.request)
     job_files: Optional[Callable[[dict], List[str]]] = None  # the files a node's own config names (jobview.named_files)
+    slurm_job: Optional[str] = None  # srun into this job from outside it (`doctor --slurm-job`)
+    census: Optional[dict] = None  # `doctor`: the census of the running job (preflight.census); no probes then
 
 
 @dataclass
@@ -123,11 +125,17 @@ def _parallel(func: Callable, nodes: List[NodeState], options: GatherOptions) ->
 def gather_local(name: str, options: GatherOptions) -> tuple:
     """This machine alone, in-process: facts, a zero clock offset, and whether the port is free."""
     facts = collector.collect({"head": options.main_address or name, "port": options.port, "paths": options.paths,
-                               "job": options.job})
+                               "job": options.job, "census": options.census})
     job = facts.get("job")
     if isinstance(job, dict) and options.job_files:
-        job["named"] = {p: collector.read_file(p, job["cwd"], True) for p in options.job_files(job)}
+        try:
+            named = options.job_files(job)
+        except Exception:  # a config no parser takes names nothing: JOB001 says what is wrong with it
+            named = []
+        job["named"] = {p: collector.read_file(p, job["cwd"], True) for p in named}
     node = NodeState(name, facts=facts, clock={"offset_s": 0.0, "bound_s": 0.0, "rtt_s": 0.0})
+    if options.census:  # read only: the running job's port is left alone
+        return {name: node.to_context()}, {"head": {"name": name, "address": options.main_address or name}}
     server = collector.bindable(options.port)
     listen = server if isinstance(server, dict) else {"bound": True}
     if not isinstance(server, dict):
@@ -152,7 +160,10 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
         decode = facts_decoder()
         _parallel(lambda n: _collect(n, head_address, options, decode), nodes, options)
         reached = [n for n in nodes if n.error is None]
-        _say(options, f"facts from {len(reached)}/{len(nodes)} node(s) in {time.monotonic() - started:.1f} s")
+        _say(options, f"{'census' if options.census else 'facts'} from {len(reached)}/{len(nodes)} node(s) in "
+                      f"{time.monotonic() - started:.1f} s")
+        if options.census:  # read only: the running job's port, folders and network are left alone
+            return {n.name: n.to_context() for n in nodes}, {"head": {"name": names[0], "address": head_address}}
         probes = {"port": _probe_port(nodes, options), "head": {"name": names[0], "address": head_address}}
         if options.shared_dir:
             probes["shared_dir"] = _probe_shared_dir(nodes, options)
@@ -208,14 +219,15 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
             if options.transport == "srun":
                 from preflight.srun import SrunConnection
 
-                return SrunConnection(node.name, options.timeout).connect()
+                return SrunConnection(node.name, options.timeout, options.slurm_job).connect()
             settings = load_ssh_settings(node.name, options.ssh_config)
             return SSHConnection(settings, options.timeout, options.accept_new, options.ssh_config).connect()
 
         # The connection has its own deadlines; this one also bounds DNS and anything unforeseen.
         node.connection = run_with_deadline(connect, options.timeout * 2 + 1)
-        payload = {"head": head, "port": options.port, "paths": options.paths, "job": options.job}
-        source = open(collector.__file__, encoding="utf-8").read()
+        payload = {"head": head, "port": options.port, "paths": options.paths, "job": options.job,
+                   "census": options.census}
+        source = shipped_source(bool(options.census))
         node.agent = node.connection.start(shipped_command(options.python), shipped_input(source, payload))
         line, printed = _facts_line(node, options.timeout)
         if line is None:
@@ -233,10 +245,14 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
         node.facts["session"] = {"stdout": printed}
         job = node.facts.get("job")
         if isinstance(job, dict) and options.job_files:
-            named = options.job_files(job)
+            try:
+                named = options.job_files(job)
+            except Exception:  # a config no parser takes names nothing: JOB001 says what is wrong with it
+                named = []
             if named:
                 job["named"] = node.ask({"op": "files", "paths": named, "cwd": job.get("cwd")}, options.timeout)
-        node.clock = _clock_samples(node, options.timeout)
+        if not options.census:
+            node.clock = _clock_samples(node, options.timeout)
     except NodeError as exc:
         node.error = exc
     except Exception as exc:  # anything else the node sent us: still a result, never a crash
@@ -253,10 +269,23 @@ def _facts_line(node: NodeState, timeout: float) -> tuple:
     printed = ""
     while True:
         line = node.agent.read_line(max(0.001, deadline - time.monotonic()))
+        if line is not None and '{"schema"' in line and not line.startswith('{"schema"'):
+            before, _, rest = line.partition('{"schema"')  # a banner without a newline before the facts
+            printed, line = printed + before + "\n", '{"schema"' + rest
         if line is None or line.startswith('{"schema"'):
-            return line, printed or None
+            return line, printed[:PRINTED_LIMIT] or None
         if len(printed) < PRINTED_LIMIT:
             printed = (printed + line + "\n")[:PRINTED_LIMIT]
+
+
+def shipped_source(census: bool = False) -> str:
+    """The program a node runs: the collector, after the census code when `doctor` asks for one."""
+    source = open(collector.__file__, encoding="utf-8").read()
+    if census:
+        from preflight import census as census_module
+
+        source = open(census_module.__file__, encoding="utf-8").read() + "\n\n" + source
+    return source
 
 
 def _clock_samples(node: NodeState, timeout: float) -> dict:

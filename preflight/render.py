@@ -63,10 +63,13 @@ PLAN = "launch_plan"  # the evidence key of the per-node table of the effective 
 # Columns that differ from node to node by design: the node, its rank, and the path of its config (config_sha
 # compares what the path holds).
 PLAN_UNCOMPARED = ("node", "machine_rank", "config")
+# Tables that results carry in their evidence: key -> (title, the columns compared across rows).
+TABLES = {PLAN: ("launch plan", None), "census": ("census", ())}
 CELL_MAX = 40
 
 
 class LaunchPlan(NamedTuple):
+    title: str
     columns: List[str]
     rows: List[List[Any]]  # the values, in the columns' order
     differs: Set[Tuple[int, int]]  # (row, column) of each cell unlike its column's most common value
@@ -75,7 +78,11 @@ class LaunchPlan(NamedTuple):
 def launch_plan(results: Sequence[Result]) -> Optional[LaunchPlan]:
     """The first launch plan among the results (columns: the first row's keys, in order), and the cells a user
     would otherwise compare by hand. None when there is none."""
-    table = next((r.evidence[PLAN] for r in results if isinstance(r.evidence.get(PLAN), list)), None)
+    key = next((k for r in results for k in TABLES if isinstance(r.evidence.get(k), list)), None)
+    if key is None:
+        return None
+    table = next(r.evidence[key] for r in results if isinstance(r.evidence.get(key), list))
+    title, compared = TABLES[key]
     rows = [row for row in table or () if isinstance(row, Mapping)]
     if not rows:
         return None
@@ -83,12 +90,12 @@ def launch_plan(results: Sequence[Result]) -> Optional[LaunchPlan]:
     values = [[row.get(c) for c in columns] for row in rows]
     differs = set()
     for j, column in enumerate(columns):
-        if column in PLAN_UNCOMPARED:
+        if column in PLAN_UNCOMPARED or (compared is not None and column not in compared):
             continue
         seen = [repr(row[j]) for row in values]  # repr: hashable, and 1, True and "1" stay apart
         common = Counter(seen).most_common(1)[0][0]  # ties go to the first seen: the first row's value wins
         differs.update((i, j) for i, value in enumerate(seen) if value != common)
-    return LaunchPlan(columns, values, differs)
+    return LaunchPlan(title, columns, values, differs)
 
 
 def plan_cell(value: Any) -> str:
@@ -112,7 +119,7 @@ def plan_lines(plan: LaunchPlan, color: bool) -> List[List[Tuple[str, str]]]:
               for i, row in enumerate(plan.rows)]
     widths = [max(len(row[j]) for row in table) for j in range(len(plan.columns))]
     last = len(widths) - 1
-    lines = [[("launch plan:", "bold")]]
+    lines = [[(f"{plan.title}:", "bold")]]
     for i, row in enumerate(table, start=-1):  # the header is row -1: no cell of it differs
         parts = [("  ", "")]
         for j, text in enumerate(row):

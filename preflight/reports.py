@@ -336,7 +336,7 @@ def plan_html(results: Sequence[Result], e: Callable[[object], str]) -> List[str
     plan = launch_plan(results)
     if not plan:
         return []
-    out = ["<h2>Launch plan</h2>", '<table class="plan"><thead><tr>'
+    out = [f"<h2>{e(plan.title.capitalize())}</h2>", '<table class="plan"><thead><tr>'
            + "".join(f'<th scope="col">{e(c.replace("_", " "))}</th>' for c in plan.columns) + "</tr></thead><tbody>"]
     for i, row in enumerate(plan.rows):
         cells = (f'<td{_DIFFERS if (i, j) in plan.differs else ""}>{e(plan_cell(v))}</td>' for j, v in enumerate(row))

@@ -86,3 +86,23 @@ def undrain(name: str, timeout: float = 10.0) -> Tuple[bool, str]:
                        "(resume it by hand: scontrol update NodeName=... State=RESUME)")
     _scontrol(["update", f"NodeName={name}", "State=RESUME"], timeout)
     return True, f"node {name} returned to service (it was drained with {reason!r})"
+
+
+def job_nodes(jobid: str, timeout: float) -> List[str]:
+    """The nodes of a running SLURM job (`scontrol show job JOBID`), for `doctor --slurm-job` from a login node."""
+    from preflight.documents import InputError
+    from preflight.inventory import expand, validate
+
+    if not re.fullmatch(r"[0-9]+(_[0-9]+)?(\+[0-9]+)?", jobid or ""):
+        raise InputError("--slurm-job", f"{jobid!r} is not a SLURM job ID (digits, as squeue shows them)")
+    try:
+        text = _scontrol(["show", "job", "--oneliner", jobid], timeout)
+    except SlurmError as exc:
+        raise InputError("--slurm-job", f"job {jobid}: {exc}") from None
+    state = re.search(r"\bJobState=(\S+)", text)
+    nodes = re.search(r"(?<![A-Za-z])NodeList=(\S+)", text)
+    if state and state.group(1) != "RUNNING":
+        raise InputError("--slurm-job", f"job {jobid} is {state.group(1)}, not RUNNING: it has no live processes to read")
+    if not nodes or nodes.group(1) in ("(null)", ""):
+        raise InputError("--slurm-job", f"job {jobid} has no nodes (scontrol show job: NodeList={nodes.group(1) if nodes else '?'})")
+    return validate(expand(nodes.group(1), "NodeList"), f"job {jobid}'s NodeList")

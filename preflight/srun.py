@@ -21,8 +21,9 @@ def usable() -> bool:
 
 
 class SrunConnection:
-    def __init__(self, node: str, timeout: float):
-        self.node, self.timeout = node, timeout
+    def __init__(self, node: str, timeout: float, jobid: Optional[str] = None):
+        # jobid: a job step inside that job from outside it (`doctor --slurm-job` on a login node)
+        self.node, self.timeout, self.jobid = node, timeout, jobid
         self.processes: List["StepProcess"] = []
 
     def connect(self) -> "SrunConnection":
@@ -32,7 +33,7 @@ class SrunConnection:
 
     def start(self, command: str, stdin_text: str) -> "StepProcess":
         argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={self.node}", "--quiet",
-                "--input=all", "sh", "-c", command]
+                "--input=all", *([f"--jobid={self.jobid}"] if self.jobid else []), "sh", "-c", command]
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)

@@ -419,6 +419,14 @@ class Cluster:
         kwargs.setdefault("start_new_session", True)
         return subprocess.Popen(["ip", "netns", "exec", self.netns(node), *argv], **kwargs)
 
+    def node_popen(self, node: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+        """Start a process as a session on the node runs: in its network, mount (its /etc/hosts, its bound
+        folders) and UTS (its hostname) namespaces, those of its sshd. Its own session (kill it by its group)."""
+        pid = self.sshd_pid(node)
+        if not pid:
+            raise ClusterError(f"{node}: sshd is not running (its namespaces are the node's)")
+        return self.netns_popen(node, ["nsenter", "--target", str(pid), "--mount", "--uts", "--", *argv], **kwargs)
+
     def banner(self, node: str, timeout: float = 2.0) -> Optional[bytes]:
         """The SSH banner of a node's sshd, None when nothing answers within the timeout."""
         try:

@@ -1,0 +1,409 @@
+"""RUN: why a running job is stuck (`preflight doctor`), from the census of its launchers and ranks on
+every node (preflight.census on the nodes, preflight.jobcensus here)."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Dict, Iterator, List, Optional
+
+from preflight.compare import odd_ones_out
+from preflight.inventory import fold
+from preflight.jobcensus import Census, Proc, node_of_address, table
+from preflight.registry import check
+from preflight.result import Finding, Status, skip
+
+
+def _census(ctx) -> Optional[Census]:
+    census = (ctx.probes or {}).get("census")
+    return census if isinstance(census, Census) else None
+
+
+def _gate(ctx):
+    """(census, None) or (None, the skip that says why there is nothing to diagnose)."""
+    census = _census(ctx)
+    if census is None:
+        return None, skip("no census of a running job (run `preflight doctor`)")
+    if not census.procs:
+        return None, skip(f"no process of a job{_on_port(census)} on any node reached")
+    return census, None
+
+
+def _on_port(census: Census) -> str:
+    return f" on port {census.port}" if census.port else ""
+
+
+def _world(census: Census) -> Optional[int]:
+    """The number of nodes the job expects: its launchers' --nnodes (the most common)."""
+    values = [p.nnodes for p in census.launchers if p.nnodes]
+    if not values:
+        return None
+    text = Counter(values).most_common(1)[0][0]
+    try:
+        return int(text.split(":")[-1])
+    except ValueError:
+        return None
+
+
+@check("RUN001", "job-processes", "cluster", tags=["doctor", "job"])
+def job_processes(ctx) -> Iterator[Finding]:
+    """Every node of the job runs its launcher and its ranks; the census of them (launcher, node rank,
+    ranks, master, state, CPU, where each stack stands) is shown.
+
+    A node whose launcher was never started, or exited, leaves the others waiting in the rendezvous or in
+    their first collective until the timeout (10 minutes with NCCL, 30 with gloo), with nothing that says
+    which node is missing.
+
+    Start the job on the node that has none (its log says why it exited, if it did); the census table
+    (terminal, --json evidence, HTML) shows where every rank stands.
+    """
+    census = _census(ctx)
+    if census is None:
+        yield skip("no census of a running job (run `preflight doctor`)")
+        return
+    if not census.procs:
+        reached = [n for n in census.nodes if n not in census.errors]
+        yield Finding(Status.WARN, f"no launcher and no rank of a job{_on_port(census)} on {fold(reached) or 'any node'}",
+                      "check that the job runs on these nodes (--hosts, --slurm-job) and, with --port, on that port",
+                      nodes=tuple(reached))
+        return
+    missing = [n for n in census.nodes if n not in census.errors and not census.on(n)]
+    if missing:
+        yield Finding(Status.FAIL, f"no launcher and no rank of the job{_on_port(census)} on {fold(missing)}: "
+                      "it was never started there, or it exited; the other nodes wait for it",
+                      f"start the job on {fold(missing)} (or look at its log there for why it exited)",
+                      nodes=tuple(missing), evidence={"missing": missing})
+    rankless = [n for n in census.nodes if census.on(n, "launcher") and not census.on(n, "rank")]
+    present = tuple(n for n in census.nodes if census.on(n))
+    yield Finding(Status.PASS, f"{len(census.launchers)} launcher(s) and {len(census.ranks)} rank(s) on "
+                  f"{len(present)} node(s)" + (f"; {fold(rankless)} {'has' if len(rankless) == 1 else 'have'} "
+                                              "a launcher but no rank yet" if rankless else ""),
+                  nodes=present, evidence={"census": table(census)})
+
+
+@check("RUN002", "duplicate-node-rank", "cluster", tags=["doctor", "rank"])
+def duplicate_node_rank(ctx) -> Iterator[Finding]:
+    """No two nodes' launchers run with the same node rank (machine_rank, --node_rank) on a static
+    rendezvous.
+
+    With rank 0 twice, each of those nodes hosts its own rendezvous store and waits there for the others
+    forever; with another rank twice, the rendezvous waits for the rank nobody has. The deadlock prints
+    nothing that names the cause.
+
+    Stop the job, give each node its own rank from 0 to N-1 (`preflight check -- <the launch command>`
+    shows each node's before you start again), and start it again.
+    """
+    census, gate = _gate(ctx)
+    if gate:
+        yield gate
+        return
+    launchers = [p for p in census.launchers if p.rdzv == "static" and p.node_rank is not None]
+    if not launchers:
+        yield skip("no launcher with a static rendezvous (an elastic one assigns the ranks)")
+        return
+    by_rank: Dict[int, List[Proc]] = {}
+    for p in launchers:
+        by_rank.setdefault(p.node_rank, []).append(p)
+    clean = True
+    for rank, procs in sorted(by_rank.items()):
+        nodes = sorted({p.node for p in procs}, key=census.nodes.index)
+        if len(nodes) < 2:
+            continue
+        clean = False
+        hosting = [p.node for p in procs if p.listens]
+        store = (f"; {fold(hosting)} each host{'s' if len(hosting) == 1 else ''} a rendezvous store on port "
+                 f"{procs[0].master_port} and wait there for the others, forever" if len(hosting) > 1 else
+                 f"; the rendezvous waits for a rank nobody has")
+        pids = ", ".join(f"{p.node} pid {p.pid}" for p in procs)
+        yield Finding(Status.FAIL, f"node rank {rank} on {len(nodes)} nodes, {fold(nodes)} ({pids}){store}",
+                      f"stop the job ({pids}), give each node its own rank from 0 to "
+                      f"{max(len(census.nodes), len(launchers)) - 1}, and start it again", nodes=tuple(nodes),
+                      evidence={"node_rank": rank, "nodes": nodes, "hosting_a_store": hosting})
+    if clean:
+        yield Finding(Status.PASS, "each launcher has its own node rank",
+                      nodes=tuple(dict.fromkeys(p.node for p in launchers)))
+
+
+@check("RUN003", "job-agreement", "cluster", tags=["doctor", "job"])
+def job_agreement(ctx) -> Iterator[Finding]:
+    """The launchers and ranks on every node agree on the master address and port, the number of nodes
+    and the world size.
+
+    A node told another master address or port waits for a store that the others never join; a node that
+    expects another number of nodes or ranks waits for processes that never come.
+
+    Start every node with the same head address, port and sizes (one launch script; `preflight check --
+    COMMAND` compares them before the start).
+    """
+    census, gate = _gate(ctx)
+    if gate:
+        yield gate
+        return
+    odd_nodes = set()
+
+    def head(p: Proc):  # node01 and 10.0.0.1 are the same head when node01 owns that address
+        return node_of_address(ctx.facts, p.master_addr) or p.master_addr if p.master_addr else None
+
+    for label, value_of, procs in (
+            ("master address", head, census.procs),
+            ("master port", lambda p: p.master_port, census.procs),
+            ("number of nodes", lambda p: p.nnodes, census.launchers),
+            ("world size", lambda p: p.world_size, census.ranks)):
+        values = {}
+        for p in procs:
+            value = value_of(p)
+            if value is not None:
+                values.setdefault(p.node, value)
+        if len(set(map(repr, values.values()))) < 2:
+            continue
+        majority, odd = odd_ones_out(values, census.nodes[0] if census.nodes else None)
+        for node, value in odd.items():
+            odd_nodes.add(node)
+            others = [n for n in values if n not in odd]
+            yield Finding(Status.FAIL, f"{label} is {value} on {node}, {majority} on {fold(others)}: {node} waits "
+                          "for a rendezvous the others are not part of", f"start {node} with the {label} {majority}",
+                          nodes=(node,), evidence={"key": label, "value": value, "expected": majority})
+    agreeing = tuple(n for n in dict.fromkeys(p.node for p in census.procs) if n not in odd_nodes)
+    if agreeing:
+        yield Finding(Status.PASS, "the same master, number of nodes and world size", nodes=agreeing)
+
+
+@check("RUN004", "master-reachable", "cluster", tags=["doctor", "network", "firewall"])
+def master_reachable(ctx) -> Iterator[Finding]:
+    """No process of the job hangs in a connection to the master's port that is never answered (SYN_SENT).
+
+    A firewall that drops the port, or a master address that points nowhere, leaves that node's launcher
+    retrying its connection until the timeout; the other nodes wait for it in the rendezvous.
+
+    Open the master port from that node to the head (firewall, security group), or correct the master
+    address on that node.
+    """
+    census, gate = _gate(ctx)
+    if gate:
+        yield gate
+        return
+    stuck: Dict[str, List[str]] = {}
+    for p in census.procs:
+        for s in p.sockets:
+            if s.get("state") == "SYN_SENT" and (census.port is None or s.get("remote_port") == census.port
+                                                or s.get("remote_port") == p.master_port):
+                stuck.setdefault(p.node, []).append(f"{s.get('remote')}:{s.get('remote_port')}")
+    for node, targets in stuck.items():
+        target = targets[0]
+        owner = node_of_address(ctx.facts, target.rsplit(":", 1)[0])
+        yield Finding(Status.FAIL, f"{node} cannot reach the master at {target}"
+                      f"{f' ({owner})' if owner else ' (no node of the job has that address)'}: its connection is "
+                      "never answered (a firewall that drops the port, or a wrong address)",
+                      f"open port {target.rsplit(':', 1)[1]} from {node} to the head, or correct the master address "
+                      f"on {node}", nodes=(node,), evidence={"targets": targets})
+    connected = tuple(n for n in dict.fromkeys(p.node for p in census.procs) if n not in stuck)
+    if connected:
+        yield Finding(Status.PASS, "no connection to the master hangs", nodes=connected)
+
+
+@check("RUN005", "rendezvous-arrivals", "cluster", tags=["doctor", "rendezvous"])
+def rendezvous_arrivals(ctx) -> Iterator[Finding]:
+    """The node that hosts the rendezvous store (the launcher listening on the master port) has a
+    connection from every node of the job.
+
+    The rendezvous completes only when every node has joined; the store's connections say who did, so
+    the nodes that never joined can be named instead of waited for.
+
+    Start (or restart) the job on the nodes that never joined, and check that they can reach the head
+    (RUN004, `preflight check`).
+    """
+    census, gate = _gate(ctx)
+    if gate:
+        yield gate
+        return
+    hosts = [p for p in census.launchers if p.listens]
+    if not hosts:
+        yield skip("no launcher listens on the master port on any node reached")
+        return
+    for host in hosts:
+        port = host.master_port
+        peers = {s.get("remote") for s in host.sockets if s.get("state") == "ESTABLISHED"
+                 and s.get("local_port") == port}
+        joined = {node_of_address(ctx.facts, a) or a for a in peers if a}
+        joined.add(host.node)  # its own launcher joins through loopback or its own address
+        expected = _world(census)
+        absent = [n for n in census.nodes if n not in joined]
+        if expected is not None and len(joined) < expected:
+            yield Finding(Status.FAIL, f"the store on {host.node}:{port} has {len(joined)} of {expected} nodes "
+                          f"({fold(sorted(joined))}); {fold(absent) or 'the others'} never joined",
+                          f"start the job on {fold(absent) or 'the missing nodes'}, or see why they cannot reach "
+                          f"{host.node}:{port}", nodes=(host.node, *absent),
+                          evidence={"joined": sorted(joined), "expected": expected, "absent": absent})
+        else:
+            yield Finding(Status.PASS, f"the store on {host.node}:{port} has {len(joined)} node(s)",
+                          nodes=(host.node,), evidence={"joined": sorted(joined)})
+
+
+@check("RUN006", "collective-stragglers", "cluster", tags=["doctor", "collective"])
+def collective_stragglers(ctx) -> Iterator[Finding]:
+    """When some ranks wait in a collective, every rank of the job is in it; the ranks that are elsewhere
+    are named with the line they are at.
+
+    A collective completes only when every rank calls it: one rank that sleeps, loads data, or took
+    another branch holds all the others in all_reduce until the timeout, each of them at 100% CPU with
+    NCCL.
+
+    Look at the named rank's line (a branch taken on one rank only, a rank-dependent condition, data
+    loading that hangs); with every rank in the same collective, the transport is the problem
+    (NCCL_DEBUG=INFO, `preflight check` with the all-reduce).
+    """
+    census, gate = _gate(ctx)
+    if gate:
+        yield gate
+        return
+    ranks = [p for p in census.ranks if p.where.phase != "unknown"]
+    waiting = [p for p in ranks if p.where.phase == "collective"]
+    if not waiting:
+        yield skip("no rank waits in a collective (or no stack was read)")
+        return
+    ops = Counter(p.where.op for p in waiting)
+    op = ops.most_common(1)[0][0]
+    waiting = [p for p in waiting if p.where.op == op]
+    elsewhere = [p for p in ranks if p.where.phase != "collective" or p.where.op != op]
+    if any(p.stable is False for p in waiting + elsewhere):  # it moved between the two samples: not stuck
+        yield Finding(Status.PASS, "the ranks moved between the two stack samples: the job progresses",
+                      nodes=tuple(dict.fromkeys(p.node for p in ranks)))
+        return
+    # Seen at the same place in both samples; with one sample only, a warning (a snapshot cannot tell slow from stuck).
+    status = Status.FAIL if all(p.stable for p in waiting + elsewhere) else Status.WARN
+    at = f" at {waiting[0].where.at}" if waiting[0].where.at else ""
+    for p in elsewhere:
+        yield Finding(status, f"{p.label()} on {p.node} (pid {p.pid}) is {p.where.text()}, while {len(waiting)} "
+                      f"rank(s) wait in {op}{at}", f"look at {p.where.at or 'that rank'}: it must reach {op} as the "
+                      "others did", nodes=(p.node,), evidence={"rank": p.rank, "pid": p.pid, "where": p.where.text(),
+                                                               "others_in": op})
+    if not elsewhere:
+        yield Finding(Status.WARN, f"all {len(waiting)} rank(s) read are in {op}{at}, and stay there: no rank is "
+                      "elsewhere, so the transport (NCCL/gloo) or a missing rank holds them",
+                      "rerun with NCCL_DEBUG=INFO, or `preflight check` the nodes (the all-reduce); see RUN001/RUN007 "
+                      "for ranks that are gone", nodes=tuple(dict.fromkeys(p.node for p in waiting)),
+                      evidence={"op": op, "ranks": len(waiting)})
+
+
+@check("RUN007", "dead-ranks", "cluster", tags=["doctor", "rank"])
+def dead_ranks(ctx) -> Iterator[Finding]:
+    """Every rank of the world is alive: no zombie rank, no launcher with fewer ranks than it started,
+    and as many live ranks over the nodes as the world size.
+
+    A rank that died (out of memory, a signal, an exception on one rank) leaves the others waiting in
+    their next collective until the timeout; its own log has the cause.
+
+    Read the dead rank's log (and `dmesg` for the OOM killer on that node), fix the cause, and restart the
+    job.
+    """
+    census, gate = _gate(ctx)
+    if gate:
+        yield gate
+        return
+    found = False
+    for p in census.ranks:
+        if p.state in ("Z", "X"):
+            found = True
+            yield Finding(Status.FAIL, f"{p.label()} on {p.node} (pid {p.pid}) is dead (a zombie): the others wait "
+                          "for it", "read that rank's log for why it died, then restart the job", nodes=(p.node,))
+    worlds = [p.world_size for p in census.ranks if p.world_size]
+    if worlds and len(census.errors) == 0:
+        world = Counter(worlds).most_common(1)[0][0]
+        alive = {p.rank for p in census.ranks if p.state not in ("Z", "X") and p.rank is not None}
+        missing = sorted(set(range(world)) - alive)
+        waiting = [p for p in census.ranks if p.where.phase in ("collective", "init_process_group", "rendezvous")]
+        if missing and waiting:
+            found = True
+            yield Finding(Status.FAIL, f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:16]))} of "
+                          f"{world} {'are' if len(missing) > 1 else 'is'} not running on any node reached, while "
+                          f"{len(waiting)} rank(s) wait ({waiting[0].where.text()})",
+                          "find why that rank exited (its log on its node; dmesg for the OOM killer), then restart "
+                          "the job", nodes=tuple(dict.fromkeys(p.node for p in waiting)),
+                          evidence={"missing": missing, "world_size": world})
+    if not found:
+        yield Finding(Status.PASS, "no rank found dead", nodes=tuple(dict.fromkeys(p.node for p in census.ranks)))
+
+
+@check("RUN008", "stale-port-holder", "cluster", tags=["doctor", "port"])
+def stale_port_holder(ctx) -> Iterator[Finding]:
+    """The master port is held by the job itself, not by a process of an older job or another program.
+
+    A launcher from an earlier run (still waiting, or its ranks stuck) keeps the port: the new job's rank
+    0 cannot host its store, or the new workers join the old job's store and wait there.
+
+    Stop the old job (the message names its PID and command), then start the new one; or give the new
+    job another main_process_port.
+    """
+    census, gate = _gate(ctx)
+    if gate:
+        yield gate
+        return
+    if not census.port:
+        yield skip("no master port given (--port) or found")
+        return
+    found = False
+    for node, holders in census.listeners.items():
+        for h in holders:
+            found = True
+            argv = " ".join(str(a) for a in (h.get("argv") or ()))[:160]
+            yield Finding(Status.FAIL, f"port {census.port} on {node} is held by pid {h.get('pid')} ({argv}), "
+                          f"started {h.get('age_s')} s ago, which is not a process of this job",
+                          f"stop pid {h.get('pid')} (and its job), then start the job again; or use another port",
+                          nodes=(node,), evidence={"pid": h.get("pid"), "age_s": h.get("age_s")})
+    for holder in [p for p in census.launchers if p.listens]:
+        others = [p for p in census.launchers if p.node != holder.node]
+        if not others or not all(_job_words(p) != _job_words(holder) for p in others):
+            continue
+        younger = [p.age_s for p in others if isinstance(p.age_s, (int, float))]
+        if isinstance(holder.age_s, (int, float)) and younger and holder.age_s > max(younger):
+            found = True
+            yield Finding(Status.FAIL, f"port {census.port} on {holder.node} is held by an older job: {holder.launcher} "
+                          f"pid {holder.pid} ({' '.join(holder.argv)[:120]}), started {holder.age_s - max(younger):.0f} s "
+                          f"before the other nodes' launchers, with another command than theirs",
+                          f"stop pid {holder.pid} on {holder.node} (the old job), then start the job again on every node",
+                          nodes=(holder.node,), evidence={"pid": holder.pid, "age_s": holder.age_s,
+                                                          "others_age_s": max(younger)})
+    if not found:
+        yield Finding(Status.PASS, f"port {census.port} is held by the job only",
+                      nodes=tuple(dict.fromkeys(p.node for p in census.procs)))
+
+
+def _job_words(p: Proc) -> tuple:
+    """A launcher's command without what differs per node (its rank), to tell two jobs apart."""
+    skip_next, words = False, []
+    for word in p.argv:
+        if skip_next:
+            skip_next = False
+            continue
+        name = word.split("=", 1)[0].replace("-", "_")
+        if name in ("__node_rank", "__machine_rank"):
+            skip_next = "=" not in word
+            continue
+        words.append(word)
+    return tuple(words)
+
+
+@check("RUN009", "stacks-readable", "node", tags=["doctor", "py-spy"])
+def stacks_readable(ctx) -> Iterator[Finding]:
+    """The Python stacks of the job's processes on the node can be read (py-spy, and ptrace allowed).
+
+    Without the stacks, doctor cannot say which collective a rank waits in or which line it is at; the
+    rest of the diagnosis (processes, sockets) still holds.
+
+    Install py-spy in the training environment (pip install py-spy), and run doctor as root or as the
+    job's user with kernel.yama.ptrace_scope at 0 or 1 (sysctl kernel.yama.ptrace_scope=1).
+    """
+    census = _census(ctx)
+    stacks = census.stacks.get(ctx.node) if census is not None else None
+    if census is None or stacks is None:
+        yield skip("no census from this node")
+        return
+    if not census.on(ctx.node):
+        yield skip("no process of the job on this node")
+        return
+    if stacks.get("error") and not stacks.get("read"):
+        scope = ((ctx.fact.get("census") or {}).get("ptrace_scope"))
+        yield Finding(Status.WARN, f"the stacks cannot be read: {stacks['error']}"
+                      + (f" (kernel.yama.ptrace_scope is {scope})" if scope not in (None, 0, 1) else ""),
+                      "pip install py-spy in the training environment; run doctor as root or as the job's user "
+                      "(sysctl kernel.yama.ptrace_scope=1)", evidence={"error": stacks["error"]})
+    else:
+        yield Finding(Status.PASS, f"{stacks.get('read', 0)} stack(s) read", evidence={"read": stacks.get("read")})

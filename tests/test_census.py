@@ -1,0 +1,91 @@
+"""The census of a running job (preflight.census, node side) and its model (preflight.jobcensus), without a
+cluster: a real process on this machine, /proc's formats, stacks as py-spy reports them, hostile census facts."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from preflight import census, jobcensus, registry, runner
+from preflight.plan import build_plan
+from preflight.result import Status
+
+
+def test_proc_net_tcp_addresses():
+    assert census._address("0100007F:1F90") == ("127.0.0.1", 8080)
+    assert census._address("0B004D0A:7149") == ("10.77.0.11", 29001)
+    assert census._address("00000000000000000000000001000000:0016") == ("::1", 22)
+    assert census._address("0000000000000000FFFF00000B004D0A:7149") == ("10.77.0.11", 29001)
+    assert census._address("nonsense") == ("nonsense", None)
+
+
+def frames(*names, user=("train.py", 12)):
+    lib = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    return [[n, lib, 100] for n in names] + [["<module>", f"/job/{user[0]}", user[1]]]
+
+
+@pytest.mark.parametrize("threads, phase, op", [
+    ([{"name": "MainThread", "active": False, "frames": frames("all_reduce", "wrapper")}], "collective", "all_reduce"),
+    ([{"name": "MainThread", "active": False, "frames": frames("_store_based_barrier", "init_process_group")}],
+     "init_process_group", None),
+    ([{"name": "MainThread", "active": False, "frames": frames("SimpleElasticAgent._rendezvous")}], "rendezvous", None),
+    ([{"name": "MainThread", "active": False, "frames": frames()}], "idle", None),
+    ([{"name": "MainThread", "active": True, "frames": frames()}], "busy", None),
+    ([{"name": "Thread-1", "active": False, "frames": frames()},
+      {"name": "MainThread", "active": False, "frames": frames("barrier")}], "collective", "barrier"),
+    (None, "unknown", None), ("nonsense", "unknown", None), ([{"frames": [1, [None]]}], "idle", None),
+])
+def test_where_a_stack_stands(threads, phase, op):
+    found = jobcensus.where(threads)
+    assert (found.phase, found.op) == (phase, op)
+    if phase in ("collective", "idle", "busy") and threads and isinstance(threads[-1].get("frames")[-1], list) \
+            and threads[-1]["frames"][-1][0] == "<module>":
+        assert found.at == "train.py:12 (<module>)"
+
+
+def test_a_real_rank_on_this_machine_is_found_with_its_variables_and_stack(tmp_path):
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29987",
+               HF_TOKEN="hf_secret_value", NCCL_DEBUG="INFO")
+    script = tmp_path / "rank.py"
+    script.write_text("import time\ndef wait():\n    time.sleep(60)\nwait()\n")
+    proc = subprocess.Popen([sys.executable, str(script)], env=env)
+    try:
+        time.sleep(0.5)
+        found = census.take_census({"port": 29987, "deadline_s": 8, "interval_s": 0.3})
+        [rank] = [p for p in found["processes"] if p["pid"] == proc.pid]
+        assert rank["kind"] == "rank" and rank["env"]["RANK"] == "1" and rank["env"]["NCCL_DEBUG"] == "INFO"
+        assert "HF_TOKEN" not in rank["env"] and "hf_secret_value" not in repr(found)
+        other = census.take_census({"port": 29988, "deadline_s": 2, "stacks": False})
+        assert proc.pid not in [p["pid"] for p in other["processes"]]  # another job's port
+        if found["stacks"].get("tool"):
+            assert rank["stable"] is True
+            where = jobcensus.where(rank["threads"])
+            assert (where.phase, where.at) == ("idle", "rank.py:3 (wait)")
+        else:
+            assert "py-spy" in found["stacks"]["error"]
+        assert proc.poll() is None  # read, not touched
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("raw", [
+    {"processes": "x"}, {"processes": [1, None, {"pid": "7"}, {"pid": 3, "argv": [None, 5], "env": [],
+                                                              "sockets": "x", "threads": {"a": 1}}]},
+    {"processes": [{"pid": 4, "kind": "launcher", "argv": ["torchrun", "--nnodes"], "config": {"text": "[1"}}]},
+    {"processes": [{"pid": 5, "kind": "launcher", "argv": ["accelerate", "launch", "t.py"],
+                    "config": {"path": "/c.yaml", "text": "machine_rank: x\n"}}], "stacks": [], "listeners": [1]},
+    None, "census",
+])
+def test_a_node_that_sends_a_census_of_the_wrong_shape_is_no_crash(raw):
+    facts = {"a": {"facts": {"census": raw, "host": 3}, "error": None, "clock": None},
+             "b": {"facts": None, "error": {"kind": "timeout", "message": "timed out"}, "clock": None}}
+    plan = build_plan(nodes=("a", "b"))
+    model = jobcensus.build(plan.nodes, facts, 29500)
+    ctx = runner.CheckContext(plan, facts, {"census": model})
+    for spec in registry.load().checks:
+        if spec.family == "RUN":
+            for result in runner.run_check(spec, ctx):
+                assert result.status != Status.ERROR, (spec.id, result.message)
