@@ -65,6 +65,13 @@ def job_processes(ctx) -> Iterator[Finding]:
                       "check that the job runs on these nodes (--hosts, --slurm-job) and, with --port, on that port",
                       nodes=tuple(reached))
         return
+    ports = sorted({p.master_port for p in census.procs if p.master_port is not None})
+    if census.port is None and len(ports) > 1:
+        jobs = "; ".join(f"port {port} on {fold(sorted({p.node for p in census.procs if p.master_port == port}))}"
+                         for port in ports)
+        yield Finding(Status.WARN, f"{len(ports)} jobs run on these nodes ({jobs}): the findings below mix them",
+                      f"pick one with --port ({', '.join(map(str, ports))}) or --pid",
+                      nodes=tuple(dict.fromkeys(p.node for p in census.procs)), evidence={"ports": ports})
     missing = [n for n in census.nodes if n not in census.errors and not census.on(n)]
     if missing:
         yield Finding(Status.FAIL, f"no launcher and no rank of the job{_on_port(census)} on {fold(missing)}: "
@@ -215,6 +222,10 @@ def rendezvous_arrivals(ctx) -> Iterator[Finding]:
         yield gate
         return
     hosts = [p for p in census.launchers if p.listens]
+    # The store the job meets at is the one on the node that owns the master address; another node's
+    # (a duplicate rank 0) is RUN002's finding, and counting its guests would blame the wrong nodes.
+    real = [p for p in hosts if p.master_addr and node_of_address(ctx.facts, p.master_addr) == p.node]
+    hosts = real or hosts
     if not hosts:
         yield skip("no launcher listens on the master port on any node reached")
         return

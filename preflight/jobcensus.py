@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -67,6 +68,7 @@ class Proc:
     nproc: Optional[int] = None  # a launcher's processes per node
     run_id: Optional[str] = None
     rdzv: str = "static"
+    gpu: Optional[str] = None  # the GPU NVML sees it on, and the memory it holds there
 
     @property
     def listens(self) -> bool:
@@ -104,8 +106,14 @@ def _int(value: Any) -> Optional[int]:
         return None
 
 
-def where(threads: Any) -> Where:
-    """The phase of a process from py-spy's threads (frames innermost first), the main thread first."""
+def where(threads: Any, launcher: bool = False) -> Where:
+    """The phase of a process from py-spy's threads (frames innermost first), the main thread first. A
+    launcher's own "user" frame is its console script: not worth naming."""
+    found = _where(threads)
+    return Where(found.phase, found.op, None) if launcher else found
+
+
+def _where(threads: Any) -> Where:
     if not isinstance(threads, list) or not threads:
         return Where("unknown")
     ordered = sorted((t for t in threads if isinstance(t, dict)), key=lambda t: t.get("name") != "MainThread")
@@ -153,9 +161,11 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
             continue
         census.stacks[node] = raw.get("stacks") if isinstance(raw.get("stacks"), dict) else {}
         census.listeners[node] = [h for h in raw.get("listeners") or () if isinstance(h, dict)]
+        on_gpu = _gpu_processes(node_facts)
         for item in raw["processes"]:
             proc = _proc(node, item)
             if proc is not None:
+                proc.gpu = on_gpu.get(proc.pid)
                 census.procs.append(proc)
     for launcher in census.launchers:  # what its flags do not say, its ranks' variables do
         ranks = [p for p in census.ranks if p.node == launcher.node and p.pid in launcher.children]
@@ -163,7 +173,26 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
             launcher.node_rank = next((p.node_rank for p in ranks if p.node_rank is not None), None)
         if launcher.master_port is None:
             launcher.master_port = next((p.master_port for p in ranks if p.master_port is not None), None)
+    if census.port is None:  # one job found: its port, for the checks that look at who holds it
+        ports = Counter(p.master_port for p in census.procs if p.master_port is not None)
+        census.port = ports.most_common(1)[0][0] if len(ports) == 1 else None
     return census
+
+
+def _gpu_processes(node_facts: Mapping[str, Any]) -> Dict[int, str]:
+    """pid -> "GPU index (memory it holds)" from the node's NVML facts (a rank at 0 bytes while others
+    hold gigabytes never got as far as the model)."""
+    gpus = node_facts.get("gpus") if isinstance(node_facts.get("gpus"), dict) else {}
+    found: Dict[int, str] = {}
+    for device in gpus.get("devices") or () if isinstance(gpus.get("devices"), list) else ():
+        if not isinstance(device, dict):
+            continue
+        for process in device.get("processes") or () if isinstance(device.get("processes"), list) else ():
+            if isinstance(process, dict) and isinstance(process.get("pid"), int):
+                used = process.get("used_memory_bytes")
+                memory = f" ({used / 2**30:.1f} GiB)" if isinstance(used, (int, float)) else ""
+                found[process["pid"]] = f"{device.get('index')}{memory}"
+    return found
 
 
 def _proc(node: str, item: Any) -> Optional[Proc]:
@@ -176,7 +205,8 @@ def _proc(node: str, item: Any) -> Optional[Proc]:
                 cpu_percent=item.get("cpu_percent"), env=env,
                 sockets=[s for s in item.get("sockets") or () if isinstance(s, dict)],
                 children=[c for c in item.get("children") or () if isinstance(c, int)],
-                where=where(item.get("threads")) if "threads" in item else Where("unknown"),
+                where=where(item.get("threads"), item.get("kind") == "launcher") if "threads" in item
+                else Where("unknown"),
                 stable=item.get("stable") if isinstance(item.get("stable"), bool) else None)
     proc.run_id = env.get("TORCHELASTIC_RUN_ID")
     if proc.kind == "launcher":
@@ -247,5 +277,6 @@ def table(census: Census) -> List[dict]:
                      "master": f"{p.master_addr}:{p.master_port}" if p.master_addr or p.master_port else None,
                      "state": p.state, "cpu": f"{p.cpu_percent:g}%" if isinstance(p.cpu_percent, (int, float)) else None,
                      "age": f"{p.age_s:.0f}s" if isinstance(p.age_s, (int, float)) else None,
+                     **({"gpu": p.gpu} if any(q.gpu for q in census.procs) else {}),
                      "where": p.where.text()})
     return rows

@@ -51,7 +51,8 @@ GOLDEN = ROOT / "tests" / "fixtures" / "config" / "golden" / "two-machines"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 PNG = ROOT / "BENCHMARKS-fanout.png"
 BEGIN, END = "<!-- scripts/bench: begin -->", "<!-- scripts/bench: end -->"
-SECTIONS = ("local", "fanout", "hang", "col", "scale", "startup")
+SECTIONS = ("local", "fanout", "hang", "col", "scale", "startup", "doctor")
+DOCTOR_HOSTS = 3
 HANG_TIMEOUT_S = 5
 COL_HOSTS = 4
 HANG_HOSTS = 4
@@ -439,9 +440,65 @@ def bench_startup(section: Section, repeat: int, **_):
                                   ", ".join(sorted(heavy)) or "none imported", not heavy))
 
 
+
+# --- 7. doctor ------------------------------------------------------------------------------------
+
+STUCK = "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+
+
+def bench_doctor(section: Section, repeat: int, cluster, folder: Path, **_):
+    """A real stuck job (torchrun, gloo): node rank 0 on two of three hosts. doctor's time to name them,
+    against the time the job itself takes to say anything."""
+    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
+    import torch.distributed.constants as constants
+
+    hosts, port = cluster.nodes[:DOCTOR_HOSTS], 29850
+    script = folder / "stuck.py"
+    script.write_text(STUCK)
+    job = [cluster.node_popen(host, [str(BIN / "torchrun"), "--nnodes", str(len(hosts)), "--node_rank",
+                                     str(0 if i < 2 else i), "--master_addr", hosts[0], "--master_port", str(port),
+                                     "--nproc-per-node", "1", str(script)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i, host in enumerate(hosts)]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(f":{port} " in cluster.netns_exec(h, ["ss", "-Hltn"]).stdout for h in hosts[:2]):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in job):
+                raise BenchError("the stuck job did not start on the test hosts")
+            time.sleep(0.2)
+
+        def doctor():
+            elapsed, out = run([PREFLIGHT, "doctor", "--hosts", ",".join(hosts), "--ssh-config", str(cluster.ssh_config),
+                                "--python", sys.executable, "--port", str(port), "--json"], ok=(1,), timeout=60)
+            found = result(json.loads(out), "RUN002")
+            if found["status"] != "fail" or found.get("nodes") != hosts[:2]:
+                raise BenchError(f"doctor did not name {hosts[:2]}: RUN002 {found['status']} on {found.get('nodes')}")
+            return elapsed
+
+        times = interleaved({"doctor": doctor}, repeat)["doctor"]
+    finally:
+        for proc in job:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    rendezvous = static_tcp_rendezvous._default_timeout_seconds
+    group = constants.default_pg_timeout.total_seconds()
+    section.table.append(["what", f"{len(hosts)} hosts, node rank 0 on two of them", "median (min-max)"])
+    section.table.append(["`preflight doctor --port N`", "RUN002 names both nodes", spread(times)])
+    section.table.append(["the job itself", "computed: torch's static rendezvous timeout", f"{rendezvous / 60:.0f} min"])
+    section.table.append(["", "computed: torch's `default_pg_timeout` (gloo)", f"{group / 60:.0f} min"])
+    section.targets.append(Target("a stuck job diagnosed within 10 s on 3 nodes", f"{secs(median(times))} median, "
+                                  f"{secs(max(times))} at most", max(times) <= 10))
+    section.notes.append(f"The stack samples are one second apart (a stack seen at the same place twice is stuck): "
+                         f"that second is part of each figure. The job says nothing for {rendezvous / 60:.0f} min "
+                         f"({rendezvous / median(times):.0f}x doctor's time).")
+
+
 BENCHES = {"local": ("1. Local speed", bench_local), "fanout": ("2. Fan-out", bench_fanout),
            "hang": ("3. Time to a verdict with a hung node", bench_hang), "col": ("4. Collective", bench_col),
-           "scale": ("5. Scale beyond this machine", bench_scale_section), "startup": ("6. Start-up", bench_startup)}
+           "scale": ("5. Scale beyond this machine", bench_scale_section), "startup": ("6. Start-up", bench_startup),
+           "doctor": ("7. Time to a diagnosis of a stuck job", bench_doctor)}
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -541,7 +598,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         compileall.compile_dir(str(ROOT / folder), quiet=1)
     signal.signal(signal.SIGTERM, on_sigterm)
     sections = {name: Section(BENCHES[name][0]) for name in args.only}
-    needs_cluster = [n for n in ("fanout", "hang", "col") if n in sections]
+    needs_cluster = [n for n in ("fanout", "hang", "col", "doctor") if n in sections]
     cluster_nodes = max([COL_HOSTS, HANG_HOSTS] + (args.hosts if "fanout" in sections else []))
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="preflight-bench-")))

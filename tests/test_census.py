@@ -89,3 +89,21 @@ def test_a_node_that_sends_a_census_of_the_wrong_shape_is_no_crash(raw):
         if spec.family == "RUN":
             for result in runner.run_check(spec, ctx):
                 assert result.status != Status.ERROR, (spec.id, result.message)
+
+
+def test_several_jobs_are_said_and_each_ranks_gpu_is_shown():
+    def rank(pid, port):
+        return {"pid": pid, "kind": "rank", "argv": ["python", "t.py"], "state": "S",
+                "env": {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(port), "MASTER_ADDR": "a"}}
+
+    gpus = {"available": True, "devices": [{"index": 0, "processes": [{"pid": 11, "used_memory_bytes": 3 * 2**30}]},
+                                           {"index": 1, "processes": [{"pid": 12, "used_memory_bytes": None}]}]}
+    facts = {"a": {"facts": {"census": {"processes": [rank(11, 29500), rank(12, 29600)]}, "gpus": gpus},
+                   "error": None, "clock": None}}
+    plan = build_plan(nodes=("a",))
+    model = jobcensus.build(plan.nodes, facts, None)
+    results = runner.run_check(registry.load().get("RUN001"), runner.CheckContext(plan, facts, {"census": model}))
+    [several] = [r for r in results if r.status == Status.WARN]
+    assert "2 jobs run on these nodes (port 29500 on a; port 29600 on a)" in several.message
+    [census_rows] = [r.evidence["census"] for r in results if r.status == Status.PASS]
+    assert [row["gpu"] for row in census_rows] == ["0 (3.0 GiB)", "1"]
