@@ -184,3 +184,42 @@ def test_check_slurm_runs_the_all_reduce_through_srun(slurm):
         [(r["nodes"], r["message"], r["evidence"]) for r in allreduce]
     [bandwidth] = [r for r in doc["results"] if r["id"] == "COL002"]
     assert bandwidth["evidence"]["world_size"] == 3 and bandwidth["evidence"]["busbw_gbps"] > 0
+
+
+def test_doctor_reaches_a_running_jobs_nodes_by_its_job_id(slurm, tmp_path):
+    """From the login node: `doctor --slurm-job JOBID` finds the job's nodes with scontrol and reads them
+    through `srun --overlap --jobid` steps; the job (node rank 0 on node01 and node02) keeps running."""
+    script = tmp_path / "stuck.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n")
+    launch = (f"exec {BIN}/torchrun --nnodes 3 --node_rank $(( SLURM_NODEID == 1 ? 0 : SLURM_NODEID )) "
+              f"--master_addr node01 --master_port 29671 --nproc-per-node 1 {script}")
+    batch = tmp_path / "job.sh"
+    batch.write_text(f"#!/bin/bash\nsrun -N3 --ntasks-per-node=1 bash -c '{launch}'\n")
+    jobid = slurm.run(["sbatch", "-N3", "-t", "5", "--parsable", f"--output={tmp_path}/job-%j.out",
+                       str(batch)]).stdout.strip().split(";")[0]
+    try:
+        listening = until(lambda: all(":29671 " in slurm.node_exec(n, ["ss", "-Hltn"]).stdout
+                                       for n in ("node01", "node02")), 60)
+        output = tmp_path / f"job-{jobid}.out"
+        assert listening, output.read_text() if output.exists() else "the job wrote nothing"
+        started = time.monotonic()
+        proc = slurm.run([PREFLIGHT, "doctor", "--slurm-job", jobid, "--python", sys.executable, "--port", "29671",
+                          "--json"], check=False, timeout=60)
+        elapsed = time.monotonic() - started
+        assert "Traceback" not in proc.stderr, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["nodes"] == ["node01", "node02", "node03"] and proc.returncode == 1
+        [duplicate] = [r for r in doc["results"] if r["id"] == "RUN002" and r["status"] == "fail"]
+        assert duplicate["nodes"] == ["node01", "node02"], duplicate
+        assert elapsed < 15
+        assert slurm.run(["squeue", "-h", "-j", jobid, "-o", "%T"]).stdout.strip() == "RUNNING"
+    finally:
+        slurm.run(["scancel", jobid], check=False)
+        until(lambda: not slurm.run(["squeue", "-h", "-j", jobid], check=False).stdout.strip(), 30)
+
+
+def test_doctor_refuses_a_job_id_that_is_not_running(slurm):
+    proc = slurm.run([PREFLIGHT, "doctor", "--slurm-job", "999999"], check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("preflight: error: --slurm-job: job 999999")
+    proc = slurm.run([PREFLIGHT, "doctor", "--slurm-job", "12;rm"], check=False)
+    assert proc.returncode == 2 and "is not a SLURM job ID" in proc.stderr
