@@ -91,6 +91,9 @@ min_loss_scale fp16_master_weights_and_grads
     ("bf16",): frozenset(
         "enabled immediate_grad_update check_grad_overflow bf16_master_weights_and_grads bf16_optimizer_states".split()),
 }
+# Deprecated spellings DeepSpeed still converts (zero/config.py, new_param): never suggested as a fix.
+DS_DEPRECATED_ZERO_KEYS = frozenset(
+    "cpu_offload_param cpu_offload_use_pin_memory cpu_offload stage3_gather_fp16_weights_on_model_save".split())
 # Keys of DeepSpeed's JSON at any level, as found pasted into accelerate's deepspeed_config section.
 DS_JSON_KEYS = (DS_TOP_KEYS | frozenset().union(*STRICT_BLOCKS.values())) - frozenset(ACCELERATE_DS_KEYS)
 # Numbers in accelerate's own config (top level and its sections).
@@ -135,6 +138,39 @@ def accel_doc(ctx) -> Optional[Document]:
 
 def ds_doc(ctx) -> Optional[Document]:
     return ctx.plan.deepspeed.doc if ctx.plan.deepspeed is not None else None
+
+
+def live_ds_section(ctx) -> Optional[Document]:
+    """accelerate's deepspeed_config section when accelerate reads it (distributed_type DEEPSPEED), else None."""
+    doc = accel_doc(ctx)
+    if doc is None or not ctx.plan.accelerate.uses_deepspeed:
+        return None
+    return doc.section("deepspeed_config")
+
+
+FILLS = {"accelerate": 'accelerate fills in only keys set to "auto"', "deepspeed": "DeepSpeed alone fills in nothing"}
+
+
+def ds_usage(ctx) -> str:
+    """Who reads the DeepSpeed JSON: "accelerate" (an accelerate config or command names it), "deepspeed"
+    (DeepSpeed's runner alone), or "unknown" (only --deepspeed: the HF Trainer, Lightning, a script)."""
+    plan = ctx.plan
+    if plan.accelerate is not None and plan.accelerate.uses_deepspeed and plan.deepspeed_file_named:
+        return "accelerate"
+    if plan.command:
+        from preflight import launchcmd
+
+        launcher = launchcmd.parse(plan.command).launcher
+        if launcher == "accelerate" and plan.accelerate is not None and plan.accelerate.uses_deepspeed:
+            return "accelerate"
+        if launcher == "deepspeed":
+            return "deepspeed"
+    return "unknown"
+
+
+# Addresses written as a stand-in for the head's real one (documentation and templates).
+PLACEHOLDER_IP = re.compile(r"^(x{1,3}(\.x{1,3}){3}|<[^>]*>|\{\{.*\}\}|your[_-]?\w*|ip[_-]?addr(ess)?|ip|"
+                            r"main[_-]?(process[_-]?)?ip|master[_-]?(addr|ip)|head[_-]?ip|changeme|0\.0\.0\.0)$", re.I)
 
 
 def processes_per_machine(data: Mapping[str, Any]) -> Optional[int]:
@@ -210,12 +246,16 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         (("deepspeed_config", "offload_param_device"), OFFLOAD_DEVICES),
     ]
     for keys, allowed in rules:
+        if len(keys) > 1 and not ctx.plan.accelerate.uses_deepspeed:
+            continue  # accelerate never reads deepspeed_config under other types (CFG004 says so)
         section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
         if section is None or keys[-1] not in section.data:
             continue
         value = section.data[keys[-1]]
         if value is None or isinstance(value, bool):  # bool: a YAML trap, reported by CFG003
             continue
+        if keys[-1].endswith("_device") and str(value).lower() in allowed:
+            continue  # accelerate lower-cases them: str(args.offload_*_device).lower() (utils/launch.py)
         if value not in allowed:
             yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {value!r}, expected one of "
                        f"{', '.join(allowed)}{did_you_mean(value, allowed)}",
@@ -245,13 +285,47 @@ def yaml_traps(ctx) -> Iterator[Finding]:
                            "YAML 1.1 reads an unquoted NO / no as false",
                            f"quote it: `{key}: '{'no' if key == 'mixed_precision' else 'NO'}'`", key=key, **at(accel, key))
         yield from _numeric_strings(accel, ACCELERATE_NUMERIC)
-        section = accel.section("deepspeed_config")
+        section = live_ds_section(ctx)
         if section is not None:  # DeepSpeed keys pasted inline, nested or flat (CFG004 says they are ignored)
             inline = {("deepspeed_config",) + k for k in DS_NUMERIC} | {("deepspeed_config", k[-1]) for k in DS_NUMERIC}
             yield from _numeric_strings(accel, sorted(inline - set(ACCELERATE_NUMERIC)))
     ds = ds_doc(ctx)
     if ds is not None:
         yield from _numeric_strings(ds, list(DS_NUMERIC))
+        yield from _boolean_strings(ds, ())
+
+
+def _boolean_strings(doc: Document, keys: Tuple[str, ...]) -> Iterator[Finding]:
+    """"true" / "false" in quotes. DeepSpeed's pydantic models coerce them, so DeepSpeed alone trains as
+    meant; but accelerate's and transformers' HfDeepSpeedConfig.is_true() take bool("false"), which is True,
+    and the transformers Trainer compares fp16/bf16.enabled with its own flag by != and stops with 'Please
+    correct the following DeepSpeed config values that mismatch TrainingArguments'."""
+    section = doc.section(*keys) if keys else doc
+    if section is None:
+        return
+    for key, value in section.data.items():
+        path = keys + (key,)
+        if isinstance(value, Mapping):
+            yield from _boolean_strings(doc, path)
+            continue
+        if not (isinstance(value, str) and value.strip().lower() in ("true", "false")):
+            continue
+        word = value.strip().lower()
+        precision = key == "enabled" and keys in (("fp16",), ("bf16",), ("bfloat16",))
+        common = (f"{doc.where(*path)}: {dotted(path)} is the string {value!r}, expected {word} without quotes: "
+                  "DeepSpeed's own models coerce it")
+        if precision and word == "false":
+            yield fail(f"{common}, but accelerate's and transformers' HfDeepSpeedConfig.is_true() read the text "
+                       f"'false' as true (bool of a non-empty string) and pick {keys[0]}",
+                       f'write "{key}": false, without quotes', key=dotted(path), value=value, **at(doc, *path))
+        elif precision:
+            yield warn(f"{common}, but the transformers Trainer compares it with its own --{keys[0].replace('bfloat16', 'bf16')} "
+                       "flag by != and stops ('values that mismatch TrainingArguments')",
+                       f'write "{key}": true, without quotes (or "auto" under the Trainer)', key=dotted(path),
+                       value=value, **at(doc, *path))
+        else:
+            yield warn(f"{common}; accelerate's and transformers' is_true() read the text 'false' as true",
+                       f'write "{key}": {word}, without quotes', key=dotted(path), value=value, **at(doc, *path))
 
 
 def _numeric_strings(doc: Document, paths: Sequence[Tuple[str, ...]]) -> Iterator[Finding]:
@@ -290,10 +364,19 @@ def deepspeed_section_keys(ctx) -> Iterator[Finding]:
     if section is None or not section.data:
         yield skip("the accelerate config has no deepspeed_config section")
         return
+    if not ctx.plan.accelerate.uses_deepspeed:
+        dtype = doc.data.get("distributed_type")
+        yield warn(f"{doc.where('deepspeed_config')}: distributed_type is {dtype!r}, so accelerate never reads this "
+                   "deepspeed_config section: its settings are ignored (accelerate launch uses DeepSpeed only with "
+                   "distributed_type DEEPSPEED or --use_deepspeed)",
+                   "delete the deepspeed_config section, or set distributed_type: DEEPSPEED if the job is meant to "
+                   "use DeepSpeed", distributed_type=dtype, **at(doc, "deepspeed_config"))
+        return
     ds_keys = [k for k in section.data if k in DS_JSON_KEYS]
     if ds_keys:
         first = ds_keys[0]
-        yield fail(f"{doc.where('deepspeed_config', first)}: deepspeed_config holds DeepSpeed-JSON keys "
+        # The job runs (accelerate copies them into launch arguments no launcher reads): a warning, not a refusal.
+        yield warn(f"{doc.where('deepspeed_config', first)}: deepspeed_config holds DeepSpeed-JSON keys "
                    f"({', '.join(ds_keys)}) that accelerate ignores; expected only accelerate's keys",
                    "put these settings in a DeepSpeed JSON file and name it with deepspeed_config_file, or use "
                    "accelerate's keys: zero_stage, offload_optimizer_device, offload_param_device, "
@@ -323,7 +406,7 @@ def deepspeed_config_file(ctx) -> Iterator[Finding]:
     if doc is None:
         yield skip("no accelerate config given (--config)")
         return
-    section = doc.section("deepspeed_config")
+    section = live_ds_section(ctx)
     named = section.data.get("deepspeed_config_file") if section is not None else None
     if named is None:
         if plan.deepspeed is not None and not ctx.plan.accelerate.uses_deepspeed:
@@ -342,7 +425,8 @@ def deepspeed_config_file(ctx) -> Iterator[Finding]:
     where = doc.where("deepspeed_config", "deepspeed_config_file")
     if plan.deepspeed is None or plan.deepspeed_file_named is None:
         yield fail(f"{where}: deepspeed_config_file {named!r} does not exist (looked in the working directory "
-                   f"and beside {doc.path})", "correct the path; it must exist on every node",
+                   f"and beside {doc.path}); accelerate reads the config without opening it, then stops when the "
+                   "script starts and its DeepSpeedPlugin opens the file", "correct the path; it must exist on every node",
                    **at(doc, "deepspeed_config", "deepspeed_config_file"))
     elif not _same_path(plan.deepspeed.doc.path, plan.deepspeed_file_named):
         yield warn(f"{where}: the accelerate config uses {plan.deepspeed_file_named}, "
@@ -425,9 +509,26 @@ def main_process_address(ctx) -> Iterator[Finding]:
                        "specify the main process port'", "set main_process_port: 29500 (or another free port)",
                        **at(doc, "main_process_port"))
     ip = data.get("main_process_ip")
-    if isinstance(ip, str) and not _is_host(ip):
-        yield fail(f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}, expected a host name or an IP address",
-                   f"set main_process_ip: {_host_part(ip)!r} (no user@, scheme, path or :port)", value=ip,
+    several = is_int(machines) and machines > 1
+    wildcard = isinstance(ip, str) and ip.strip() == "0.0.0.0"
+    if isinstance(ip, str) and PLACEHOLDER_IP.match(ip.strip()) and (several or not wildcard):
+        why = ("0.0.0.0 is the address a server listens on, not one a worker on another machine can connect to"
+               if wildcard else "it is a placeholder from a template, not an address")
+        # On one machine, torchrun (MULTI_GPU, FSDP) never reads it; DeepSpeed's runner (--master_addr) and
+        # accelerate's simple launcher (MASTER_ADDR) do (accelerate/utils/launch.py).
+        read_alone = data.get("distributed_type") in ("DEEPSPEED", "NO", "MULTI_CPU")
+        make = fail if several or read_alone else warn
+        yield make(f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}: {why}; "
+                   + ("the workers cannot reach the head and wait until the rendezvous times out" if several else
+                      "the processes cannot reach the rendezvous address" if read_alone else
+                      "unused on one machine with torchrun, but the workers cannot reach the head once num_machines "
+                      "grows"),
+                   "set main_process_ip to the head node's (machine_rank 0) address as the workers resolve it: "
+                   "`hostname -I` on the head, or its host name", value=ip, **at(doc, "main_process_ip"))
+    elif isinstance(ip, str) and not _is_host(ip):
+        yield fail(f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}, expected a host name or an IP address; "
+                   "accelerate passes it on unchecked, and the workers cannot reach the head at it",
+                   _host_fix(ip), value=ip,
                    **at(doc, "main_process_ip"))
     port = data.get("main_process_port")
     if is_int(port):
@@ -455,6 +556,15 @@ def _is_host(text: str) -> bool:
         # Digits and dots only is a mistyped IPv4 address ('10.0.0.256', '1234'), not a host name: the
         # resolver reads '1234' as the address 0.0.4.210.
         return bool(HOSTNAME.match(text)) and not re.fullmatch(r"[0-9.]+", text)
+
+
+def _host_fix(ip: str) -> str:
+    """The address inside what was written, when there is a valid one: never the invalid value itself."""
+    host = _host_part(ip)
+    if host != ip and _is_host(host) and not PLACEHOLDER_IP.match(host):
+        return f"set main_process_ip: {host!r} (no user@, scheme, path or :port)"
+    return ("set main_process_ip to the head node's address or host name as the workers resolve it, "
+            "such as 10.0.0.1 (no user@, scheme, path or :port)")
 
 
 def _host_part(text: str) -> str:
@@ -550,7 +660,9 @@ def process_counts(ctx) -> Iterator[Finding]:
     elif len(ids) < per_machine:
         yield fail(f"{doc.where('gpu_ids')}: gpu_ids lists {len(ids)} GPUs but each machine runs {per_machine} "
                    f"processes (num_processes {procs} / num_machines {machines})",
-                   f"list {per_machine} GPUs in gpu_ids, or lower num_processes to {len(ids) * machines}",
+                   f"every machine runs num_processes / num_machines = {per_machine} processes and needs that many "
+                   f"GPUs: on each machine set gpu_ids to {per_machine} of its GPUs (or 'all'), or lower num_processes "
+                   f"to {len(ids) * machines} if every machine has only {len(ids)}",
                    gpu_ids=len(ids), processes_per_machine=per_machine, **at(doc, "gpu_ids"))
 
 
@@ -568,7 +680,15 @@ def hostfile(ctx) -> Iterator[Finding]:
     """
     hf = ctx.plan.hostfile
     if hf is None:
-        yield skip("no hostfile given (--hostfile)")
+        named = ctx.plan.hostfile_named
+        if named and ctx.plan.accelerate is not None:
+            doc = accel_doc(ctx)
+            yield fail(f"{doc.where('deepspeed_config', 'deepspeed_hostfile')}: deepspeed_hostfile {named!r} does not "
+                       "exist (looked in the working directory and beside the config); DeepSpeed's runner stops",
+                       "correct the path; the hostfile must exist on the head node",
+                       **at(doc, "deepspeed_config", "deepspeed_hostfile"))
+            return
+        yield skip("no hostfile given (--hostfile, or deepspeed_hostfile in the accelerate config)")
         return
     seen = {}
     for entry in hf.entries:
@@ -604,7 +724,9 @@ def batch_size(ctx) -> Iterator[Finding]:
 
     DeepSpeed asserts this equality when the engine starts, after the model is loaded on every node; when
     one of the three is missing it derives it with integer division, which can give 0 or a product that
-    no longer matches.
+    no longer matches. With sequence_parallel_size the world is divided by it first; a file with no batch
+    size at all fails under accelerate and DeepSpeed's runner, and warns when the framework that reads it
+    (Lightning, the transformers Trainer) is unknown.
 
     Set the three so that the product holds for the planned world size (the message gives the value
     that does), or set them to "auto" under accelerate or the transformers Trainer.
@@ -628,13 +750,36 @@ def batch_size(ctx) -> Iterator[Finding]:
                        **at(ds, key))
             return
     world, source = ctx.plan.world_size
+    usage = ds_usage(ctx)
+    if usage == "accelerate" and gas is None:
+        gas = 1  # DeepSpeedPlugin sets a missing gradient_accumulation_steps to 1 before DeepSpeed derives it
+    sp = ds.data.get("sequence_parallel_size")
+    if world is not None and is_int(sp) and sp > 1:
+        # Without an mpu, DeepSpeedConfig divides the world by it before the batch assertion (runtime/config.py).
+        if world % sp:
+            yield fail(f"{ds.where('sequence_parallel_size')}: the world size {world} ({source}) does not divide by "
+                       f"sequence_parallel_size {sp}; DeepSpeed's data-parallel size would be {world / sp:g} and its "
+                       "batch assertion cannot hold", f"run a multiple of {sp} processes, or change "
+                       "sequence_parallel_size", world_size=world, sequence_parallel_size=sp,
+                       **at(ds, "sequence_parallel_size"))
+            return
+        world, source = world // sp, f"{source} / sequence_parallel_size {sp}"
     evidence = dict(train_batch_size=tb, train_micro_batch_size_per_gpu=mb, gradient_accumulation_steps=gas,
-                    world_size=world, world_size_from=source)
+                    world_size=world, world_size_from=source, used_by=usage)
     if tb is None and mb is None:
         # accelerate and the Trainer fill in only keys set to "auto"; missing ones stay missing.
-        yield fail(f"{ds.path}: neither train_batch_size nor train_micro_batch_size_per_gpu is set; DeepSpeed "
-                   "asserts 'Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided'",
-                   'set "train_micro_batch_size_per_gpu" (or "auto" under accelerate)', **at(ds), **evidence)
+        why = ("DeepSpeed asserts 'Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided'")
+        if usage == "unknown":
+            yield warn(f"{ds.path}: neither train_batch_size nor train_micro_batch_size_per_gpu is set: {why}, unless "
+                       "the training framework fills them in (PyTorch Lightning sets the micro batch from its "
+                       "dataloader; the transformers Trainer and accelerate fill in only keys set to \"auto\")",
+                       'under the transformers Trainer or accelerate, add "train_micro_batch_size_per_gpu": "auto" '
+                       '(and "train_batch_size": "auto"); with DeepSpeed alone, set the micro batch size',
+                       **at(ds), **evidence)
+        else:
+            yield fail(f"{ds.path}: neither train_batch_size nor train_micro_batch_size_per_gpu is set; {why} "
+                       f"({FILLS[usage]})",
+                       'set "train_micro_batch_size_per_gpu" (or "auto" under accelerate)', **at(ds), **evidence)
         return
     if world is None:
         if tb is not None and mb is not None and gas is not None and tb % (mb * gas):
@@ -680,13 +825,17 @@ def zero_settings(ctx) -> Optional[Tuple[Document, Tuple[str, ...], Any, Mapping
             return ds, ("zero_optimization",), 0, {}
         return ds, ("zero_optimization", "stage"), zero.get("stage", 0), zero
     doc = accel_doc(ctx)
-    section = doc.section("deepspeed_config") if doc is not None else None
+    section = live_ds_section(ctx)
     if section is None or "zero_stage" not in section.data:
         return None
+
+    def lower(value: Any) -> Any:  # accelerate lower-cases the devices (str(...).lower(), utils/launch.py)
+        return value.lower() if isinstance(value, str) else value
+
     devices = {
-        "offload_param": {"device": section.data.get("offload_param_device"),
+        "offload_param": {"device": lower(section.data.get("offload_param_device")),
                           "nvme_path": section.data.get("offload_param_nvme_path")},
-        "offload_optimizer": {"device": section.data.get("offload_optimizer_device"),
+        "offload_optimizer": {"device": lower(section.data.get("offload_optimizer_device")),
                               "nvme_path": section.data.get("offload_optimizer_nvme_path")},
     }
     return doc, ("deepspeed_config", "zero_stage"), section.data["zero_stage"], devices
@@ -734,8 +883,9 @@ def zero_offload(ctx) -> Iterator[Finding]:
     not at stage 0, a known device, and an nvme_path with the nvme device.
 
     DeepSpeed silently ignores offload_param below stage 3 and offload_optimizer at stage 0, so the job
-    runs out of GPU memory that the config seemed to save; partial offload (ratio < 1) needs stage 3;
-    an nvme device without nvme_path fails when the engine starts.
+    runs out of GPU memory that the config seemed to save (a warning: the job still runs); partial
+    offload (ratio < 1) needs stage 3 and the cpu device; an nvme device without nvme_path fails when
+    the engine starts.
 
     Use stage 3 for parameter offload (or remove offload_param), a stage of 1 or more for optimizer
     offload, device one of none, cpu, nvme, and set nvme_path to a local NVMe folder with the nvme device.
@@ -766,8 +916,10 @@ def zero_offload(ctx) -> Iterator[Finding]:
                        f"set {name} to none, cpu or nvme", **at(doc, *keys))
             continue
         if block == "offload_param" and stage < 3:
-            yield fail(f"{where}: {name} is {device!r} at ZeRO stage {stage}; only stage 3 offloads parameters, "
-                       "DeepSpeed silently ignores it", f"set {dotted(stage_keys)} to 3, or remove the parameter offload",
+            # Not a failure: the job trains; the setting only does nothing (DeepSpeed reads offload_param at stage 3).
+            yield warn(f"{where}: {name} is {device!r} at ZeRO stage {stage}; only stage 3 offloads parameters, "
+                       "DeepSpeed ignores it and keeps the parameters on the GPU",
+                       f"set {dotted(stage_keys)} to 3 to offload parameters, or delete the parameter offload",
                        stage=stage, device=device, **at(doc, *keys))
         if block == "offload_optimizer" and stage == 0:
             yield fail(f"{where}: {name} is {device!r} at ZeRO stage 0; optimizer offload needs stage 1, 2 or 3",
@@ -778,7 +930,14 @@ def zero_offload(ctx) -> Iterator[Finding]:
             yield fail(f"{where}: {name} is 'nvme' but {dotted(path_key)} is not set",
                        f"set {dotted(path_key)} to a folder on a local NVMe drive", **at(doc, *keys))
         ratio = settings.get("ratio")
-        if block == "offload_optimizer" and is_number(ratio) and ratio < 1 and stage != 3:
+        if block == "offload_optimizer" and is_number(ratio) and ratio < 1 and device == "nvme":
+            # stage3.py: a partial offload splits the sub-groups between the GPU and 'cpu' (subgroup_to_device)
+            # with DeepSpeedCPUAdam ('Hybrid Optimizer Only Supports DeepSpeedCPUAdam'); NVMe swapping has no share.
+            yield fail(f"{doc.where('zero_optimization', block, 'ratio')}: partial optimizer offload (ratio {ratio}) "
+                       "with device 'nvme'; DeepSpeed supports a partial offload only to the CPU",
+                       'set zero_optimization.offload_optimizer.device to "cpu" for a partial offload, or ratio to 1 '
+                       "to swap the whole optimizer to NVMe", **at(doc, "zero_optimization", block, "ratio"))
+        elif block == "offload_optimizer" and is_number(ratio) and ratio < 1 and stage != 3:
             yield fail(f"{doc.where('zero_optimization', block, 'ratio')}: partial optimizer offload (ratio {ratio}) "
                        f"at ZeRO stage {stage}; DeepSpeed supports it only at stage 3",
                        "set ratio to 1, or use stage 3", **at(doc, "zero_optimization", block, "ratio"))
@@ -866,7 +1025,8 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
         for key in section.data:
             if key not in known:
                 yield fail(f"{ds.where(*block, key)}: unknown key {dotted(block + (key,))!r}"
-                           f"{did_you_mean(key, sorted(known))}; DeepSpeed refuses it ('Extra inputs are not permitted')",
+                           f"{did_you_mean(key, sorted(known - DS_DEPRECATED_ZERO_KEYS))}; DeepSpeed refuses it "
+                           "('Extra inputs are not permitted')",
                            f"correct or delete {dotted(block + (key,))}", key=dotted(block + (key,)),
                            **at(ds, *block, key))
     zero = ds.section("zero_optimization")
@@ -982,7 +1142,9 @@ def _without_auto(config: dict, world: int) -> dict:
     if any(config.get(k) == AUTO for k in keys):
         micro = config.get(keys[1]) if is_int(config.get(keys[1])) else 1
         steps = config.get(keys[2]) if is_int(config.get(keys[2])) else 1
-        config.update({keys[0]: micro * steps * world, keys[1]: micro, keys[2]: steps})
+        sp = config.get("sequence_parallel_size")
+        data_parallel = world // sp if is_int(sp) and sp > 0 and world % sp == 0 else world  # as accelerate fills it
+        config.update({keys[0]: micro * steps * data_parallel, keys[1]: micro, keys[2]: steps})
 
     def drop(node: Any) -> Any:
         if isinstance(node, dict):

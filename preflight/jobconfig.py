@@ -215,7 +215,10 @@ class AccelerateConfig:
 
     @property
     def uses_deepspeed(self) -> bool:
-        return self.data.get("distributed_type") == "DEEPSPEED" or bool(self.data.get("deepspeed_config"))
+        """accelerate launch reads the deepspeed_config section only for distributed_type DEEPSPEED
+        (accelerate/commands/launch.py: use_deepspeed = distributed_type == DEEPSPEED); under any other type
+        its keys are copied into launch's arguments that no launcher reads."""
+        return self.data.get("distributed_type") == "DEEPSPEED"
 
     def integer(self, key: str, default: Optional[int] = None) -> Optional[int]:
         value = self.data.get(key, default)
@@ -226,8 +229,10 @@ def load_accelerate_config(path: str) -> AccelerateConfig:
     doc = load(path, "accelerate config")
     schema = SAGEMAKER_KEYS if doc.data.get("compute_environment") == "AMAZON_SAGEMAKER" else ACCELERATE_KEYS
     validate_types(doc, schema)
-    validate_types(doc, ACCELERATE_DS_KEYS, ("deepspeed_config",))
-    return AccelerateConfig(doc)
+    config = AccelerateConfig(doc)
+    if config.uses_deepspeed:  # a section accelerate never reads is not bad input (CFG004 says it is ignored)
+        validate_types(doc, ACCELERATE_DS_KEYS, ("deepspeed_config",))
+    return config
 
 
 # DeepSpeed settings whose values must be numbers ("auto" is filled in by accelerate / transformers).
@@ -309,3 +314,38 @@ def resolve_beside(path: str, reference: str) -> str:
         return path
     beside = os.path.join(os.path.dirname(reference), path)
     return beside if os.path.exists(beside) else path
+
+
+@dataclass(frozen=True)
+class FlagDocument(Document):
+    """A config with some values replaced by the launch command's flags: where() names the flag."""
+
+    flags: Mapping[Tuple[Any, ...], str] = None  # key path -> "flag --name"
+
+    def where(self, *keys: Any) -> str:
+        source = (self.flags or {}).get(self.prefix + keys)
+        return f"{source} (over {super().where(*keys)})" if source else super().where(*keys)
+
+    def line(self, *keys: Any) -> Optional[int]:
+        return None if self.prefix + keys in (self.flags or {}) else super().line(*keys)
+
+    def section(self, *keys: Any) -> Optional[Document]:
+        inner = super().section(*keys)
+        if inner is None:
+            return None
+        return FlagDocument(inner.path, inner.data, inner.kind, inner.lines, inner.plain_strings, inner.duplicates,
+                            inner.prefix, self.flags)
+
+
+def with_values(doc: Document, values: Mapping[Tuple[str, ...], Tuple[Any, str]]) -> Document:
+    """doc with the values at some key paths replaced: {path: (value, "flag --name")}."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in doc.data.items()}
+    for keys, (value, _) in values.items():
+        holder = data
+        for key in keys[:-1]:
+            if not isinstance(holder.get(key), dict):
+                holder[key] = {}
+            holder = holder[key]
+        holder[keys[-1]] = value
+    return FlagDocument(doc.path, data, doc.kind, doc.lines, doc.plain_strings, doc.duplicates, doc.prefix,
+                        {k: s for k, (_, s) in values.items()})

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 from preflight.inventory import head_first
 from preflight.jobconfig import (
     AccelerateConfig,
+    with_values,
     DeepSpeedConfig,
     Hostfile,
     load_accelerate_config,
@@ -42,6 +43,8 @@ class Plan:
     world_size_override: Optional[int] = None
     # deepspeed_config_file as the accelerate config names it, resolved; None when it names none
     deepspeed_file_named: Optional[str] = None
+    # deepspeed_hostfile as the accelerate config names it, resolved; read as the hostfile when --hostfile is not given
+    hostfile_named: Optional[str] = None
     deep: bool = False  # also run accelerate's and DeepSpeed's own validators
     nodes: Tuple[str, ...] = ()  # the first is the head; empty for lint
     remote: bool = False  # nodes are reached over SSH (else: this machine, in-process)
@@ -121,12 +124,19 @@ def build_plan(
 
     nodes None: a lint, no node at all; () : this machine alone; names: those nodes over SSH."""
     accel = load_accelerate_config(config) if config else None
-    named = None
-    if accel is not None:
+    if accel is not None and command and nodes is None:  # lint -- COMMAND: the flags over the file
+        accel = with_launch_flags(accel, command)
+    named = hostfile_named = None
+    if accel is not None and accel.uses_deepspeed:  # other types never read the section
         section = accel.deepspeed_section
         name = section.data.get("deepspeed_config_file") if section is not None else None
         if isinstance(name, str) and name.strip():
             named = resolve_beside(name, accel.doc.path)
+        name = section.data.get("deepspeed_hostfile") if section is not None else None
+        if isinstance(name, str) and name.strip() and name != "None":
+            hostfile_named = resolve_beside(name, accel.doc.path)
+    if hostfile is None and hostfile_named and os.path.isfile(hostfile_named):
+        hostfile = hostfile_named
     ds_path = deepspeed or (named if named and os.path.isfile(named) else None)
     config_port = accel.integer("main_process_port") if accel is not None else None
     config_port = config_port if config_port and 1 <= config_port <= 65535 else None  # else CFG010 says so
@@ -140,6 +150,7 @@ def build_plan(
         hostfile=load_hostfile(hostfile) if hostfile else None,
         world_size_override=world_size,
         deepspeed_file_named=named,
+        hostfile_named=hostfile_named,
         deep=deep,
         nodes=nodes or (),
         remote=remote,
@@ -155,3 +166,39 @@ def build_plan(
         sets_ranks=launching and remote,
         python=python,
     )
+
+
+# The effective launch's fields (preflight.jobview.launch) that come from accelerate's config, by key path.
+LAUNCH_FIELDS = {
+    "num_processes": ("num_processes",), "num_machines": ("num_machines",), "machine_rank": ("machine_rank",),
+    "main_ip": ("main_process_ip",), "main_port": ("main_process_port",), "mixed_precision": ("mixed_precision",),
+    "gpu_ids": ("gpu_ids",), "distributed_type": ("distributed_type",),
+    "zero_stage": ("deepspeed_config", "zero_stage"),
+    "gradient_accumulation_steps": ("deepspeed_config", "gradient_accumulation_steps"),
+    "deepspeed_config_file": ("deepspeed_config", "deepspeed_config_file"),
+    "multinode_launcher": ("deepspeed_config", "deepspeed_multinode_launcher"),
+    "hostfile": ("deepspeed_config", "deepspeed_hostfile"),
+}
+
+
+def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...]) -> AccelerateConfig:
+    """The accelerate config as `accelerate launch` COMMAND sees it: a flag wins where it is given.
+
+    The merge rules are preflight.jobview.launch's (one place for accelerate's _validate_launch_command);
+    here only the values that came from a flag are written over the file's, each named by its flag."""
+    from preflight import jobview, launchcmd
+    from preflight.documents import read_text
+
+    cmd = launchcmd.parse(command)
+    if cmd.launcher != "accelerate" or not cmd.options:
+        return accel
+    path = accel.doc.path
+    view = jobview.launch("lint", {"config": {"path": path, "text": read_text(path, "accelerate config")}}, cmd)
+    flags = {}
+    for field, keys in LAUNCH_FIELDS.items():
+        source = view["sources"].get(field, "")
+        if isinstance(source, str) and source.startswith("flag --"):
+            flags[keys] = (view.get(field), source)
+    if not flags:
+        return accel
+    return AccelerateConfig(with_values(accel.doc, flags))

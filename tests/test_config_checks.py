@@ -101,9 +101,8 @@ CASES = [
      "deepspeed_config.deepspeed_multinode_launcher is 'ssh', expected one of pdsh, standard", "accelerate.yaml:3"),
     ("CFG002/bad-offload-device", [], "CFG002", "fail",
      "deepspeed_config.offload_optimizer_device is 'gpu', expected one of none, cpu, nvme", "accelerate.yaml:3"),
-    ("CFG002/bad-offload-param-device", [], "CFG002", "fail",
-     "deepspeed_config.offload_param_device is 'CPU', expected one of none, cpu, nvme (did you mean 'cpu'?)",
-     "accelerate.yaml:3"),
+    # accelerate lower-cases the offload devices (utils/launch.py): 'CPU' works
+    ("CFG002/bad-offload-param-device", [], "CFG002", "pass", "", None),  # once flagged: a false alarm
     ("CFG002/ok-values", [], "CFG002", "pass", "", None),
     ("CFG001/ok-sagemaker", [], "CFG002", "pass", "", None),
     # CFG003 yaml-traps
@@ -127,7 +126,7 @@ CASES = [
     ("CFG003/ok-numbers", [], "CFG003", "pass", "", None),
     ("CFG003/ok-quoted-no", [], "CFG003", "pass", "", None),
     # CFG004 deepspeed-section-keys
-    ("CFG004/deepspeed-json-keys", [], "CFG004", "fail",
+    ("CFG004/deepspeed-json-keys", [], "CFG004", "warn",  # ignored, the job runs: not a refusal
      "deepspeed_config holds DeepSpeed-JSON keys (train_micro_batch_size_per_gpu, fp16) that accelerate ignores",
      "accelerate.yaml:4"),
     ("CFG004/unknown-key", [], "CFG004", "warn",
@@ -204,7 +203,8 @@ CASES = [
     ("CFG021/ok-hostfile-alone", [], "CFG021", "pass", "", None),
     # CFG030 batch-size
     ("CFG030/below-one", [], "CFG030", "fail", "train_micro_batch_size_per_gpu is 0, expected at least 1", "ds.json:3"),
-    ("CFG030/neither-batch-size", [], "CFG030", "fail",
+    # only --deepspeed: who reads the file is unknown (Lightning fills the micro batch in): a warning
+    ("CFG030/neither-batch-size", [], "CFG030", "warn",
      "neither train_batch_size nor train_micro_batch_size_per_gpu is set", "ds.json"),
     # accelerate fills in only keys set to "auto": a missing batch size stays missing
     ("CFG030/neither-batch-size-under-accelerate", [], "CFG030", "fail",
@@ -231,7 +231,7 @@ CASES = [
     ("CFG040/ok-stage-3", [], "CFG040", "pass", "ZeRO stage 3", None),
     ("CFG040/ok-accelerate-stage-0", [], "CFG040", "pass", "ZeRO stage 0", None),
     # CFG041 zero-offload, DeepSpeed JSON
-    ("CFG041/param-offload-below-stage-3", [], "CFG041", "fail",
+    ("CFG041/param-offload-below-stage-3", [], "CFG041", "warn",
      "zero_optimization.offload_param.device is 'cpu' at ZeRO stage 2; only stage 3 offloads parameters", "ds.json:5"),
     ("CFG041/optimizer-offload-at-stage-0", [], "CFG041", "fail",
      "zero_optimization.offload_optimizer.device is 'cpu' at ZeRO stage 0; optimizer offload needs stage 1, 2 or 3",
@@ -246,7 +246,7 @@ CASES = [
     ("CFG041/ok-stage-3-offload", [], "CFG041", "pass", "", None),
     ("CFG041/ok-stage-1-optimizer-offload", [], "CFG041", "pass", "", None),
     # CFG041 zero-offload, accelerate's own keys (an unknown device there is CFG002's to report)
-    ("CFG041/accelerate-param-offload-below-stage-3", [], "CFG041", "fail",
+    ("CFG041/accelerate-param-offload-below-stage-3", [], "CFG041", "warn",
      "deepspeed_config.offload_param_device is 'cpu' at ZeRO stage 2; only stage 3 offloads parameters",
      "accelerate.yaml:4"),
     ("CFG041/accelerate-optimizer-offload-at-stage-0", [], "CFG041", "fail",
@@ -336,7 +336,7 @@ def test_every_check_has_failing_and_passing_cases():
     assert config_checks - failing == set()
     assert config_checks - passing == set()
     used = {c[0] for c in CASES} | {d[0] for d in DEEP} | set(GOLDEN)
-    on_disk = {f"{p.parent.name}/{p.name}" for p in CONFIG.glob("*/*") if p.is_dir()}
+    on_disk = {f"{p.parent.name}/{p.name}" for p in CONFIG.glob("*/*") if p.is_dir() and p.parent.name != "real"}
     assert on_disk - used == set(), "fixture folders that no test uses"
 
 
@@ -454,7 +454,7 @@ REAL = [
     ("--config trl/examples/accelerate_configs/deepspeed_zero3.yaml", [], []),
     ("--config trl/examples/accelerate_configs/multi_gpu_deepspeed_zero2.yaml", [], []),
     ("--config trl/examples/accelerate_configs/alst_ulysses_4gpu.yaml", [],
-     [("CFG004", "fail", "alst_ulysses_4gpu.yaml:21: deepspeed_config holds DeepSpeed-JSON keys "
+     [("CFG004", "warn", "alst_ulysses_4gpu.yaml:21: deepspeed_config holds DeepSpeed-JSON keys "
                          "(seq_parallel_communication_data_type) that accelerate ignores")]),
     # huggingface/transformers tests
     ("--deepspeed transformers/tests/deepspeed/ds_config_zero2.json", [], []),

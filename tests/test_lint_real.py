@@ -1,0 +1,225 @@
+"""False alarms and misses of the CFG checks, each from a fixture under tests/fixtures/config/real/ (sources
+in its README.md), judged by what accelerate 1.15 and DeepSpeed 0.19.8 do with the file."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+REAL = Path(__file__).parent / "fixtures" / "config" / "real"
+
+
+@pytest.fixture(autouse=True)
+def empty_working_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def lint(capsys, *args):
+    args = [str(a) for a in args]
+    cut = args.index("--") if "--" in args else len(args)  # --json is preflight's, not the command's
+    code, doc, err = run_cli(capsys, "lint", *args[:cut], "--json", *args[cut:])
+    assert code in (0, 1), f"exit {code}: {err}"
+    return code, doc
+
+
+def of(doc, check_id, status=None):
+    return [r for r in doc["results"] if r["id"] == check_id and (status is None or r["status"] == status)]
+
+
+def shown(doc):
+    return "\n".join(f"  {r['id']} {r['status']}: {r['message']}" for r in doc["results"] if r["status"] != "pass")
+
+
+# 1. upper-case offload devices: accelerate lower-cases them
+def test_upper_case_offload_devices_are_accepted(capsys):
+    code, doc = lint(capsys, "--config", REAL / "offload-upper-case/accelerate.yaml")
+    assert not of(doc, "CFG002", "fail") and not of(doc, "CFG041", "fail"), shown(doc)
+    assert [r["status"] for r in of(doc, "CFG002")] == ["pass"]
+
+
+# 2. sequence_parallel_size divides the world before the batch assertion
+def test_sequence_parallel_divides_the_world(capsys):
+    code, doc = lint(capsys, "--deepspeed", REAL / "sequence-parallel/ds.json", "--world-size", "8")
+    assert [r["status"] for r in of(doc, "CFG030")] == ["pass"], shown(doc)
+    assert "world size 2" in of(doc, "CFG030")[0]["message"]
+
+
+def test_sequence_parallel_fix_uses_the_data_parallel_size(capsys):
+    code, doc = lint(capsys, "--deepspeed", REAL / "sequence-parallel/ds.json", "--world-size", "16")
+    failed = of(doc, "CFG030", "fail")
+    assert failed and "set train_batch_size: 4" in failed[0]["remediation"], shown(doc)
+
+
+def test_world_not_divisible_by_sequence_parallel(capsys):
+    code, doc = lint(capsys, "--deepspeed", REAL / "sequence-parallel/ds.json", "--world-size", "6")
+    assert "does not divide by sequence_parallel_size 4" in of(doc, "CFG030", "fail")[0]["message"]
+
+
+# 3. no batch keys: fail only where DeepSpeed fails, a warning when nobody says who reads the file
+def test_no_batch_keys_alone_warns_and_names_who_fills_them(capsys):
+    code, doc = lint(capsys, "--deepspeed", REAL / "no-batch-keys/ds.json")
+    warned = of(doc, "CFG030", "warn")
+    assert warned and "Lightning" in warned[0]["message"] and '"auto"' in warned[0]["remediation"], shown(doc)
+    assert code == 0
+
+
+def test_no_batch_keys_under_deepspeed_runner_fails(capsys):
+    code, doc = lint(capsys, "--deepspeed", REAL / "no-batch-keys/ds.json", "--", "deepspeed", "train.py")
+    assert of(doc, "CFG030", "fail"), shown(doc)
+
+
+# 4. a deepspeed_config section under MULTI_GPU is not read by accelerate
+def test_ignored_deepspeed_section_is_not_bad_input(capsys):
+    code, doc = lint(capsys, "--config", REAL / "multi-gpu-ds-section/accelerate.yaml")
+    warned = of(doc, "CFG004", "warn")
+    assert warned and "never reads this deepspeed_config section" in warned[0]["message"], shown(doc)
+    assert not of(doc, "CFG040", "fail") and not of(doc, "CFG002", "fail"), shown(doc)
+
+
+# 5. offload_param at stage 2 does nothing: a warning (also CFG041 rows in test_config_checks.py)
+
+# 6. booleans written as strings
+def test_string_booleans(capsys):
+    code, doc = lint(capsys, "--deepspeed", REAL / "string-booleans/ds.json")
+    fails = [r["message"] for r in of(doc, "CFG003", "fail")]
+    warns = [r["message"] for r in of(doc, "CFG003", "warn")]
+    assert any("bf16.enabled is the string 'false'" in m and "is_true()" in m for m in fails), shown(doc)
+    assert any("fp16.enabled is the string 'true'" in m and "transformers Trainer" in m for m in warns), shown(doc)
+    assert any("zero_optimization.overlap_comm is the string 'true'" in m for m in warns), shown(doc)
+
+
+# 7. partial optimizer offload to NVMe
+def test_partial_offload_to_nvme_fails(capsys):
+    code, doc = lint(capsys, "--deepspeed", REAL / "partial-nvme/ds.json")
+    failed = of(doc, "CFG041", "fail")
+    assert failed and "with device 'nvme'" in failed[0]["message"] and "ds.json:5" in failed[0]["message"], shown(doc)
+
+
+# 8. placeholder addresses; the fix never echoes them
+@pytest.mark.parametrize("ip", ["xxx.xxx.xxx.xxx", "x.x.x.x", "<IP>", "your_ip", "IP_ADDRESS", "0.0.0.0"])
+def test_placeholder_main_process_ip(capsys, tmp_path, ip):
+    text = (REAL / "placeholder-ip/accelerate.yaml").read_text().replace("xxx.xxx.xxx.xxx", f"'{ip}'")
+    (tmp_path / "accelerate.yaml").write_text(text)
+    code, doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")
+    failed = of(doc, "CFG010", "fail")
+    assert failed and "accelerate.yaml:4" in failed[0]["message"], shown(doc)
+    assert ip not in failed[0]["remediation"]
+
+
+@pytest.mark.parametrize("dtype,status", [("MULTI_GPU", None), ("DEEPSPEED", None)])
+def test_wildcard_address_on_one_machine_is_not_refused(capsys, tmp_path, dtype, status):
+    # connecting to 0.0.0.0 reaches this machine: a one-machine job with it works
+    (tmp_path / "accelerate.yaml").write_text(f"distributed_type: {dtype}\nnum_machines: 1\nnum_processes: 2\n"
+                                              "main_process_ip: 0.0.0.0\nmain_process_port: 29500\n")
+    code, doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")
+    assert not [r for r in of(doc, "CFG010") if r["status"] in ("fail", "warn")], shown(doc)
+
+
+@pytest.mark.parametrize("dtype,status", [("MULTI_GPU", "warn"), ("DEEPSPEED", "fail")])
+def test_placeholder_on_one_machine(capsys, tmp_path, dtype, status):
+    # torchrun on one machine never reads main_process_ip; DeepSpeed's runner gets it as --master_addr
+    (tmp_path / "accelerate.yaml").write_text(f"distributed_type: {dtype}\nnum_machines: 1\nnum_processes: 2\n"
+                                              "main_process_ip: your_ip\nmain_process_port: 29500\n")
+    code, doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")
+    assert [r["status"] for r in of(doc, "CFG010")] == [status], shown(doc)
+
+
+def test_placeholder_fixture(capsys):
+    code, doc = lint(capsys, "--config", REAL / "placeholder-ip/accelerate.yaml")
+    assert "placeholder" in of(doc, "CFG010", "fail")[0]["message"], shown(doc)
+
+
+# 9. deepspeed_hostfile named by the accelerate config
+def test_deepspeed_hostfile_from_the_config_is_checked(capsys):
+    code, doc = lint(capsys, "--config", REAL / "hostfile-named/accelerate.yaml")
+    failed = of(doc, "CFG021", "fail")
+    assert failed and "node02 has slots=4" in failed[0]["message"], shown(doc)
+
+
+def test_missing_deepspeed_hostfile_fails(capsys, tmp_path):
+    text = (REAL / "hostfile-named/accelerate.yaml").read_text().replace("deepspeed_hostfile: hostfile",
+                                                                         "deepspeed_hostfile: nowhere/hostfile")
+    (tmp_path / "accelerate.yaml").write_text(text)
+    code, doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")
+    assert "does not exist" in of(doc, "CFG021", "fail")[0]["message"], shown(doc)
+
+
+# 10. the command's flags over the file
+def test_launch_flags_override_the_file(capsys):
+    config = REAL / "launch-flags/accelerate.yaml"
+    code, doc = lint(capsys, "--config", config)
+    assert of(doc, "CFG020", "fail") and of(doc, "CFG002", "fail"), shown(doc)  # the file alone is wrong
+    code, doc = lint(capsys, "--config", config, "--", "accelerate", "launch", "--num_processes", "16",
+                     "--mixed_precision", "bf16", "train.py")
+    assert not of(doc, "CFG020", "fail") and not of(doc, "CFG002", "fail"), shown(doc)
+
+
+def test_launch_flag_findings_name_the_flag(capsys):
+    code, doc = lint(capsys, "--config", REAL / "launch-flags/accelerate.yaml", "--", "accelerate", "launch",
+                     "--num_processes", "9", "--mixed_precision", "bf16", "train.py")
+    failed = of(doc, "CFG020", "fail")
+    assert failed and "flag --num_processes" in failed[0]["message"] and "9 does not divide" in failed[0]["message"]
+
+
+# 11. remediations that can be followed
+def test_too_few_gpu_ids_fix_speaks_of_every_machine(capsys, tmp_path):
+    (tmp_path / "accelerate.yaml").write_text("distributed_type: MULTI_GPU\nnum_machines: 2\nnum_processes: 8\n"
+                                              "gpu_ids: '0,1'\nmain_process_ip: 10.0.0.1\nmain_process_port: 29500\n")
+    code, doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")
+    fix = of(doc, "CFG020", "fail")[0]["remediation"]
+    assert "every machine" in fix and "on each machine" in fix
+
+
+def test_unknown_offload_key_never_suggests_a_deprecated_one(capsys, tmp_path):
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": '
+                                      '{"stage": 3, "cpu_offload_params": true}}')
+    code, doc = lint(capsys, "--deepspeed", tmp_path / "ds.json")
+    failed = of(doc, "CFG060", "fail")
+    assert failed and "cpu_offload_param'" not in failed[0]["message"], shown(doc)
+
+
+def test_url_main_process_ip_fix_gives_the_host_not_the_url(capsys, tmp_path):
+    (tmp_path / "accelerate.yaml").write_text("distributed_type: MULTI_GPU\nnum_machines: 2\nnum_processes: 8\n"
+                                              "main_process_ip: 'tcp://<IP>:29500'\nmain_process_port: 29500\n")
+    code, doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")
+    fix = of(doc, "CFG010", "fail")[0]["remediation"]
+    assert "<IP>" not in fix and "tcp://" not in fix
+
+
+# The fast lint never FAILs a config both libraries' validators accept, unless its message says why they are
+# wrong to accept it.
+DOCUMENTED = {  # check ID: words in the message that say why the libraries' acceptance is not the job's
+    "CFG003": "is_true()", "CFG010": "the workers cannot reach the head", "CFG041": "supports a partial offload only",
+    "CFG020": "accelerate would start",  # the validators never see num_processes against num_machines
+    "CFG021": "but the accelerate config runs",  # nor the hostfile against the config
+    "CFG005": "when the script starts",  # accelerate's DeepSpeedPlugin raises then, not when the config loads
+}
+AGREE = [
+    ("--config", "offload-upper-case/accelerate.yaml"), ("--deepspeed", "sequence-parallel/ds.json"),
+    ("--deepspeed", "no-batch-keys/ds.json"), ("--config", "multi-gpu-ds-section/accelerate.yaml"),
+    ("--deepspeed", "string-booleans/ds.json"), ("--deepspeed", "partial-nvme/ds.json"),
+    ("--config", "placeholder-ip/accelerate.yaml"), ("--config", "hostfile-named/accelerate.yaml"),
+    ("--config", "launch-flags/accelerate.yaml"),
+]
+
+
+REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
+AGREE += [("--config" if p.suffix == ".yaml" else "--deepspeed", str(p))  # the configs of popular projects
+          for p in sorted(REALWORLD.rglob("*")) if p.suffix in (".yaml", ".json")]
+
+
+@pytest.mark.parametrize("option,name", AGREE, ids=[Path(a[1]).parent.name + "/" + Path(a[1]).name for a in AGREE])
+def test_fast_lint_agrees_with_the_validators(capsys, option, name):
+    for library in ("accelerate", "deepspeed"):
+        if importlib.util.find_spec(library) is None:
+            pytest.skip(f"{library} is not installed (the 'train' extra)")
+    code, doc = lint(capsys, option, REAL / name, "--world-size", "8", "--deep")
+    validators = {r["id"]: r["status"] for r in doc["results"] if r["id"] in ("CFG090", "CFG091")}
+    if "fail" in validators.values() or "error" in validators.values():
+        return  # a library refuses it: the fast checks may too
+    for r in doc["results"]:
+        if r["status"] == "fail" and r["id"] not in ("CFG090", "CFG091"):
+            assert DOCUMENTED.get(r["id"], "\0") in r["message"], f"undocumented fail over accepted config:\n{shown(doc)}"
