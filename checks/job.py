@@ -13,7 +13,7 @@ import re
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from preflight import launchcmd, redact
-from preflight.compare import holders, odd_ones_out
+from preflight.compare import grouped, holders, odd_ones_out
 from preflight.inventory import fold
 from preflight.jobview import MUST_MATCH, NOT_READ_KEYS, PER_NODE_KEYS, plan_rows
 from preflight.registry import check
@@ -493,7 +493,7 @@ def _visible_gpus(facts: Mapping[str, Any]) -> Optional[List[str]]:
     return indices
 
 
-@check("JOB008", "processes-and-gpus", "node", tags=["job", "gpu", "accelerate"])
+@check("JOB008", "processes-and-gpus", "cluster", tags=["job", "gpu", "accelerate"])
 def processes_and_gpus(ctx) -> Iterator[Finding]:
     """The processes the node's launch starts fit its GPUs: no more than the GPUs it sees (NVML, narrowed
     by CUDA_VISIBLE_DEVICES), and every index of gpu_ids exists there.
@@ -504,15 +504,20 @@ def processes_and_gpus(ctx) -> Iterator[Finding]:
     Lower the processes (num_processes / num_machines, --nproc-per-node) to the GPUs of the node, or list
     existing GPUs in gpu_ids; every node needs the same number of processes.
     """
-    view = _views(ctx).get(ctx.node)
-    if view is None:
-        yield skip("this node's launch was not read")
+    views = _views(ctx)
+    if not views:
+        yield skip("no node's launch was read")
         return
+    yield from grouped(lambda node: _processes_and_gpus(views[node], node, ctx.facts[node]["facts"]),
+                       [n for n in views if n in ctx.reachable])
+
+
+def _processes_and_gpus(view: dict, node: str, facts: Mapping[str, Any]) -> Iterator[Finding]:
     use_cpu = ((view.get("accelerate_settings") or {}).get("use_cpu") or (False,))[0] is True
     if view.get("accelerate_launcher") in ("simple", "xla") or use_cpu:
         yield skip("the processes do not run on GPUs here (use_cpu, --cpu, or no multi-GPU distributed_type)")
         return
-    gpus = _visible_gpus(ctx.fact)
+    gpus = _visible_gpus(facts)
     if gpus is None:
         yield skip("no GPUs seen through NVML on this node")
         return
@@ -522,13 +527,13 @@ def processes_and_gpus(ctx) -> Iterator[Finding]:
         listed = [i.strip() for i in str(ids).split(",") if i.strip()]
         absent = [i for i in listed if i not in gpus]
         if absent:
-            yield Finding(Status.FAIL, f"gpu_ids {ids!r} ({_where(view, ctx.node, 'gpu_ids')}) names GPU "
+            yield Finding(Status.FAIL, f"gpu_ids {ids!r} ({_where(view, node, 'gpu_ids')}) names GPU "
                           f"{', '.join(absent)}, which this node does not have (it sees {', '.join(gpus) or 'none'})",
                           f"list GPUs of this node in gpu_ids ({', '.join(gpus)}), or 'all'", evidence={"gpus": gpus})
             return
         gpus = listed
     if isinstance(procs, int) and procs > len(gpus):
-        yield Finding(Status.FAIL, f"{procs} processes on this node ({_where(view, ctx.node, 'processes')}), but it "
+        yield Finding(Status.FAIL, f"{procs} processes on this node ({_where(view, node, 'processes')}), but it "
                       f"has {len(gpus)} usable GPU(s)", f"start at most {len(gpus)} processes per node (num_processes "
                       f"= {len(gpus)} x num_machines), on every node alike", evidence={"processes": procs, "gpus": len(gpus)})
     elif isinstance(procs, int):
@@ -537,7 +542,7 @@ def processes_and_gpus(ctx) -> Iterator[Finding]:
         yield skip("the number of processes on this node is not known (num_processes not set)")
 
 
-@check("JOB009", "quiet-session", "node", tags=["job", "ssh", "shell"])
+@check("JOB009", "quiet-session", "cluster", tags=["job", "ssh", "shell"])
 def quiet_session(ctx) -> Iterator[Finding]:
     """The node's non-interactive SSH session prints nothing on stdout before the command runs.
 
@@ -551,10 +556,14 @@ def quiet_session(ctx) -> Iterator[Finding]:
     if not ctx.plan.remote:
         yield skip("this machine alone: no SSH session")
         return
-    session = ctx.fact.get("session") if isinstance(ctx.fact.get("session"), dict) else {}
+    yield from grouped(lambda node: _quiet_session(ctx.facts[node]["facts"]), ctx.reachable)
+
+
+def _quiet_session(facts: Mapping[str, Any]) -> Iterator[Finding]:
+    session = facts.get("session") if isinstance(facts.get("session"), dict) else {}
     printed = session.get("stdout")
     if printed:
-        lines = str(printed).strip().splitlines()
+        lines = str(printed).strip().splitlines() or [""]
         shown = lines[0][:80] + (f" (and {len(lines) - 1} more line(s))" if len(lines) > 1 else "")
         yield warn(f"the non-interactive SSH session prints {shown!r} on stdout before any command",
                    "print only in interactive shells: `[[ $- == *i* ]] || return` at the top of ~/.bashrc, or "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional
 
-from preflight.compare import odd_ones_out
+from preflight.compare import grouped, odd_ones_out
 from preflight.inventory import fold
 from preflight.jobcensus import Census, Proc, node_of_address, table
 from preflight.registry import check
@@ -392,7 +392,7 @@ def _job_words(p: Proc) -> tuple:
     return tuple(words)
 
 
-@check("RUN009", "stacks-readable", "node", tags=["doctor", "py-spy"])
+@check("RUN009", "stacks-readable", "cluster", tags=["doctor", "py-spy"])
 def stacks_readable(ctx) -> Iterator[Finding]:
     """The Python stacks of the job's processes on the node can be read (py-spy, and ptrace allowed).
 
@@ -403,15 +403,19 @@ def stacks_readable(ctx) -> Iterator[Finding]:
     job's user with kernel.yama.ptrace_scope at 0 or 1 (sysctl kernel.yama.ptrace_scope=1).
     """
     census = _census(ctx)
-    stacks = census.stacks.get(ctx.node) if census is not None else None
-    if census is None or stacks is None:
-        yield skip("no census from this node")
+    if census is None:
+        yield skip("no census of a running job (run `preflight doctor`)")
         return
-    if not census.on(ctx.node):
-        yield skip("no process of the job on this node")
+    nodes = [n for n in census.stacks if census.on(n)]
+    if not nodes:
+        yield skip("no process of the job on any node reached")
         return
+    yield from grouped(lambda node: _stacks_readable(census.stacks[node], ctx.facts[node]["facts"]), nodes)
+
+
+def _stacks_readable(stacks: Mapping[str, Any], facts: Mapping[str, Any]) -> Iterator[Finding]:
     if stacks.get("error") and not stacks.get("read"):
-        scope = ((ctx.fact.get("census") or {}).get("ptrace_scope"))
+        scope = (facts.get("census") or {}).get("ptrace_scope") if isinstance(facts.get("census"), dict) else None
         yield Finding(Status.WARN, f"the stacks cannot be read: {stacks['error']}"
                       + (f" (kernel.yama.ptrace_scope is {scope})" if scope not in (None, 0, 1) else ""),
                       "pip install py-spy in the training environment; run doctor as root or as the job's user "

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Tuple
 
 from preflight.inventory import fold
+from preflight.result import Finding
 
 
 def odd_ones_out(values: Mapping[str, Any], head: str = None,
@@ -40,3 +41,16 @@ def holders(values: Mapping[str, Any], value: Any) -> str:
     once per odd node: folding thousands of names is the cost."""
     nodes = nodes_with(values, value)
     return f"{fold(nodes)} {'has' if len(nodes) == 1 else 'have'}"
+
+
+def grouped(judge: Callable[[str], Iterable[Finding]], nodes: Iterable[str]) -> Iterator[Finding]:
+    """judge(node) for each node, the same finding on several nodes given once with all of them: a check
+    over thousands of nodes says "pass" once, not once a node (every result costs the reports)."""
+    groups: Dict[tuple, list] = {}
+    for node in nodes:
+        for finding in judge(node):
+            key = (finding.status, finding.message, finding.remediation, repr(sorted(finding.evidence.items())))
+            groups.setdefault(key, [finding, []])[1].append(node)
+    for finding, members in groups.values():
+        yield Finding(finding.status, finding.message, finding.remediation, nodes=tuple(members),
+                      evidence=finding.evidence)

@@ -51,22 +51,13 @@ def request(plan) -> dict:
         files.append(DEEPSPEED_HOSTFILE)
         text.append(DEEPSPEED_HOSTFILE)
     programs = ["python3"]
-    if cmd is not None and _from_program(cmd):
-        programs.insert(0, _from_program(cmd)[0])
+    if cmd is not None and cmd.from_program:
+        programs.insert(0, cmd.from_program[0])
     return {"cwd": plan.workdir or os.getcwd(), "argv": list(plan.command), "config": config,
             "default_config": accelerate and not (cmd is not None and cmd.flag("cpu")),
             "files": list(dict.fromkeys(f for f in files if f)), "text": text, "programs": programs,
             "expand": plan.expand_vars, "env": dict(cmd.env) if cmd is not None else {},
             "deadline_s": JOB_READ_S}
-
-
-def _from_program(cmd: launchcmd.LaunchCommand) -> Tuple[str, ...]:
-    """The command from its program on (after `env` and VAR=value words)."""
-    argv = cmd.argv
-    i = 1 if argv and os.path.basename(argv[0]) == "env" else 0
-    while i < len(argv) and launchcmd.ENV_ASSIGNMENT.match(argv[i]):
-        i += 1
-    return argv[i:]
 
 
 @functools.lru_cache(maxsize=256)
@@ -450,7 +441,7 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dic
     result: Dict[str, Any] = {"command": list(plan.command), "nodes": {}}
     sets_ranks = plan.sets_ranks and plan.command and starter.is_accelerate_launch(plan.command)
     raw = launchcmd.parse(plan.command) if plan.command else None
-    names = {"program": _from_program(raw)[0] if raw is not None and _from_program(raw) else None,
+    names = {"program": raw.from_program[0] if raw is not None and raw.from_program else None,
              "script": raw.script if raw is not None else None}  # the collector's keys: the words as typed
     for index, node in enumerate(plan.nodes):
         node_facts = (facts.get(node) or {}).get("facts")

@@ -92,6 +92,14 @@ class LaunchCommand:
         return self.options.get(name) is True
 
     @property
+    def from_program(self) -> Tuple[str, ...]:
+        """The command from its program on (after `env` and VAR=value words)."""
+        i = 1 if self.argv and os.path.basename(self.argv[0]) == "env" else 0
+        while i < len(self.argv) and ENV_ASSIGNMENT.match(self.argv[i]):
+            i += 1
+        return self.argv[i:]
+
+    @property
     def files(self) -> List[str]:
         """The paths on the command line that the job may read: the script, file options, file-like arguments."""
         found = [v for k, v in self.options.items() if k in FILE_OPTIONS and isinstance(v, str) and v]

@@ -97,11 +97,13 @@ def test_more_processes_than_gpus():
     nodes = {n: facts(CONFIG.format(rank=i), gpus=gpus) for i, n in enumerate(("a", "b"))}
     ctx = context(nodes)
     results = runner.run_check(registry.load().get("JOB008"), ctx)
-    assert [r.status for r in results] == [Status.PASS, Status.PASS]  # 4 processes over 2 machines: 2 per node
+    # 4 processes over 2 machines: 2 per node; one result for both nodes
+    assert [(r.status, r.nodes) for r in results] == [(Status.PASS, ("a", "b"))]
     nodes = {n: facts(CONFIG.format(rank=i).replace("num_processes: 4", "num_processes: 8"), gpus=gpus)
              for i, n in enumerate(("a", "b"))}
     results = runner.run_check(registry.load().get("JOB008"), context(nodes))
-    assert [r.status for r in results] == [Status.FAIL, Status.FAIL] and "2 usable GPU(s)" in results[0].message
+    assert [(r.status, r.nodes) for r in results] == [(Status.FAIL, ("a",)), (Status.FAIL, ("b",))]
+    assert "2 usable GPU(s)" in results[0].message
 
 
 @pytest.mark.parametrize("job", [
