@@ -1,6 +1,7 @@
 """The plan: what the job asks for, built once from the inputs and never changed."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from dataclasses import dataclass
@@ -124,8 +125,9 @@ def build_plan(
 
     nodes None: a lint, no node at all; () : this machine alone; names: those nodes over SSH."""
     accel = load_accelerate_config(config) if config else None
-    if accel is not None and command and nodes is None:  # lint -- COMMAND: the flags over the file
-        accel = with_launch_flags(accel, command)
+    if accel is not None and command:  # -- COMMAND: its flags over the file, as accelerate merges them
+        # `launch` over SSH sets each node's rank, head and machine count itself (preflight.launcher).
+        accel = with_launch_flags(accel, command, RANK_FLAGS if launching and nodes else ())
     named = hostfile_named = None
     if accel is not None and accel.uses_deepspeed:  # other types never read the section
         section = accel.deepspeed_section
@@ -181,7 +183,10 @@ LAUNCH_FIELDS = {
 }
 
 
-def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...]) -> AccelerateConfig:
+RANK_FLAGS = ("machine_rank", "main_process_ip", "main_process_port", "num_machines")
+
+
+def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...], ignored: Tuple[str, ...] = ()) -> AccelerateConfig:
     """The accelerate config as `accelerate launch` COMMAND sees it: a flag wins where it is given.
 
     The merge rules are preflight.jobview.launch's (one place for accelerate's _validate_launch_command);
@@ -190,6 +195,8 @@ def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...]) -> Acce
     from preflight.documents import read_text
 
     cmd = launchcmd.parse(command)
+    if ignored:
+        cmd = dataclasses.replace(cmd, options={k: v for k, v in cmd.options.items() if k not in ignored})
     if cmd.launcher != "accelerate" or not cmd.options:
         return accel
     path = accel.doc.path

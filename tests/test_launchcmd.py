@@ -237,3 +237,17 @@ def test_fields_of_the_wrong_type_from_a_node_are_not_an_error():
         node["facts"]["job"]["programs"] = {"accelerate": {"path": ["x"], "interpreter": {"a": 1}}}
     for check_id in ("JOB007", "JOB010"):
         assert Status.ERROR not in statuses(check_id, nodes, argv), check_id
+
+
+def test_check_and_launch_lint_the_values_the_command_gives(tmp_path):
+    """The CFG checks of `check` and `launch` see the command's flags over the file, as `lint` does; `launch`
+    over SSH sets the rank, head and machine count itself, so the command's own are not taken."""
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(CONFIG.format(rank=0).replace("num_processes: 4", "num_processes: 7"))
+    command = ("accelerate", "launch", "--config_file", str(config), "--num_processes", "16", "--num_machines", "9",
+               "t.py")
+    here = build_plan(config=str(config), nodes=(), command=command)
+    assert (here.accelerate.data["num_processes"], here.accelerate.data["num_machines"]) == (16, 9)
+    assert here.accelerate.doc.where("num_processes").startswith("flag --num_processes")
+    launched = build_plan(config=str(config), nodes=("a", "b"), command=command, launching=True)
+    assert (launched.accelerate.data["num_processes"], launched.accelerate.data["num_machines"]) == (16, 2)
