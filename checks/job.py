@@ -509,7 +509,7 @@ def processes_and_gpus(ctx) -> Iterator[Finding]:
         yield skip("no node's launch was read")
         return
     yield from grouped(lambda node: _processes_and_gpus(views[node], node, ctx.facts[node]["facts"]),
-                       [n for n in views if n in ctx.reachable])
+                       [n for n in views if n in ctx.reachable]) or [skip("no node's launch was read")]
 
 
 def _processes_and_gpus(view: dict, node: str, facts: Mapping[str, Any]) -> Iterator[Finding]:
@@ -556,7 +556,8 @@ def quiet_session(ctx) -> Iterator[Finding]:
     if not ctx.plan.remote:
         yield skip("this machine alone: no SSH session")
         return
-    yield from grouped(lambda node: _quiet_session(ctx.facts[node]["facts"]), ctx.reachable)
+    yield from grouped(lambda node: _quiet_session(ctx.facts[node]["facts"]), ctx.reachable) or \
+        [skip("no node was reached")]
 
 
 def _quiet_session(facts: Mapping[str, Any]) -> Iterator[Finding]:

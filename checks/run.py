@@ -3,7 +3,7 @@ every node (preflight.census on the nodes, preflight.jobcensus here)."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from preflight.compare import grouped, odd_ones_out
 from preflight.inventory import fold

@@ -285,12 +285,11 @@ def evaluate(reg, args, gather=None):
         deep=getattr(args, "deep", False) or args.command != "lint",
         nodes=None if args.command == "lint" else _target(args),
         # The port the job will use: --port, else the command's own flag, else the config's.
-        port=getattr(args, "port", None) or next((command.integer(k) for k in ("main_process_port", "master_port")
-                                                  if command.integer(k)), None),
+        port=getattr(args, "port", None) or command.integer("main_process_port") or command.integer("master_port"),
         limits=_limits(args, profile),
         checkpoint_dir=getattr(args, "checkpoint_dir", None),
         profile=profile,
-        command=tuple(launch_command(args)),
+        command=command.argv,
         config_path=args.config,
         launching=args.command == "launch",
         python=getattr(args, "python", None),
@@ -306,21 +305,13 @@ def evaluate(reg, args, gather=None):
 
 
 def _run(reg, args) -> int:
-    from preflight import render, reports
-
     command = launch_command(args)
     if args.command == "launch":
         if not command:
             raise UsageError("launch needs the command to run after `--`, e.g. preflight launch -- accelerate launch train.py")
     plan, ctx, results, started = evaluate(reg, args)
     budget = getattr(args, "budget", None)
-    elapsed = time.perf_counter() - started
-    outcome = verdict(results)
-    if args.json:
-        print(render.to_json(results, outcome, plan.nodes, elapsed))
-    else:
-        render.terminal(results, outcome, elapsed)
-    reports.write_all(args, results, outcome, plan.nodes, elapsed)
+    outcome = _report(args, plan, results, time.perf_counter() - started)
     if getattr(args, "drain", False) or getattr(args, "undrain", False):
         _slurm_state(args, results, outcome, started, budget)
     code = exit_code(outcome, args.strict)
@@ -343,7 +334,7 @@ def _run(reg, args) -> int:
 
 def _doctor(reg, args) -> int:
     """`preflight doctor`: the census of the running job on every node, then the RUN checks; read only."""
-    from preflight import gather, jobcensus, registry, render, reports, runner
+    from preflight import gather, jobcensus, registry, reports, runner
     from preflight.plan import build_plan
 
     if args.hostfile == "":
@@ -355,52 +346,36 @@ def _doctor(reg, args) -> int:
     except registry.SelectionError as exc:
         raise UsageError(str(exc)) from None
     started = time.perf_counter()
-    transport = "ssh"
     if args.slurm_job:
         from preflight import slurm
 
-        nodes = tuple(slurm.job_nodes(args.slurm_job, args.timeout))
-        transport = "srun"
+        nodes, transport = tuple(slurm.job_nodes(args.slurm_job, args.timeout)), "srun"
     else:
-        nodes = _target(args)
-        if getattr(args, "slurm", False):
-            from preflight import srun
-
-            transport = "srun" if srun.usable() else "ssh"
+        nodes, transport = _target(args), _transport(args)
     plan = build_plan(nodes=nodes, port=args.port)
     census = {"port": args.port, "pids": args.pid, "stacks": not args.no_stacks, "deadline_s": args.timeout * 0.6}
     options = gather.GatherOptions(python=args.python, timeout=args.timeout, fanout=args.fanout,
                                    ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, port=plan.port,
                                    progress=not args.json or sys.stderr.isatty(), transport=transport,
                                    census=census, slurm_job=args.slurm_job)
-    if plan.remote:
-        facts, probes = gather.gather_ssh(list(plan.nodes), options)
-    else:
-        facts, probes = gather.gather_local(plan.nodes[0], options)
-    probes["census"] = jobcensus.build(plan.nodes, facts, args.port or _found_port(facts))
+    facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
+    # Without --port, the port of the one job found (several jobs: RUN001 says so and asks for --port).
+    probes["census"] = jobcensus.build(plan.nodes, facts, args.port)
     results = runner.run(specs, runner.CheckContext(plan, facts, probes))
-    elapsed = time.perf_counter() - started
+    return exit_code(_report(args, plan, results, time.perf_counter() - started), args.strict)
+
+
+def _report(args, plan, results, elapsed: float) -> str:
+    """The terminal report or the JSON document, then the report files asked for; the verdict."""
+    from preflight import render, reports
+
     outcome = verdict(results)
     if args.json:
         print(render.to_json(results, outcome, plan.nodes, elapsed))
     else:
         render.terminal(results, outcome, elapsed)
     reports.write_all(args, results, outcome, plan.nodes, elapsed)
-    return exit_code(outcome, args.strict)
-
-
-def _found_port(facts) -> Optional[int]:
-    """The master port of the job the nodes found, when they found one job (the most common MASTER_PORT)."""
-    from collections import Counter
-
-    ports = Counter()
-    for state in facts.values():
-        census = ((state or {}).get("facts") or {}).get("census") if isinstance((state or {}).get("facts"), dict) else None
-        for proc in (census or {}).get("processes") or () if isinstance(census, dict) else ():
-            port = ((proc or {}).get("env") or {}).get("MASTER_PORT") if isinstance(proc, dict) else None
-            if isinstance(port, str) and port.isdigit():
-                ports[int(port)] += 1
-    return ports.most_common(1)[0][0] if ports else None
+    return outcome
 
 
 def launch_command(args) -> List[str]:
@@ -492,11 +467,11 @@ def _slurm_state(args, results, outcome: str, started: float, budget) -> None:
 
 
 def _transport(args) -> str:
-    """`check --slurm` inside an allocation reaches the nodes with srun job steps; everything else over SSH
+    """`check --slurm` and `doctor --slurm` inside an allocation reach the nodes with srun job steps; everything else over SSH
     (`launch` too: it starts the launcher on each node over SSH)."""
     from preflight import srun
 
-    return "srun" if args.command == "check" and getattr(args, "slurm", False) and srun.usable() else "ssh"
+    return "srun" if args.command in ("check", "doctor") and getattr(args, "slurm", False) and srun.usable() else "ssh"
 
 
 def gather_for(plan, args, specs=()):
@@ -523,10 +498,7 @@ def gather_for(plan, args, specs=()):
         job=jobview.request(plan),
         job_files=jobview.named_files,
     )
-    if plan.remote:
-        facts, probes = gather.gather_ssh(list(plan.nodes), options)
-    else:
-        facts, probes = gather.gather_local(plan.nodes[0], options)
+    facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
     probes["job"] = jobview.launches(plan, facts, (probes.get("head") or {}).get("address"))
     return runner.CheckContext(plan, facts, probes)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple
 
 from preflight.inventory import fold
 from preflight.result import Finding
@@ -43,14 +43,14 @@ def holders(values: Mapping[str, Any], value: Any) -> str:
     return f"{fold(nodes)} {'has' if len(nodes) == 1 else 'have'}"
 
 
-def grouped(judge: Callable[[str], Iterable[Finding]], nodes: Iterable[str]) -> Iterator[Finding]:
+def grouped(judge: Callable[[str], Iterable[Finding]], nodes: Iterable[str]) -> List[Finding]:
     """judge(node) for each node, the same finding on several nodes given once with all of them: a check
-    over thousands of nodes says "pass" once, not once a node (every result costs the reports)."""
+    over thousands of nodes says "pass" once, not once a node (every result costs the reports). Empty
+    when there is no node: the caller says why (never an empty pass)."""
     groups: Dict[tuple, list] = {}
     for node in nodes:
         for finding in judge(node):
             key = (finding.status, finding.message, finding.remediation, repr(sorted(finding.evidence.items())))
             groups.setdefault(key, [finding, []])[1].append(node)
-    for finding, members in groups.values():
-        yield Finding(finding.status, finding.message, finding.remediation, nodes=tuple(members),
-                      evidence=finding.evidence)
+    return [Finding(finding.status, finding.message, finding.remediation, nodes=tuple(members),
+                    evidence=finding.evidence) for finding, members in groups.values()]

@@ -120,6 +120,11 @@ def _parallel(func: Callable, nodes: List[NodeState], options: GatherOptions) ->
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+def gather(nodes: List[str], remote: bool, options: GatherOptions) -> tuple:
+    """(facts, probes): the nodes over SSH or srun, or this machine alone in-process."""
+    return gather_ssh(nodes, options) if remote else gather_local(nodes[0], options)
+
+
 # --- the local node -----------------------------------------------------------------------------
 
 def gather_local(name: str, options: GatherOptions) -> tuple:
@@ -127,11 +132,8 @@ def gather_local(name: str, options: GatherOptions) -> tuple:
     facts = collector.collect({"head": options.main_address or name, "port": options.port, "paths": options.paths,
                                "job": options.job, "census": options.census})
     job = facts.get("job")
-    if isinstance(job, dict) and options.job_files:
-        try:
-            named = options.job_files(job)
-        except Exception:  # a config no parser takes names nothing: JOB001 says what is wrong with it
-            named = []
+    named = _named_files(job, options)
+    if named:
         job["named"] = {p: collector.read_file(p, job["cwd"], True) for p in named}
     node = NodeState(name, facts=facts, clock={"offset_s": 0.0, "bound_s": 0.0, "rtt_s": 0.0})
     if options.census:  # read only: the running job's port is left alone
@@ -244,19 +246,25 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
                             "run the training interpreter there by hand")
         node.facts["session"] = {"stdout": printed}
         job = node.facts.get("job")
-        if isinstance(job, dict) and options.job_files:
-            try:
-                named = options.job_files(job)
-            except Exception:  # a config no parser takes names nothing: JOB001 says what is wrong with it
-                named = []
-            if named:
-                job["named"] = node.ask({"op": "files", "paths": named, "cwd": job.get("cwd")}, options.timeout)
+        named = _named_files(job, options)
+        if named:
+            job["named"] = node.ask({"op": "files", "paths": named, "cwd": job.get("cwd")}, options.timeout)
         if not options.census:
             node.clock = _clock_samples(node, options.timeout)
     except NodeError as exc:
         node.error = exc
     except Exception as exc:  # anything else the node sent us: still a result, never a crash
         node.error = NodeError("protocol", f"{type(exc).__name__}: {exc}", "run the collector there by hand")
+
+
+def _named_files(job, options: GatherOptions) -> List[str]:
+    """The files a node's own config names, to be read in a second step (options.job_files decides)."""
+    if not isinstance(job, dict) or options.job_files is None:
+        return []
+    try:
+        return options.job_files(job)
+    except Exception:  # a config no parser takes names nothing: JOB001 says what is wrong with it
+        return []
 
 
 PRINTED_LIMIT = 4096  # what a shell start-up file printed before the facts, kept for JOB009

@@ -71,7 +71,9 @@ def _parse(path: str, text: str, kind: str) -> Document:
 
 
 def parsed(entry: Optional[dict], kind: str) -> Tuple[Optional[Document], Optional[str]]:
-    """(the Document, None) or (None, why not) for a file the collector read."""
+    """(the Document, None) or (None, why not) for a file the collector read (or one parsed already here)."""
+    if isinstance(entry, dict) and isinstance(entry.get("doc"), Document):
+        return entry["doc"], None
     if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
         return None, "not read"
     if entry.get("error"):
@@ -444,6 +446,8 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dic
     names = {"program": raw.from_program[0] if raw is not None and raw.from_program else None,
              "script": raw.script if raw is not None else None}  # the collector's keys: the words as typed
     for index, node in enumerate(plan.nodes):
+        if (facts.get(node) or {}).get("error") is not None:
+            continue  # not reached, or stopped answering half-way: SSH001 says so, its facts are not the job's
         node_facts = (facts.get(node) or {}).get("facts")
         job = node_facts.get("job") if isinstance(node_facts, dict) else None
         if not isinstance(job, dict):
@@ -493,7 +497,7 @@ def plan_rows(job: Mapping[str, Any]) -> List[dict]:
     rows = []
     for node, v in (job.get("nodes") or {}).items():
         program = v.get("program") or {}
-        main = f"{v.get('main_ip')}:{v.get('main_port')}" if v.get("main_ip") or v.get("main_port") else None
+        main = f"{v.get('main_ip') or '?'}:{v.get('main_port') or '?'}" if v.get("main_ip") or v.get("main_port") else None
         rows.append({
             "node": node, "machine_rank": v.get("machine_rank") if v.get("started_by") == "self" else "by head",
             "main": main, "num_machines": v.get("num_machines"), "processes": v.get("processes"),

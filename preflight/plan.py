@@ -192,7 +192,6 @@ def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...], ignored
     The merge rules are preflight.jobview.launch's (one place for accelerate's _validate_launch_command);
     here only the values that came from a flag are written over the file's, each named by its flag."""
     from preflight import jobview, launchcmd
-    from preflight.documents import read_text
 
     cmd = launchcmd.parse(command)
     if ignored:
@@ -200,7 +199,7 @@ def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...], ignored
     if cmd.launcher != "accelerate" or not cmd.options:
         return accel
     path = accel.doc.path
-    view = jobview.launch("lint", {"config": {"path": path, "text": read_text(path, "accelerate config")}}, cmd)
+    view = jobview.launch("lint", {"config": {"path": path, "doc": accel.doc}}, cmd)  # read once (a pipe too)
     flags = {}
     for field, keys in LAUNCH_FIELDS.items():
         source = view["sources"].get(field, "")

@@ -1,5 +1,5 @@
-"""Renderers over the same list of Results: the terminal report and the JSON document; the launch plan (JOB001's
-per-node table of the effective launch) as a table whose differing cells stand out."""
+"""Renderers over the same list of Results: the terminal report and the JSON document; a table a result carries
+in its evidence (JOB001's launch plan, RUN001's census) drawn as a table whose differing cells stand out."""
 from __future__ import annotations
 
 import json
@@ -59,46 +59,42 @@ def summary(results: Sequence[Result]) -> str:
     return ", ".join(f"{counts[s]} {one if counts[s] == 1 else many}" for s, one, many in words if counts[s]) or "no checks ran"
 
 
-PLAN = "launch_plan"  # the evidence key of the per-node table of the effective launch (JOB001)
-# Columns that differ from node to node by design: the node, its rank, and the path of its config (config_sha
-# compares what the path holds).
-PLAN_UNCOMPARED = ("node", "machine_rank", "config")
-# Tables that results carry in their evidence: key -> (title, the columns compared across rows).
-TABLES = {PLAN: ("launch plan", None), "census": ("census", ())}
+# Tables that results carry in their evidence (JOB001's launch plan, RUN001's census): key -> (title, the
+# columns whose cells are not compared with the rest of their column). The launch plan's node, rank and
+# config path differ by design (config_sha compares what the path holds); the census compares nothing.
+TABLES = {"launch_plan": ("launch plan", ("node", "machine_rank", "config")), "census": ("census", None)}
 CELL_MAX = 40
 
 
-class LaunchPlan(NamedTuple):
+class EvidenceTable(NamedTuple):
     title: str
     columns: List[str]
     rows: List[List[Any]]  # the values, in the columns' order
     differs: Set[Tuple[int, int]]  # (row, column) of each cell unlike its column's most common value
 
 
-def launch_plan(results: Sequence[Result]) -> Optional[LaunchPlan]:
-    """The first launch plan among the results (columns: the first row's keys, in order), and the cells a user
-    would otherwise compare by hand. None when there is none."""
-    key = next((k for r in results for k in TABLES if isinstance(r.evidence.get(k), list)), None)
-    if key is None:
-        return None
-    table = next(r.evidence[key] for r in results if isinstance(r.evidence.get(key), list))
-    title, compared = TABLES[key]
+def evidence_table(results: Sequence[Result]) -> Optional[EvidenceTable]:
+    """The first table among the results' evidence (columns: the first row's keys, in order), and the cells a
+    user would otherwise compare by hand. None when there is none."""
+    key, table = next(((k, r.evidence[k]) for r in results for k in TABLES if isinstance(r.evidence.get(k), list)),
+                      (None, None))
     rows = [row for row in table or () if isinstance(row, Mapping)]
     if not rows:
         return None
+    title, uncompared = TABLES[key]
     columns = list(rows[0])
     values = [[row.get(c) for c in columns] for row in rows]
     differs = set()
     for j, column in enumerate(columns):
-        if column in PLAN_UNCOMPARED or (compared is not None and column not in compared):
+        if uncompared is None or column in uncompared:
             continue
         seen = [repr(row[j]) for row in values]  # repr: hashable, and 1, True and "1" stay apart
         common = Counter(seen).most_common(1)[0][0]  # ties go to the first seen: the first row's value wins
         differs.update((i, j) for i, value in enumerate(seen) if value != common)
-    return LaunchPlan(title, columns, values, differs)
+    return EvidenceTable(title, columns, values, differs)
 
 
-def plan_cell(value: Any) -> str:
+def table_cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
@@ -110,12 +106,12 @@ def _cut(text: str) -> str:
     return f"{text[:head]}\u2026{text[head - CELL_MAX + 1:]}"
 
 
-def plan_lines(plan: LaunchPlan, color: bool) -> List[List[Tuple[str, str]]]:
+def table_lines(plan: EvidenceTable, color: bool) -> List[List[Tuple[str, str]]]:
     """The plan as an aligned table of (text, style) parts: differing cells in bold red, and without colour
     marked with a trailing '*' (explained on a line under the table)."""
     mark = "" if color else "*"
     table = [[c.replace("_", " ") for c in plan.columns]]
-    table += [[_cut(plan_cell(v)) + (mark if (i, j) in plan.differs else "") for j, v in enumerate(row)]
+    table += [[_cut(table_cell(v)) + (mark if (i, j) in plan.differs else "") for j, v in enumerate(row)]
               for i, row in enumerate(plan.rows)]
     widths = [max(len(row[j]) for row in table) for j in range(len(plan.columns))]
     last = len(widths) - 1
@@ -155,9 +151,9 @@ def terminal(results: Sequence[Result], verdict: str, duration_s: float, stream:
         lines.append(head)
         if result.remediation and result.status in (Status.FAIL, Status.ERROR, Status.WARN):
             lines.append([("      fix: ", "bold"), (result.remediation, "")])
-    plan = launch_plan(results)
+    plan = evidence_table(results)
     if plan:
-        lines += plan_lines(plan, color)
+        lines += table_lines(plan, color)
     lines.append(
         [("verdict: ", "bold"), (verdict.upper(), VERDICT_STYLE[verdict]), (f"  {summary(results)} in {duration_s:.2f} s", "")]
     )

@@ -328,18 +328,18 @@ def columns(results: Sequence[Result], nodes: Sequence[str]) -> List[str]:
 _DIFFERS = ' class="differs" title="differs from the other nodes"'
 
 
-def plan_html(results: Sequence[Result], e: Callable[[object], str]) -> List[str]:
-    """The launch plan's section, none without a plan: the cells unlike the other nodes' in red, as in the
-    terminal. `e` escapes, as for the rest of the page."""
-    from preflight.render import launch_plan, plan_cell
+def table_html(results: Sequence[Result], e: Callable[[object], str]) -> List[str]:
+    """The section of a table in the results' evidence (the launch plan, the census), none without one: the
+    cells unlike the other nodes' in red, as in the terminal. `e` escapes, as for the rest of the page."""
+    from preflight.render import evidence_table, table_cell
 
-    plan = launch_plan(results)
+    plan = evidence_table(results)
     if not plan:
         return []
     out = [f"<h2>{e(plan.title.capitalize())}</h2>", '<table class="plan"><thead><tr>'
            + "".join(f'<th scope="col">{e(c.replace("_", " "))}</th>' for c in plan.columns) + "</tr></thead><tbody>"]
     for i, row in enumerate(plan.rows):
-        cells = (f'<td{_DIFFERS if (i, j) in plan.differs else ""}>{e(plan_cell(v))}</td>' for j, v in enumerate(row))
+        cells = (f'<td{_DIFFERS if (i, j) in plan.differs else ""}>{e(table_cell(v))}</td>' for j, v in enumerate(row))
         out.append(f"<tr>{''.join(cells)}</tr>")
     out.append("</tbody></table>")
     return out
@@ -379,7 +379,7 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
            f'<h1>preflight <span class="verdict" style="{_style(Status(verdict))}">{e(verdict)}</span></h1>',
            f'<div class="meta">{e(summary(results))} in {duration_s:.2f} s; {len(list(dict.fromkeys(nodes)))} node(s); '
            f'{e(time.strftime("%Y-%m-%d %H:%M:%S %Z"))}</div>',
-           *plan_html(results, e),
+           *table_html(results, e),
            '<p class="legend">' + "".join(f'<span style="{_style(s)}">{s.value}</span>' for s in
                                           sorted(STATUSES, key=SEVERITY.get)) + " click a cell for the details</p>",
            '<table class="matrix"><thead><tr><th>check</th>']

@@ -111,6 +111,8 @@ def test_more_processes_than_gpus():
     {"config": {"path": "/x", "text": "[1, 2]"}, "files": {"t.py": "nonsense"}, "argv": "accelerate"},
     {"config": {"path": "/x.yaml", "text": "a: &a [*a]"}, "programs": [], "argv": None},
     {"config": {"path": "/x.yaml", "text": "num_machines: {deep: {deeper: 1}}"}, "files": None},
+    {"config": {"path": "/x.yaml", "text": "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: d.json\n"},
+     "files": {}, "named": ["d.json"], "argv": ["accelerate", "launch", "t.py"]},  # the second answer, a list
 ])
 def test_a_node_that_sends_nonsense_is_a_result_not_a_crash(job):
     nodes = {"a": facts(CONFIG.format(rank=0)), "b": {"facts": {"job": job, "host": "?"}, "error": None, "clock": None}}
@@ -251,3 +253,15 @@ def test_check_and_launch_lint_the_values_the_command_gives(tmp_path):
     assert here.accelerate.doc.where("num_processes").startswith("flag --num_processes")
     launched = build_plan(config=str(config), nodes=("a", "b"), command=command, launching=True)
     assert (launched.accelerate.data["num_processes"], launched.accelerate.data["num_machines"]) == (16, 2)
+
+
+def test_a_node_that_stopped_answering_half_way_is_not_judged_by_its_partial_facts():
+    """Its facts came, its second answer did not (SSH001 fails it): JOB must not read the half it sent."""
+    nodes = {n: facts(CONFIG.format(rank=i)) for i, n in enumerate(("a", "b"))}
+    nodes["b"]["error"] = {"kind": "timeout", "message": "no answer within 3 s", "remediation": "..."}
+    ctx = context(nodes)
+    assert list(ctx.probes["job"]["nodes"]) == ["a"]
+    assert {n for r in run("JOB001", ctx) for n in r.nodes} == {"a"}
+    nodes["a"]["error"] = nodes["b"]["error"]
+    for check_id in ("JOB008", "JOB009"):
+        assert [r.status for r in run(check_id, context(nodes))] == [Status.SKIP], check_id
