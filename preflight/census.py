@@ -322,6 +322,8 @@ def _stacks(processes, options, deadline):
         if sample:
             time.sleep(max(0.0, min(float(options.get("interval_s", 1.0)), deadline - time.monotonic() - 1.0)))
         _sample(tool, processes, deadline, results, first=sample == 0)
+    for info in processes:
+        info.pop("_waits", None)  # the first sample's count: compared, not reported
     failed = [r["error"] for r in results.values() if "error" in r]
     return {"tool": tool, "read": sum(1 for r in results.values() if r.get("ok")), "failed": len(failed),
             "error": failed[0] if failed else None, "samples": samples}
@@ -362,9 +364,14 @@ def _sample(tool, processes, deadline, results, first):
         if first:
             info["threads"] = threads
             info["stable"] = None
+            info["_waits"] = _waits(info["pid"])
             results[info["pid"]] = {"ok": True}
         elif "threads" in info:
-            info["stable"] = _main_frames(info["threads"]) == _main_frames(threads)
+            # Still: the same frames both times, and its main thread neither blocked nor woke in between (a
+            # loop that sleeps or waits between steps wakes many times a second and may show the same frames).
+            waits = _waits(info["pid"])
+            info["stable"] = _main_frames(info["threads"]) == _main_frames(threads) and \
+                waits is not None and waits == info.pop("_waits", None)
             info["threads"] = threads
 
     workers = [threading.Thread(target=dump, args=(p,)) for p in processes if p["state"] not in ("Z", "X")]
@@ -373,6 +380,15 @@ def _sample(tool, processes, deadline, results, first):
         worker.start()
     for worker in workers:
         worker.join(max(0.0, deadline - time.monotonic()))
+
+
+def _waits(pid):
+    """How often the process's main thread has blocked and been woken (voluntary context switches)."""
+    raw = _read("/proc/%d/task/%d/status" % (pid, pid))
+    for line in (raw or b"").decode("ascii", "replace").splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    return None
 
 
 def _main_frames(threads):
