@@ -2,18 +2,20 @@
 textfile-collector format (`--prometheus`) and one self-contained HTML page (`--html`).
 
 Each writer takes the same (results, verdict, nodes, duration_s) as the renderers and writes its file
-atomically: a temporary file in the same folder, then os.replace, so that a reader (a CI system,
-node_exporter) never sees half a report.
+with write_file: into what the path is (a FIFO, a device or our stdout in place), a regular file atomically.
 """
 from __future__ import annotations
 
+import errno
 import html
 import itertools
 import json
 import os
 import re
+import select
 import socket
-import tempfile
+import stat
+import sys
 import time
 from collections import OrderedDict
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -27,14 +29,61 @@ VERDICTS = ("pass", "warn", "fail")
 
 
 # --- checking and writing files -----------------------------------------------------------------
+# A report goes into what its path is (README, Guarantees): a symlink is followed (a dangling one creates its
+# target); a FIFO, a character device (a terminal, /dev/null) or this run's own stdout/stderr (/dev/stdout,
+# /dev/fd/2) is written in place, never replaced; only a regular file, or a new one, is replaced atomically (a
+# temporary file beside it, then os.replace), keeping the old file's mode, else the umask's. Anything else
+# (a folder, a socket, a block device) is refused.
+
+FIFO_WAIT_S = 10.0  # how long a FIFO may go without a reader (opened) or without reading (full), then exit 2
+
+
+def _kind(mode: int) -> Optional[str]:
+    """None for what a report can go into (a regular file, a FIFO, a character device), else what it is."""
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+        return None
+    return {stat.S_IFDIR: "is a directory", stat.S_IFSOCK: "is a socket", stat.S_IFBLK: "is a block device"}.get(
+        stat.S_IFMT(mode), "is not a file")
+
+
+def _own_stream(st: os.stat_result) -> Optional[int]:
+    """1 or 2 when `st` is this process's stdout or stderr (/dev/stdout, /dev/fd/2, or the file `>` opened)."""
+    for fd in (1, 2):
+        try:
+            mine = os.fstat(fd)
+        except OSError:
+            continue
+        if (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino) and not stat.S_ISDIR(st.st_mode):
+            return fd
+    return None
+
+
+def _stat(path: str) -> Optional[os.stat_result]:
+    """The stat of what `path` names, through symlinks; None when nothing is there (a dangling link too)."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:  # (ELOOP, a loop of symlinks, and ENOTDIR are raised: the path cannot be)
+        return None
+
 
 def unwritable(path: str) -> Optional[str]:
-    """Why `path` cannot be written (checked before the checks run), or None."""
+    """Why `path` cannot be written (checked before the checks run), or None. A FIFO's reader is not
+    asked for here (opening its write end would end a reader's input): the write waits FIFO_WAIT_S for one."""
     if not path:
         return "an empty path"
-    if os.path.isdir(path):
-        return "is a directory"
-    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        st = _stat(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if st is not None:
+        problem = _kind(st.st_mode)
+        if problem:
+            return problem
+        if _own_stream(st) is not None:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None if os.access(path, os.W_OK) else "no permission to write it"
+    folder = os.path.dirname(os.path.realpath(path))  # a symlink's file is written in its target's folder
     if not os.path.isdir(folder):
         return f"no such folder {folder}" if not os.path.exists(folder) else f"{folder} is not a folder"
     if not os.access(folder, os.W_OK | os.X_OK):
@@ -51,19 +100,83 @@ def check_writable(option: str, path: Optional[str]) -> None:
         raise InputError(path or '""', f"{option}: cannot write the report: {problem}")
 
 
-def _atomic_write(path: str, pieces: Iterable[bytes]) -> None:
-    """The pieces, one after the other: a report of thousands of nodes need not be one string (and its copy)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+def write_file(path: str, pieces: Iterable[bytes]) -> None:
+    """The pieces, one after the other (a report of thousands of nodes need not be one string), into what
+    `path` is (see above)."""
+    st = _stat(path)
+    if st is not None and _kind(st.st_mode):
+        raise OSError(0, _kind(st.st_mode))
+    own = _own_stream(st) if st is not None else None
+    if own is not None:
+        for stream in (sys.stdout, sys.stderr):  # what the run printed comes first
+            stream.flush()
+        for piece in pieces:
+            _write_all(own, piece)
+    elif st is not None and not stat.S_ISREG(st.st_mode):
+        _write_in_place(path, pieces)
+    else:
+        _replace(os.path.realpath(path), pieces, st)
+
+
+def _replace(path: str, pieces: Iterable[bytes], old: Optional[os.stat_result]) -> None:
+    """A temporary file in the same folder, then os.replace: a reader (a CI system, node_exporter) never
+    sees half a report. Created 0666 less the umask (as any program creates a file), then given the old
+    file's mode and, where allowed, its owner."""
+    folder, name = os.path.split(path)
+    while True:
+        tmp = os.path.join(folder, f".{name}.{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as f:
             f.writelines(pieces)
-        os.chmod(tmp, 0o644)
+            if old is not None:
+                os.fchmod(f.fileno(), stat.S_IMODE(old.st_mode))
+                if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+                    try:
+                        os.fchown(f.fileno(), old.st_uid, old.st_gid)
+                    except OSError:
+                        pass  # not ours to give away: the report is still written
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _write_in_place(path: str, pieces: Iterable[bytes]) -> None:
+    """A FIFO or a character device: opened for writing, never truncated nor replaced. Non-blocking, so that a
+    FIFO nobody opens (ENXIO) or nobody reads (full) costs at most FIFO_WAIT_S, then an error."""
+    deadline = time.monotonic() + FIFO_WAIT_S
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO or time.monotonic() > deadline:
+                if exc.errno == errno.ENXIO:
+                    raise OSError(exc.errno, f"no process opened the FIFO for reading within {FIFO_WAIT_S:g} s") from None
+                raise
+            time.sleep(0.05)
+    try:
+        for piece in pieces:
+            _write_all(fd, piece, deadline_s=FIFO_WAIT_S)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes, deadline_s: Optional[float] = None) -> None:
+    """All of `data`; on a non-blocking fd, waiting at most deadline_s for each stall of the reader."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            if not select.select([], [fd], [], deadline_s)[1]:
+                raise OSError(errno.ETIMEDOUT, f"the reader took nothing for {deadline_s:g} s") from None
 
 
 # What XML 1.0 excludes, listed rather than as the complement of what it allows: the same code points, and
@@ -150,7 +263,7 @@ def _utf8(text: str) -> bytes:
 
 
 def write_junit(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
-    _atomic_write(path, junit_pieces(results, verdict, nodes, duration_s))
+    write_file(path, junit_pieces(results, verdict, nodes, duration_s))
 
 
 # --- Prometheus (node_exporter textfile collector) -----------------------------------------------
@@ -252,7 +365,7 @@ def write_prometheus(path: str, results: Sequence[Result], verdict: str, nodes: 
     from prometheus_client import generate_latest
 
     registry = prometheus_registry(results, verdict, nodes, duration_s)
-    _atomic_write(path, itertools.chain((line.encode("utf-8") for line in check_status_lines(results)),
+    write_file(path, itertools.chain((line.encode("utf-8") for line in check_status_lines(results)),
                                         [generate_latest(registry)]))
 
 
@@ -416,7 +529,7 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
 
 
 def write_html(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
-    _atomic_write(path, (f"{line}\n".encode("utf-8") for line in html_lines(results, verdict, nodes, duration_s)))
+    write_file(path, (f"{line}\n".encode("utf-8") for line in html_lines(results, verdict, nodes, duration_s)))
 
 
 WRITERS = (("junit", "--junit", write_junit), ("prometheus", "--prometheus", write_prometheus),
@@ -430,6 +543,9 @@ def check_paths(args) -> None:
 
 
 def write_all(args, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
+    """Every report asked for; one that cannot be written does not keep the others from being written (the
+    first problem is then raised: exit 2)."""
+    problems = []
     for attr, option, writer in WRITERS:
         path = getattr(args, attr, None)
         if path is None:
@@ -437,4 +553,6 @@ def write_all(args, results: Sequence[Result], verdict: str, nodes: Sequence[str
         try:
             writer(path, results, verdict, nodes, duration_s)
         except OSError as exc:
-            raise InputError(path, f"{option}: cannot write the report: {exc.strerror or exc}") from None
+            problems.append(InputError(path, f"{option}: cannot write the report: {exc.strerror or exc}"))
+    if problems:
+        raise problems[0]
