@@ -490,3 +490,74 @@ def host_expectations(ctx) -> Iterator[Finding]:
     if not problems:
         names = ", ".join(sorted({d.get("name") or "unknown" for d in devices})) or "none"
         yield passed(f"{len(devices)} GPU(s) ({names}), as expected ({where})", **evidence)
+
+
+# --- Xid events ----------------------------------------------------------------------------------
+
+# NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors): the events that mean the GPU itself is faulty
+# or needs a reset, and those that only say a program misbehaved.
+XID_FAULTS = {48: "double-bit ECC error", 61: "internal micro-controller breakpoint", 62: "internal micro-controller halt",
+              64: "ECC page retirement or row remapping failure", 74: "NVLink error", 79: "GPU has fallen off the bus",
+              95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error",
+              154: "GPU recovery action changed (reset or reboot required)"}
+XID_WATCH = {63: "ECC page retirement or row remapping event", 92: "high single-bit ECC error rate",
+             94: "contained ECC error"}
+XID_PROGRAM = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
+               45: "preemptive cleanup"}
+
+
+def _pci_key(text) -> str:
+    """'00000000:3B:00.0' (NVML) and '0000:3b:00' (the kernel's Xid line) -> '3b:00'."""
+    parts = str(text or "").lower().split(".")[0].split(":")
+    return ":".join(parts[-2:])
+
+
+@check("GPU008", "xid-errors", "node", tags=["gpu", "health", "xid"])
+def xid_errors(ctx) -> Iterator[Finding]:
+    """The job's GPUs logged no Xid error that means a faulty GPU (fallen off the bus, double-bit or
+    uncontained ECC, NVLink, GSP errors) since boot; ECC events to watch are warnings, program errors
+    (13, 31, 43, 45) are only listed.
+
+    A GPU with such an Xid fails again under load: the rank on it dies or hangs in its next collective,
+    and the whole job with it. The kernel log is the only record (NVML forgets after a reset).
+
+    Drain the node and reset the GPU (`nvidia-smi -r`) or reboot; a GPU that logs them again goes back to
+    the vendor. Reading the log needs root or kernel.dmesg_restrict=0.
+    """
+    fabric = ctx.fact.get("fabric")
+    xid = fabric.get("xid") if isinstance(fabric, dict) else None
+    gpus, why = job_gpus(ctx)
+    if why:
+        yield why
+        return
+    if not isinstance(xid, dict):
+        yield skip("these facts do not include the kernel log (no NVIDIA driver under /proc, or an older node)")
+        return
+    if not xid.get("readable"):
+        yield skip(f"the kernel log is not readable here ({xid.get('reason')}): run as root, or set "
+                   "kernel.dmesg_restrict=0, to check Xid errors")
+        return
+    ours = {_pci_key(g.get("pci_bus_id")): g for g in gpus}
+    faults, watch, program = [], [], []
+    for event in xid.get("events") or []:
+        gpu = ours.get(_pci_key(event.get("pci")))
+        if gpu is None:
+            continue
+        code = event.get("xid")
+        said = f"GPU {gpu.get('index')} ({event.get('pci')}): Xid {code}"
+        if code in XID_FAULTS:
+            faults.append(f"{said} {XID_FAULTS[code]}")
+        elif code in XID_PROGRAM:
+            program.append(f"{said} {XID_PROGRAM[code]}")
+        else:
+            watch.append(f"{said} {XID_WATCH.get(code, 'see NVIDIA Xid catalogue')}")
+    evidence = {"faults": faults, "watch": watch, "program": program, "events_since_boot": xid.get("count")}
+    if faults:
+        yield fail(f"{len(faults)} Xid fault(s) since boot: {'; '.join(dict.fromkeys(faults))}",
+                   f"drain {ctx.node} and reset the GPU (nvidia-smi -r) or reboot; replace it if they come back", **evidence)
+    elif watch:
+        yield warn(f"Xid event(s) to watch since boot: {'; '.join(dict.fromkeys(watch))}",
+                   f"watch {ctx.node}'s ECC counters (GPU004); reset the GPU at the next maintenance", **evidence)
+    else:
+        extra = f" (program errors only: {'; '.join(dict.fromkeys(program))})" if program else ""
+        yield passed(f"no GPU fault Xid on the job's GPUs since boot{extra}", **evidence)

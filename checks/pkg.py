@@ -1,7 +1,7 @@
 """PKG: the same software and environment on every node."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 from preflight.compare import holders, odd_ones_out
 from preflight.registry import check
@@ -214,3 +214,124 @@ def pinned_versions(ctx) -> Iterator[Finding]:
 def _requirement(spec: str) -> str:
     """A pin as pip writes a requirement: "2.13.0" -> "==2.13.0"."""
     return ",".join(p.strip() if p.strip()[:1] in "=!<>" else f"=={p.strip()}" for p in spec.split(","))
+
+
+# --- the NCCL and CUDA stack under torch ---------------------------------------------------------
+
+# Versions with a documented defect for multi-node training: (package, version, what happens, fix, source).
+KNOWN_BAD = (
+    ("nccl", "2.29.2", "NCCL 2.29.2 has a hang regression, fixed in 2.29.3",
+     "install nvidia-nccl 2.29.3 or newer (or the torch build that ships it)", "pytorch/pytorch#174338"),
+    ("torch", "2.7.0", "torch 2.7.0 can hang in NCCL collectives when init_process_group is given device_id "
+     "(its non-blocking communicators), fixed in 2.7.1", "install torch 2.7.1 or newer, or set "
+     "TORCH_NCCL_USE_COMM_NONBLOCKING=0", "pytorch/pytorch#153960"),
+)
+
+
+def _plugins(facts: dict) -> tuple:
+    nccl = (facts.get("fabric") or {}).get("nccl") or {}
+    found = tuple(sorted(f"{p.get('name')} ({p.get('bytes')} bytes)" for p in nccl.get("plugins") or [] if isinstance(p, dict)))
+    return found + ((f"NCCL_NET_PLUGIN={nccl['net_plugin']}",) if nccl.get("net_plugin") else ())
+
+
+@check("PKG006", "nccl-net-plugin", "cluster", tags=["packages", "nccl", "rdma"])
+def nccl_net_plugin(ctx) -> Iterator[Finding]:
+    """Every node has the same NCCL net plugins (libnccl-net*.so on LD_LIBRARY_PATH and in the system
+    library folders, and NCCL_NET_PLUGIN), or none.
+
+    NCCL loads a net plugin (the SHARP, AWS OFI/EFA or a vendor's plugin) where it finds one and uses its
+    own transports elsewhere: nodes that disagree pick different networks, and their ranks cannot connect
+    or run at the slower one's speed.
+
+    Install the same plugin on every node (one image), or remove it where it does not belong.
+    """
+    nodes = [n for n in ctx.reachable if isinstance(ctx.facts[n]["facts"].get("fabric"), dict)]
+    if not nodes:
+        yield skip("no node reported its NCCL libraries (fabric facts)")
+        return
+    values = {n: _plugins(ctx.facts[n]["facts"]) for n in nodes}
+    majority, odd = odd_ones_out(values, ctx.plan.head)
+    for node, found in odd.items():
+        yield Finding(Status.WARN, f"NCCL net plugins differ: {node} has {', '.join(found) or 'none'}, "
+                      f"{holders(values, majority)} {', '.join(majority) or 'none'}",
+                      f"install the same NCCL net plugin on {node} as on the others" if majority else
+                      f"remove {', '.join(found)} from {node}'s library path, or install it on every node",
+                      nodes=(node,), evidence={"plugins": list(found), "expected": list(majority)})
+    agreeing = tuple(n for n in nodes if n not in odd)
+    if agreeing:
+        yield Finding(Status.PASS, f"NCCL net plugins: {', '.join(majority) or 'none'}", nodes=agreeing,
+                      evidence={"plugins": list(majority)})
+
+
+def _major_minor(text) -> Optional[tuple]:
+    try:
+        major, minor = str(text).split(".")[:2]
+        return int(major), int(minor)
+    except (TypeError, ValueError):
+        return None
+
+
+@check("PKG007", "cuda-driver", "node", tags=["packages", "cuda", "gpu"])
+def cuda_driver(ctx) -> Iterator[Finding]:
+    """torch's CUDA build is one the NVIDIA driver runs: the same major version as the driver's CUDA or an
+    older one, ideally no newer minor release either.
+
+    A torch built for a newer CUDA major release than the driver supports stops at the first CUDA call
+    ('The NVIDIA driver on your system is too old', 'CUDA driver version is insufficient'). A newer minor
+    release runs through CUDA's minor version compatibility, without the features (and the PTX JIT) that
+    need the newer driver.
+
+    Install a torch built for the driver's CUDA (the +cuXYZ wheel), or update the NVIDIA driver.
+    """
+    build = (_versions(ctx.fact)).get("cuda")
+    gpus = ctx.fact.get("gpus") or {}
+    if not build:
+        yield skip("torch is not installed, or is a CPU build")
+        return
+    if not gpus.get("available"):
+        yield skip(f"no NVIDIA driver answers on this node (torch is built for CUDA {build})")
+        return
+    driver = gpus.get("cuda_driver_version")
+    have, need = _major_minor(driver), _major_minor(build)
+    evidence = {"torch_cuda": build, "driver_cuda": driver, "driver": gpus.get("driver_version")}
+    if have is None or need is None:
+        yield skip(f"versions not comparable: torch CUDA {build}, driver CUDA {driver}", **evidence)
+    elif need[0] > have[0]:
+        yield Finding(Status.FAIL, f"torch is built for CUDA {build}, the driver {gpus.get('driver_version')} runs "
+                      f"CUDA {driver} at most: torch stops at its first CUDA call",
+                      f"install the torch wheel for CUDA {have[0]} on {ctx.node}, or update the NVIDIA driver there",
+                      evidence=evidence)
+    elif need > have:
+        yield Finding(Status.WARN, f"torch is built for CUDA {build}, newer than the driver's CUDA {driver}: it runs "
+                      "through minor version compatibility, without what needs the newer driver (PTX JIT)",
+                      f"update the NVIDIA driver on {ctx.node} to one for CUDA {build}, or install torch for CUDA "
+                      f"{driver}", evidence=evidence)
+    else:
+        yield Finding(Status.PASS, f"torch CUDA {build} on a driver for CUDA {driver}", evidence=evidence)
+
+
+@check("PKG008", "known-bad-versions", "node", tags=["packages", "versions", "nccl"])
+def known_bad_versions(ctx) -> Iterator[Finding]:
+    """torch and NCCL are not a release with a documented defect for multi-node training (a short list,
+    each entry with its source: `preflight explain PKG008`).
+
+    NCCL 2.29.2 has a hang regression (pytorch/pytorch#174338, fixed in 2.29.3); torch 2.7.0 can hang in NCCL
+    collectives when init_process_group gets device_id (pytorch/pytorch#153960, fixed in 2.7.1).
+
+    Install the fixed release the message names, or apply its workaround.
+    """
+    versions = _versions(ctx.fact)
+    env = ctx.fact.get("env") or {}
+    found = False
+    for package, version, what, fix, source in KNOWN_BAD:
+        installed = str(versions.get(package) or "").split("+")[0]
+        if installed != version:
+            continue
+        if package == "torch" and env.get("TORCH_NCCL_USE_COMM_NONBLOCKING") == "0":
+            continue  # the workaround is in place
+        found = True
+        yield Finding(Status.WARN, f"{what} ({source})", f"{fix} on {ctx.node}",
+                      evidence={"package": package, "version": versions.get(package), "source": source})
+    if not found:
+        yield Finding(Status.PASS, "torch " + str(versions.get("torch") or "none") + ", NCCL " +
+                      str(versions.get("nccl") or "none") + ": no known defect on the list")

@@ -19,6 +19,7 @@ from nvml_fake import FIXTURES, Recorder, fake, load
 from preflight import collector, registry, runner
 from preflight.plan import build_plan
 from preflight.result import Status
+from sysfs_tree import lay_out
 
 NODES = ("n01", "n02")
 BASE = collector.collect({"head": "127.0.0.1", "port": 29500, "paths": {}})
@@ -424,10 +425,11 @@ def test_check_reports_gpu_findings(tmp_path, capsys, monkeypatch):
                                       "num_machines": 1, "num_processes": 8, "mixed_precision": "bf16"}))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(collector, "Nvml", fake("h100x8.json"))
+    monkeypatch.setattr(collector, "SYSROOT", str(lay_out(tmp_path / "root", "ib-node")))  # its kernel log for GPU008
     code, doc, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU", "--json")
     assert code == 0 and {r["id"]: r["status"] for r in doc["results"]} == {
         "GPU001": "pass", "GPU002": "skip", "GPU003": "pass", "GPU004": "pass", "GPU005": "pass", "GPU006": "pass",
-        "GPU007": "skip"}
+        "GPU007": "skip", "GPU008": "pass"}
     monkeypatch.setattr(collector, "Nvml", fake("busy.json"))
     code, doc, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU004", "--json")
     assert code == 1 and doc["verdict"] == "fail" and "pid 48214" in doc["results"][1]["message"]

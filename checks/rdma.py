@@ -1,0 +1,321 @@
+"""RDMA: the fabric NCCL uses between nodes, InfiniBand or RoCE, from each node's sysfs (collector._fabric).
+
+NCCL uses every ACTIVE port of the HCAs that NCCL_IB_HCA selects (all of them when it is unset) and falls
+back to TCP sockets, silently and about ten times slower, when it finds none; RoCE needs a GID table entry
+of the right type; GPUDirect RDMA needs a kernel module or DMA-BUF.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from checks.net import ib_hca_spec
+from preflight.compare import grouped
+from preflight.registry import check
+from preflight.inventory import fold
+from preflight.result import Finding, Status, fail, passed, skip, warn
+
+GPUDIRECT_MODULES = ("nvidia_peermem", "nv_peer_mem")
+# Counters that a healthy link keeps at zero (port_xmit_discards counts congestion too: evidence only).
+ERROR_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors",
+                  "local_link_integrity_errors", "excessive_buffer_overrun_errors")
+IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
+
+
+def fabric_of(facts: dict) -> Tuple[Optional[dict], Optional[Finding]]:
+    """The node's fabric facts, or a skip that says why there are none."""
+    fabric = facts.get("fabric")
+    if not isinstance(fabric, dict):
+        return None, skip("these facts have no fabric section (a node running an older preflight)")
+    if "error" in fabric:
+        return None, skip(f"the fabric facts failed on the node: {fabric['error']}")
+    return fabric, None
+
+
+def selected_ports(env: dict, devices: dict) -> List[Tuple[str, str, dict]]:
+    """(device, port, facts) of the ports NCCL may use: those NCCL_IB_HCA selects, every port without it."""
+    spec = env.get("NCCL_IB_HCA")
+    ports = [(d, p, facts) for d in sorted(devices) for p, facts in sorted((devices[d].get("ports") or {}).items())]
+    if not spec:
+        return ports
+    exclude, exact, entries = ib_hca_spec(spec)
+
+    def named(device: str, port: str) -> bool:
+        return any((device == name if exact else device.startswith(name)) and (want is None or want == port)
+                   for name, want in entries)
+
+    return [(d, p, f) for d, p, f in ports if named(d, p) != exclude]
+
+
+def active(port: dict) -> bool:
+    return port.get("state") == "ACTIVE" and port.get("phys_state") == "LinkUp"
+
+
+def _rdma_ports(ctx) -> Tuple[Optional[dict], List[Tuple[str, str, dict]], Optional[Finding]]:
+    """(fabric, the ports NCCL may use) or a skip: no fabric facts, no RDMA device, or NCCL told not to."""
+    fabric, why = fabric_of(ctx.fact)
+    if why:
+        return None, [], why
+    devices = fabric.get("rdma") or {}
+    if not devices:
+        return fabric, [], skip("no RDMA device on this node (/sys/class/infiniband is empty): NCCL uses TCP sockets")
+    env = ctx.fact.get("env") or {}
+    if env.get("NCCL_IB_DISABLE", "0").strip() not in ("", "0"):
+        return fabric, [], skip(f"NCCL_IB_DISABLE={env['NCCL_IB_DISABLE']}: NCCL does not use the RDMA devices")
+    ports = selected_ports(env, devices)
+    if not ports:
+        return fabric, [], skip("NCCL_IB_HCA selects no port of this node (NET005 says why)")
+    return fabric, ports, None
+
+
+@check("RDMA001", "rdma-ports", "node", tags=["rdma", "infiniband", "roce", "nccl"])
+def rdma_ports(ctx) -> Iterator[Finding]:
+    """On a node with RDMA devices, the ports NCCL uses (those NCCL_IB_HCA selects, else all) are ACTIVE with
+    the physical link up.
+
+    NCCL skips a port that is not ACTIVE. With none left on one node, that node falls back to TCP sockets
+    while the others use InfiniBand or RoCE: the job fails to connect, or runs about ten times slower; with
+    some left, the node has fewer rails than the others and holds every collective back.
+
+    Bring the port up (`ibstat` / `ibv_devinfo` show it; check the cable, the switch port and the subnet
+    manager for InfiniBand, the link and its IP address for RoCE), or leave the node out of the job.
+    """
+    fabric, ports, why = _rdma_ports(ctx)
+    if why:
+        yield why
+        return
+    up = [f"{d}:{p}" for d, p, f in ports if active(f)]
+    down = {f"{d}:{p}": f"{f.get('state') or 'unknown'}, {f.get('phys_state') or 'unknown'}"
+            for d, p, f in ports if not active(f)}
+    evidence = {"active": up, "down": down}
+    states = "; ".join(f"{name} is {state}" for name, state in down.items())
+    if not up:
+        yield fail(f"no RDMA port NCCL may use is active ({states}): NCCL falls back to TCP sockets on this node",
+                   f"bring the ports up on {ctx.node} (ibstat; cable, switch port, subnet manager), or take "
+                   f"{ctx.node} out of the job", **evidence)
+    elif down:
+        yield warn(f"{states}: NCCL uses the other {len(up)} ({', '.join(up)}), one rail or more short of a "
+                   "healthy node", f"bring {', '.join(down)} up on {ctx.node} (ibstat; cable, switch port)", **evidence)
+    else:
+        yield passed(f"{len(up)} RDMA port(s) active: {', '.join(up)}", **evidence)
+
+
+@check("RDMA002", "rdma-rate", "cluster", tags=["rdma", "infiniband", "roce", "bandwidth"])
+def rdma_rate(ctx) -> Iterator[Finding]:
+    """The active RDMA ports run at the same rate on every node (per link layer).
+
+    A port that trained at a lower rate (a bad cable or transceiver, a port at 2X width) makes its node the
+    slowest member of every collective: the whole job runs at its rate.
+
+    Reseat or replace the cable or transceiver of the named port (`ibstat` shows Rate and Width), or take
+    the node out of the job.
+    """
+    ports: Dict[str, List[Tuple[str, str, float]]] = {}
+    for node in ctx.reachable:
+        fabric, why = fabric_of(ctx.facts[node]["facts"])
+        if why:
+            continue
+        env = ctx.facts[node]["facts"].get("env") or {}
+        for device, port, facts in selected_ports(env, fabric.get("rdma") or {}):
+            if active(facts) and facts.get("rate_gbps"):
+                ports.setdefault(node, []).append((f"{device}:{port}", facts.get("link_layer") or "?",
+                                                   facts["rate_gbps"]))
+    if not ports:
+        yield skip("no node has an active RDMA port")
+        return
+    usual = {}
+    for layer in {lay for found in ports.values() for _, lay, _ in found}:
+        rates = Counter(rate for found in ports.values() for _, lay, rate in found if lay == layer)
+        usual[layer] = rates.most_common(1)[0][0]
+
+    def judge(node: str) -> Iterator[Finding]:
+        odd = [(name, layer, rate) for name, layer, rate in ports[node] if rate != usual[layer]]
+        if odd:
+            said = ", ".join(f"{name} at {rate:g} Gb/s" for name, _, rate in odd)
+            yield warn(f"{said}, where the other ports run at {', '.join(f'{r:g} Gb/s ({lay})' for lay, r in usual.items())}: "
+                       "the job's collectives run at the slowest port's rate",
+                       f"check the cable and transceiver of {', '.join(n for n, _, _ in odd)} on {node} (ibstat: Rate, "
+                       "Width)", odd={name: rate for name, _, rate in odd}, usual=usual)
+        else:
+            yield passed(f"{len(ports[node])} active port(s) at the usual rate "
+                         f"({', '.join(f'{r:g} Gb/s {lay}' for lay, r in usual.items())})", usual=usual)
+
+    yield from grouped(judge, sorted(ports))
+
+
+@check("RDMA003", "roce-gid", "node", tags=["rdma", "roce", "nccl"])
+def roce_gid(ctx) -> Iterator[Finding]:
+    """On RoCE ports NCCL uses, the GID table entry NCCL_IB_GID_INDEX names exists, is RoCE v2 and holds an
+    IPv4 address; without the variable, such an entry exists for NCCL to choose.
+
+    RoCE addresses a peer by a GID table entry. The same index can hold a RoCE v1 or a link-local entry on
+    another node (the table follows each node's addresses and VLANs): NCCL then cannot connect the queue
+    pairs, and the job stops with 'NET/IB : Got completion with error' or hangs at its first collective.
+    Without NCCL_IB_GID_INDEX, NCCL 2.21 and newer choose a RoCE v2 IPv4 entry by themselves.
+
+    Set NCCL_IB_GID_INDEX to the index of the RoCE v2 entry with the node's IPv4 address on every node
+    (`show_gids` lists them; the index may differ per node), or unset it with NCCL 2.21 or newer.
+    """
+    fabric, ports, why = _rdma_ports(ctx)
+    if why:
+        yield why
+        return
+    roce = [(d, p, f) for d, p, f in ports if f.get("link_layer") == "Ethernet" and active(f)]
+    if not roce:
+        yield skip("no active RoCE port (the RDMA ports NCCL uses are InfiniBand, or down: RDMA001)")
+        return
+    text = (ctx.fact.get("env") or {}).get("NCCL_IB_GID_INDEX")
+    if text is not None and not text.strip().lstrip("-").isdigit():
+        yield fail(f"NCCL_IB_GID_INDEX={text} is not a number", f"set NCCL_IB_GID_INDEX to a GID index on {ctx.node} "
+                   "(show_gids), or unset it", value=text)
+        return
+    wanted = int(text) if text is not None else None
+    good, problems = [], []
+    for device, port, facts in roce:
+        name = f"{device}:{port}"
+        gids = {g.get("index"): g for g in facts.get("gids") or [] if isinstance(g, dict)}
+        usable = sorted(i for i, g in gids.items() if g.get("type") == "RoCE v2" and str(g.get("gid", "")).startswith(IPV4_MAPPED))
+        if wanted is None:
+            if usable:
+                good.append(f"{name} (RoCE v2 IPv4 at index {usable[0]})")
+            else:
+                problems.append((name, f"{name} has no RoCE v2 entry with an IPv4 address", usable))
+            continue
+        entry = gids.get(wanted)
+        if entry is None:
+            problems.append((name, f"{name} has no GID at index {wanted}", usable))
+        elif entry.get("type") != "RoCE v2":
+            problems.append((name, f"{name}'s GID {wanted} is {entry.get('type') or 'of no type'}, not RoCE v2", usable))
+        elif not str(entry.get("gid", "")).startswith(IPV4_MAPPED):
+            problems.append((name, f"{name}'s GID {wanted} is {entry.get('gid')}, not an IPv4 address (link-local "
+                             "entries do not route between subnets)", usable))
+        else:
+            good.append(f"{name} (GID {wanted}: RoCE v2, {entry.get('gid')})")
+    evidence = {"gid_index": wanted, "good": good, "problems": {n: m for n, m, _ in problems}}
+    if problems:
+        said = "; ".join(m for _, m, _ in problems)
+        offers = sorted({i for _, _, usable in problems for i in usable})
+        fix = (f"set NCCL_IB_GID_INDEX={offers[0]} on {ctx.node}" if len(offers) == 1 else
+               f"set NCCL_IB_GID_INDEX on {ctx.node} to the RoCE v2 IPv4 entry (show_gids)")
+        if wanted is None:
+            yield warn(f"{said}: NCCL finds no RoCE v2 IPv4 GID to choose", "give the RoCE interface an IPv4 "
+                       f"address on {ctx.node} (the kernel then adds the entry), or {fix[0].lower() + fix[1:]}", **evidence)
+        else:
+            yield fail(f"NCCL_IB_GID_INDEX={wanted}: {said}", fix, **evidence)
+    else:
+        yield passed(f"RoCE GIDs: {', '.join(good)}", **evidence)
+
+
+def _kernel_at_least(release: Optional[str], major: int, minor: int) -> bool:
+    try:
+        parts = (release or "").split("-")[0].split(".")
+        return (int(parts[0]), int(parts[1])) >= (major, minor)
+    except (IndexError, ValueError):
+        return False
+
+
+@check("RDMA004", "gpudirect-rdma", "node", tags=["rdma", "gpu", "nccl", "gpudirect"])
+def gpudirect_rdma(ctx) -> Iterator[Finding]:
+    """Where a node has both GPUs and RDMA devices, GPUDirect RDMA is possible: the nvidia_peermem (or the
+    older nv_peer_mem) module is loaded, or DMA-BUF can take its place (Linux 5.12 or newer with NVIDIA's
+    open kernel modules).
+
+    Without it NCCL cannot let the HCA read and write GPU memory: every transfer between nodes is staged
+    through host memory ('GPU Direct RDMA Disabled' in NCCL's INFO lines), costing bandwidth and CPU.
+
+    Load the module (`modprobe nvidia_peermem`, and list it in /etc/modules-load.d/ so that it loads at
+    boot), or install NVIDIA's open kernel modules on a 5.12+ kernel for DMA-BUF.
+    """
+    fabric, why = fabric_of(ctx.fact)
+    if why:
+        yield why
+        return
+    devices = sorted(fabric.get("rdma") or {})
+    gpus = ctx.fact.get("gpus") or {}
+    if not devices or not gpus.get("available") or not gpus.get("count"):
+        yield skip("GPUDirect RDMA needs GPUs and RDMA devices on the node; this one has "
+                   f"{'RDMA devices' if devices else 'no RDMA device'} and "
+                   f"{'GPUs' if gpus.get('available') and gpus.get('count') else 'no GPU NVML sees'}")
+        return
+    modules = fabric.get("modules")
+    loaded = [m for m in GPUDIRECT_MODULES if m in (modules or [])]
+    driver = fabric.get("nvidia_driver") or ""
+    dmabuf = _kernel_at_least(fabric.get("kernel"), 5, 12) and "Open Kernel Module" in driver
+    evidence = {"modules": modules, "kernel": fabric.get("kernel"), "open_kernel_module": "Open Kernel Module" in driver}
+    if loaded:
+        yield passed(f"GPUDirect RDMA through {loaded[0]} for {', '.join(devices)}", **evidence)
+    elif dmabuf:
+        yield passed(f"GPUDirect RDMA through DMA-BUF (kernel {fabric.get('kernel')}, NVIDIA open kernel modules)",
+                     **evidence)
+    elif modules is None:
+        yield skip("the loaded kernel modules cannot be read (/proc/modules)", **evidence)
+    else:
+        yield warn(f"GPUDirect RDMA is off: nvidia_peermem is not loaded, and DMA-BUF needs Linux 5.12+ with NVIDIA's "
+                   f"open kernel modules (kernel {fabric.get('kernel')}): NCCL stages every transfer through host memory",
+                   f"modprobe nvidia_peermem on {ctx.node} (and add it to /etc/modules-load.d/ for the next boot)",
+                   **evidence)
+
+
+@check("RDMA005", "hca-firmware", "cluster", tags=["rdma", "firmware"])
+def hca_firmware(ctx) -> Iterator[Finding]:
+    """HCAs of the same model run the same firmware on every node.
+
+    Firmware releases change link training, congestion control and RoCE defaults; a node left behind at an
+    update is a common cause of a link that flaps or a job that is slow on one node only.
+
+    Update the named nodes' HCA firmware to the version the others run (mlxfwmanager / mstflint), then
+    reboot or reset the HCA.
+    """
+    firmware: Dict[str, Dict[str, set]] = {}  # model -> version -> nodes
+    for node in ctx.reachable:
+        fabric, why = fabric_of(ctx.facts[node]["facts"])
+        for device in ((fabric or {}).get("rdma") or {}).values():
+            if device.get("fw_ver"):
+                model = device.get("board_id") or device.get("hca_type") or "HCA"
+                firmware.setdefault(model, {}).setdefault(device["fw_ver"], set()).add(node)
+    if not firmware:
+        yield skip("no node reports an RDMA device with a firmware version")
+        return
+    same = True
+    for model, versions in sorted(firmware.items()):
+        if len(versions) < 2:
+            continue
+        same = False
+        usual = max(versions, key=lambda v: (len(versions[v]), ctx.plan.head in versions[v]))  # a tie: the head's
+        for version, nodes in sorted(versions.items()):
+            if version != usual:
+                yield Finding(Status.WARN, f"{model} firmware {version} on {fold(sorted(nodes))}, {usual} on "
+                              f"{fold(sorted(versions[usual]))}", f"update the {model} firmware to {usual} on "
+                              f"{fold(sorted(nodes))} (mlxfwmanager)", nodes=tuple(sorted(nodes)),
+                              evidence={"model": model, "version": version, "usual": usual})
+    if same:
+        yield passed("; ".join(f"{model} firmware {next(iter(v))} on every node" for model, v in sorted(firmware.items())))
+
+
+@check("RDMA006", "rdma-errors", "node", tags=["rdma", "infiniband", "health"])
+def rdma_errors(ctx) -> Iterator[Finding]:
+    """The RDMA ports NCCL uses have counted no link errors (link_downed, symbol_error, port_rcv_errors and
+    the others a healthy link keeps at zero) since the counters were last cleared.
+
+    A link that went down or corrupts symbols retransmits and stalls: a job over it slows down or times out
+    in a collective, at random, on this node only.
+
+    Check the named port's cable, transceiver and switch port; clear the counters (`perfquery -x -R`) and
+    watch whether they grow again.
+    """
+    fabric, ports, why = _rdma_ports(ctx)
+    if why:
+        yield why
+        return
+    counted = {}
+    for device, port, facts in ports:
+        errors = {k: v for k, v in (facts.get("counters") or {}).items() if k in ERROR_COUNTERS and isinstance(v, int) and v}
+        if errors:
+            counted[f"{device}:{port}"] = errors
+    if counted:
+        said = "; ".join(f"{name}: " + ", ".join(f"{k} {v}" for k, v in errors.items()) for name, errors in counted.items())
+        yield warn(f"link errors counted: {said}", f"check the cable and switch port of {', '.join(counted)} on "
+                   f"{ctx.node}, clear the counters (perfquery -x -R) and watch whether they grow", errors=counted)
+    else:
+        yield passed(f"no link error counted on {', '.join(f'{d}:{p}' for d, p, _ in ports)}")
+

@@ -1,0 +1,226 @@
+"""The fabric and the driver stack (RDMA001-006, PKG006-008, GPU008) over recorded sysfs / procfs trees
+(tests/fixtures/sysfs) and recorded NVML answers: the collector reads the tree, its facts make the JSON trip
+from the node, and the checks, the runner and the CLI run for real."""
+import copy
+import json
+from unittest import mock
+
+import pytest
+
+from conftest import run_cli
+from nvml_fake import fake
+from preflight import collector, registry, runner
+from preflight.plan import build_plan
+from preflight.result import Status
+from sysfs_tree import FIXTURES, fabric_facts
+
+BASE = collector.collect({"head": "127.0.0.1", "port": 29500, "paths": {}})
+SPECS = {c.id: c for c in registry.load().checks}
+IB0 = "sys/class/infiniband/mlx5_0/ports/1/"
+IB1 = "sys/class/infiniband/mlx5_1/ports/1/"
+
+
+def gpus(recording="h100x8.json"):
+    with mock.patch.object(collector, "Nvml", fake(recording)):
+        return json.loads(json.dumps(collector._gpus()))
+
+
+def node(tmp_path, name, recording, change=None, env=None, nvml="h100x8.json", versions=None):
+    doc = copy.deepcopy(BASE)
+    doc["fabric"] = fabric_facts(tmp_path / name, recording, change)
+    doc["host"]["rdma_devices"] = sorted(doc["fabric"]["rdma"])
+    doc["env"] = dict(env or {})
+    doc["gpus"] = gpus(nvml) if nvml else {"available": False, "reason": "no NVIDIA driver"}
+    doc["packages"]["versions"].update(versions or {})
+    return {"facts": doc, "error": None, "clock": {"offset_s": 0.0, "bound_s": 0.0005, "rtt_s": 0.001}}
+
+
+def cluster(tmp_path, recording, changes=None, env=None, **kw):
+    """Two nodes from one recording; changes: node -> the change to its tree."""
+    return {n: node(tmp_path, n, recording, (changes or {}).get(n), env, **kw) for n in ("n01", "n02")}
+
+
+def run(check_id, states, tmp_path):
+    plan = build_plan(nodes=tuple(states))
+    return runner.run_check(SPECS[check_id], runner.CheckContext(plan, states, {}))
+
+
+def statuses(results):
+    return {(r.nodes, r.status) for r in results}
+
+
+# --- healthy nodes: no false alarm -------------------------------------------------------------------
+
+def test_the_collector_reads_a_recorded_infiniband_node(tmp_path):
+    fabric = fabric_facts(tmp_path, "ib-node")
+    port = fabric["rdma"]["mlx5_0"]["ports"]["1"]
+    assert (port["state"], port["phys_state"], port["rate_gbps"], port["link_layer"]) == ("ACTIVE", "LinkUp", 400.0, "InfiniBand")
+    assert port["gids"] == [{"index": 0, "gid": "fe80:0000:0000:0000:a088:c203:0012:3456", "type": None, "ndev": None}]
+    assert port["counters"]["link_downed"] == 0
+    assert fabric["rdma"]["mlx5_0"]["fw_ver"] == "28.39.1002" and fabric["rdma"]["mlx5_0"]["netdevs"] == ["ibp24s0"]
+    assert fabric["rdma"]["mlx5_0"]["pci"] == "0000:18:00.0"
+    assert "nvidia_peermem" in fabric["modules"] and "ext4" not in fabric["modules"]
+    assert fabric["xid"] == {"readable": True, "events": [], "count": 0}
+
+
+def test_the_collector_reads_a_roce_gid_table_and_skips_empty_entries(tmp_path):
+    port = fabric_facts(tmp_path, "roce-node")["rdma"]["mlx5_0"]["ports"]["1"]
+    assert [(g["index"], g["type"]) for g in port["gids"]] == [(0, "IB/RoCE v1"), (1, "RoCE v2"), (2, "IB/RoCE v1"), (3, "RoCE v2")]
+    assert port["gids"][3]["gid"].endswith("ffff:0a00:010b") and port["gids"][3]["ndev"] == "ens1f0np0"
+
+
+@pytest.mark.parametrize("recording,env", [("ib-node", {}), ("roce-node", {"NCCL_IB_GID_INDEX": "3"}),
+                                           ("roce-node", {})])
+def test_healthy_nodes_give_no_false_alarm(tmp_path, recording, env):
+    states = cluster(tmp_path, recording, env=env)
+    for check_id in ("RDMA001", "RDMA002", "RDMA004", "RDMA005", "RDMA006", "GPU008", "PKG006"):
+        results = run(check_id, states, tmp_path)
+        assert {r.status for r in results} == {Status.PASS}, (check_id, [r.message for r in results])
+    roce = run("RDMA003", states, tmp_path)
+    assert {r.status for r in roce} == ({Status.PASS} if recording == "roce-node" else {Status.SKIP})
+
+
+def test_a_node_without_rdma_devices_skips_with_the_reason(tmp_path):
+    states = cluster(tmp_path, "no-rdma", nvml=None)
+    for check_id in ("RDMA001", "RDMA003", "RDMA004", "RDMA006"):
+        results = run(check_id, states, tmp_path)
+        assert {r.status for r in results} == {Status.SKIP}, check_id
+        assert "RDMA device" in results[0].message or "no RDMA" in results[0].message, results[0].message
+    assert [r.status for r in run("RDMA002", states, tmp_path)] == [Status.SKIP]
+    assert [r.status for r in run("RDMA005", states, tmp_path)] == [Status.SKIP]
+
+
+# --- each fault, planted in a tree, named with the node and the device ---------------------------------
+
+def test_a_port_down_on_one_node(tmp_path):
+    down = {IB1 + "state": "1: DOWN\n", IB1 + "phys_state": "3: Disabled\n"}
+    results = run("RDMA001", cluster(tmp_path, "ib-node", {"n02": down}), tmp_path)
+    bad = [r for r in results if r.status == Status.WARN]
+    assert [r.nodes for r in bad] == [("n02",)] and "mlx5_1:1 is DOWN, Disabled" in bad[0].message
+    every = dict(down, **{IB0 + "state": "1: DOWN\n", IB0 + "phys_state": "2: Polling\n"})
+    results = run("RDMA001", cluster(tmp_path / "all", "ib-node", {"n02": every}), tmp_path)
+    failed = [r for r in results if r.status == Status.FAIL]
+    assert [r.nodes for r in failed] == [("n02",)] and "falls back to TCP sockets" in failed[0].message
+
+
+def test_nccl_ib_hca_names_a_port_that_is_down(tmp_path):
+    down = {IB1 + "state": "1: DOWN\n", IB1 + "phys_state": "3: Disabled\n"}
+    states = cluster(tmp_path, "ib-node", {"n02": down}, env={"NCCL_IB_HCA": "=mlx5_1"})
+    failed = [r for r in run("RDMA001", states, tmp_path) if r.status == Status.FAIL]
+    assert [r.nodes for r in failed] == [("n02",)] and "mlx5_1:1" in failed[0].message
+
+
+def test_nccl_ib_hca_names_a_device_that_does_not_exist(tmp_path):
+    states = cluster(tmp_path, "ib-node", env={"NCCL_IB_HCA": "mlx5_7"})
+    results = run("NET005", states, tmp_path)
+    assert {r.status for r in results} == {Status.FAIL} and "mlx5_7" in results[0].message
+    assert [r.status for r in run("RDMA001", states, tmp_path)] == [Status.SKIP] * 2
+
+
+def test_a_port_at_the_wrong_rate(tmp_path):
+    results = run("RDMA002", cluster(tmp_path, "ib-node", {"n02": {IB0 + "rate": "200 Gb/sec (4X HDR)\n"}}), tmp_path)
+    assert statuses(results) == {(("n01",), Status.PASS), (("n02",), Status.WARN)}
+    warned = next(r for r in results if r.status == Status.WARN)
+    assert "mlx5_0:1 at 200 Gb/s" in warned.message and "400 Gb/s" in warned.message
+
+
+def test_roce_gid_index_that_is_roce_v1_on_one_node(tmp_path):
+    swapped = {"sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/3": "IB/RoCE v1\n",
+               "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/2": "RoCE v2\n"}
+    states = cluster(tmp_path, "roce-node", {"n02": swapped}, env={"NCCL_IB_GID_INDEX": "3"})
+    results = run("RDMA003", states, tmp_path)
+    assert statuses(results) == {(("n01",), Status.PASS), (("n02",), Status.FAIL)}
+    failed = next(r for r in results if r.status == Status.FAIL)
+    assert "mlx5_0:1's GID 3 is IB/RoCE v1" in failed.message and "NCCL_IB_GID_INDEX=2" in failed.remediation
+
+
+def test_roce_gid_index_past_the_table_and_link_local(tmp_path):
+    states = cluster(tmp_path, "roce-node", env={"NCCL_IB_GID_INDEX": "5"})
+    assert {r.status for r in run("RDMA003", states, tmp_path)} == {Status.FAIL}
+    states = cluster(tmp_path / "ll", "roce-node", env={"NCCL_IB_GID_INDEX": "1"})
+    results = run("RDMA003", states, tmp_path)
+    assert {r.status for r in results} == {Status.FAIL} and "not an IPv4 address" in results[0].message
+
+
+def test_gpudirect_rdma_off_without_peermem(tmp_path):
+    no_peermem = {"proc/modules": "nvidia 56463360 0 - Live 0x0\nmlx5_ib 446464 0 - Live 0x0\n"}
+    results = run("RDMA004", cluster(tmp_path, "ib-node", {"n02": no_peermem}), tmp_path)
+    assert statuses(results) == {(("n01",), Status.PASS), (("n02",), Status.WARN)}
+    assert "modprobe nvidia_peermem on n02" in next(r for r in results if r.status == Status.WARN).remediation
+
+
+def test_hca_firmware_differs(tmp_path):
+    old = {"sys/class/infiniband/mlx5_0/fw_ver": "28.35.2000\n", "sys/class/infiniband/mlx5_1/fw_ver": "28.35.2000\n"}
+    results = run("RDMA005", cluster(tmp_path, "ib-node", {"n02": old}), tmp_path)
+    assert [(r.status, r.nodes) for r in results] == [(Status.WARN, ("n02",))]
+    assert "28.35.2000" in results[0].message and "28.39.1002" in results[0].remediation
+
+
+def test_link_error_counters(tmp_path):
+    errors = {IB0 + "counters/link_downed": "3\n", IB0 + "counters/symbol_error": "1187\n"}
+    results = run("RDMA006", cluster(tmp_path, "ib-node", {"n02": errors}), tmp_path)
+    assert statuses(results) == {(("n01",), Status.PASS), (("n02",), Status.WARN)}
+    assert "mlx5_0:1: link_downed 3, symbol_error 1187" in next(r for r in results if r.status == Status.WARN).message
+
+
+def test_an_nccl_net_plugin_on_one_node_only(tmp_path, monkeypatch):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "libnccl-net.so").write_bytes(b"\x7fELF" + b"\0" * 60)
+    states = cluster(tmp_path, "ib-node")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(plugins))
+    states["n02"]["facts"]["fabric"] = fabric_facts(tmp_path / "n02b", "ib-node")
+    results = run("PKG006", states, tmp_path)
+    warned = [r for r in results if r.status == Status.WARN]
+    assert [r.nodes for r in warned] == [("n02",)] and "libnccl-net.so (64 bytes)" in warned[0].message
+
+
+@pytest.mark.parametrize("build,status", [("13.0", Status.FAIL), ("12.8", Status.WARN), ("12.4", Status.PASS),
+                                          ("11.8", Status.PASS)])
+def test_torch_cuda_build_against_the_driver(tmp_path, build, status):
+    states = cluster(tmp_path, "ib-node", versions={"cuda": build})  # h100x8: the driver runs CUDA 12.4
+    results = run("PKG007", states, tmp_path)
+    assert {r.status for r in results} == {status}, [r.message for r in results]
+
+
+def test_known_bad_versions(tmp_path):
+    states = cluster(tmp_path, "ib-node", versions={"nccl": "2.29.2", "torch": "2.7.0+cu126"})
+    results = run("PKG008", states, tmp_path)
+    assert sorted(r.message.split(" (")[-1] for r in results) == ["pytorch/pytorch#153960)"] * 2 + ["pytorch/pytorch#174338)"] * 2
+    workaround = cluster(tmp_path / "w", "ib-node", versions={"torch": "2.7.0"},
+                         env={"TORCH_NCCL_USE_COMM_NONBLOCKING": "0"})
+    assert {r.status for r in run("PKG008", workaround, tmp_path)} == {Status.PASS}
+
+
+XID_79 = "4,2001,91234567,-;NVRM: Xid (PCI:0000:2a:00): 79, pid=0, name=, GPU has fallen off the bus.\n"
+XID_13 = "4,2002,91234999,-;NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics Exception\n"
+
+
+def test_xid_errors_on_the_job_gpus(tmp_path):
+    kmsg = json.loads((FIXTURES / "ib-node.json").read_text())["files"]["dev/kmsg"]
+    results = run("GPU008", cluster(tmp_path, "ib-node", {"n02": {"dev/kmsg": kmsg + XID_79 + XID_13}}), tmp_path)
+    assert statuses(results) == {(("n01",), Status.PASS), (("n02",), Status.FAIL)}
+    failed = next(r for r in results if r.status == Status.FAIL)
+    assert "GPU 1 (0000:2a:00): Xid 79 GPU has fallen off the bus" in failed.message
+    only_program = run("GPU008", cluster(tmp_path / "p", "ib-node", {"n02": {"dev/kmsg": kmsg + XID_13}}), tmp_path)
+    assert {r.status for r in only_program} == {Status.PASS}
+    assert "program errors only: GPU 0 (0000:18:00): Xid 13" in [r for r in only_program if r.nodes == ("n02",)][0].message
+
+
+def test_xid_unreadable_kernel_log_skips_with_the_reason(tmp_path):
+    results = run("GPU008", cluster(tmp_path, "ib-node", {"n02": {"dev/kmsg": None}}), tmp_path)
+    skipped = [r for r in results if r.status == Status.SKIP]
+    assert [r.nodes for r in skipped] == [("n02",)] and "kernel log is not readable" in skipped[0].message
+
+
+def test_the_real_kernel_log_is_read_without_blocking():
+    xid = collector._xid_events("/")
+    assert xid["readable"] is True or "kmsg" in xid["reason"]
+
+
+def test_explain_covers_every_new_check(capsys):
+    for check_id in ("RDMA001", "RDMA002", "RDMA003", "RDMA004", "RDMA005", "RDMA006", "PKG006", "PKG007",
+                     "PKG008", "GPU008"):
+        code, out, _ = run_cli(capsys, "explain", check_id)
+        spec = SPECS[check_id]
+        assert code == 0 and check_id in out and spec.name in out and len(out.split("\n\n")) >= 3, out
