@@ -1119,6 +1119,11 @@ def deepspeed_validator(ctx) -> Iterator[Finding]:
         yield skip(f"deepspeed is not importable here ({exc}); install it, or the 'train' extra")
         return
     config = _without_auto(copy.deepcopy(dict(ds.data)), world)
+    stand_in = ""
+    if ds_usage(ctx) == "unknown" and not {"train_batch_size", "train_micro_batch_size_per_gpu"} & set(config):
+        # A framework may set the micro batch itself (Lightning does; CFG030 warns): validate the rest.
+        config["train_micro_batch_size_per_gpu"] = 1
+        stand_in = " (a stand-in micro batch of 1 for the one the training framework sets, see CFG030)"
     saved = dist.get_rank, dist.get_world_size
     # Without an initialised process group DeepSpeedConfig assumes a world of 1: give it the plan's.
     dist.get_rank, dist.get_world_size = (lambda *a, **k: 0), (lambda *a, **k: world)
@@ -1132,7 +1137,7 @@ def deepspeed_validator(ctx) -> Iterator[Finding]:
         return
     finally:
         dist.get_rank, dist.get_world_size = saved
-    yield passed(f"DeepSpeed {deepspeed.__version__} accepts {ds.path} at world size {world}",
+    yield passed(f"DeepSpeed {deepspeed.__version__} accepts {ds.path} at world size {world}{stand_in}",
                  deepspeed=deepspeed.__version__, world_size=world)
 
 
