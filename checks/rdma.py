@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from checks.net import ib_hca_spec
+from preflight.checks.net import ib_hca_spec
 from preflight.compare import grouped
-from preflight.registry import check
 from preflight.inventory import fold
+from preflight.registry import check
 from preflight.result import Finding, Status, fail, passed, skip, warn
 
 GPUDIRECT_MODULES = ("nvidia_peermem", "nv_peer_mem")

@@ -101,6 +101,15 @@ def test_builtin_checks_are_found_through_the_entry_point_group():
         assert spec.what and spec.why and spec.fix
 
 
+def test_every_family_loads_outside_the_source_tree(tmp_path):
+    """As installed: the repository's checks/ folder is not on sys.path there (a family importing `checks.x`
+    instead of `preflight.checks.x` loaded only from the source tree)."""
+    code = "from preflight import registry; r = registry.load(); print(len(r.checks)); print(r.problems)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[1] == "()", proc.stdout + proc.stderr
+    assert int(proc.stdout.split()[0]) == len(registry.load().checks)
+
+
 # --- third-party plugins, through real entry points -----------------------------------------------
 
 def make_plugin(root, dist, module, source, entry=None):
