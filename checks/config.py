@@ -758,8 +758,8 @@ def batch_size(ctx) -> Iterator[Finding]:
         # Without an mpu, DeepSpeedConfig divides the world by it before the batch assertion (runtime/config.py).
         if world % sp:
             yield fail(f"{ds.where('sequence_parallel_size')}: the world size {world} ({source}) does not divide by "
-                       f"sequence_parallel_size {sp}; DeepSpeed's data-parallel size would be {world / sp:g} and its "
-                       "batch assertion cannot hold", f"run a multiple of {sp} processes, or change "
+                       f"sequence_parallel_size {sp}: DeepSpeed cannot form the sequence-parallel groups ('world_size "
+                       f"({world}) is not divisible by sequence_parallel_size {sp}', runtime/sequence_parallel)", f"run a multiple of {sp} processes, or change "
                        "sequence_parallel_size", world_size=world, sequence_parallel_size=sp,
                        **at(ds, "sequence_parallel_size"))
             return
