@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 
 from preflight import __version__
 from preflight.documents import InputError
+from preflight.memory import inputs as memory_inputs
 from preflight.result import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_READY, exit_code, verdict
 
 
@@ -81,6 +82,7 @@ def build_parser() -> Parser:
         p.add_argument("--prometheus", metavar="FILE",
                        help="also write metrics to FILE in node_exporter's textfile-collector format (*.prom)")
         p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page (check x node matrix)")
+        memory_options(p)
 
     def launch_command(p: argparse.ArgumentParser, text: str) -> None:
         p.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help=text)
@@ -133,6 +135,16 @@ def build_parser() -> Parser:
     explain = commands.add_parser("explain", help="explain one check: what, why, how to fix")
     explain.add_argument("id", metavar="ID")
     return parser
+
+
+def memory_options(p: argparse.ArgumentParser) -> None:
+    """Will it fit (the MEM checks; preflight.memory)."""
+    p.add_argument("--model", metavar="MODEL",
+                   help="the model: a parameter count (7B, 7e9), a config.json or model folder, or a model id in "
+                        "the local Hugging Face cache (never downloaded); enables the MEM checks")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="memory of each GPU for lint to compare against (80GB, 80GiB)")
+    p.add_argument("--host-memory", metavar="SIZE", help="host memory of each node for lint to compare against")
+    p.add_argument("--seq-len", metavar="N", help="tokens per sample: with the micro-batch, the activation margin")
 
 
 def doctor_options(sub: argparse.ArgumentParser) -> None:
@@ -293,6 +305,7 @@ def evaluate(reg, args, gather=None):
         config_path=args.config,
         launching=args.command == "launch",
         python=getattr(args, "python", None),
+        memory=memory_inputs(args, profile),
     )
     ctx = runner.CheckContext(plan)
     if args.command != "lint":

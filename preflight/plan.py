@@ -5,7 +5,7 @@ import dataclasses
 import os
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from preflight.inventory import head_first
 from preflight.jobconfig import (
@@ -60,6 +60,7 @@ class Plan:
     expand_vars: bool = True  # $VAR in the command is each node's (check); `launch` quotes every word
     sets_ranks: bool = False  # `launch` over SSH gives each node its rank flags (preflight.launcher)
     python: Optional[str] = None  # --python: the interpreter whose versions the facts hold
+    memory: Optional[Any] = None  # preflight.memory.Inputs: --model, --gpu-memory, --host-memory, --seq-len
 
     @property
     def head(self) -> Optional[str]:
@@ -120,6 +121,7 @@ def build_plan(
     config_path: Optional[str] = None,
     launching: bool = False,
     python: Optional[str] = None,
+    memory: Optional[Any] = None,
 ) -> Plan:
     """Load every input; unreadable input raises InputError (exit 2).
 
@@ -167,6 +169,7 @@ def build_plan(
         expand_vars=not launching,
         sets_ranks=launching and remote,
         python=python,
+        memory=memory,
     )
 
 

@@ -124,6 +124,7 @@ class Profile:
     skip: Tuple[str, ...] = ()
     hosts: Tuple[HostExpectation, ...] = ()
     skip_line: Optional[int] = None  # where checks.skip is, for an error about one of its selectors
+    memory: Tuple[Tuple[str, Any], ...] = ()  # [memory]: model, gpu_memory, host_memory, seq_len (preflight.memory)
 
     def limits(self, base):
         """`base` (a plan.Limits) with this profile's thresholds."""
@@ -149,7 +150,7 @@ THRESHOLDS: Dict[str, Tuple[tuple, str, float]] = {
     "disk_warn_gib": (NUMBER, "disk_warn_bytes", 2**30),
     "min_busbw_gbps": (NUMBER, "min_busbw_gbps", 1),
 }
-SECTIONS = ("thresholds", "pins", "checks", "hosts")
+SECTIONS = ("thresholds", "pins", "checks", "hosts", "memory")
 CHECKS_KEYS = ("skip",)
 HOSTS_KEYS = ("hosts", "gpus", "gpu_model")
 
@@ -273,7 +274,16 @@ class _Reader:
             raise self.error(("hosts",), "hosts must be an array of tables ([[hosts]]), found " + _kind(hosts))
         return Profile(self.path, tuple(thresholds), tuple(pins), tuple(s.strip() for s in skip),
                        tuple(self.host(entry, i) for i, entry in enumerate(hosts)),
-                       self.line_of(("checks", "skip")) if skip else None)
+                       self.line_of(("checks", "skip")) if skip else None, self.memory(data.get("memory", {})))
+
+    def memory(self, value: Any) -> Tuple[Tuple[str, Any], ...]:
+        """[memory]: strings or numbers, read by preflight.memory.inputs (which says what a bad one is)."""
+        from preflight.memory import PROFILE_KEYS
+
+        table = self.table(value, ("memory",), PROFILE_KEYS, "[memory]")
+        for key, item in table.items():
+            self.typed(item, ("memory", key), (str, int, float), 'a string or a number, such as "7B" or "80GB"')
+        return tuple(table.items())
 
     def host(self, entry: Any, index: int) -> HostExpectation:
         keys = ("hosts", index)

@@ -1,0 +1,293 @@
+"""MEM: will the model fit the GPUs, the host memory and the NVMe of every node, at the job's ZeRO stage,
+offload and precision (preflight.memory has the arithmetic; the nodes' figures are facts already gathered:
+NVML's GPU memory, MemAvailable, the free space of each nvme_path)."""
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Tuple
+
+from preflight import memory
+from preflight.checks.config import is_int, processes_per_machine, zero_settings
+from preflight.checks.gpu import job_gpus
+from preflight.memory import Need, Setup, gib
+from preflight.registry import check
+from preflight.result import Finding, fail, passed, skip, warn
+
+NO_MODEL = ("no --model given (nor model in the profile's [memory]): the memory estimate needs the model's size "
+            "(--model 7B, a config.json or a cached model id)")
+
+
+def model_of(ctx) -> Optional[memory.Model]:
+    inputs = ctx.plan.memory
+    return inputs.model if inputs is not None else None
+
+
+def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], str]:
+    """How the job trains, from the plan's configs; (None, why) when the ZeRO stage is not a number.
+    gpus_here: the job's GPUs on this node, when nothing else says how many processes a node runs."""
+    plan, notes = ctx.plan, []
+    stage, blocks = 0, {}
+    found = zero_settings(ctx)
+    if found is not None:
+        _, _, stage, blocks = found
+        if stage == "auto" and plan.accelerate is not None and plan.accelerate.uses_deepspeed:
+            stage = 2  # accelerate fills it in: 2 unless `accelerate launch --zero_stage` says otherwise
+            notes.append("stage \"auto\" taken as accelerate's 2")
+        if not is_int(stage) or not 0 <= stage <= 3:
+            return None, f"the ZeRO stage is {stage!r}, not 0-3 (see CFG040)"
+    else:
+        notes.append("no ZeRO settings: stage 0")
+
+    def device(block: str) -> str:
+        value = (blocks.get(block) or {}).get("device") if isinstance(blocks, dict) else None
+        value = value.lower() if isinstance(value, str) else value
+        return value if value in ("cpu", "nvme") else "none"
+
+    accel = plan.accelerate
+    per = processes_per_machine(accel.data) if accel is not None else None
+    if not per and plan.hostfile is not None and plan.hostfile.entries:
+        per = max(e.slots for e in plan.hostfile.entries)
+    per = per or gpus_here or 1
+    machines = accel.data.get("num_machines") if accel is not None else None
+    if not is_int(machines) or machines < 1:
+        machines = len(set(plan.hostfile.hosts)) if plan.hostfile is not None else len(plan.nodes) or 1
+    section = accel.deepspeed_section if accel is not None and accel.uses_deepspeed else None
+    init_flag = section.data.get("zero3_init_flag") if section is not None else None
+    mp = accel.data.get("mixed_precision") if accel is not None else None
+    ds = plan.deepspeed
+    halves = [ds.enabled(b) for b in ("fp16", "bf16")] if ds is not None else []
+    if True in halves or ("auto" in halves and mp in ("fp16", "bf16", "fp8")):
+        weight_bytes = 2
+    elif mp in ("fp16", "bf16", "fp8") and ds is None:
+        weight_bytes = 2
+    elif ds is not None or mp == "no":
+        weight_bytes = 4
+    else:
+        weight_bytes = 2
+        notes.append("precision not given: 16-bit assumed")
+    micro = ds.get("train_micro_batch_size_per_gpu") if ds is not None else None
+    inputs = plan.memory
+    setup = Setup(stage=stage, offload_optimizer=device("offload_optimizer"),
+                  offload_param=device("offload_param") if stage >= 3 else "none",
+                  gpus_per_node=per, nodes=machines,
+                  zero_init=stage >= 3 and init_flag not in (False, "false", "False"),
+                  weight_bytes=weight_bytes, micro_batch=micro if is_int(micro) and micro > 0 else None,
+                  seq_len=inputs.seq_len if inputs is not None else None)
+    return setup, "; ".join(notes)
+
+
+def figures(model: memory.Model, setup: Setup, need: Need) -> str:
+    count = memory.count_text(model.params) + (" (estimated)" if model.estimated else "")
+    return (f"{count} parameters, {setup.describe()}: {gib(need.gpu)} per GPU for the model states, "
+            f"{gib(need.host)} host RAM per node")
+
+
+def evidence(model: memory.Model, setup: Setup, need: Need, **more) -> dict:
+    return dict(params=model.params, largest_layer_params=model.largest_layer, params_estimated=model.estimated,
+                stage=setup.stage, offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param,
+                gpus_per_node=setup.gpus_per_node, nodes=setup.nodes, gpu_bytes=need.gpu, host_bytes=need.host,
+                states_host_bytes=need.states_host, load_bytes=need.load,
+                nvme_bytes=need.nvme_optimizer + need.nvme_param, activation_bytes=need.activations, **more)
+
+
+def remedy(model: memory.Model, setup: Setup, gpu_room: Optional[int], host_room: Optional[int]) -> str:
+    """The cheapest change that fits, with its figures; else what is left to try."""
+    found = memory.cheapest(model, setup, gpu_room, host_room)
+    if found is None:
+        return ("nothing in reach fits: more nodes than 8x, GPUs with more memory, a smaller model, or a "
+                "parameter-efficient method (LoRA)")
+    what, need = found
+    return f"{what} fits: {gib(need.gpu)} per GPU, {gib(need.host)} host RAM per node"
+
+
+def activation_margin(setup: Setup, need: Need, room: int, where: str) -> Optional[Finding]:
+    """A warning when the model states fit but the activations (a stated margin) may not."""
+    if need.activations is None:
+        return None
+    if need.gpu + need.checkpointed > room:
+        extra, how = need.checkpointed, "even with activation checkpointing"
+        fix = "lower train_micro_batch_size_per_gpu (raise gradient_accumulation_steps to keep the batch)"
+    elif need.gpu + need.activations > room:
+        extra, how = need.activations, "without activation checkpointing"
+        fix = "turn on activation (gradient) checkpointing, or lower train_micro_batch_size_per_gpu"
+    else:
+        return None
+    return warn(f"the model states fit ({gib(need.gpu)}), but micro-batch {setup.micro_batch} x {setup.seq_len} "
+                f"tokens adds about {gib(extra)} of activations per GPU {how}: {gib(need.gpu + extra)} against "
+                f"{gib(room)} {where}", fix, activation_bytes=need.activations, checkpointed_bytes=need.checkpointed)
+
+
+@check("MEM001", "memory-estimate", "config", tags=["memory", "deepspeed", "zero"])
+def memory_estimate(ctx) -> Iterator[Finding]:
+    """With --model, the memory the job needs (model states per GPU, host RAM and NVMe per node) as
+    DeepSpeed's estimators compute it for its ZeRO stage, offload and GPUs, against --gpu-memory and
+    --host-memory (or the profile's [memory]) when given.
+
+    An out-of-memory at the first step fails one rank while the others hang in their next collective until
+    the NCCL timeout; host RAM runs out when every rank on a node loads a full copy of the model.
+
+    Take the change the finding names, cheapest first: the next ZeRO stage, optimizer offload to the CPU,
+    parameter offload (stage 3), more nodes; `preflight explain MEM001` and the README's "Will it fit"
+    section show the arithmetic.
+    """
+    model = model_of(ctx)
+    if model is None:
+        yield skip(NO_MODEL)
+        return
+    setup, note = job_setup(ctx)
+    if setup is None:
+        yield skip(note)
+        return
+    need = memory.estimate(model, setup)
+    inputs = ctx.plan.memory
+    text = figures(model, setup, need) + (f" ({note})" if note else "")
+    facts = evidence(model, setup, need, how=model.how)
+    gpu_short = inputs.gpu_bytes is not None and need.gpu > inputs.gpu_bytes
+    host_short = inputs.host_bytes is not None and need.host > inputs.host_bytes
+    if gpu_short or host_short:
+        against = ", ".join(f"{gib(v)} {w}" for v, w in ((inputs.gpu_bytes, "per GPU (--gpu-memory)"),
+                                                         (inputs.host_bytes, "per node (--host-memory)")) if v)
+        yield fail(f"does not fit: {text}, against {against}",
+                   remedy(model, setup, inputs.gpu_bytes, inputs.host_bytes), **facts)
+        return
+    if inputs.gpu_bytes is not None:
+        margin = activation_margin(setup, need, inputs.gpu_bytes, "per GPU (--gpu-memory)")
+        if margin is not None:
+            yield margin
+            return
+    compared = " (fits --gpu-memory/--host-memory)" if inputs.gpu_bytes or inputs.host_bytes else ""
+    yield passed(f"{text}{compared}", **facts)
+
+
+def _node_setup(ctx) -> Tuple[Optional[memory.Model], Optional[Setup], Optional[List[dict]], Optional[Finding]]:
+    """(model, setup, the job's GPUs here or None, why there are none); setup None: the last says why
+    nothing can be checked."""
+    model = model_of(ctx)
+    if model is None:
+        return None, None, None, skip(NO_MODEL)
+    gpus, why = job_gpus(ctx)
+    setup, note = job_setup(ctx, len(gpus) if gpus else None)
+    if setup is None:
+        return model, None, None, skip(note)
+    return model, setup, gpus, why
+
+
+def _gpu_free(gpu: dict) -> Optional[int]:
+    total, used = gpu.get("memory_total_bytes"), gpu.get("memory_used_bytes")
+    return total - used if total is not None and used is not None else None
+
+
+def _host_room(ctx) -> Optional[int]:
+    return (ctx.fact.get("memory") or {}).get("available_bytes")
+
+
+@check("MEM002", "gpu-memory-fit", "node", tags=["memory", "gpu", "nvml"])
+def gpu_memory_fit(ctx) -> Iterator[Finding]:
+    """With --model, the model states per GPU fit the total and the free memory (NVML) of each GPU the job
+    uses on the node; memory another process holds counts against it.
+
+    The rank whose GPU is smaller, or half taken by a leftover process, runs out of memory at the first
+    step and the other ranks wait for it in their next collective until the NCCL timeout.
+
+    Stop the process that holds the GPU (its PID is in the finding), or take the change the finding
+    names: the next ZeRO stage, optimizer offload to the CPU, parameter offload, more nodes.
+    """
+    model, setup, gpus, why = _node_setup(ctx)
+    if setup is None or not gpus:
+        yield why
+        return
+    need = memory.estimate(model, setup)
+    known = [g for g in gpus if g.get("memory_total_bytes") is not None]
+    if not known:
+        yield skip("NVML did not give the memory of the job's GPUs here")
+        return
+    smallest = min(known, key=lambda g: g["memory_total_bytes"])
+    tightest = min(known, key=lambda g: _gpu_free(g) if _gpu_free(g) is not None else g["memory_total_bytes"])
+    free = _gpu_free(tightest)
+    facts = evidence(model, setup, need, gpu_total_bytes=smallest["memory_total_bytes"], gpu_free_bytes=free)
+    text = figures(model, setup, need)
+    if need.gpu > smallest["memory_total_bytes"]:
+        yield fail(f"does not fit: {text}; GPU {smallest['index']} has {gib(smallest['memory_total_bytes'])} in all",
+                   remedy(model, setup, free, None), **facts)
+    elif free is not None and need.gpu > free:
+        holders = ", ".join(f"PID {p['pid']} ({gib(p.get('used_memory_bytes'))})" for p in tightest.get("processes") or [])
+        held = f": {holders} hold{'s' if len(tightest.get('processes') or []) == 1 else ''} memory there" if holders else ""
+        yield fail(f"does not fit now: {text}; GPU {tightest['index']} has {gib(free)} free of "
+                   f"{gib(tightest['memory_total_bytes'])}{held}",
+                   f"stop what holds GPU {tightest['index']}, or: {remedy(model, setup, free, None)}", **facts)
+    else:
+        room = free if free is not None else smallest["memory_total_bytes"]
+        margin = activation_margin(setup, need, room, f"free on GPU {tightest['index']}")
+        if margin is not None:
+            yield margin
+        else:
+            yield passed(f"{text}; the tightest GPU ({tightest['index']}) has {gib(room)} free", **facts)
+
+
+@check("MEM003", "host-memory-fit", "node", tags=["memory", "offload"])
+def host_memory_fit(ctx) -> Iterator[Finding]:
+    """With --model, the node's available memory (MemAvailable) holds what the job needs there: DeepSpeed's
+    per-node figure for its offload, or loading the model (every rank on the node loads a full copy unless
+    ZeRO-3 builds it partitioned), whichever is larger.
+
+    A node short of host memory is killed by the OOM killer while it loads the model or when the offloaded
+    optimizer states are pinned, with little said, and the other nodes hang.
+
+    Free memory on the node, load the model once (stage 3 with zero3_init_flag), offload less, or spread
+    the job over more nodes; the finding names the cheapest change that fits.
+    """
+    model, setup, gpus, why = _node_setup(ctx)
+    if setup is None:
+        yield why
+        return
+    room = _host_room(ctx)
+    if room is None:
+        yield skip("the node's available memory is unknown")
+        return
+    need = memory.estimate(model, setup)
+    facts = evidence(model, setup, need, available_bytes=room)
+    parts = f"offload {gib(need.states_host)}, loading {gib(need.load)}"
+    if need.host > room:
+        free = min((_gpu_free(g) for g in gpus or [] if _gpu_free(g) is not None), default=None)
+        yield fail(f"does not fit: {figures(model, setup, need)} ({parts}); {gib(room)} available here",
+                   remedy(model, setup, free, room), **facts)
+    else:
+        yield passed(f"{gib(need.host)} host RAM per node ({parts}); {gib(room)} available", **facts)
+
+
+@check("MEM004", "nvme-fit", "node", tags=["memory", "offload", "filesystem"])
+def nvme_fit(ctx) -> Iterator[Finding]:
+    """With --model and NVMe offload, the free space at each nvme_path holds this node's share of the
+    offloaded optimizer states (16 bytes a parameter) and parameters (2 bytes), split over the nodes.
+
+    DeepSpeed's swap files grow to their full size when the engine starts: a drive too small fails on
+    that node after the model has loaded.
+
+    Free space at nvme_path, point it at a larger local NVMe drive, or spread the job over more nodes.
+    """
+    model, setup, _, why = _node_setup(ctx)
+    if setup is None:
+        yield why
+        return
+    need = memory.estimate(model, setup)
+    wanted = [(k, n) for k, n in (("offload_optimizer.nvme_path", need.nvme_optimizer),
+                                  ("offload_param.nvme_path", need.nvme_param)) if n]
+    if not wanted:
+        yield skip("the job offloads nothing to NVMe (stage 3 with device nvme)")
+        return
+    storage = ctx.fact.get("storage") or {}
+    by_path = {}
+    for key, n in wanted:
+        entry = storage.get(key)
+        if not entry or not entry.get("exists"):
+            yield skip(f"{key} is not there to measure (see FS003)")
+            return
+        by_path.setdefault(entry["path"], [entry, 0])[1] += n  # two blocks on one folder share its space
+    for path, (entry, n) in by_path.items():
+        facts = evidence(model, setup, need, path=path, free_bytes=entry["free_bytes"], nvme_path_bytes=n)
+        if n > entry["free_bytes"]:
+            yield fail(f"{path} has {gib(entry['free_bytes'])} free, NVMe offload needs {gib(n)} here "
+                       f"({figures(model, setup, need)})",
+                       f"free space at {path}, use a larger NVMe drive, or run on {2 * setup.nodes} nodes "
+                       f"({gib(n // 2)} each)", **facts)
+        else:
+            yield passed(f"{path}: {gib(n)} of NVMe offload, {gib(entry['free_bytes'])} free", **facts)

@@ -1,0 +1,381 @@
+"""Will it fit: the model's size, and the memory its ZeRO stage, offload and precision need (the MEM checks).
+
+Pure functions. The only I/O is reading a model's config.json: a file, a model folder, or a model found in the
+local Hugging Face cache (never downloaded). The model-state figures are DeepSpeed's own estimators
+(deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs and
+stage3.estimate_zero3_model_states_mem_needs), written out here so that a lint needs no DeepSpeed import;
+tests/test_mem.py holds them equal to the installed DeepSpeed.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Optional, Tuple
+
+from preflight.documents import InputError
+
+BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor default
+# A parameter count alone does not say how large the largest layer is (ZeRO-3 gathers one at a time on the
+# GPU): 5% of the model, about the embedding of a 7-13B decoder with a 128k vocabulary.
+LARGEST_LAYER_SHARE = 0.05
+# Activations per token, layer and hidden unit, in bytes, 16-bit (Korthikanti et al. 2022, flash attention:
+# no s^2 term): 34 without recomputation; with activation checkpointing each layer keeps its input, 2.
+ACTIVATION_BYTES, CHECKPOINTED_BYTES = 34, 2
+
+COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*$", re.I)
+COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.I)
+SIZE_UNITS = {"b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+# --- the model's size -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Model:
+    params: int
+    largest_layer: int  # parameters of the largest module (its own, not its children's)
+    source: str  # what was given: "7B", a path, a model id
+    how: str  # how the count was made: "given", "from the config (llama)", "built on the meta device", ...
+    estimated: bool = False  # True when the count (or the largest layer) is an estimate
+    layers: Optional[int] = None  # for the activation margin
+    hidden: Optional[int] = None
+
+
+def parse_count(text: str) -> Optional[int]:
+    """'7e9', '7B', '1.3b', '350M' -> a number of parameters; None when the text is no count."""
+    match = COUNT.match(str(text))
+    if not match:
+        return None
+    value = float(match.group(1)) * COUNT_UNITS[match.group(2).lower()]
+    return int(round(value)) if value >= 1 else None
+
+
+def parse_size(text: Any, what: str) -> int:
+    """'80GB' (10^9), '80GiB' (2^30), '512M', a bare number of GB -> bytes; ValueError naming `what` otherwise."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(text)
+    match = SIZE.match(text) if isinstance(text, str) else None
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{what} {text!r} is not a size such as 80GB, 80GiB or 512G")
+    unit = (match.group(2) or "g").lower()
+    scale = SIZE_UNITS[unit[0]] if unit != "b" else 1
+    if "i" in unit:
+        scale = 2 ** (10 * "bkmgt".index(unit[0]))
+    return int(float(match.group(1)) * scale)
+
+
+def hf_cache() -> str:
+    """The Hugging Face hub cache, as huggingface_hub finds it."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return os.path.join(os.path.expanduser(home), "hub")
+
+
+def cached_config(model_id: str) -> Optional[str]:
+    """config.json of `model_id` in the local cache: the snapshot refs/main names, else the newest one."""
+    folder = os.path.join(hf_cache(), "models--" + model_id.replace("/", "--"))
+    try:
+        with open(os.path.join(folder, "refs", "main")) as ref:
+            path = os.path.join(folder, "snapshots", ref.read().strip(), "config.json")
+        if os.path.isfile(path):
+            return path
+    except OSError:
+        pass
+    found = glob.glob(os.path.join(folder, "snapshots", "*", "config.json"))
+    return max(found, key=os.path.getmtime) if found else None
+
+
+def resolve(text: str, where: str = "--model") -> Model:
+    """--model: a count, a config.json, a model folder or a cached model id; InputError (exit 2) otherwise."""
+    text = str(text).strip()
+    count = parse_count(text)
+    if count is not None:
+        return Model(count, int(count * LARGEST_LAYER_SHARE), text, "given", estimated=True)
+    path = os.path.join(text, "config.json") if os.path.isdir(text) else text
+    if not os.path.isfile(path):
+        path = cached_config(text) if re.match(r"^[\w.-]+(/[\w.-]+)?$", text) else None
+        if path is None:
+            raise InputError(where, f"{text!r} is no parameter count (7B, 7e9), no config.json or model folder, and "
+                             f"no model in the local Hugging Face cache ({hf_cache()}); preflight never downloads")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise InputError(path, f"cannot read the model config: {exc}") from None
+    if not isinstance(config, dict):
+        raise InputError(path, "a model config.json must hold a JSON object")
+    try:
+        params, largest, how, estimated = count_params(config)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(path, f"cannot count the parameters: {type(exc).__name__} {exc}") from None
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers, hidden = _shape(text_config)
+    return Model(params, largest, text, how, estimated, layers, hidden)
+
+
+def _shape(config: Mapping[str, Any]) -> Tuple[Optional[int], Optional[int]]:
+    layers = next((config[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if isinstance(config.get(k), int)), None)
+    hidden = next((config[k] for k in ("hidden_size", "n_embd", "d_model") if isinstance(config.get(k), int)), None)
+    return layers, hidden
+
+
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "gemma2")
+
+
+def count_params(config: Mapping[str, Any]) -> Tuple[int, int, str, bool]:
+    """(parameters, largest layer, how, estimated) from a config: the architecture's own shapes for the
+    common decoder families (equal to the model built on the meta device: tests/test_mem.py), else the model
+    built on the meta device when transformers is installed, else 12·L·h² + V·h (an estimate)."""
+    kind = config.get("model_type")
+    if kind in LLAMA_LIKE:
+        return (*_llama_like(config), f"from the config ({kind} shapes)", False)
+    if kind == "gpt2":
+        return (*_gpt2(config), "from the config (gpt2 shapes)", False)
+    built = _on_meta_device(config)
+    if built is not None:
+        return (*built, "built on the meta device (transformers)", False)
+    layers, hidden = _shape(config)
+    vocab = config.get("vocab_size")
+    if not (isinstance(layers, int) and isinstance(hidden, int) and isinstance(vocab, int)):
+        raise ValueError(f"model_type {kind!r} is not one preflight knows, transformers is not installed, and the "
+                         "config has no num_hidden_layers / hidden_size / vocab_size to estimate from")
+    return 12 * layers * hidden ** 2 + vocab * hidden, vocab * hidden, "estimated as 12·L·h² + V·h", True
+
+
+def _llama_like(c: Mapping[str, Any]) -> Tuple[int, int]:
+    h, layers, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
+    heads = c["num_attention_heads"]
+    kv = c.get("num_key_value_heads") or heads
+    head_dim = c.get("head_dim") or h // heads
+    q, k = heads * head_dim, kv * head_dim
+    attention = h * q + 2 * h * k + q * h
+    if c["model_type"] == "qwen2" or c.get("attention_bias"):
+        attention += q + 2 * k + (h if c.get("attention_bias") else 0)  # qwen2: q, k, v biases, not o
+    mlp = 3 * h * inter + (2 * inter + h if c.get("mlp_bias") else 0)
+    norms = (4 if c["model_type"] == "gemma2" else 2) * h
+    tied = c.get("tie_word_embeddings", c["model_type"] == "gemma2")
+    embedding = vocab * h
+    total = layers * (attention + mlp + norms) + h + embedding * (1 if tied else 2)
+    largest = max(embedding, h * q, h * inter)
+    return total, largest
+
+
+def _gpt2(c: Mapping[str, Any]) -> Tuple[int, int]:
+    h, layers, vocab, positions = c["n_embd"], c["n_layer"], c["vocab_size"], c["n_positions"]
+    inner = c.get("n_inner") or 4 * h
+    block = (h * 3 * h + 3 * h) + (h * h + h) + (h * inner + inner) + (inner * h + h) + 4 * h  # c_attn, c_proj, mlp, ln
+    return vocab * h + positions * h + layers * block + 2 * h, vocab * h
+
+
+def _on_meta_device(config: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
+    """The model built on the meta device, as accelerate's estimate-memory does; None without transformers."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    cfg = transformers.AutoConfig.for_model(**dict(config))
+    with torch.device("meta"):  # (accelerate's init_empty_weights leaves tied embeddings untied here)
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+        except ValueError:
+            model = transformers.AutoModel.from_config(cfg)
+    total = sum(p.numel() for p in model.parameters())  # a shared parameter is listed once
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    return int(total), int(largest)
+
+
+# --- DeepSpeed's estimators -----------------------------------------------------------------------------
+
+def zero2_needs(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1, cpu_offload: bool = True,
+                additional_buffer_factor: float = BUFFER_FACTOR) -> Tuple[int, int]:
+    """(host bytes per node, GPU bytes per GPU): estimate_zero2_model_states_mem_needs, line for line."""
+    total_gpus = num_nodes * num_gpus_per_node
+    if cpu_offload:
+        gpu_mem = 2 * total_params
+        cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    else:
+        gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
+        cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu_mem), int(gpu_mem)
+
+
+def zero3_needs(total_params: int, largest_layer_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
+                cpu_offload: bool = True, cpu_offload_params: bool = True, zero_init: bool = True,
+                additional_buffer_factor: float = BUFFER_FACTOR) -> Tuple[int, int, int]:
+    """(host bytes per node, GPU bytes per GPU, largest layer bytes): estimate_zero3_model_states_mem_needs."""
+    total_gpus = num_nodes * num_gpus_per_node
+    gpus_factor = 1 / num_nodes
+    largest_layer_memory = 4 * largest_layer_params
+    if cpu_offload:
+        if cpu_offload_params:
+            gpu_mem = largest_layer_memory
+            if zero_init:
+                cpu_mem = total_params * 18 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, 18 * gpus_factor) * additional_buffer_factor
+        else:
+            gpu_mem = largest_layer_memory + int(2 * total_params / total_gpus)
+            if zero_init:
+                cpu_mem = total_params * 16 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, 16 * gpus_factor) * additional_buffer_factor
+    else:
+        gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
+        if zero_init:
+            cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
+        else:
+            cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu_mem), int(gpu_mem), largest_layer_memory
+
+
+# --- the estimate ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Setup:
+    """How the job trains: what the estimate depends on."""
+
+    stage: int = 0
+    offload_optimizer: str = "none"  # none, cpu, nvme
+    offload_param: str = "none"
+    gpus_per_node: int = 1
+    nodes: int = 1
+    zero_init: bool = False  # stage 3 builds the model partitioned (zero.Init; accelerate's zero3_init_flag)
+    weight_bytes: int = 2  # 2: bf16/fp16 training (what DeepSpeed's estimators assume), 4: fp32
+    micro_batch: Optional[int] = None
+    seq_len: Optional[int] = None
+
+    def describe(self) -> str:
+        offload = [f"{what} to {dev}" for what, dev in (("optimizer", self.offload_optimizer),
+                                                        ("parameters", self.offload_param)) if dev != "none"]
+        return (f"ZeRO stage {self.stage}" + (f", offload {' and '.join(offload)}" if offload else "") +
+                f", {self.gpus_per_node} GPU(s) per node x {self.nodes} node(s)")
+
+
+@dataclass(frozen=True)
+class Need:
+    gpu: int  # model states per GPU (DeepSpeed's per-GPU figure)
+    host: int  # host RAM per node: the larger of DeepSpeed's per-CPU figure and loading the model
+    states_host: int  # DeepSpeed's per-CPU (per node) figure
+    load: int  # host RAM per node to load the model
+    nvme_optimizer: int  # NVMe bytes per node at offload_optimizer.nvme_path
+    nvme_param: int  # NVMe bytes per node at offload_param.nvme_path
+    activations: Optional[int]  # per GPU, without activation checkpointing; None when unknown
+    checkpointed: Optional[int]  # per GPU, with activation checkpointing
+
+
+def estimate(model: Model, setup: Setup) -> Need:
+    """The memory the job needs. Stages 2 and 3 are DeepSpeed's estimators; DeepSpeed has none for 0 and 1:
+    stage 0 is stage 2's formula for one GPU (nothing sharded: 2 + 18 bytes a parameter), stage 1 shards
+    only the 16 bytes of fp32 weights and Adam states, the 16-bit weights and gradients stay whole
+    (2 + 2 + 16/N), and its optimizer offload is stage 2's. Offload to NVMe counts as offload for the GPU;
+    its states go to the NVMe (16 bytes a parameter for the optimizer, 2 for the parameters, split over the
+    nodes) instead of host RAM."""
+    p, gpn, nodes = model.params, setup.gpus_per_node, setup.nodes
+    opt, par = setup.offload_optimizer != "none", setup.offload_param != "none"
+    if setup.stage >= 3:
+        host, gpu, _ = zero3_needs(p, model.largest_layer, gpn, nodes, opt, opt and par, setup.zero_init)
+    elif setup.stage == 2:
+        host, gpu = zero2_needs(p, gpn, nodes, opt)
+    elif setup.stage == 1:
+        host, gpu = zero2_needs(p, gpn, nodes, opt)
+        if not opt:
+            gpu = 4 * p + int(16 * p / (gpn * nodes))
+    else:
+        host, gpu = zero2_needs(p, 1, 1, False)[0] * gpn, zero2_needs(p, 1, 1, False)[1]
+    nvme_optimizer = 16 * p // nodes if setup.stage >= 3 and setup.offload_optimizer == "nvme" else 0
+    nvme_param = 2 * p // nodes if setup.stage >= 3 and opt and setup.offload_param == "nvme" else 0
+    nvme = nvme_optimizer + nvme_param
+    if nvme:  # what goes to the NVMe is not held in host RAM; DeepSpeed's buffers stay
+        floor = zero3_needs(p, model.largest_layer, gpn, nodes, False, False, True)[0]
+        host = max(floor, int(host - nvme * BUFFER_FACTOR))
+    load = (1 if setup.stage >= 3 and setup.zero_init else gpn) * p * setup.weight_bytes
+    activations = checkpointed = None
+    if setup.micro_batch and setup.seq_len and model.layers and model.hidden:
+        tokens = setup.micro_batch * setup.seq_len * model.layers * model.hidden
+        activations, checkpointed = tokens * ACTIVATION_BYTES, tokens * CHECKPOINTED_BYTES
+    return Need(gpu, max(host, load), host, load, nvme_optimizer, nvme_param, activations, checkpointed)
+
+
+def changes(setup: Setup):
+    """The changes that lower the GPU's or the host's share, cheapest first (the guide's table order):
+    (what to do, setup)."""
+    if setup.stage >= 3 and not setup.zero_init:
+        yield "zero3_init_flag: true (each rank builds only its part of the model)", replace(setup, zero_init=True)
+    for stage in range(setup.stage + 1, 4):
+        yield f"ZeRO stage {stage}", replace(setup, stage=stage)
+    if setup.offload_optimizer == "none":
+        yield "optimizer offload to the CPU", replace(setup, stage=max(setup.stage, 2), offload_optimizer="cpu")
+    if setup.offload_param == "none":
+        yield "parameter and optimizer offload to the CPU (stage 3)", replace(
+            setup, stage=3, offload_optimizer=setup.offload_optimizer if setup.offload_optimizer != "none" else "cpu",
+            offload_param="cpu")
+    if setup.stage >= 1 and setup.offload_optimizer != "none":  # back on the GPU, when the host is short
+        yield "no optimizer offload", replace(setup, offload_optimizer="none", offload_param="none")
+    if setup.stage >= 1:
+        for nodes in (2 * setup.nodes, 4 * setup.nodes, 8 * setup.nodes):
+            yield f"{nodes} nodes", replace(setup, nodes=nodes)
+
+
+def cheapest(model: Model, setup: Setup, gpu_bytes: Optional[int], host_bytes: Optional[int]):
+    """The first change whose need fits `gpu_bytes` per GPU and `host_bytes` per node: (what, need) or None."""
+    for what, changed in changes(setup):
+        need = estimate(model, changed)
+        if (gpu_bytes is None or need.gpu <= gpu_bytes) and (host_bytes is None or need.host <= host_bytes):
+            return what, need
+    return None
+
+
+def gib(n: Optional[float]) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def count_text(n: int) -> str:
+    for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}".replace(".00", "")
+    return str(n)
+
+
+# --- the inputs: flags, else the profile ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Inputs:
+    model: Optional[Model] = None
+    gpu_bytes: Optional[int] = None  # --gpu-memory: what lint compares against (each GPU)
+    host_bytes: Optional[int] = None  # --host-memory: per node
+    seq_len: Optional[int] = None
+
+
+PROFILE_KEYS = ("model", "gpu_memory", "host_memory", "seq_len")
+
+
+def inputs(args, profile=None) -> Inputs:
+    """--model, --gpu-memory, --host-memory, --seq-len, each else the profile's [memory] key."""
+    kept = dict(profile.memory) if profile is not None and getattr(profile, "memory", None) else {}
+
+    def value(flag: str, key: str):
+        given = getattr(args, flag, None)
+        if given is not None:
+            return given, f"--{flag.replace('_', '-')}"
+        return kept.get(key), f"{profile.path if profile is not None else ''} [memory] {key}"
+
+    model, where = value("model", "model")
+    found = Inputs(model=resolve(str(model), where) if model is not None else None)
+    for flag, key, field in (("gpu_memory", "gpu_memory", "gpu_bytes"), ("host_memory", "host_memory", "host_bytes")):
+        given, where = value(flag, key)
+        if given is not None:
+            try:
+                found = replace(found, **{field: parse_size(given, where)})
+            except ValueError as exc:
+                raise InputError(where, str(exc).split(" ", 1)[1]) from None
+    seq, where = value("seq_len", "seq_len")
+    if seq is not None:
+        if isinstance(seq, bool) or not str(seq).isdigit() or int(seq) < 1:
+            raise InputError(where, f"{seq!r} is not a sequence length (a whole number of tokens)")
+        found = replace(found, seq_len=int(seq))
+    return found
