@@ -302,7 +302,7 @@ def estimate(model: Model, setup: Setup) -> Need:
 
 
 def changes(setup: Setup):
-    """The changes that lower the GPU's or the host's share, cheapest first (the guide's table order):
+    """The changes that lower the GPU's or the host's share, cheapest first (the least training speed lost first):
     (what to do, setup)."""
     if setup.stage >= 3 and not setup.zero_init:
         yield "zero3_init_flag: true (each rank builds only its part of the model)", replace(setup, zero_init=True)
