@@ -94,8 +94,8 @@ def rdma_ports(ctx) -> Iterator[Finding]:
                    f"bring the ports up on {ctx.node} (ibstat; cable, switch port, subnet manager), or take "
                    f"{ctx.node} out of the job", **evidence)
     elif down:
-        yield warn(f"{states}: NCCL uses the other {len(up)} ({', '.join(up)}), one rail or more short of a "
-                   "healthy node", f"bring {', '.join(down)} up on {ctx.node} (ibstat; cable, switch port)", **evidence)
+        yield warn(f"{states}: NCCL uses only {', '.join(up)}, {len(down)} rail(s) short of a healthy node",
+                   f"bring {', '.join(down)} up on {ctx.node} (ibstat; cable, switch port)", **evidence)
     else:
         yield passed(f"{len(up)} RDMA port(s) active: {', '.join(up)}", **evidence)
 
