@@ -71,6 +71,7 @@ class SSHSettings:
     strict_host_key_checking: str = "yes"
     proxy_jump: Optional[str] = None
     connect_timeout: Optional[float] = None
+    identities_only: bool = False
 
 
 def load_ssh_settings(alias: str, config_path: Optional[str]) -> SSHSettings:
@@ -84,6 +85,7 @@ def load_ssh_settings(alias: str, config_path: Optional[str]) -> SSHSettings:
     known = entry.get("userknownhostsfile")
     known_files = (known.split() if isinstance(known, str) else list(known or [])) or ["~/.ssh/known_hosts"]
     identities = entry.get("identityfile") or []
+    jump = str(entry.get("proxyjump") or "").strip()
     return SSHSettings(
         alias=alias,
         hostname=entry.get("hostname", alias),
@@ -92,8 +94,9 @@ def load_ssh_settings(alias: str, config_path: Optional[str]) -> SSHSettings:
         identity_files=[os.path.expanduser(p) for p in identities],
         known_hosts_files=[os.path.expanduser(p) for p in known_files],
         strict_host_key_checking=str(entry.get("stricthostkeychecking", "yes")).lower(),
-        proxy_jump=entry.get("proxyjump") if entry.get("proxyjump", "none") != "none" else None,
+        proxy_jump=jump if jump.lower() not in ("", "none") else None,
         connect_timeout=float(entry["connecttimeout"]) if "connecttimeout" in entry else None,
+        identities_only=str(entry.get("identitiesonly", "no")).lower() == "yes",
     )
 
 
@@ -103,6 +106,73 @@ def _current_user() -> str:
     return getpass.getuser()
 
 
+def _public_blob(path: str) -> Optional[bytes]:
+    """The public half of an identity that cannot be read without its passphrase, to find its copy in the
+    agent: from path.pub, else from the private file (OpenSSH's format keeps the public key in clear)."""
+    import base64
+    import struct
+
+    import paramiko
+
+    try:
+        return paramiko.PublicBlob.from_file(path + ".pub").key_blob
+    except Exception:
+        pass
+    try:
+        with open(path) as handle:
+            data = base64.b64decode("".join(line.strip() for line in handle if not line.startswith("-----")))
+        if not data.startswith(b"openssh-key-v1\0"):
+            return None
+        at = len(b"openssh-key-v1\0")
+        for _ in range(3):  # cipher, KDF and its options; then the number of keys, then the first public key
+            at += 4 + struct.unpack(">I", data[at:at + 4])[0]
+        size = struct.unpack(">I", data[at + 4:at + 8])[0]
+        return data[at + 8:at + 8 + size]
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+MAX_JUMPS = 8
+
+
+def _jump_entry(entry: str):
+    """One ProxyJump entry as OpenSSH reads it: [user@]host[:port] or ssh://[user@]host[:port], IPv6 in []."""
+    text = entry[len("ssh://"):].rstrip("/") if entry.lower().startswith("ssh://") else entry
+    user, at, host = text.rpartition("@")
+    port = None
+    if host.startswith("[") and "]" in host:
+        host, _, rest = host[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else (rest or None)
+    elif host.count(":") == 1:
+        host, port = host.split(":")
+    if not host or (port is not None and not (port.isdigit() and 0 < int(port) < 65536)) or (at and not user) \
+            or any(c.isspace() for c in text):
+        raise NodeError("unresolved", f"ProxyJump entry {entry!r} is not [user@]host[:port]",
+                        "correct ProxyJump in ssh_config (several hops: ProxyJump first,second)")
+    return user or None, host, int(port) if port else None
+
+
+def _jump_chain(spec: str, ssh_config: Optional[str], seen: tuple = ()) -> list:
+    """The hops of a ProxyJump value, first to last, as (entry, SSHSettings), the way OpenSSH makes them:
+    `ProxyJump a,b` runs `ssh -J a -W host:port b`, so each hop is its own Host entry with the entry's
+    user and port over its own; the rest of the list replaces a hop's own ProxyJump, and only the first
+    hop's own ProxyJump still applies (a chain before it)."""
+    hops = []
+    for index, entry in enumerate(e.strip() for e in spec.split(",")):
+        user, host, port = _jump_entry(entry)
+        if host in seen or len(seen) + len(hops) >= MAX_JUMPS:
+            raise NodeError("unreachable", f"ProxyJump {spec} loops back to {host} (through {' -> '.join(seen)})"
+                            if host in seen else f"ProxyJump {spec}: more than {MAX_JUMPS} hops",
+                            f"exclude the jump host from the pattern that sets ProxyJump (Host * !{host})")
+        hop = load_ssh_settings(host, ssh_config)
+        hop.user, hop.port = user or hop.user, port or hop.port
+        own, hop.proxy_jump = hop.proxy_jump, None
+        if index == 0 and own:
+            hops.extend(_jump_chain(own, ssh_config, seen + (host,)))
+        hops.append((entry, hop))
+    return hops
+
+
 class SSHConnection:
     """One authenticated SSH connection, reused for every phase of a run."""
 
@@ -110,63 +180,60 @@ class SSHConnection:
                  ssh_config: Optional[str] = None):
         self.settings, self.timeout, self.accept_new, self.ssh_config = settings, timeout, accept_new, ssh_config
         self.transport = None
-        self._jump: Optional["SSHConnection"] = None
+        self._jumps: List["SSHConnection"] = []  # the ProxyJump hops this connection runs through, first first
 
     # -- connecting ------------------------------------------------------------------------------
-    def connect(self) -> "SSHConnection":
+    def connect(self, sock=None) -> "SSHConnection":
+        """Connect and authenticate; `sock` is the channel a ProxyJump hop opened to this host, if any."""
         import paramiko
 
         s = self.settings
         timeout = min(self.timeout, s.connect_timeout or self.timeout)
         where = f"{s.hostname}:{s.port}"
-        sock = self._open_socket(timeout, where)
         try:
-            transport = paramiko.Transport(sock)
+            if sock is None:
+                sock = self._open_socket(timeout, where)
+            self.transport = transport = paramiko.Transport(sock)
             transport.banner_timeout = transport.handshake_timeout = transport.auth_timeout = self.timeout
+            failure = None
             try:
                 transport.start_client(timeout=self.timeout)
-            except paramiko.SSHException as exc:
-                if "banner" in str(exc).lower() or isinstance(exc, EOFError):
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                failure = exc
+            # start_client fails, or returns quietly at its timeout: find out how far the handshake got.
+            if not transport.remote_version:
+                if failure is None or "banner" in str(failure).lower():
                     raise NodeError("no-banner", f"{where} accepted the connection but sent no SSH banner within "
                                     f"{self.timeout:g} s", "the sshd is hung or stopped (SIGSTOP), or the port is "
-                                    "not SSH: check `systemctl status ssh` on the node") from None
-                raise NodeError("handshake", f"SSH handshake with {where} failed: {exc}",
-                                "check the node's sshd and its logs") from None
-            except (EOFError, OSError) as exc:
+                                    "not SSH: check `systemctl status ssh` on the node")
                 raise NodeError("no-banner", f"{where} closed or stalled the connection before the SSH banner "
-                                f"({type(exc).__name__})", "check the node's sshd and its logs") from None
-            # start_client returns quietly at its timeout: find out how far the handshake got.
-            if not transport.remote_version:
-                raise NodeError("no-banner", f"{where} accepted the connection but sent no SSH banner within "
-                                f"{self.timeout:g} s", "the sshd is hung or stopped (SIGSTOP), or the machine is "
-                                "overloaded: check sshd on the node")
-            if transport.host_key is None:
+                                f"({type(failure).__name__})", "check the node's sshd and its logs")
+            # paramiko's own handshake timer ends a stalled handshake with an EOFError: that is silence too
+            if transport.host_key is None and (failure is None or transport.packetizer.handshake_timed_out()):
+                if transport.remote_kex_init is None:
+                    raise NodeError("handshake", f"{where} sent its SSH banner ({transport.remote_version[:60]}) and "
+                                    f"then nothing for {self.timeout:g} s: the key exchange never started",
+                                    "sshd is stuck after accepting (overloaded, or hung in DNS or PAM), or the path "
+                                    "drops larger packets (an MTU mismatch): check sshd's log and `ping -M do -s 1472`")
                 raise NodeError("handshake", f"the SSH key exchange with {where} did not finish within "
                                 f"{self.timeout:g} s", "check the node's sshd and its load")
-            self.transport = transport
+            if failure is not None:
+                raise NodeError("handshake", f"SSH handshake with {where} failed after its banner "
+                                f"({transport.remote_version[:60]}): {str(failure) or type(failure).__name__}",
+                                "check the node's sshd and its logs")
             self._verify_host_key(transport.get_remote_server_key())
             self._authenticate(transport)
         except BaseException:
             self.close()
-            sock.close()
+            if sock is not None:
+                sock.close()
             raise
         return self
 
     def _open_socket(self, timeout: float, where: str):
         s = self.settings
         if s.proxy_jump:
-            jump_alias = s.proxy_jump.split(",")[0].strip()
-            jump_alias = jump_alias.split("@")[-1]
-            try:
-                self._jump = SSHConnection(load_ssh_settings(jump_alias, self.ssh_config), self.timeout,
-                                           self.accept_new, self.ssh_config).connect()
-                return self._jump.transport.open_channel("direct-tcpip", (s.hostname, s.port), ("", 0),
-                                                          timeout=timeout)
-            except NodeError as exc:
-                raise NodeError(exc.kind, f"through ProxyJump {jump_alias}: {exc.message}", exc.remediation) from None
-            except Exception as exc:
-                raise NodeError("refused", f"ProxyJump {jump_alias} could not reach {where}: {exc}",
-                                "check that the jump host can reach the node") from None
+            return self._through_jumps(timeout)
         try:
             return socket.create_connection((s.hostname, s.port), timeout=timeout)
         except socket.gaierror:
@@ -181,6 +248,30 @@ class SSHConnection:
         except OSError as exc:
             raise NodeError("unreachable", f"{where}: {exc.strerror or exc}",
                             "check the address and the network route to the node") from None
+
+    def _through_jumps(self, timeout: float):
+        """A channel to this host through its ProxyJump hops: connect to the first, through it to the next,
+        and through the last to this host, as `ssh -J` does. A failure names the hop."""
+        hops = _jump_chain(self.settings.proxy_jump, self.ssh_config, (self.settings.alias,))
+        sock = None
+        for index, (entry, hop) in enumerate(hops):
+            via = " -> ".join(e for e, _ in hops[:index + 1])
+            try:
+                self._jumps.append(SSHConnection(hop, self.timeout, self.accept_new, self.ssh_config))
+                self._jumps[-1].connect(sock)
+            except NodeError as exc:
+                raise NodeError(exc.kind, f"through ProxyJump {via}: {exc.message}", exc.remediation) from None
+            nxt = hops[index + 1][1] if index + 1 < len(hops) else self.settings
+            dest = f"{nxt.hostname}:{nxt.port}"
+            try:
+                sock = self._jumps[-1].transport.open_channel("direct-tcpip", (nxt.hostname, nxt.port), ("", 0),
+                                                              timeout=timeout)
+            except Exception as exc:
+                why = getattr(exc, "text", None) or str(exc) or type(exc).__name__
+                raise NodeError("unreachable", f"through ProxyJump {via}: {entry} could not connect to {dest} "
+                                f"({why})", f"check that {entry} can reach {dest} (and that its sshd allows "
+                                "TCP forwarding)") from None
+        return sock
 
     def _verify_host_key(self, key) -> None:
         import paramiko
@@ -216,9 +307,12 @@ class SSHConnection:
     def _remember(self, names, key) -> None:
         path = self.settings.known_hosts_files[0]
         try:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path, "a") as handle:
-                handle.write(f"{names[0]} {key.get_name()} {key.get_base64()}\n")
+            folder = os.path.dirname(path)
+            if folder and not os.path.isdir(folder):
+                os.makedirs(folder, mode=0o700)  # as OpenSSH makes ~/.ssh: private to its owner
+            handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # 0600 when new, as OpenSSH
+            with os.fdopen(handle, "a") as out:
+                out.write(f"{names[0]} {key.get_name()} {key.get_base64()}\n")
         except OSError:
             pass  # trusting it for this run is what was asked; saving is a courtesy
 
@@ -227,31 +321,59 @@ class SSHConnection:
 
         s = self.settings
         tried = []
-        keys = []
-        try:
-            keys.extend(paramiko.Agent().get_keys())
-        except Exception:
-            pass
-        files = s.identity_files or [os.path.expanduser(f"~/.ssh/{n}") for n in ("id_ed25519", "id_ecdsa", "id_rsa")]
+        configured = []  # (path, the key or None when it cannot be read here, its public blob, why not)
+        files = s.identity_files or [os.path.expanduser(f"~/.ssh/{n}") for n in ("id_rsa", "id_ecdsa", "id_ed25519")]
         for path in files:
             if not os.path.isfile(path):
                 continue
+            key, problem = None, None
             try:
-                keys.append(paramiko.PKey.from_path(path))
+                key = paramiko.PKey.from_path(path)
             except paramiko.PasswordRequiredException:
-                tried.append(f"{path} (encrypted: load it into ssh-agent)")
+                problem = "encrypted: load it into ssh-agent"
             except Exception as exc:
-                tried.append(f"{path} ({exc})")
-        for key in keys:
-            try:
-                transport.auth_publickey(s.user, key)
-                if transport.is_authenticated():
-                    return
-            except paramiko.AuthenticationException:
-                tried.append(key.get_name())
-            except paramiko.SSHException as exc:
-                raise NodeError("auth", f"authentication as {s.user} stalled or failed: {exc}",
-                                "check the node's sshd") from None
+                problem = str(exc)
+            configured.append((path, key, key.asbytes() if key else _public_blob(path), problem))
+        agent, agent_keys = None, []
+        try:
+            agent = paramiko.Agent()
+            agent_keys = list(agent.get_keys())
+        except Exception:
+            pass
+        wanted = {blob for _, _, blob, _ in configured if blob}
+        in_agent = {key.asbytes() for key in agent_keys}
+        # OpenSSH's order: the agent's copies of the configured identities, then the agent's other keys (none
+        # with IdentitiesOnly: sshd's MaxAuthTries counts every key offered), then the configured files.
+        offers = [(f"{path} (agent)", key) for key in agent_keys for path, _, blob, _ in configured
+                  if blob == key.asbytes()]
+        if not s.identities_only:
+            offers += [(f"agent key {key.fingerprint}", key) for key in agent_keys if key.asbytes() not in wanted]
+        for path, key, blob, problem in configured:
+            if blob in in_agent:
+                continue  # offered above, as the agent's copy
+            if key is None:
+                tried.append(f"{path} ({problem})")
+            else:
+                offers.append((path, key))
+        try:
+            for label, key in offers:
+                try:
+                    transport.auth_publickey(s.user, key)
+                    if transport.is_authenticated():
+                        return
+                except paramiko.AuthenticationException:
+                    tried.append(label)
+                except paramiko.SSHException as exc:
+                    raise NodeError("auth", f"authentication as {s.user} stalled or failed after "
+                                    f"{len(tried)} key(s) ({', '.join(tried) or 'none'}): {exc}",
+                                    "check the node's sshd; if it closed after too many keys (MaxAuthTries), "
+                                    "set IdentitiesOnly yes and IdentityFile in ~/.ssh/config") from None
+        finally:
+            if agent is not None:
+                agent.close()
+        unoffered = len(in_agent - wanted) if s.identities_only else 0
+        if unoffered:
+            tried.append(f"not the agent's {unoffered} other key(s): IdentitiesOnly yes")
         raise NodeError("auth", f"key authentication as {s.user!r} failed (tried: {', '.join(tried) or 'no keys'})",
                         f"install your public key in ~{s.user}/.ssh/authorized_keys on the node, or set "
                         "IdentityFile in ~/.ssh/config; preflight never prompts for a password")
@@ -268,9 +390,8 @@ class SSHConnection:
         if self.transport is not None:
             self.transport.close()
             self.transport = None
-        if self._jump is not None:
-            self._jump.close()
-            self._jump = None
+        while self._jumps:  # the last hop carries this connection: close it first
+            self._jumps.pop().close()
 
 
 class LineReader:
