@@ -44,13 +44,38 @@ class Model:
     hidden: Optional[int] = None
 
 
+MAX_PARAMS = 10 ** 15  # a thousand times the largest models trained: past it, the text is a typo, not a model
+# The largest value of each shape field that a real model config holds, by orders of magnitude: a config
+# past them (hidden_size 1e308, a million layers) is refused before any arithmetic or meta-device build.
+SHAPE_LIMITS = {"hidden_size": 1 << 20, "n_embd": 1 << 20, "d_model": 1 << 20, "num_hidden_layers": 1 << 12,
+                "n_layer": 1 << 12, "num_layers": 1 << 12, "intermediate_size": 1 << 23, "n_inner": 1 << 23,
+                "vocab_size": 1 << 25, "n_positions": 1 << 24, "num_attention_heads": 1 << 14,
+                "num_key_value_heads": 1 << 14, "head_dim": 1 << 16}
+
+
 def parse_count(text: str) -> Optional[int]:
     """'7e9', '7B', '1.3b', '350M' -> a number of parameters; None when the text is no count."""
     match = COUNT.match(str(text))
     if not match:
         return None
     value = float(match.group(1)) * COUNT_UNITS[match.group(2).lower()]
-    return int(round(value)) if value >= 1 else None
+    if not 1 <= value <= MAX_PARAMS:  # inf included
+        return None
+    return int(round(value))
+
+
+def check_shapes(config: Mapping[str, Any]) -> None:
+    """ValueError naming the first shape field of a config (or its text_config) that is no positive integer
+    within SHAPE_LIMITS."""
+    for part in (config, config.get("text_config")):
+        if not isinstance(part, Mapping):
+            continue
+        for key, limit in SHAPE_LIMITS.items():
+            value = part.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+                raise ValueError(f"{key} is {value!r}; a model config holds a positive integer up to {limit} there")
 
 
 def parse_size(text: Any, what: str) -> int:
@@ -111,7 +136,7 @@ def resolve(text: str, where: str = "--model") -> Model:
     try:
         params, largest, how, estimated = count_params(config)
     except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(path, f"cannot count the parameters: {type(exc).__name__} {exc}") from None
+        raise InputError(path, f"cannot count the parameters: {exc}") from None
     text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     layers, hidden = _shape(text_config)
     return Model(params, largest, text, how, estimated, layers, hidden)
@@ -130,6 +155,7 @@ def count_params(config: Mapping[str, Any]) -> Tuple[int, int, str, bool]:
     """(parameters, largest layer, how, estimated) from a config: the architecture's own shapes for the
     common decoder families (equal to the model built on the meta device: tests/test_mem.py), else the model
     built on the meta device when transformers is installed, else 12·L·h² + V·h (an estimate)."""
+    check_shapes(config)
     kind = config.get("model_type")
     if kind in LLAMA_LIKE:
         return (*_llama_like(config), f"from the config ({kind} shapes)", False)
@@ -178,12 +204,15 @@ def _on_meta_device(config: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
         import transformers
     except ImportError:
         return None
-    cfg = transformers.AutoConfig.for_model(**dict(config))
-    with torch.device("meta"):  # (accelerate's init_empty_weights leaves tied embeddings untied here)
-        try:
-            model = transformers.AutoModelForCausalLM.from_config(cfg)
-        except ValueError:
-            model = transformers.AutoModel.from_config(cfg)
+    try:
+        cfg = transformers.AutoConfig.for_model(**dict(config))
+        with torch.device("meta"):  # (accelerate's init_empty_weights leaves tied embeddings untied here)
+            try:
+                model = transformers.AutoModelForCausalLM.from_config(cfg)
+            except ValueError:
+                model = transformers.AutoModel.from_config(cfg)
+    except Exception:  # a model_type this transformers does not know, or a config it cannot build: estimate
+        return None
     total = sum(p.numel() for p in model.parameters())  # a shared parameter is listed once
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     return int(total), int(largest)

@@ -224,7 +224,9 @@ def test_slurm_nodelist_as_target(cluster):
 
 def test_proxy_jump_and_the_ssh_agent(cluster, tmp_path):
     """node02 and node03 through node01 (ProxyJump), authenticated by a real ssh-agent, no IdentityFile."""
-    lines = [line for line in cluster.ssh_config.read_text().splitlines() if "IdentityFile" not in line]
+    # Without IdentityFile, IdentitiesOnly would leave no key to offer (OpenSSH refuses such a config too).
+    lines = [line for line in cluster.ssh_config.read_text().splitlines()
+             if "IdentityFile" not in line and "IdentitiesOnly" not in line]
     config = tmp_path / "ssh_config"
     text = "\n".join(lines) + "\n"
     for node in ("node02", "node03"):

@@ -112,7 +112,7 @@ def test_parameter_counts(text, count):
     assert model.params == count and model.how == "given" and model.largest_layer == int(count * 0.05)
 
 
-@pytest.mark.parametrize("text", ["", "seven", "-7B", "0", "7 GB", "models/../x"])
+@pytest.mark.parametrize("text", ["", "seven", "-7B", "0", "7 GB", "models/../x", "1e400B", "1e16", "inf"])
 def test_what_is_no_model_is_exit_2_material(text):
     with pytest.raises(InputError, match="never downloads"):
         memory.resolve(text)
@@ -151,6 +151,25 @@ def test_an_unknown_family_is_built_on_the_meta_device_or_estimated(monkeypatch)
     assert estimated and how.startswith("estimated") and params == 12 * 12 * 768**2 + 50257 * 768
     with pytest.raises(ValueError, match="not one preflight knows"):
         memory.count_params({"model_type": "mystery"})
+
+
+@pytest.mark.parametrize("field,value", [("hidden_size", 1e308), ("num_hidden_layers", 10**9), ("vocab_size", "32000"),
+                                         ("intermediate_size", -1), ("num_attention_heads", True)])
+def test_a_config_whose_shapes_no_model_has_is_one_line_naming_the_field(tmp_path, field, value):
+    with open(os.path.join(MODELS, "qwen2-0.5b", "config.json")) as handle:
+        config = dict(json.load(handle), **{field: value})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=f"{field} is") as info:
+        memory.resolve(str(tmp_path))
+    assert "\n" not in str(info.value)
+
+
+def test_a_family_transformers_does_not_know_is_estimated(tmp_path):
+    """Built on the meta device only when transformers knows the model_type; else the estimate, not an error."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "not-a-family", "num_hidden_layers": 2,
+                                                      "hidden_size": 64, "vocab_size": 100}))
+    model = memory.resolve(str(tmp_path))
+    assert model.estimated and model.params == 12 * 2 * 64**2 + 100 * 64
 
 
 def test_a_model_id_from_the_local_cache_never_downloads(tmp_path, monkeypatch):
