@@ -225,9 +225,10 @@ def gpu_memory_fit(ctx) -> Iterator[Finding]:
 
 @check("MEM003", "host-memory-fit", "node", tags=["memory", "offload"])
 def host_memory_fit(ctx) -> Iterator[Finding]:
-    """With --model, the node's available memory (MemAvailable) holds what the job needs there: DeepSpeed's
-    per-node figure for its offload, or loading the model (every rank on the node loads a full copy unless
-    ZeRO-3 builds it partitioned), whichever is larger.
+    """With --model, the node's available memory (MemAvailable) holds what the job needs there: loading the
+    model (every rank on the node loads a full copy unless ZeRO-3 builds it partitioned) and the states it
+    offloads to the CPU fail when they do not fit; DeepSpeed's per-node figure, which adds its 1.5 buffer
+    factor (and, without offload, an fp32 copy per rank), only warns.
 
     A node short of host memory is killed by the OOM killer while it loads the model or when the offloaded
     optimizer states are pinned, with little said, and the other nodes hang.
@@ -245,11 +246,19 @@ def host_memory_fit(ctx) -> Iterator[Finding]:
         return
     need = memory.estimate(model, setup)
     facts = evidence(model, setup, need, available_bytes=room)
-    parts = f"offload {gib(need.states_host)}, loading {gib(need.load)}"
-    if need.host > room:
-        free = min((_gpu_free(g) for g in gpus or [] if _gpu_free(g) is not None), default=None)
+    offloading = "cpu" in (setup.offload_optimizer, setup.offload_param)
+    # What the job surely holds: the loaded copies, and the offloaded states without DeepSpeed's buffer factor.
+    certain = max(need.load, int(need.states_host / memory.BUFFER_FACTOR) if offloading else 0)
+    parts = (f"{'offload' if offloading else 'DeepSpeed estimate'} {gib(need.states_host)}, "
+             f"loading {gib(need.load)}")
+    free = min((_gpu_free(g) for g in gpus or [] if _gpu_free(g) is not None), default=None)
+    if certain > room:
         yield fail(f"does not fit: {figures(model, setup, need)} ({parts}); {gib(room)} available here",
                    remedy(model, setup, free, room), **facts)
+    elif need.host > room:
+        yield warn(f"tight: {gib(certain)} surely needed fits in the {gib(room)} available, DeepSpeed's estimate of "
+                   f"{gib(need.host)} ({parts}; its buffer factor{'' if offloading else ' and an fp32 copy per rank'}) "
+                   "does not", remedy(model, setup, free, room), **facts)
     else:
         yield passed(f"{gib(need.host)} host RAM per node ({parts}); {gib(room)} available", **facts)
 

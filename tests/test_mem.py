@@ -270,8 +270,25 @@ def test_host_memory_and_nvme_from_the_nodes_facts(tmp_path):
     state["facts"]["memory"]["available_bytes"] = need.host + 1
     (fits,) = run("MEM003", plan, {"n01": state})
     state["facts"]["memory"]["available_bytes"] = need.host - 1
+    (tight,) = run("MEM003", plan, {"n01": state})
+    certain = max(need.load, int(need.states_host / memory.BUFFER_FACTOR))  # without DeepSpeed's buffer factor
+    state["facts"]["memory"]["available_bytes"] = certain - 1
     (short,) = run("MEM003", plan, {"n01": state})
-    assert fits.status.value == "pass" and short.status.value == "fail"
+    assert (fits.status.value, tight.status.value, short.status.value) == ("pass", "warn", "fail")
+    assert "DeepSpeed's estimate" in tight.message and "does not fit" in short.message
+
+
+def test_without_offload_deepspeeds_fp32_host_figure_only_warns(tmp_path):
+    """DeepSpeed's host figure without offload assumes an fp32 copy per rank (4P x G x 1.5); a bf16 job loads
+    2P x G: a node with room for that is not refused."""
+    plan = job(tmp_path, 2)
+    state = node("h100x8.json")
+    need = memory.estimate(plan.memory.model, Setup(2, "none", "none", 8, 2))
+    assert need.host > need.load
+    state["facts"]["memory"]["available_bytes"] = need.load + 1
+    assert [r.status.value for r in run("MEM003", plan, {"n01": state})] == ["warn"]
+    state["facts"]["memory"]["available_bytes"] = need.load - 1
+    assert [r.status.value for r in run("MEM003", plan, {"n01": state})] == ["fail"]
 
 
 # --- the command line --------------------------------------------------------------------------------------
