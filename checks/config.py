@@ -124,6 +124,25 @@ def did_you_mean(value: Any, options: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+MAX_SUGGESTED = 20  # unknown keys of a section looked at one by one; past them, one finding says how many more
+
+
+def unknown(keys: Iterator[Any], known) -> Tuple[List[Any], List[Any]]:
+    """The keys not in `known`: the first MAX_SUGGESTED (each matched against the known spellings) and the rest
+    (counted only: a config with tens of thousands of keys stays linear)."""
+    found = [k for k in keys if k not in known]
+    return found[:MAX_SUGGESTED], found[MAX_SUGGESTED:]
+
+
+def more_unknown(doc: Document, keys: Sequence[Any], rest: List[Any], make, consequence: str) -> Finding:
+    """One finding for the unknown keys past the first MAX_SUGGESTED, at the first of them."""
+    first = keys + (rest[0],)
+    shown = ", ".join(repr(dotted(keys + (k,))) for k in rest[:3])
+    return make(f"{doc.where(*first)}: {len(rest)} more unknown keys ({shown}, ...), not matched against the known "
+                f"spellings; {consequence}", "delete the keys that are not for another tool", count=len(rest),
+                **at(doc, *first))
+
+
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -204,9 +223,8 @@ def accelerate_keys(ctx) -> Iterator[Finding]:
         yield skip("no accelerate config given (--config)")
         return
     schema = SAGEMAKER_KEYS if ctx.plan.accelerate.is_sagemaker else ACCELERATE_KEYS
-    for key in doc.data:
-        if key in schema:
-            continue
+    first, rest = unknown(doc.data, schema)
+    for key in first:
         if key in ACCELERATE_REMOVED_KEYS:
             yield fail(f"{doc.where(key)}: key {key!r} is {ACCELERATE_REMOVED_KEYS[key]}; accelerate rejects the file",
                        f"delete the line `{key}: ...`", key=key, **at(doc, key))
@@ -215,6 +233,8 @@ def accelerate_keys(ctx) -> Iterator[Finding]:
                        "accelerate rejects the file with 'had unknown keys'",
                        f"correct or delete {key!r}; the keys accelerate knows are listed by `preflight explain CFG001`",
                        key=key, **at(doc, key))
+    if rest:
+        yield more_unknown(doc, (), rest, fail, "accelerate rejects the file with 'had unknown keys'")
 
 
 @check("CFG002", "accelerate-values", "config", tags=["accelerate"])
@@ -1009,26 +1029,31 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
         if key in DS_REMOVED_KEYS:
             yield warn(f"{ds.where(key)}: {key!r} was removed from DeepSpeed; 0.19.8 and newer refuse the file",
                        f"delete {key!r} (or pin an older DeepSpeed on every node)", key=key, **at(ds, key))
-        elif key not in DS_TOP_KEYS:
-            hint = did_you_mean(key, sorted(DS_TOP_KEYS))
-            # A misspelling fails; a name that only resembles a key (LLaMA-Factory's comms_config, say) warns.
-            typo = any(key.lower() == k.lower() or difflib.SequenceMatcher(None, key, k).ratio() >= 0.8
-                       for k in DS_TOP_KEYS)
-            make = fail if typo else warn
-            yield make(f"{ds.where(key)}: unknown key {key!r}{hint}; DeepSpeed ignores it",
-                       "correct the spelling" if typo else f"delete {key!r} if it is not for another tool",
-                       key=key, **at(ds, key))
+    first, rest = unknown((k for k in ds.data if k not in DS_REMOVED_KEYS), DS_TOP_KEYS)
+    for key in first:
+        hint = did_you_mean(key, sorted(DS_TOP_KEYS))
+        # A misspelling fails; a name that only resembles a key (LLaMA-Factory's comms_config, say) warns.
+        typo = any(key.lower() == k.lower() or difflib.SequenceMatcher(None, key, k).ratio() >= 0.8
+                   for k in DS_TOP_KEYS)
+        make = fail if typo else warn
+        yield make(f"{ds.where(key)}: unknown key {key!r}{hint}; DeepSpeed ignores it",
+                   "correct the spelling" if typo else f"delete {key!r} if it is not for another tool",
+                   key=key, **at(ds, key))
+    if rest:
+        yield more_unknown(ds, (), rest, warn, "DeepSpeed ignores them")
     for block, known in STRICT_BLOCKS.items():
         section = ds.section(*block)
         if section is None:
             continue
-        for key in section.data:
-            if key not in known:
-                yield fail(f"{ds.where(*block, key)}: unknown key {dotted(block + (key,))!r}"
-                           f"{did_you_mean(key, sorted(known - DS_DEPRECATED_ZERO_KEYS))}; DeepSpeed refuses it "
-                           "('Extra inputs are not permitted')",
-                           f"correct or delete {dotted(block + (key,))}", key=dotted(block + (key,)),
-                           **at(ds, *block, key))
+        first, rest = unknown(section.data, known)
+        for key in first:
+            yield fail(f"{ds.where(*block, key)}: unknown key {dotted(block + (key,))!r}"
+                       f"{did_you_mean(key, sorted(known - DS_DEPRECATED_ZERO_KEYS))}; DeepSpeed refuses it "
+                       "('Extra inputs are not permitted')",
+                       f"correct or delete {dotted(block + (key,))}", key=dotted(block + (key,)),
+                       **at(ds, *block, key))
+        if rest:
+            yield more_unknown(ds, block, rest, fail, "DeepSpeed refuses them ('Extra inputs are not permitted')")
     zero = ds.section("zero_optimization")
     if zero is not None:
         for key in zero.data:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
@@ -41,6 +42,7 @@ def shorten(value: Any, limit: int = 60) -> str:
 # Limits on what a configuration file can be; past them the file is refused, not walked.
 MAX_DEPTH = 100  # nesting: deeper structures overflow recursive walks (deepcopy, json, the checks)
 MAX_VALUES = 100_000  # values with every use of an alias expanded: refuses a "billion laughs"
+MAX_DIGITS = 4000  # an integer written with more digits is no setting (int() refuses past 4300 at all)
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,10 @@ class _Loader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
     def construct_object(self, node, deep=False):
+        if isinstance(node, yaml.ScalarNode) and len(node.value) > MAX_DIGITS and node.tag.endswith((":int", ":float")):
+            raise yaml.constructor.ConstructorError(None, None, f"a number of {len(node.value)} digits", node.start_mark)
         try:
-            return super().construct_object(node, deep)
+            value = super().construct_object(node, deep)
         except (ValueError, TypeError, LookupError, AttributeError, ArithmeticError) as exc:
             # PyYAML's constructors raise these on values such as `2001-13-45` or `!!int ""`:
             # give them the node's line, like its own errors.
@@ -139,6 +143,7 @@ class _Loader(yaml.SafeLoader):
                 None, None, f"cannot read {node.tag.rsplit(':', 1)[-1]} value {shorten(node.value)}: {exc}",
                 node.start_mark,
             ) from None
+        return value
 
 
 def parse_yaml(path: str, text: str, what: str) -> Document:
@@ -253,15 +258,29 @@ def _yaml_positions(root: yaml.Node):
     return lines, frozenset(plain), tuple(dups)
 
 
+class _NotANumber(ValueError):
+    """An integer past int()'s digit limit (else a ValueError from deep inside json.loads, without a position).
+    NaN, Infinity and 1e999 are read, as DeepSpeed's json.load reads them: a setting whose value must be a
+    number refuses them (jobconfig.validate_types)."""
+
+
+def _json_integer(text: str) -> int:
+    if len(text) > MAX_DIGITS:
+        raise _NotANumber(text, f"an integer of {len(text)} digits")
+    return int(text)
+
+
 def parse_json(path: str, text: str, what: str) -> Document:
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_json_integer)
     except json.JSONDecodeError as exc:
         raise InputError(path, f"malformed JSON: {exc.msg} (column {exc.colno})", exc.lineno) from None
     except RecursionError:
         raise InputError(path, "JSON nesting is too deep") from None
-    except ValueError as exc:  # an integer past Python's digit limit
-        raise InputError(path, f"malformed JSON: {exc}") from None
+    except _NotANumber as exc:
+        found, problem = exc.args
+        at = re.search(r"(?<![\w.])" + re.escape(found), text)  # its line: the first place it is written
+        raise InputError(path, f"malformed JSON: {problem}", text.count("\n", 0, at.start()) + 1 if at else None) from None
     lines, dups, too_deep = _json_positions(text)
     if too_deep:
         raise InputError(path, f"JSON nesting is deeper than {MAX_DEPTH} levels", too_deep)

@@ -5,6 +5,7 @@ wrong type into a one-line input error) and for the CFG checks (which find the d
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -133,6 +134,7 @@ class Hostfile:
         return tuple(e.host for e in self.entries)
 
 
+MAX_SLOTS = 65536  # processes on one node: more is a typo, and huge numbers would flow into the world size
 HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots\s*=\s*(\d+)\s*(#.*)?$")
 
 
@@ -148,7 +150,11 @@ def load_hostfile(path: str) -> Hostfile:
         match = HOSTFILE_LINE.match(line)
         if not match:
             raise InputError(path, f"expected 'HOSTNAME slots=N', found {line[:60]!r}", number)
-        slots = int(match.group(2))
+        slots = int(match.group(2)) if len(match.group(2)) <= 9 else MAX_SLOTS + 1  # int() refuses 4300+ digits
+        if slots > MAX_SLOTS:
+            written = match.group(2) if len(match.group(2)) <= 12 else match.group(2)[:12] + "..."
+            raise InputError(path, f"host {match.group(1)!r} has slots={written}; no node runs more than "
+                                   f"{MAX_SLOTS} processes", number)
         if slots < 1:
             raise InputError(path, f"host {match.group(1)!r} has slots={slots}; it must be at least 1", number)
         entries.append(HostEntry(match.group(1), slots, number))
@@ -188,6 +194,9 @@ def validate_types(doc: Document, schema: Mapping[str, tuple], keys: Tuple = ())
         if key not in section.data:
             continue
         value = section.data[key]
+        if isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity, 1e999: read, but no setting
+            raise InputError(doc.path, f"{'.'.join(map(str, keys + (key,)))} must be a finite number, found {value}",
+                             section.line(key))
         if _matches(value, types):
             continue
         numeric = int in types or float in types

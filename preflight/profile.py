@@ -6,13 +6,15 @@ names the file, the line where it can be found, and the key.
 """
 from __future__ import annotations
 
-import fnmatch
+import math
 import os
+import sys
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from preflight.documents import InputError, read_text
+from preflight.inventory import HostPattern
 
 try:
     import tomllib
@@ -106,14 +108,14 @@ class HostExpectation:
     """One [[hosts]] entry: what the nodes its pattern names must have."""
 
     pattern: str  # a hostlist expression (gpu[001-064]), names may hold shell wildcards (gpu*)
-    names: Tuple[str, ...]
+    matcher: HostPattern  # matched without expanding: node[0-99999999] is one regular expression, not 10^8 names
     gpus: Optional[int] = None
     gpu_model: Optional[str] = None  # a part of the NVML name, any case: "H100" matches "NVIDIA H100 80GB HBM3"
     line: Optional[int] = None
 
     def matches(self, node: str) -> bool:
         short = node.split(".")[0] if not node.replace(".", "").isdigit() else node
-        return any(fnmatch.fnmatchcase(n, name) for name in self.names for n in {node, short})
+        return any(self.matcher.matches(n) for n in {node, short})
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ THRESHOLDS: Dict[str, Tuple[tuple, str, float]] = {
     "disk_warn_gib": (NUMBER, "disk_warn_bytes", 2**30),
     "min_busbw_gbps": (NUMBER, "min_busbw_gbps", 1),
 }
+MAX_THRESHOLD = 2**63  # in the field's unit (bytes, seconds, files): what the kernel's counters can hold
 SECTIONS = ("thresholds", "pins", "checks", "hosts", "memory")
 CHECKS_KEYS = ("skip",)
 HOSTS_KEYS = ("hosts", "gpus", "gpu_model")
@@ -164,9 +167,16 @@ def find(directory: str = ".") -> Optional[str]:
     pyproject = os.path.join(directory, "pyproject.toml")
     if os.path.isfile(pyproject):
         try:
-            data = tomllib.loads(read_text(pyproject, "pyproject.toml"))
-        except (InputError, tomllib.TOMLDecodeError):
+            text = read_text(pyproject, "pyproject.toml")
+        except InputError:
             return None  # not ours to judge: a pyproject we cannot read has no profile for us
+        try:
+            data = tomllib.loads(text)
+        except (ValueError, RecursionError) as exc:  # malformed, too deep, an integer past the digit limit
+            if "tool.preflight" in text:  # a profile meant for us, not used: said, and the run goes on
+                print(f"preflight: warning: {pyproject}: not read ({_toml_problem(exc)}); its [tool.preflight] "
+                      "profile is not used", file=sys.stderr)
+            return None
         if isinstance(data.get("tool"), dict) and "preflight" in data["tool"]:
             return pyproject
     return None
@@ -176,11 +186,9 @@ def load(path: str) -> Profile:
     text = read_text(path, WHAT)
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        at = re.search(r"\(at line (\d+), column \d+\)", message)
-        problem = re.sub(r"\s*\(at line \d+, column \d+\)", "", message) or "syntax error"
-        raise InputError(path, f"malformed TOML: {problem}", int(at.group(1)) if at else None) from None
+    except (ValueError, RecursionError) as exc:
+        at = re.search(r"\(at line (\d+), column \d+\)", str(exc))
+        raise InputError(path, _toml_problem(exc), int(at.group(1)) if at else None) from None
     prefix: Tuple[str, ...] = ()
     if os.path.basename(path) == "pyproject.toml":
         table = data.get("tool", {}).get("preflight") if isinstance(data.get("tool"), dict) else None
@@ -188,6 +196,15 @@ def load(path: str) -> Profile:
             raise InputError(path, "has no [tool.preflight] table")
         data, prefix = table, PYPROJECT_TABLE
     return _Reader(path, text, prefix).profile(data)
+
+
+def _toml_problem(exc: BaseException) -> str:
+    """What tomllib refused, in one line without its position (given as the line) or Python's advice."""
+    if isinstance(exc, RecursionError):
+        return "TOML nesting is too deep"
+    if not isinstance(exc, tomllib.TOMLDecodeError):  # int() past its digit limit
+        return "malformed TOML: an integer with thousands of digits"
+    return "malformed TOML: " + (re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc)) or "syntax error")
 
 
 class _Reader:
@@ -239,10 +256,12 @@ class _Reader:
             raise self.error(keys, f"{_dotted(keys)} must be {what}, found {_kind(value)} {value!r}")
         return value
 
-    def positive(self, value: Any, keys: Tuple[Any, ...], types: tuple, what: str) -> Any:
+    def positive(self, value: Any, keys: Tuple[Any, ...], types: tuple, what: str, scale: float = 1) -> Any:
         self.typed(value, keys, types, what)
         if not value > 0:
             raise self.error(keys, f"{_dotted(keys)} must be positive, found {value!r}")
+        if not math.isfinite(value * scale) or value * scale > MAX_THRESHOLD:  # inf, 1e308 GiB: no limit is that
+            raise self.error(keys, f"{_dotted(keys)} must be a finite number a node can reach, found {value!r}")
         return value
 
     def profile(self, data: Mapping[str, Any]) -> Profile:
@@ -252,7 +271,8 @@ class _Reader:
         for key, value in raw.items():
             types = THRESHOLDS[key][0]
             thresholds.append((key, self.positive(value, ("thresholds", key), types,
-                                                  "a whole number" if types == INTEGER else "a number")))
+                                                  "a whole number" if types == INTEGER else "a number",
+                                                  THRESHOLDS[key][2])))
         pins = []
         raw = data.get("pins", {})
         if not isinstance(raw, dict):
@@ -291,13 +311,11 @@ class _Reader:
         if "hosts" not in entry:
             raise self.error(keys, f"[[hosts]] entry {index + 1} has no hosts = \"PATTERN\" (such as \"gpu[001-064]\")")
         pattern = self.typed(entry["hosts"], keys + ("hosts",), (str,), 'a host pattern such as "gpu[001-064]"')
-        from preflight.inventory import expand
-
         try:
-            names = tuple(expand(pattern, self.path))
+            matcher = HostPattern(pattern, self.path, wildcards=True)
         except InputError as exc:
             raise self.error(keys + ("hosts",), f"hosts: {exc.problem}") from None
-        if not names:
+        if not matcher.alternatives:
             raise self.error(keys + ("hosts",), "hosts is an empty pattern")
         gpus = entry.get("gpus")
         if gpus is not None:
@@ -307,7 +325,7 @@ class _Reader:
         model = entry.get("gpu_model")
         if model is not None and (not isinstance(model, str) or not model.strip()):
             raise self.error(keys + ("gpu_model",), f"hosts.gpu_model must be a GPU name such as \"H100\", found {model!r}")
-        return HostExpectation(pattern, names, gpus, model.strip() if model else None, self.line_of(keys))
+        return HostExpectation(pattern, matcher, gpus, model.strip() if model else None, self.line_of(keys))
 
 
 def _dotted(keys: Tuple[Any, ...]) -> str:
