@@ -252,7 +252,7 @@ def evaluate(reg, args, gather=None):
     """Parsed arguments to Results: report paths, profile, selection, plan, facts, checks. gather(plan, args,
     specs) gives the CheckContext (default gather_for); scripts/bench_scale.py gives synthetic facts.
     Returns (plan, ctx, results, started: time.perf_counter() when the run began)."""
-    from preflight import registry, reports, runner
+    from preflight import redact, registry, reports, runner
     from preflight.plan import build_plan, default_accelerate_config
 
     gather = gather or gather_for
@@ -314,7 +314,8 @@ def evaluate(reg, args, gather=None):
         else:
             ctx = _gather_bounded(plan, args, specs, deadline, budget, gather)
         gc.freeze()  # the facts live until exit: the collections that the checks and reports set off skip them
-    return plan, ctx, runner.run(specs, ctx, deadline, budget), started
+    # Secrets out of every output (terminal, JSON, report files, a drain reason): preflight.redact.
+    return plan, ctx, redact.results(runner.run(specs, ctx, deadline, budget)), started
 
 
 def _run(reg, args) -> int:
@@ -347,7 +348,7 @@ def _run(reg, args) -> int:
 
 def _doctor(reg, args) -> int:
     """`preflight doctor`: the census of the running job on every node, then the RUN checks; read only."""
-    from preflight import gather, jobcensus, registry, reports, runner
+    from preflight import gather, jobcensus, redact, registry, reports, runner
     from preflight.plan import build_plan
 
     if args.hostfile == "":
@@ -374,7 +375,7 @@ def _doctor(reg, args) -> int:
     facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
     # Without --port, the port of the one job found (several jobs: RUN001 says so and asks for --port).
     probes["census"] = jobcensus.build(plan.nodes, facts, args.port)
-    results = runner.run(specs, runner.CheckContext(plan, facts, probes))
+    results = redact.results(runner.run(specs, runner.CheckContext(plan, facts, probes)))  # as in evaluate
     return exit_code(_report(args, plan, results, time.perf_counter() - started), args.strict)
 
 

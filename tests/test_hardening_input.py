@@ -2,6 +2,7 @@
 secrets kept out of every output."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -12,6 +13,7 @@ import time
 
 import pytest
 
+from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from conftest import run_cli
 from preflight import reports
 from test_reports import bad_config  # noqa: F401  (a fixture: pytest finds it by module attribute)
@@ -115,3 +117,149 @@ def test_other_file_types_are_exit_2_before_any_check(tmp_path, capsys, kind):
     code, out, err = run_cli(capsys, "lint", "--junit", path)
     assert code == 2 and out == "" and err.count("\n") == 1 and str(path) in err, err
     assert os.path.lexists(path) and not (os.path.exists(path) and stat.S_ISREG(os.lstat(path).st_mode))
+
+
+# --- bad input: exit 2, in bounded time -----------------------------------------------------------------
+
+BAD_INPUTS = {  # name -> (option, file name, content, words of the one-line message)
+    "json-integer": ("--deepspeed", "ds.json", '{"train_micro_batch_size_per_gpu": 1,\n "steps_per_print": '
+                     + "9" * 5000 + "}", ("ds.json:2:", "5000 digits")),
+    "yaml-integer": ("--config", "accel.yaml", "distributed_type: MULTI_GPU\nnum_processes: " + "9" * 5000,
+                     ("accel.yaml:2:", "5000 digits")),
+    "json-nan": ("--deepspeed", "ds.json", '{"train_micro_batch_size_per_gpu": 1,\n"gradient_clipping": NaN}',
+                 ("ds.json:2:", "gradient_clipping", "finite")),
+    "json-infinity": ("--deepspeed", "ds.json", '{"zero_optimization": {"reduce_bucket_size": -Infinity}}',
+                      ("ds.json:1:", "reduce_bucket_size", "-inf")),
+    "json-overflow": ("--deepspeed", "ds.json", '{"gradient_clipping": 1e999}', ("ds.json:1:", "finite")),
+    "yaml-nan": ("--deepspeed", "ds.yaml", "train_micro_batch_size_per_gpu: 1\ngradient_clipping: .nan\n",
+                 ("ds.yaml:2:", "finite")),
+    "hostfile-slots": ("--hostfile", "hostfile", "n1 slots=" + "9" * 5000 + "\n", ("hostfile:1:", "slots=")),
+    "hostfile-slots-large": ("--hostfile", "hostfile", "n1 slots=1\nn2 slots=99999999\n", ("hostfile:2:", "65536")),
+    "profile-inf": ("--profile", "p.toml", "[thresholds]\nclock_warn_s = inf\n", ("p.toml:2:", "clock_warn_s")),
+    "profile-1e308": ("--profile", "p.toml", "[thresholds]\ndisk_warn_gib = 1e308\n", ("p.toml:2:", "disk_warn_gib")),
+    "profile-deep": ("--profile", "p.toml", "x = " + "[" * 5000 + "]" * 5000 + "\n", ("p.toml:", "too deep")),
+    "profile-integer": ("--profile", "p.toml", "x = " + "9" * 5000 + "\n", ("p.toml:", "digits")),
+}
+
+
+def preflight(*args, cwd=None):
+    """test_bad_input's run of the CLI, without the warnings of plugins that do not load (not this test's matter)."""
+    import test_bad_input
+
+    proc = test_bad_input.preflight(*args, cwd=cwd)
+    proc.stderr = "".join(line for line in proc.stderr.splitlines(True) if not line.startswith("preflight: warning: plugin"))
+    return proc
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_2(tmp_path, case):
+    from test_bad_input import one_line
+
+    option, name, content, words = BAD_INPUTS[case]
+    (tmp_path / name).write_text(content)
+    started = time.monotonic()
+    message = one_line(preflight("lint", option, name, cwd=tmp_path))
+    assert time.monotonic() - started < 20
+    for word in words:
+        assert word in message, message
+    assert "set_int_max_str_digits" not in message
+
+
+@pytest.mark.parametrize("content", ["x = " + "[" * 5000 + "]" * 5000 + "\n", "[tool.preflight\n",
+                                     "x = " + "9" * 5000 + "\n[tool.preflight]\n"])
+def test_a_pyproject_we_cannot_read_is_not_a_profile(tmp_path, content):
+    (tmp_path / "pyproject.toml").write_text(content)
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 1}')
+    proc = preflight("lint", "--deepspeed", "ds.json", cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "pyproject.toml" in line]
+    assert len(said) == ("tool.preflight" in content), proc.stderr  # a profile meant for us, not read: one warning
+
+
+def test_host_patterns_match_without_expanding(tmp_path):
+    import tracemalloc
+
+    from preflight import profile
+
+    path = tmp_path / "preflight.toml"
+    path.write_text('[[hosts]]\nhosts = "node[0-99999999],login[001-100]x*"\ngpus = 8\n'
+                    '[[hosts]]\nhosts = "' + ",".join(f"r{i}n[0-99999]" for i in range(20)) + '"\ngpus = 4\n')
+    tracemalloc.start()
+    loaded = profile.load(str(path))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 40_000_000, peak  # reading takes a 16 MiB buffer; two million names would be hundreds of MB
+    assert loaded.expectation("node12345678").gpus == 8 and loaded.expectation("node12345678.example.org").gpus == 8
+    assert loaded.expectation("login042x-ib").gpus == 8 and loaded.expectation("login42x") is None
+    assert loaded.expectation("r7n99999").gpus == 4 and loaded.expectation("node100000000") is None
+
+
+def test_a_host_list_of_millions_is_exit_2_before_it_is_expanded(tmp_path):
+    from test_bad_input import one_line
+
+    started = time.monotonic()
+    message = one_line(preflight("check", "--hosts", ",".join(f"r{i}n[0-99999]" for i in range(30))))
+    assert "3000000 hosts" in message and time.monotonic() - started < 20
+
+
+def test_tens_of_thousands_of_unknown_keys_take_linear_time(tmp_path, capsys):
+    import json
+
+    data = {"train_micro_batch_size_per_gpu": 1, **{f"unknown_key_{i:05d}": 1 for i in range(20000)},
+            "zero_optimization": {"stage": 2, **{f"zz_{i:05d}": 1 for i in range(20000)}}}
+    (tmp_path / "ds.json").write_text(json.dumps(data))
+    started = time.monotonic()
+    code, doc, _ = run_cli(capsys, "lint", "--deepspeed", tmp_path / "ds.json", "--only", "CFG060", "--json")
+    assert time.monotonic() - started < 15
+    messages = [r["message"] for r in doc["results"]]
+    assert code == 1 and len(messages) < 100
+    assert any("19980 more unknown keys" in m and "DeepSpeed ignores them" in m for m in messages), messages
+    assert any("19980 more unknown keys" in m and "refuses them" in m for m in messages), messages
+
+
+# --- secrets: in no output ----------------------------------------------------------------------------
+
+HF = "hf_" + "Q7x" * 12
+SECRETS = {  # set in node02's sessions: each value must be in no output
+    "HF_TOKEN": HF,
+    "WANDB_BASE_URL": "https://alice:wandbpass123@wandb.example.org",
+    "TORCH_HUB_MIRROR": "https://bob:hubpass456@mirror.example.org/hub",  # compared by PKG004: shown in its message
+    "TORCH_DB_PASSWD": "passwd789secret",  # compared by PKG004: a name that looks secret
+}
+SHOWN_NOT = ("wandbpass123", "hubpass456", "passwd789secret", HF, "cmdsecret111", "wandbkey222")
+
+
+def test_unit_redaction_by_name_parts():
+    from preflight import redact
+
+    secret = ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWD", "NCCL_AUTH", "AWS_SECRET_ACCESS_KEY", "--api-key", "--password",
+              "GOOGLE_APPLICATION_CREDENTIALS", "trainer.hf_token"]
+    plain = ["KEYBOARD", "NCCL_IB_HCA", "HF_HUB_ENABLE_HF_TRANSFER", "TOKENIZERS_PARALLELISM", "PWD", "--max_tokens"]
+    assert [n for n in secret + plain if redact.secret_name(n)] == secret
+    line = f"env WANDB_API_KEY=k1 python t.py --token a --password=b {HF} https://u:p@h/x KEYBOARD=us --max_tokens 5"
+    assert redact.text(line) == ("env WANDB_API_KEY=<redacted> python t.py --token <redacted> --password=<redacted> "
+                                 "<redacted> https://<redacted>@h/x KEYBOARD=us --max_tokens 5")
+
+
+@pytest.mark.cluster
+def test_secrets_are_in_no_output(cluster, tmp_path):
+    command = ["--", "env", "WANDB_API_KEY=wandbkey222", "accelerate", "launch", "--num_machines", "3", "train.py",
+               "--hf_token", "cmdsecret111"]
+    target = ["--hosts", ",".join(cluster.nodes), "--ssh-config", str(cluster.ssh_config), "--python", sys.executable,
+              "--only", "PKG,JOB", "--timeout", "20"]
+    reports_ = ["--junit", tmp_path / "j.xml", "--html", tmp_path / "r.html", "--prometheus", tmp_path / "m.prom"]
+    with cluster.env(cluster.nodes[1], **SECRETS):
+        as_json = subprocess.run([sys.executable, "-m", "preflight", "check", *target, "--json", *map(str, reports_),
+                                  *command], capture_output=True, text=True, timeout=180)
+        terminal = subprocess.run([sys.executable, "-m", "preflight", "check", *target, *command],
+                                  capture_output=True, text=True, timeout=180, env=dict(os.environ, NO_COLOR="1"))
+    doc = json.loads(as_json.stdout)
+    pkg004 = [r for r in doc["results"] if r["id"] == "PKG004" and r["status"] != "pass"]
+    assert {r["evidence"]["variable"] for r in pkg004} >= {"TORCH_HUB_MIRROR", "TORCH_DB_PASSWD"}, doc["results"]
+    assert any("https://<redacted>@mirror.example.org/hub" in r["message"] for r in pkg004), pkg004
+    outputs = {"json": as_json.stdout, "json-stderr": as_json.stderr, "terminal": terminal.stdout,
+               "terminal-stderr": terminal.stderr, **{p.name: p.read_text() for p in tmp_path.iterdir()}}
+    assert "TORCH_DB_PASSWD" in outputs["terminal"] and "r.html" in outputs
+    for name, text in outputs.items():
+        for secret in SHOWN_NOT:
+            assert secret not in text, f"{secret} in the {name} output"
