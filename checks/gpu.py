@@ -506,23 +506,28 @@ XID_PROGRAM = {13: "graphics engine exception", 31: "GPU memory page fault", 43:
                45: "preemptive cleanup"}
 
 
-def _pci_key(text) -> str:
-    """'00000000:3B:00.0' (NVML) and '0000:3b:00' (the kernel's Xid line) -> '3b:00'."""
-    parts = str(text or "").lower().split(".")[0].split(":")
-    return ":".join(parts[-2:])
+def _pci_key(text) -> Optional[tuple]:
+    """'00000003:3B:00.0' (NVML) and '0003:3b:00' (the kernel's Xid line) -> (3, 0x3b, 0): domain, bus, device
+    (machines with one PCI domain per GPU have the same bus on every GPU)."""
+    parts = str(text or "").split(".")[0].split(":")
+    try:
+        return tuple(int(p, 16) for p in parts[-3:]) if len(parts) >= 3 else None
+    except ValueError:
+        return None
 
 
 @check("GPU008", "xid-errors", "node", tags=["gpu", "health", "xid"])
 def xid_errors(ctx) -> Iterator[Finding]:
     """The job's GPUs logged no Xid error that means a faulty GPU (fallen off the bus, double-bit or
-    uncontained ECC, NVLink, GSP errors) since boot; ECC events to watch are warnings, program errors
+    uncontained ECC, NVLink, GSP errors) since the NVIDIA driver loaded; ECC events to watch are warnings, program errors
     (13, 31, 43, 45) are only listed.
 
     A GPU with such an Xid fails again under load: the rank on it dies or hangs in its next collective,
     and the whole job with it. The kernel log is the only record (NVML forgets after a reset).
 
-    Drain the node and reset the GPU (`nvidia-smi -r`) or reboot; a GPU that logs them again goes back to
-    the vendor. Reading the log needs root or kernel.dmesg_restrict=0.
+    Drain the node and reboot it (the kernel log keeps the event until the NVIDIA driver is reloaded or the
+    node reboots); a GPU that logs them again goes back to the vendor. Reading the log needs root or
+    kernel.dmesg_restrict=0.
     """
     fabric = ctx.fact.get("fabric")
     xid = fabric.get("xid") if isinstance(fabric, dict) else None
@@ -537,7 +542,7 @@ def xid_errors(ctx) -> Iterator[Finding]:
         yield skip(f"the kernel log is not readable here ({xid.get('reason')}): run as root, or set "
                    "kernel.dmesg_restrict=0, to check Xid errors")
         return
-    ours = {_pci_key(g.get("pci_bus_id")): g for g in gpus}
+    ours = {_pci_key(g.get("pci_bus_id")): g for g in gpus if _pci_key(g.get("pci_bus_id"))}
     faults, watch, program = [], [], []
     for event in xid.get("events") or []:
         gpu = ours.get(_pci_key(event.get("pci")))
@@ -551,13 +556,15 @@ def xid_errors(ctx) -> Iterator[Finding]:
             program.append(f"{said} {XID_PROGRAM[code]}")
         else:
             watch.append(f"{said} {XID_WATCH.get(code, 'see NVIDIA Xid catalogue')}")
-    evidence = {"faults": faults, "watch": watch, "program": program, "events_since_boot": xid.get("count")}
+    evidence = {"faults": faults, "watch": watch, "program": program, "events_since_driver_load": xid.get("count"),
+                "log_cut": xid.get("cut")}
     if faults:
-        yield fail(f"{len(faults)} Xid fault(s) since boot: {'; '.join(dict.fromkeys(faults))}",
-                   f"drain {ctx.node} and reset the GPU (nvidia-smi -r) or reboot; replace it if they come back", **evidence)
+        yield fail(f"{len(faults)} Xid fault(s) since the driver loaded: {'; '.join(dict.fromkeys(faults))}",
+                   f"drain {ctx.node} and reboot it; replace the GPU if the Xid comes back", **evidence)
     elif watch:
-        yield warn(f"Xid event(s) to watch since boot: {'; '.join(dict.fromkeys(watch))}",
+        yield warn(f"Xid event(s) to watch since the driver loaded: {'; '.join(dict.fromkeys(watch))}",
                    f"watch {ctx.node}'s ECC counters (GPU004); reset the GPU at the next maintenance", **evidence)
     else:
         extra = f" (program errors only: {'; '.join(dict.fromkeys(program))})" if program else ""
-        yield passed(f"no GPU fault Xid on the job's GPUs since boot{extra}", **evidence)
+        cut = " (the log was read only in part: it floods)" if xid.get("cut") else ""
+        yield passed(f"no GPU fault Xid on the job's GPUs since the driver loaded{extra}{cut}", **evidence)

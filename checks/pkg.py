@@ -277,9 +277,10 @@ def cuda_driver(ctx) -> Iterator[Finding]:
     older one, ideally no newer minor release either.
 
     A torch built for a newer CUDA major release than the driver supports stops at the first CUDA call
-    ('The NVIDIA driver on your system is too old', 'CUDA driver version is insufficient'). A newer minor
-    release runs through CUDA's minor version compatibility, without the features (and the PTX JIT) that
-    need the newer driver.
+    ('The NVIDIA driver on your system is too old', 'CUDA driver version is insufficient'), unless CUDA's
+    forward compatibility package (a newer libcuda under a `compat` folder on the library path) is there:
+    then it only warns. A newer minor release runs through CUDA's minor version compatibility, without the
+    features (and the PTX JIT) that need the newer driver.
 
     Install a torch built for the driver's CUDA (the +cuXYZ wheel), or update the NVIDIA driver.
     """
@@ -293,9 +294,15 @@ def cuda_driver(ctx) -> Iterator[Finding]:
         return
     driver = gpus.get("cuda_driver_version")
     have, need = _major_minor(driver), _major_minor(build)
-    evidence = {"torch_cuda": build, "driver_cuda": driver, "driver": gpus.get("driver_version")}
+    compat = (((ctx.fact.get("fabric") or {}).get("nccl") or {}).get("cuda_compat") or [])
+    evidence = {"torch_cuda": build, "driver_cuda": driver, "driver": gpus.get("driver_version"), "cuda_compat": compat}
     if have is None or need is None:
         yield skip(f"versions not comparable: torch CUDA {build}, driver CUDA {driver}", **evidence)
+    elif need[0] > have[0] and compat:
+        yield Finding(Status.WARN, f"torch is built for CUDA {build}, the driver {gpus.get('driver_version')} runs CUDA "
+                      f"{driver}: it runs only through CUDA's forward compatibility package ({compat[0]}), which "
+                      "datacenter GPUs support", f"update the NVIDIA driver on {ctx.node} to one for CUDA {build} "
+                      "(or keep the compat package on every node's library path)", evidence=evidence)
     elif need[0] > have[0]:
         yield Finding(Status.FAIL, f"torch is built for CUDA {build}, the driver {gpus.get('driver_version')} runs "
                       f"CUDA {driver} at most: torch stops at its first CUDA call",

@@ -47,6 +47,20 @@ def selected_ports(env: dict, devices: dict) -> List[Tuple[str, str, dict]]:
     return [(d, p, f) for d, p, f in ports if named(d, p) != exclude]
 
 
+def env_integer(env: dict, name: str) -> Optional[int]:
+    """An NCCL integer variable as NCCL reads it (strtoll): None when unset or not a number (NCCL then keeps
+    its default and says so in a WARN line)."""
+    text = str(env.get(name, "")).strip()
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def ib_disabled(env: dict) -> bool:
+    return bool(env_integer(env, "NCCL_IB_DISABLE"))
+
+
 def active(port: dict) -> bool:
     return port.get("state") == "ACTIVE" and port.get("phys_state") == "LinkUp"
 
@@ -60,7 +74,7 @@ def _rdma_ports(ctx) -> Tuple[Optional[dict], List[Tuple[str, str, dict]], Optio
     if not devices:
         return fabric, [], skip("no RDMA device on this node (/sys/class/infiniband is empty): NCCL uses TCP sockets")
     env = ctx.fact.get("env") or {}
-    if env.get("NCCL_IB_DISABLE", "0").strip() not in ("", "0"):
+    if ib_disabled(env):
         return fabric, [], skip(f"NCCL_IB_DISABLE={env['NCCL_IB_DISABLE']}: NCCL does not use the RDMA devices")
     ports = selected_ports(env, devices)
     if not ports:
@@ -102,108 +116,138 @@ def rdma_ports(ctx) -> Iterator[Finding]:
 
 @check("RDMA002", "rdma-rate", "cluster", tags=["rdma", "infiniband", "roce", "bandwidth"])
 def rdma_rate(ctx) -> Iterator[Finding]:
-    """The active RDMA ports run at the same rate on every node (per link layer).
+    """Each active RDMA port runs at the rate the same port (device and port number) has on the other nodes.
 
     A port that trained at a lower rate (a bad cable or transceiver, a port at 2X width) makes its node the
-    slowest member of every collective: the whole job runs at its rate.
+    slowest member of every collective: the whole job runs at its rate. A node whose HCAs run at different
+    rates by design (a 200 Gb/s storage HCA beside 400 Gb/s compute HCAs) is compared port by port.
 
     Reseat or replace the cable or transceiver of the named port (`ibstat` shows Rate and Width), or take
     the node out of the job.
     """
-    ports: Dict[str, List[Tuple[str, str, float]]] = {}
+    ports: Dict[str, Dict[str, Optional[float]]] = {}  # node -> port name -> rate (None: not readable)
     for node in ctx.reachable:
-        fabric, why = fabric_of(ctx.facts[node]["facts"])
-        if why:
+        facts = ctx.facts[node]["facts"]
+        fabric, why = fabric_of(facts)
+        if why or ib_disabled(facts.get("env") or {}):
             continue
-        env = ctx.facts[node]["facts"].get("env") or {}
-        for device, port, facts in selected_ports(env, fabric.get("rdma") or {}):
-            if active(facts) and facts.get("rate_gbps"):
-                ports.setdefault(node, []).append((f"{device}:{port}", facts.get("link_layer") or "?",
-                                                   facts["rate_gbps"]))
+        for device, port, found in selected_ports(facts.get("env") or {}, fabric.get("rdma") or {}):
+            if active(found):
+                ports.setdefault(node, {})[f"{device}:{port}"] = found.get("rate_gbps")
     if not ports:
         yield skip("no node has an active RDMA port")
         return
-    usual = {}
-    for layer in {lay for found in ports.values() for _, lay, _ in found}:
-        rates = Counter(rate for found in ports.values() for _, lay, rate in found if lay == layer)
-        usual[layer] = rates.most_common(1)[0][0]
+    seen: Dict[str, Counter] = {}
+    for rates in ports.values():
+        for name, rate in rates.items():
+            if rate:
+                seen.setdefault(name, Counter())[rate] += 1
+    # The usual rate of a port: the most common; a tie goes to the faster (a link trains down, not up).
+    usual = {name: max(counts, key=lambda r: (counts[r], r)) for name, counts in seen.items()}
 
     def judge(node: str) -> Iterator[Finding]:
-        odd = [(name, layer, rate) for name, layer, rate in ports[node] if rate != usual[layer]]
-        if odd:
-            said = ", ".join(f"{name} at {rate:g} Gb/s" for name, _, rate in odd)
-            yield warn(f"{said}, where the other ports run at {', '.join(f'{r:g} Gb/s ({lay})' for lay, r in usual.items())}: "
-                       "the job's collectives run at the slowest port's rate",
-                       f"check the cable and transceiver of {', '.join(n for n, _, _ in odd)} on {node} (ibstat: Rate, "
-                       "Width)", odd={name: rate for name, _, rate in odd}, usual=usual)
-        else:
-            yield passed(f"{len(ports[node])} active port(s) at the usual rate "
-                         f"({', '.join(f'{r:g} Gb/s {lay}' for lay, r in usual.items())})", usual=usual)
+        rates = ports[node]
+        unread = [name for name, rate in rates.items() if not rate]
+        slow = {name: rate for name, rate in rates.items() if rate and rate != usual[name]}
+        if slow:
+            said = ", ".join(f"{name} at {rate:g} Gb/s (elsewhere {usual[name]:g})" for name, rate in slow.items())
+            yield warn(f"{said}: the job's collectives run at the slowest port's rate",
+                       f"check the cable and transceiver of {', '.join(slow)} on {node} (ibstat: Rate, Width)",
+                       odd=slow, usual={name: usual[name] for name in slow})
+        if unread:
+            yield warn(f"the rate of {', '.join(unread)} cannot be read (sysfs rate empty or malformed)",
+                       f"check {', '.join(unread)} on {node} with ibstat", unread=unread)
+        if not slow and not unread:
+            yield passed(f"{len(rates)} active port(s) at the usual rate "
+                         f"({', '.join(sorted({f'{r:g} Gb/s' for r in rates.values()}))})")
 
     yield from grouped(judge, sorted(ports))
 
 
-@check("RDMA003", "roce-gid", "node", tags=["rdma", "roce", "nccl"])
+def gid_kind(entry: dict) -> Tuple[str, str]:
+    """(RoCE version, address family) of a GID table entry: ("RoCE v2", "IPv4"), ("IB/RoCE v1", "link-local")."""
+    gid = str(entry.get("gid", "")).lower()
+    family = "IPv4" if gid.startswith(IPV4_MAPPED) else "link-local" if gid.startswith("fe8") else "IPv6"
+    return str(entry.get("type") or "unknown type"), family
+
+
+def _used_gid(env: dict, port: dict) -> Tuple[Optional[int], Optional[dict], str]:
+    """(index, the entry NCCL uses on this port or None, how it was chosen). A negative or unset
+    NCCL_IB_GID_INDEX lets NCCL choose: the first entry of NCCL_IB_ROCE_VERSION_NUM (default 2) in
+    NCCL_IB_ADDR_FAMILY (default AF_INET), as NCCL 2.21 and newer do."""
+    gids = {g.get("index"): g for g in port.get("gids") or [] if isinstance(g, dict)}
+    index = env_integer(env, "NCCL_IB_GID_INDEX")
+    if index is not None and index >= 0:
+        return index, gids.get(index), f"NCCL_IB_GID_INDEX={index}"
+    version = "RoCE v2" if env_integer(env, "NCCL_IB_ROCE_VERSION_NUM") in (None, 2) else "IB/RoCE v1"
+    family = "IPv6" if str(env.get("NCCL_IB_ADDR_FAMILY", "")).strip() == "AF_INET6" else "IPv4"
+    for i in sorted(gids):
+        kind = gid_kind(gids[i])
+        if kind[0] == version and (kind[1] == family or (family == "IPv6" and kind[1] == "link-local")):
+            return i, gids[i], f"NCCL's choice ({version}, {family})"
+    return None, None, f"NCCL's choice ({version}, {family})"
+
+
+@check("RDMA003", "roce-gid", "cluster", tags=["rdma", "roce", "nccl"])
 def roce_gid(ctx) -> Iterator[Finding]:
-    """On RoCE ports NCCL uses, the GID table entry NCCL_IB_GID_INDEX names exists, is RoCE v2 and holds an
-    IPv4 address; without the variable, such an entry exists for NCCL to choose.
+    """On the RoCE ports NCCL uses, the GID table entry it uses (NCCL_IB_GID_INDEX, or NCCL's own choice of a
+    RoCE v2 IPv4 entry) exists on every node and is of the same kind (RoCE version, address family) there.
 
-    RoCE addresses a peer by a GID table entry. The same index can hold a RoCE v1 or a link-local entry on
-    another node (the table follows each node's addresses and VLANs): NCCL then cannot connect the queue
-    pairs, and the job stops with 'NET/IB : Got completion with error' or hangs at its first collective.
-    Without NCCL_IB_GID_INDEX, NCCL 2.21 and newer choose a RoCE v2 IPv4 entry by themselves.
+    RoCE addresses a peer by a GID table entry, and the table follows each node's addresses and VLANs: the
+    same index can be RoCE v2 with an IPv4 address on one node and RoCE v1 or link-local on another. Ranks
+    whose entries differ cannot connect their queue pairs: the job stops with 'NET/IB : Got completion with
+    error' or hangs at its first collective.
 
-    Set NCCL_IB_GID_INDEX to the index of the RoCE v2 entry with the node's IPv4 address on every node
-    (`show_gids` lists them; the index may differ per node), or unset it with NCCL 2.21 or newer.
+    Set NCCL_IB_GID_INDEX on each node to the index of its RoCE v2 entry with the node's IPv4 address
+    (`show_gids`; the index may differ per node), or unset it (or -1) with NCCL 2.21 or newer to let NCCL
+    choose.
     """
-    fabric, ports, why = _rdma_ports(ctx)
-    if why:
-        yield why
-        return
-    roce = [(d, p, f) for d, p, f in ports if f.get("link_layer") == "Ethernet" and active(f)]
-    if not roce:
-        yield skip("no active RoCE port (the RDMA ports NCCL uses are InfiniBand, or down: RDMA001)")
-        return
-    text = (ctx.fact.get("env") or {}).get("NCCL_IB_GID_INDEX")
-    if text is not None and not text.strip().lstrip("-").isdigit():
-        yield fail(f"NCCL_IB_GID_INDEX={text} is not a number", f"set NCCL_IB_GID_INDEX to a GID index on {ctx.node} "
-                   "(show_gids), or unset it", value=text)
-        return
-    wanted = int(text) if text is not None else None
-    good, problems = [], []
-    for device, port, facts in roce:
-        name = f"{device}:{port}"
-        gids = {g.get("index"): g for g in facts.get("gids") or [] if isinstance(g, dict)}
-        usable = sorted(i for i, g in gids.items() if g.get("type") == "RoCE v2" and str(g.get("gid", "")).startswith(IPV4_MAPPED))
-        if wanted is None:
-            if usable:
-                good.append(f"{name} (RoCE v2 IPv4 at index {usable[0]})")
-            else:
-                problems.append((name, f"{name} has no RoCE v2 entry with an IPv4 address", usable))
+    used: Dict[str, Dict[str, tuple]] = {}  # node -> port -> (index, entry, how, usable indices)
+    for node in ctx.reachable:
+        facts = ctx.facts[node]["facts"]
+        fabric, why = fabric_of(facts)
+        env = facts.get("env") or {}
+        if why or ib_disabled(env):
             continue
-        entry = gids.get(wanted)
-        if entry is None:
-            problems.append((name, f"{name} has no GID at index {wanted}", usable))
-        elif entry.get("type") != "RoCE v2":
-            problems.append((name, f"{name}'s GID {wanted} is {entry.get('type') or 'of no type'}, not RoCE v2", usable))
-        elif not str(entry.get("gid", "")).startswith(IPV4_MAPPED):
-            problems.append((name, f"{name}'s GID {wanted} is {entry.get('gid')}, not an IPv4 address (link-local "
-                             "entries do not route between subnets)", usable))
+        for device, port, found in selected_ports(env, fabric.get("rdma") or {}):
+            if found.get("link_layer") == "Ethernet" and active(found):
+                index, entry, how = _used_gid(env, found)
+                usable = [g.get("index") for g in found.get("gids") or []
+                          if isinstance(g, dict) and gid_kind(g) == ("RoCE v2", "IPv4")]
+                used.setdefault(node, {})[f"{device}:{port}"] = (index, entry, how, usable)
+    if not used:
+        yield skip("no node has an active RoCE port NCCL uses (InfiniBand, no RDMA device, or ports down: RDMA001)")
+        return
+    # The kind each port (device:port, the rail) has on most nodes; a tie goes to RoCE v2 IPv4.
+    kinds: Dict[str, Counter] = {}
+    for ports in used.values():
+        for name, (_, entry, _, _) in ports.items():
+            if entry:
+                kinds.setdefault(name, Counter())[gid_kind(entry)] += 1
+    usual = {name: max(c, key=lambda k: (c[k], k == ("RoCE v2", "IPv4"))) for name, c in kinds.items()}
+
+    def judge(node: str) -> Iterator[Finding]:
+        problems, fine, offers = [], [], set()
+        for name, (index, entry, how, usable) in sorted(used[node].items()):
+            if entry is None:
+                problems.append(f"{name} has no GID at index {index} ({how})" if index is not None else
+                                f"{name} has no entry for {how}")
+            elif gid_kind(entry) != usual[name]:
+                problems.append(f"{name}'s GID {index} ({how}) is {' '.join(gid_kind(entry))}, where the other "
+                                f"nodes use {' '.join(usual[name])}")
+            else:
+                fine.append(f"{name} GID {index} ({' '.join(gid_kind(entry))})")
+                continue
+            offers.update(usable)
+        if problems:
+            fix = (f"set NCCL_IB_GID_INDEX={min(offers)} on {node}" if len(offers) == 1 else
+                   f"set NCCL_IB_GID_INDEX on {node} to its RoCE v2 IPv4 entry (show_gids)" if offers else
+                   f"give the RoCE interface of {node} an IPv4 address (the kernel then adds a RoCE v2 entry)")
+            yield fail("; ".join(problems), fix, usual={name: " ".join(kind) for name, kind in usual.items()})
         else:
-            good.append(f"{name} (GID {wanted}: RoCE v2, {entry.get('gid')})")
-    evidence = {"gid_index": wanted, "good": good, "problems": {n: m for n, m, _ in problems}}
-    if problems:
-        said = "; ".join(m for _, m, _ in problems)
-        offers = sorted({i for _, _, usable in problems for i in usable})
-        fix = (f"set NCCL_IB_GID_INDEX={offers[0]} on {ctx.node}" if len(offers) == 1 else
-               f"set NCCL_IB_GID_INDEX on {ctx.node} to the RoCE v2 IPv4 entry (show_gids)")
-        if wanted is None:
-            yield warn(f"{said}: NCCL finds no RoCE v2 IPv4 GID to choose", "give the RoCE interface an IPv4 "
-                       f"address on {ctx.node} (the kernel then adds the entry), or {fix[0].lower() + fix[1:]}", **evidence)
-        else:
-            yield fail(f"NCCL_IB_GID_INDEX={wanted}: {said}", fix, **evidence)
-    else:
-        yield passed(f"RoCE GIDs: {', '.join(good)}", **evidence)
+            yield passed(f"RoCE GIDs: {', '.join(fine)}")
+
+    yield from grouped(judge, sorted(used))
 
 
 def _kernel_at_least(release: Optional[str], major: int, minor: int) -> bool:

@@ -809,6 +809,7 @@ RDMA_ERROR_COUNTERS = ("link_downed", "symbol_error", "link_error_recovery", "po
 FABRIC_MODULES = ("nvidia", "nvidia_peermem", "nv_peer_mem", "ib_core", "ib_uverbs", "mlx5_core", "mlx5_ib",
                   "rdma_ucm", "efa", "irdma", "bnxt_re")
 XID_LIMIT = 200  # events kept per node: a GPU in an Xid storm logs thousands
+XID_READ_S, XID_READ_BYTES = 2.0, 32 << 20  # the kernel's largest log buffer is 32 MiB (log_buf_len)
 
 
 def _sys_text(path):
@@ -847,8 +848,8 @@ def _rdma_port(folder):
             "rate": _sys_text(os.path.join(folder, "rate")), "link_layer": layer, "gids": [], "counters": {}}
     port["rate_gbps"] = _rate_gbps(port["rate"])
     # InfiniBand addresses by LID and GID 0; RoCE picks a GID table entry (NCCL_IB_GID_INDEX).
-    indices = _sys_list(os.path.join(folder, "gids")) if layer == "Ethernet" else ["0"]
-    for index in sorted(indices, key=lambda i: int(i) if i.isdigit() else -1):
+    indices = [i for i in _sys_list(os.path.join(folder, "gids")) if i.isdigit()] if layer == "Ethernet" else ["0"]
+    for index in sorted(indices, key=int):
         gid = _sys_text(os.path.join(folder, "gids", index))
         if not gid or not gid.replace("0", "").replace(":", ""):
             continue  # an empty entry
@@ -902,14 +903,23 @@ def _nccl_libraries():
         for path in sorted(glob.glob(os.path.join(folder, "libnccl-net*.so*"))):
             name = os.path.basename(path)
             if name not in [p["name"] for p in plugins]:  # the first folder wins, as for dlopen
-                plugins.append({"name": name, "path": path, "bytes": os.path.getsize(path)})
+                try:
+                    size = os.path.getsize(path)
+                except OSError:  # a dangling link: dlopen fails on it as well
+                    size = None
+                plugins.append({"name": name, "path": path, "bytes": size})
+    # CUDA's forward compatibility package: a newer libcuda that lets a newer CUDA run on an older driver.
+    compat = [p for f in folders + glob.glob("/usr/local/cuda*/compat") if "compat" in f
+              for p in glob.glob(os.path.join(f, "libcuda.so.*"))]
     return {"libraries": sorted(set(os.path.realpath(p) for p in found)), "plugins": plugins,
-            "net_plugin": os.environ.get("NCCL_NET_PLUGIN")}
+            "net_plugin": os.environ.get("NCCL_NET_PLUGIN"), "cuda_compat": sorted(set(compat))}
 
 
 def _xid_events(root):
-    """NVIDIA Xid events in the kernel log since boot: /dev/kmsg, read without blocking (one record per
-    read). {"readable": False, "reason"} where the log is closed to this user (dmesg_restrict)."""
+    """NVIDIA Xid events in the kernel log: /dev/kmsg, read without blocking (one record per read), since the
+    driver last loaded (a reload starts the GPUs afresh; a reboot empties the log). At most XID_READ_S
+    seconds and XID_READ_BYTES: a log that floods faster than it is read is cut there, and said so.
+    {"readable": False, "reason"} where the log is closed to this user (dmesg_restrict)."""
     import errno
     import re
 
@@ -919,26 +929,34 @@ def _xid_events(root):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         return {"readable": False, "reason": "%s: %s" % (path, exc.strerror or exc)}
-    events, count, pending = [], 0, b""
+    events, count, pending, read, cut = [], 0, b"", 0, False
+    deadline = time.monotonic() + XID_READ_S
     try:
         if not stat.S_ISCHR(os.fstat(fd).st_mode):  # a recorded log: plain text, one record per line
             os.lseek(fd, 0, os.SEEK_SET)
         while True:
+            if read > XID_READ_BYTES or time.monotonic() > deadline:
+                cut = True
+                break
             try:
                 chunk = os.read(fd, 8192)
-            except BlockingIOError:  # the end of the ring buffer
-                break
             except OSError as exc:
+                if exc.errno == errno.EAGAIN:  # the end of the ring buffer
+                    break
                 if exc.errno == errno.EPIPE:  # the record was overwritten while reading; go on
                     continue
                 raise
             if not chunk:
                 break
+            read += len(chunk)
             pending += chunk
             records = pending.split(b"\n")
             pending = records.pop()
             for record in records:
                 head, _, message = record.decode("utf-8", "replace").partition(";")
+                if message.startswith("NVRM: loading NVIDIA"):
+                    events, count = [], 0  # what the driver logged before it was reloaded is over
+                    continue
                 found = pattern.search(message)
                 if found:
                     count += 1
@@ -949,7 +967,7 @@ def _xid_events(root):
                                        "text": found.group(3).strip()[:200], "uptime_s": seconds})
     finally:
         os.close(fd)
-    return {"readable": True, "events": events, "count": count}
+    return {"readable": True, "events": events, "count": count, "cut": cut}
 
 
 def _fabric(root=None):

@@ -35,9 +35,9 @@ def node(tmp_path, name, recording, change=None, env=None, nvml="h100x8.json", v
     return {"facts": doc, "error": None, "clock": {"offset_s": 0.0, "bound_s": 0.0005, "rtt_s": 0.001}}
 
 
-def cluster(tmp_path, recording, changes=None, env=None, **kw):
-    """Two nodes from one recording; changes: node -> the change to its tree."""
-    return {n: node(tmp_path, n, recording, (changes or {}).get(n), env, **kw) for n in ("n01", "n02")}
+def cluster(tmp_path, recording, changes=None, env=None, names=("n01", "n02"), **kw):
+    """Nodes from one recording; changes: node -> the change to its tree."""
+    return {n: node(tmp_path, n, recording, (changes or {}).get(n), env, **kw) for n in names}
 
 
 def run(check_id, states, tmp_path):
@@ -60,7 +60,7 @@ def test_the_collector_reads_a_recorded_infiniband_node(tmp_path):
     assert fabric["rdma"]["mlx5_0"]["fw_ver"] == "28.39.1002" and fabric["rdma"]["mlx5_0"]["netdevs"] == ["ibp24s0"]
     assert fabric["rdma"]["mlx5_0"]["pci"] == "0000:18:00.0"
     assert "nvidia_peermem" in fabric["modules"] and "ext4" not in fabric["modules"]
-    assert fabric["xid"] == {"readable": True, "events": [], "count": 0}
+    assert fabric["xid"] == {"readable": True, "events": [], "count": 0, "cut": False}
 
 
 def test_the_collector_reads_a_roce_gid_table_and_skips_empty_entries(tmp_path):
@@ -121,7 +121,16 @@ def test_a_port_at_the_wrong_rate(tmp_path):
     results = run("RDMA002", cluster(tmp_path, "ib-node", {"n02": {IB0 + "rate": "200 Gb/sec (4X HDR)\n"}}), tmp_path)
     assert statuses(results) == {(("n01",), Status.PASS), (("n02",), Status.WARN)}
     warned = next(r for r in results if r.status == Status.WARN)
-    assert "mlx5_0:1 at 200 Gb/s" in warned.message and "400 Gb/s" in warned.message
+    assert "mlx5_0:1 at 200 Gb/s (elsewhere 400)" in warned.message
+
+
+def test_hcas_at_different_rates_by_design_are_compared_port_by_port(tmp_path):
+    storage = {IB1 + "rate": "200 Gb/sec (4X HDR)\n"}  # on every node: a slower storage HCA beside the compute one
+    results = run("RDMA002", cluster(tmp_path, "ib-node", {"n01": storage, "n02": storage}), tmp_path)
+    assert {r.status for r in results} == {Status.PASS}
+    unread = run("RDMA002", cluster(tmp_path / "u", "ib-node", {"n01": {IB0 + "rate": "\n"}}), tmp_path)
+    warned = [r for r in unread if r.status == Status.WARN]
+    assert [r.nodes for r in warned] == [("n01",)] and "rate of mlx5_0:1 cannot be read" in warned[0].message
 
 
 def test_roce_gid_index_that_is_roce_v1_on_one_node(tmp_path):
@@ -131,15 +140,49 @@ def test_roce_gid_index_that_is_roce_v1_on_one_node(tmp_path):
     results = run("RDMA003", states, tmp_path)
     assert statuses(results) == {(("n01",), Status.PASS), (("n02",), Status.FAIL)}
     failed = next(r for r in results if r.status == Status.FAIL)
-    assert "mlx5_0:1's GID 3 is IB/RoCE v1" in failed.message and "NCCL_IB_GID_INDEX=2" in failed.remediation
+    assert "mlx5_0:1's GID 3 (NCCL_IB_GID_INDEX=3) is IB/RoCE v1 IPv4, where the other nodes use RoCE v2 IPv4" \
+        in failed.message and "NCCL_IB_GID_INDEX=2 on n02" in failed.remediation
 
 
-def test_roce_gid_index_past_the_table_and_link_local(tmp_path):
+def test_roce_gid_index_past_the_table_and_differing_address_kinds(tmp_path):
     states = cluster(tmp_path, "roce-node", env={"NCCL_IB_GID_INDEX": "5"})
-    assert {r.status for r in run("RDMA003", states, tmp_path)} == {Status.FAIL}
-    states = cluster(tmp_path / "ll", "roce-node", env={"NCCL_IB_GID_INDEX": "1"})
     results = run("RDMA003", states, tmp_path)
-    assert {r.status for r in results} == {Status.FAIL} and "not an IPv4 address" in results[0].message
+    assert {r.status for r in results} == {Status.FAIL} and "no GID at index 5" in results[0].message
+    # Index 1 is link-local RoCE v2 on both: the same kind everywhere is no finding (one L2 network).
+    assert {r.status for r in run("RDMA003", cluster(tmp_path / "ll", "roce-node", env={"NCCL_IB_GID_INDEX": "1"}),
+                                  tmp_path)} == {Status.PASS}
+    ipv4_at_1 = {"sys/class/infiniband/mlx5_0/ports/1/gids/1": "0000:0000:0000:0000:0000:ffff:0a00:010c\n"}
+    results = run("RDMA003", cluster(tmp_path / "mixed", "roce-node", {"n02": ipv4_at_1, "n03": ipv4_at_1},
+                                     env={"NCCL_IB_GID_INDEX": "1"}, names=("n01", "n02", "n03")), tmp_path)
+    failed = [r for r in results if r.status == Status.FAIL]
+    assert [r.nodes for r in failed] == [("n01",)] and "link-local" in failed[0].message
+
+
+def test_nccl_chooses_the_gid_when_the_index_is_negative_or_unset(tmp_path):
+    """NCCL_IB_GID_INDEX=-1 is NCCL's own default: it chooses (ncclIbGetGidIndex)."""
+    results = run("RDMA003", cluster(tmp_path, "roce-node", env={"NCCL_IB_GID_INDEX": "-1"}), tmp_path)
+    assert {r.status for r in results} == {Status.PASS} and "GID 3" in results[0].message
+
+
+def test_ipv6_roce_v2_gids_with_nccl_ib_addr_family(tmp_path):
+    v6 = {"sys/class/infiniband/mlx5_0/ports/1/gids/4": "fd00:0000:0000:0000:0000:0000:0000:0011\n",
+          "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/4": "RoCE v2\n",
+          "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/4": "ens1f0np0\n"}
+    env = {"NCCL_IB_GID_INDEX": "4", "NCCL_IB_HCA": "=mlx5_0"}
+    assert {r.status for r in run("RDMA003", cluster(tmp_path, "roce-node", {"n01": v6, "n02": v6}, env=env),
+                                  tmp_path)} == {Status.PASS}
+
+
+def test_an_odd_gid_folder_entry_loses_nothing(tmp_path):
+    odd = {"sys/class/infiniband/mlx5_0/ports/1/gids/foo": "fe80::1\n"}
+    fabric = fabric_facts(tmp_path, "roce-node", odd)
+    assert [g["index"] for g in fabric["rdma"]["mlx5_0"]["ports"]["1"]["gids"]] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("value,used", [("1", False), ("0", True), ("false", True), ("00", True), ("2", False)])
+def test_nccl_ib_disable_as_nccl_reads_it(tmp_path, value, used):
+    results = run("RDMA001", cluster(tmp_path, "ib-node", env={"NCCL_IB_DISABLE": value}), tmp_path)
+    assert {r.status for r in results} == ({Status.PASS} if used else {Status.SKIP})
 
 
 def test_gpudirect_rdma_off_without_peermem(tmp_path):
@@ -183,6 +226,16 @@ def test_torch_cuda_build_against_the_driver(tmp_path, build, status):
     assert {r.status for r in results} == {status}, [r.message for r in results]
 
 
+def test_cuda_forward_compatibility_turns_the_refusal_into_a_warning(tmp_path, monkeypatch):
+    compat = tmp_path / "cuda-13.0" / "compat"
+    compat.mkdir(parents=True)
+    (compat / "libcuda.so.580.65.06").write_bytes(b"\x7fELF")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(compat))
+    states = cluster(tmp_path, "ib-node", versions={"cuda": "13.0"})
+    results = run("PKG007", states, tmp_path)
+    assert {r.status for r in results} == {Status.WARN} and "forward compatibility" in results[0].message
+
+
 def test_known_bad_versions(tmp_path):
     states = cluster(tmp_path, "ib-node", versions={"nccl": "2.29.2", "torch": "2.7.0+cu126"})
     results = run("PKG008", states, tmp_path)
@@ -205,6 +258,25 @@ def test_xid_errors_on_the_job_gpus(tmp_path):
     only_program = run("GPU008", cluster(tmp_path / "p", "ib-node", {"n02": {"dev/kmsg": kmsg + XID_13}}), tmp_path)
     assert {r.status for r in only_program} == {Status.PASS}
     assert "program errors only: GPU 0 (0000:18:00): Xid 13" in [r for r in only_program if r.nodes == ("n02",)][0].message
+
+
+def test_xid_on_machines_with_a_pci_domain_per_gpu(tmp_path):
+    """Azure ND H100 v5, GH200: every GPU on bus 00 of its own PCI domain; the domain tells them apart."""
+    states = cluster(tmp_path, "ib-node", {"n02": {"dev/kmsg": XID_79.replace("0000:2a:00", "0003:00:00")}},
+                     env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    for i, gpu in enumerate(states["n02"]["facts"]["gpus"]["devices"]):
+        gpu["pci_bus_id"] = f"0000000{i}:00:00.0"
+    results = run("GPU008", states, tmp_path)
+    failed = [r for r in results if r.status == Status.FAIL]
+    assert [r.nodes for r in failed] == [("n02",)] and "GPU 3 (0003:00:00): Xid 79" in failed[0].message
+    states["n02"]["facts"]["env"]["CUDA_VISIBLE_DEVICES"] = "0,1"  # the job does not use GPU 3
+    assert {r.status for r in run("GPU008", states, tmp_path)} == {Status.PASS}
+
+
+def test_xid_before_the_driver_was_reloaded_is_over(tmp_path):
+    reload = "4,2100,95000000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.161.08  Tue Mar  5 22:42:15 UTC 2024\n"
+    fabric = fabric_facts(tmp_path, "ib-node", {"dev/kmsg": XID_79 + reload + XID_13})
+    assert [e["xid"] for e in fabric["xid"]["events"]] == [13]
 
 
 def test_xid_unreadable_kernel_log_skips_with_the_reason(tmp_path):
