@@ -85,6 +85,9 @@ def allreduce(ctx) -> Iterator[Finding]:
         yield skipped
         return
     head, port, python = probe.get("head"), probe.get("port"), probe.get("python") or "python"
+    if probe.get("clash"):  # another run (or process) had the port: the nodes are not judged
+        yield Finding(Status.FAIL, f"port clash, no node judged: {_line(probe['clash'])}", "run again once the other "
+                      "run has ended, or give this run another port (--col-port PORT)", evidence=figures)
     for node, why in sorted((probe.get("untested") or {}).items()):
         yield Finding(Status.SKIP, f"not tested: {why}", nodes=(node,), evidence=figures)
     for node, fault in sorted((probe.get("blamed") or {}).items()):

@@ -1,8 +1,10 @@
 """PKG: the same software and environment on every node."""
 from __future__ import annotations
 
+import re
 from typing import Iterator, Optional
 
+from preflight.collector import MIN_PYTHON, SECTION_FAILED, UNSUPPORTED
 from preflight.compare import holders, odd_ones_out
 from preflight.registry import check
 from preflight.result import Finding, Status, skip
@@ -105,10 +107,13 @@ def distributions(ctx) -> Iterator[Finding]:
 
 @check("PKG003", "interpreter-and-workdir", "cluster", tags=["packages", "python"])
 def interpreter_and_workdir(ctx) -> Iterator[Finding]:
-    """The training interpreter (--python) runs on every node, and the working directory exists there.
+    """The training interpreter (--python) runs on every node and is one preflight supports (Python 3.9 or
+    newer), every section of preflight's fact collector ran there, and the working directory exists.
 
     The launcher starts the same interpreter path in the same directory on every node; where either is
-    missing, that rank dies at once and the others wait for it.
+    missing, that rank dies at once and the others wait for it. An interpreter older than the job needs
+    (Python 2, an old Python 3) is named with its version, and a section of facts that failed on the node
+    is said, not read as a wrong value.
 
     Install the environment at the same path on every node (or pass --python with its path), and run
     from a directory that exists everywhere (a shared filesystem).
@@ -116,12 +121,19 @@ def interpreter_and_workdir(ctx) -> Iterator[Finding]:
     ok = []
     for node, state in ctx.facts.items():
         error = state.get("error") or {}
+        facts = state.get("facts") or {}
+        failed = [section["error"] for section in facts.values() if isinstance(section, dict)
+                  and isinstance(section.get("error"), str) and section["error"].startswith(SECTION_PREFIX)]
         if error.get("kind") == "python-missing":
             yield Finding(Status.FAIL, error["message"], error["remediation"], nodes=(node,))
         elif error.get("kind") == "collector":
-            yield Finding(Status.FAIL, error["message"], error["remediation"], nodes=(node,))
-        elif state.get("facts"):
-            workdir = (state["facts"].get("storage") or {}).get("workdir")
+            yield _collector_stopped(node, error, ctx.plan.python)
+        elif failed:  # the checks that read these sections find this error in their place
+            yield Finding(Status.ERROR, "; ".join(failed), f"the checks that read these facts are not reliable on "
+                          f"{node}: report this error (a defect of preflight's collector, or a node it does not "
+                          "know)", nodes=(node,), evidence={"failed": failed})
+        elif facts:
+            workdir = (facts.get("storage") or {}).get("workdir")
             if workdir is not None and not workdir.get("exists"):
                 yield Finding(Status.FAIL, f"the working directory {workdir['path']} does not exist",
                               "run from a directory that exists on every node, such as a shared filesystem",
@@ -130,6 +142,31 @@ def interpreter_and_workdir(ctx) -> Iterator[Finding]:
                 ok.append(node)
     if ok:
         yield Finding(Status.PASS, "the interpreter runs and the working directory exists", nodes=tuple(ok))
+
+
+SECTION_PREFIX = SECTION_FAILED.split("%s")[0]
+_UNSUPPORTED = re.compile(re.escape(UNSUPPORTED) + r": (.*) is Python (\S+);")
+MINIMUM = "%d.%d" % MIN_PYTHON
+
+
+def _collector_stopped(node: str, error: dict, python: Optional[str]) -> Finding:
+    """The collector ended without facts: an interpreter older than preflight supports (it says so, or it
+    cannot even compile the collector), else whatever stopped it."""
+    message = str(error.get("message") or "")
+    fix = (f"pass --python with the path of the job's training interpreter, Python {MINIMUM} or newer (the "
+           "environment's bin/python), installed at the same path on every node")
+    found = _UNSUPPORTED.search(message)
+    if found:
+        interpreter, version = found.group(1), found.group(2)
+        return Finding(Status.FAIL, f"the interpreter {interpreter} is Python {version}, older than Python {MINIMUM}, "
+                       f"the oldest preflight supports", fix, nodes=(node,),
+                       evidence={"interpreter": interpreter, "version": version, "minimum": MINIMUM})
+    if "SyntaxError" in message:  # too old even to compile the collector (which Python 2.7 still compiles)
+        syntax = message[message.rfind("SyntaxError"):].strip()
+        return Finding(Status.FAIL, f"the interpreter {python or '(--python)'} cannot compile preflight's fact "
+                       f"collector ({syntax}): it is older than Python {MINIMUM}, the oldest preflight supports",
+                       fix, nodes=(node,), evidence={"interpreter": python, "version": None, "minimum": MINIMUM})
+    return Finding(Status.FAIL, message, error.get("remediation"), nodes=(node,))
 
 
 @check("PKG004", "environment", "cluster", tags=["environment", "nccl"])

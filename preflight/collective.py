@@ -15,6 +15,10 @@ controller closing every session at the run's end (outside; a closed session kil
 3. when a run fails without naming anyone (a hang, wrong values), or is below --min-busbw, a bisect:
    the head with halves of the other nodes, down to pairs, as far as the time allows.
 
+Each run has a token of its own that every rank must find in the store (preflight.colworker): a run
+whose port another run (or another process) holds ends with doc["clash"], which blames no node.
+A node's report is checked for the shape colworker writes; any other answer is that node's failure.
+
 run_collective returns a plain dict (probes["collective"]); the checks in checks/col.py read it.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import json
 import math
 import re
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -42,8 +47,8 @@ MAX_RERUNS = 2
 TAIL_CHARS = 1200
 
 # Kinds of rank failure that name their own node, and make waiting for the others pointless.
-OWN_FAULT = ("start", "import", "died", "no-answer", "slow-import")
-STOPS_THE_RUN = OWN_FAULT + ("error",)
+OWN_FAULT = ("start", "import", "died", "no-answer", "slow-import", "protocol")
+STOPS_THE_RUN = OWN_FAULT + ("error", "clash")
 
 
 # --- options ------------------------------------------------------------------------------------
@@ -183,6 +188,17 @@ def stops_the_run(report: dict) -> bool:
     return any(r.get("kind") in STOPS_THE_RUN for r in failed_ranks(report))
 
 
+def port_clash(reports: Dict[str, dict], head: str) -> Optional[str]:
+    """Why the run's rendezvous port was not its own (another run's store, a process holding it), or None;
+    the head's rank 0 says it first."""
+    nodes = sorted(reports, key=lambda n: n != head)
+    for name in nodes:
+        for rank in failed_ranks(reports[name]):
+            if rank.get("kind") == "clash":
+                return rank.get("error") or "the rendezvous port is held by another process"
+    return None
+
+
 def diagnose(run: dict, head: str) -> Dict[str, dict]:
     """The nodes a failed run names as at fault: {node: {"kind", "error", "tail", ...}}; {} when it names
     none (everyone timed out after meeting, or the values were wrong: then only a bisect can tell)."""
@@ -303,6 +319,7 @@ class _Phase:
         self.started = time.monotonic()
         self.deadline = self.started + options.timeout + PHASE_MARGIN_S
         self.runs: List[dict] = []
+        self.clash: Optional[str] = None  # set by the first run whose port is not its own
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -322,23 +339,17 @@ class _Phase:
         sessions: Dict[str, object] = {}
         stop = threading.Event()
         lock = threading.Lock()
+        token = secrets.token_hex(8)  # this run's, not the phase's: a previous run's store may still be closing
 
         def node_run(index: int, name: str) -> None:
-            node = self.nodes[name]
-            payload = {"master_addr": self.master_addr(name), "master_port": self.port, "world_size": world,
-                       "ranks": list(range(index * self.procs, (index + 1) * self.procs)),
-                       "backend": self.backend, "sizes": list(sizes), "timeout_s": self.options.timeout,
-                       "budget_s": max(1.0, budget - RETURN_S), "env": env}
+            ranks = list(range(index * self.procs, (index + 1) * self.procs))
             try:
-                proc = node.connection.start(shipped_command(self.options.python), shipped_input(self.source, payload))
-            except Exception as exc:
-                report = {"ok": False, "kind": "start", "stage": "start", "ranks": [],
-                          "error": f"could not start the worker: {exc}", "tail": None}
-            else:
-                with lock:
-                    sessions[name] = proc
-                report = self._read(proc, deadline, stop)
-            report["master_addr"] = payload["master_addr"]
+                report = self._node_report(name, ranks, {
+                    "master_addr": self.master_addr(name), "master_port": self.port, "world_size": world,
+                    "ranks": ranks, "backend": self.backend, "sizes": list(sizes), "timeout_s": self.options.timeout,
+                    "budget_s": max(1.0, budget - RETURN_S), "env": env, "run": token}, deadline, stop, sessions, lock)
+            except Exception as exc:  # whatever the node sent: its failure, never a thread's traceback
+                report = _protocol_failure(f"preflight could not read it: {type(exc).__name__}: {exc}")
             with lock:
                 reports[name] = report
             if not report.get("ok") and stops_the_run(report):
@@ -359,7 +370,10 @@ class _Phase:
                                            "error": "the worker did not answer", "tail": None} for n in names}
         ok = all(final[n].get("ok") for n in names)
         rank0 = next(iter(final[names[0]].get("ranks") or []), {})
+        clash = None if ok else port_clash(final, names[0])
+        self.clash = self.clash or clash
         run = {"purpose": purpose, "nodes": list(names), "world_size": world, "ok": ok, "port": self.port,
+               "clash": clash,
                "master_addr": self.master_addr(names[0]), "budget_s": round(budget, 3),
                "elapsed_s": round(time.monotonic() - started, 3), "sizes": list(sizes),
                "figures": figures(rank0.get("sizes") or []) if ok else None,
@@ -367,7 +381,23 @@ class _Phase:
         self.runs.append(run)
         return run
 
-    def _read(self, proc, deadline: float, stop: threading.Event) -> dict:
+    def _node_report(self, name: str, ranks: List[int], payload: dict, deadline: float, stop: threading.Event,
+                     sessions: dict, lock: threading.Lock) -> dict:
+        """Start the node's worker and read its report (checked: of the shape colworker writes)."""
+        try:
+            proc = self.nodes[name].connection.start(shipped_command(self.options.python),
+                                                     shipped_input(self.source, payload))
+        except Exception as exc:
+            report = {"ok": False, "kind": "start", "stage": "start", "ranks": [],
+                      "error": f"could not start the worker: {exc}", "tail": None}
+        else:
+            with lock:
+                sessions[name] = proc
+            report = self._read(proc, deadline, stop, ranks)
+        report["master_addr"] = payload["master_addr"]
+        return report
+
+    def _read(self, proc, deadline: float, stop: threading.Event, ranks: List[int]) -> dict:
         """The node's one JSON line, or why there is none."""
         abort_sent = False
         while True:
@@ -402,10 +432,83 @@ class _Phase:
                 report = json.loads(line)
             except ValueError:
                 continue  # not ours (a shell's greeting); the worker's line follows
-            if not isinstance(report, dict) or "ranks" not in report:
-                continue
+            except RecursionError:
+                return _protocol_failure("it is nested deeper than any report", _stderr(proc))
+            if isinstance(report, (int, float)) and not isinstance(report, bool):
+                continue  # a greeting that happens to be a number
+            wrong = shape_error(report, ranks)
+            if wrong:
+                return _protocol_failure(wrong, _stderr(proc))
             report.setdefault("kind", None)
             return report
+
+
+def _protocol_failure(why: str, tail: Optional[str] = None) -> dict:
+    return {"ok": False, "kind": "protocol", "stage": "report", "ranks": [], "tail": tail,
+            "error": f"the all-reduce worker's report is not what preflight's worker writes: {why}"}
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _typed(obj: dict, keys: Sequence[str], test: Callable, what: str, where: str) -> Optional[str]:
+    for key in keys:
+        if not test(obj.get(key)):
+            return f"{where}{key!r} is {_kind(obj.get(key))}, not {what}"
+    return None
+
+
+JSON_TYPES = ((bool, "true or false"), (dict, "an object"), (list, "a list"), (str, "a string"),
+              ((int, float), "a number"))
+
+
+def _kind(value) -> str:
+    """What a JSON value is, in JSON's words."""
+    if value is None:
+        return "missing (null)"
+    return next((name for types, name in JSON_TYPES if isinstance(value, types)), type(value).__name__)
+
+
+def shape_error(report, ranks: Sequence[int]) -> Optional[str]:
+    """Why a node's report is not of the shape preflight.colworker writes (None when it is): every field the
+    head reads, with its type, and one rank result per rank the node was given."""
+    if not isinstance(report, dict):
+        return f"it is {_kind(report)}, not an object"
+    optional_text = (lambda v: v is None or isinstance(v, str))
+    problem = (_typed(report, ("ok",), lambda v: isinstance(v, bool), "true or false", "")
+               or _typed(report, ("ranks",), lambda v: isinstance(v, list), "a list", "")
+               or _typed(report, ("kind", "stage", "error", "tail"), optional_text, "text", ""))
+    if problem:
+        return problem
+    if not all(isinstance(r, dict) for r in report["ranks"]):
+        return "a rank in 'ranks' is not an object"
+    got = [r.get("rank") for r in report["ranks"]]
+    if got != list(ranks):
+        return f"it reports ranks {got!r:.80}, not the ranks {list(ranks)} it was given"
+    for r in report["ranks"]:
+        where = f"rank {r['rank']}: "
+        problem = (_typed(r, ("ok",), lambda v: isinstance(v, bool), "true or false", where)
+                   or _typed(r, ("stage", "kind", "error", "tail"), optional_text, "text", where)
+                   or _typed(r, ("sizes", "skipped_sizes"), lambda v: v is None or isinstance(v, list), "a list", where)
+                   or _typed(r, ("check",), lambda v: v is None or isinstance(v, dict), "an object", where))
+        if problem:
+            return problem
+        if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in r.get("skipped_sizes") or []):
+            return f"{where}'skipped_sizes' holds something other than sizes in bytes"
+        for size in r.get("sizes") or []:
+            if not isinstance(size, dict):
+                return f"{where}an entry of 'sizes' is not an object"
+            problem = (_typed(size, ("bytes", "iters"), lambda v: isinstance(v, int) and not isinstance(v, bool)
+                              and v > 0, "a positive integer", f"{where}sizes: ")
+                       or _typed(size, ("time_s", "algbw_gbps", "busbw_gbps"), _number, "a number", f"{where}sizes: "))
+            if problem:
+                return problem
+        if r["ok"] and not r.get("sizes") and not r.get("skipped_sizes"):
+            return f"{where}it passed without measuring any size"
+    if report["ok"] and not all(r["ok"] for r in report["ranks"]):
+        return "it says ok while a rank failed"
+    return None
 
 
 def _stderr(proc) -> Optional[str]:
@@ -435,7 +538,7 @@ def run_collective(nodes, head_address: str, options) -> dict:
            "timeout_s": options.timeout, "deadline_s": options.timeout + PHASE_MARGIN_S,
            "min_busbw_gbps": col.min_busbw_gbps, "head": head, "python": options.python,
            "nodes": [n.name for n in nodes], "untested": {}, "blamed": {}, "passed": [], "cleared": [],
-           "result": None, "bisect": None, "runs": phase.runs}
+           "result": None, "bisect": None, "clash": None, "runs": phase.runs}
     for node in nodes:
         if node not in reached:
             reason = node.error.message if node.error is not None else "no facts"
@@ -475,6 +578,9 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
             sorted(set(doc["nodes"]) - set(group))))
         if run["ok"]:
             break
+        if run["clash"]:  # the port is not this run's: no node is at fault, and no rerun can tell more
+            _clashed(phase, doc, group)
+            return
         blamed = diagnose(run, head)
         if not blamed:
             break
@@ -505,6 +611,9 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
                                                           lambda r: not r["ok"] or r["figures"] is None or
                                                           r["figures"]["bytes"] < size or
                                                           r["figures"]["busbw_gbps"] < col.min_busbw_gbps))
+            if phase.clash:  # another run took the port half-way: the bisect's figures say nothing
+                doc["bisect"] = None
+                doc["clash"] = phase.clash
         return
     if all(still_importing(run["reports"][n]) for n in group):
         for name in group:
@@ -519,6 +628,10 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
                                   "tail": _tail_of(run["reports"].get(n))} for n in group})
         return
     doc["bisect"] = dict(reason="failed", **_bisect(phase, group, head, [min(col.sizes)], lambda r: not r["ok"]))
+    if phase.clash:
+        doc["bisect"] = None
+        _clashed(phase, doc, group)
+        return
     suspects = doc["bisect"]["suspects"]
     for name in group:
         if name in suspects:
@@ -526,6 +639,12 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
                                    "tail": _tail_of(run["reports"].get(name)), "suspects": suspects}
         else:
             doc["cleared"].append(name)  # passed the bisect with the head
+
+
+def _clashed(phase: _Phase, doc: dict, group: List[str]) -> None:
+    doc["clash"] = phase.clash
+    for name in group:
+        doc["untested"][name] = f"the rendezvous port {phase.port} was not this run's (port clash)"
 
 
 def _bisect(phase: _Phase, group: List[str], head: str, sizes: List[int], bad: Callable[[dict], bool]) -> dict:
@@ -543,7 +662,7 @@ def _bisect(phase: _Phase, group: List[str], head: str, sizes: List[int], bad: C
                 "failure": None if run["ok"] else _run_summary(run)["error"]}
 
     tests_done: List[dict] = []
-    return bisect(head, workers, test, lambda: phase.left() >= MIN_RUN_S)
+    return bisect(head, workers, test, lambda: phase.left() >= MIN_RUN_S and not phase.clash)
 
 
 def _tail_of(report: Optional[dict]) -> Optional[str]:

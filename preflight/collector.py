@@ -1,8 +1,12 @@
 """The node agent: one JSON document of facts about the node it runs on, then answers to requests.
 
-Stdlib only, Python 3.6+: it is shipped over the transport and run by the node's training
+Stdlib only, Python 3.9+ (MIN_PYTHON): it is shipped over the transport and run by the node's training
 interpreter, which may have nothing of preflight installed. It never imports torch or any other
 training library: versions come from package metadata, torch's CUDA build from torch/version.py.
+An older interpreter gets one line on stderr that names it and its version (UNSUPPORTED) and no facts:
+so that Python 2 too can say so, this file is written in the syntax Python 2.7 still compiles (no
+f-strings, no keyword-only arguments; tests/test_hardening_runs.py compiles it with a real 2.7).
+A section that raises is kept as {"error": "collector section NAME failed on the node: ..."}.
 
 Protocol when shipped (see preflight.transport): the source arrives on stdin after a length line,
 OPTIONS is bound by the sender, and the node writes one line of JSON (the facts). Then, for each
@@ -27,6 +31,9 @@ ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_", "ACCELERATE_", "
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "LOCAL_RANK", "PYTHONPATH", "LD_LIBRARY_PATH",
              "LD_PRELOAD", "PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
 KEY_DISTRIBUTIONS = ("torch", "deepspeed", "accelerate", "transformers")
+MIN_PYTHON = (3, 9)  # pyproject.toml's requires-python: the oldest interpreter preflight is tested with
+UNSUPPORTED = "preflight: unsupported interpreter"
+SECTION_FAILED = "collector section %s failed on the node: "
 NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 
 
@@ -50,7 +57,7 @@ def collect(options):
         try:
             facts[name] = gather()
         except Exception as exc:  # one broken fact must not lose the others
-            facts[name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+            facts[name] = {"error": SECTION_FAILED % name + "%s: %s" % (type(exc).__name__, exc)}
     return facts
 
 
@@ -981,7 +988,18 @@ def _fabric(root=None):
     return fabric
 
 
+def unsupported():
+    """The line an interpreter older than MIN_PYTHON writes instead of facts, or None."""
+    if sys.version_info >= MIN_PYTHON:
+        return None
+    return "%s: %s is Python %s; preflight needs Python %d.%d or newer\n" % (
+        UNSUPPORTED, sys.executable, platform.python_version(), MIN_PYTHON[0], MIN_PYTHON[1])
+
+
 if __name__ == "__main__":  # shipped: the sender binds OPTIONS before this runs
+    if unsupported():  # no facts: an old interpreter's would be misread (Python 2's as "name not resolved")
+        sys.stderr.write(unsupported())
+        sys.exit(3)
     sys.stdout.write(json.dumps(collect(globals().get("OPTIONS") or {})) + "\n")
     sys.stdout.flush()
     serve(Agent(), 0, sys.stdout)

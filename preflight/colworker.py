@@ -11,19 +11,25 @@ line of JSON on stdout when every rank has finished, failed, been killed at the 
                 "joined": [ranks that reached the store] or null, "tail": last output of the rank or null}]}
 
 stage is where the rank was (import, store, init, sweep, done); kind says how it failed: import
-(torch cannot be imported), timeout, error, died (the process ended without a result), killed (still
-running at the hard deadline), aborted (the controller asked to stop), wrong-values (the reduced values
-differ from the exact expected sum). Nothing is parsed out of logs: each rank sends its stage and its
-result over a pipe; its stdout and stderr (torch's, gloo's, NCCL's) go to a file whose tail is attached
-to a failing rank.
+(torch cannot be imported), timeout, error, clash (the port is another run's), died (the process
+ended without a result), killed (still running at the hard deadline), aborted (the controller asked to
+stop), wrong-values (the reduced values differ from the exact expected sum). Nothing is parsed out of
+logs: each rank sends its stage and its result over a pipe; its stdout and stderr (torch's, gloo's,
+NCCL's) go to a file whose tail is attached to a failing rank.
 
 OPTIONS (bound by the sender): master_addr, master_port, world_size, ranks (the global ranks of this
 node, in local-rank order), backend (gloo or nccl), sizes (bytes), timeout_s (the cap on the store,
 init and collective timeouts), budget_s (seconds after start at which every rank is killed), env
-(variables for the ranks), target_s (time spent timing each size), max_iters.
+(variables for the ranks), target_s (time spent timing each size), max_iters, run (this run's token).
+
+Two runs at once (two users, a prolog and a user) may pick the same port: rank 0 writes the run's token
+into its store, the other ranks use a store only once they have read their own token there (kind clash
+when another run's store holds the port until the deadline, or rank 0 cannot bind it), and every key of
+the run lives under that token, so a rank of another run is never counted.
 
 A line "abort" on stdin, or the end of stdin (the controller closed the session), kills the ranks at once.
 """
+import datetime
 import json
 import os
 import select
@@ -35,7 +41,13 @@ import time
 import traceback
 
 TAIL_CHARS = 1500
-JOIN_KEY = "preflight/joined/%d"
+RUN_KEY = "preflight/run"  # outside every run's prefix: whose store this is
+JOIN_KEY = "joined/%d"  # under the run's prefix, as every key of the run
+OWNER_WAIT_S = 2.0  # a store that is ours has the token within moments of accepting connections
+
+
+class Clash(Exception):
+    """The rendezvous port is another run's (or another process's)."""
 
 
 def _now():
@@ -61,8 +73,6 @@ def run_rank(rank, local_rank, options, report, deadline):
 
     started = _now()
     try:
-        import datetime
-
         import torch
         import torch.distributed as dist
     except BaseException as exc:  # ImportError, or anything a broken install raises on import
@@ -76,12 +86,18 @@ def run_rank(rank, local_rank, options, report, deadline):
     stage_started = _now()
     try:
         stage("store")
-        # The workers wait for rank 0 as long as the budget allows: the head may import torch later.
-        if rank == 0:  # the previous run's rank 0 may still be closing its listener
-            _wait_until_bindable(int(options["master_port"]), min(_now() + 3.0, deadline - 2.0))
+        token, port = str(options.get("run") or ""), int(options["master_port"])
         store_timeout = max(1.0, deadline - _now() - 1.0)
-        store = dist.TCPStore(options["master_addr"], int(options["master_port"]), world, rank == 0,
-                              timeout=datetime.timedelta(seconds=store_timeout), wait_for_workers=False)
+        if rank == 0:  # the previous run's rank 0 may still be closing its listener
+            if not _wait_until_bindable(port, min(_now() + 3.0, deadline - 2.0)):
+                raise Clash("port %d on the head is in use by another process (another preflight run, or a "
+                            "job)" % port)
+            store = dist.TCPStore(options["master_addr"], port, world, True,
+                                  timeout=datetime.timedelta(seconds=store_timeout), wait_for_workers=False)
+            store.set(RUN_KEY, token)
+        else:  # as long as the budget allows: the head may import torch later
+            store = _join(dist, options, token, deadline)
+        store = dist.PrefixStore("preflight/%s/" % token, store)
         store.set(JOIN_KEY % rank, socket.gethostname())
         stage_started = _now()
         stage("init")
@@ -115,8 +131,10 @@ def run_rank(rank, local_rank, options, report, deadline):
         traceback.print_exc()
         elapsed = _now() - stage_started
         limit = store_timeout if result["stage"] == "store" else op_timeout
-        result["kind"] = "timeout" if elapsed >= 0.9 * limit else "error"
-        result["error"] = ("%s: %s" % (type(exc).__name__, exc))[:600]
+        in_use = result["stage"] == "store" and "EADDRINUSE" in str(exc)  # rank 0 lost a race for the port
+        result["kind"] = "clash" if isinstance(exc, Clash) or in_use else \
+            "timeout" if elapsed >= 0.9 * limit else "error"
+        result["error"] = (str(exc) if isinstance(exc, Clash) else "%s: %s" % (type(exc).__name__, exc))[:600]
         result["elapsed_in_stage_s"] = round(elapsed, 3)
     if not result["ok"] and store is not None:
         result["joined"] = _joined(store, world)
@@ -124,18 +142,62 @@ def run_rank(rank, local_rank, options, report, deadline):
 
 
 def _wait_until_bindable(port, until):
+    """True once the port can be bound (as TCPStore binds it), False when it is still taken at `until`."""
     while True:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("", port))
-            return
+            return True
         except OSError:
             if _now() >= until:
-                return  # the store will say why it cannot bind
+                return False
             time.sleep(0.1)
         finally:
             sock.close()
+
+
+def _join(dist, options, token, deadline):
+    """A client of the store at the master's address once it is this run's (it holds our token); another
+    run's store is left alone and tried again until the deadline (Clash then)."""
+    address, port, world = options["master_addr"], int(options["master_port"]), int(options["world_size"])
+    foreign = None
+    while True:
+        left = deadline - _now() - 1.0
+        if left < 1.0:
+            if foreign is None:
+                raise TimeoutError("no store at %s:%d before the deadline" % (address, port))
+            raise Clash(foreign)
+        # In slices: a connection attempt outlasts its timeout by up to its retry delay.
+        try:  # wait_for_workers=False: a client that counts itself would write into another run's store
+            store = dist.TCPStore(address, port, world, False, timeout=datetime.timedelta(seconds=min(5.0, left / 3)),
+                                  wait_for_workers=False)
+        except Exception:  # nobody there yet, or a listener that is not a store (another run's port probe)
+            time.sleep(0.2)
+            continue
+        owner = _owner(store)
+        if owner == token:  # from here on the store waits (for ranks still importing torch) up to the deadline
+            store.set_timeout(datetime.timedelta(seconds=max(1.0, deadline - _now() - 1.0)))
+            return store
+        foreign = ("the rendezvous at %s:%d is held by another preflight run (its token is not this run's)"
+                   % (address, port) if owner else "the rendezvous at %s:%d is held by another process (a store "
+                   "without this run's token: another preflight run, or a job)" % (address, port))
+        del store
+        time.sleep(0.3)
+
+
+def _owner(store):
+    """The run token in a store, or None when none comes within OWNER_WAIT_S."""
+    until = _now() + OWNER_WAIT_S
+    while True:
+        try:
+            if store.check([RUN_KEY]):
+                return store.get(RUN_KEY).decode("utf-8", "replace")
+        except Exception:
+            return None
+        if _now() >= until:
+            return None
+        time.sleep(0.05)
 
 
 def _joined(store, world):

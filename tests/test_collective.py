@@ -185,7 +185,7 @@ class FakePhase:
 
     def __init__(self, outcome, min_busbw=None):
         self.col = CollectiveOptions(sizes=(MIB, 8 * MIB), min_busbw_gbps=min_busbw)
-        self.outcome, self.runs = outcome, []
+        self.outcome, self.runs, self.clash, self.port = outcome, [], None, 29500
 
     def left(self):
         return 100.0
@@ -198,7 +198,9 @@ class FakePhase:
         per_size = [{"bytes": s, "iters": 3, "time_s": 0.01, "algbw_gbps": bw, "busbw_gbps": bw} for s in sizes]
         run = {"ok": ok, "nodes": list(names), "world_size": len(names), "purpose": purpose, "budget_s": budget,
                "master_addr": "10.0.0.1", "port": 29500, "elapsed_s": 1.0, "sizes": list(sizes), "reports": reports,
-               "figures": collective.figures(per_size) if ok else None, "skipped_sizes": []}
+               "figures": collective.figures(per_size) if ok else None, "skipped_sizes": [],
+               "clash": None if ok else collective.port_clash(reports, names[0])}
+        self.clash = self.clash or run["clash"]
         self.runs.append(run)
         return run
 
@@ -246,6 +248,29 @@ def test_drive_out_of_time_while_importing_torch_everywhere_blames_nobody():
     doc, runs = drive(lambda names: [[rank(i, False, "import", "killed")] for i in range(len(names))])
     assert doc["blamed"] == {} and set(doc["untested"]) == set(NODES) and len(runs) == 1
     assert "raise --timeout" in doc["untested"]["n02"]
+
+
+def test_drive_a_port_clash_blames_nobody_and_neither_reruns_nor_bisects():
+    """The head's rank 0 found its port held by another run: every node is untested, none is blamed."""
+    def outcome(names):
+        return [[rank(i, False, "store", "clash" if i == 0 else "aborted",
+                      "port 29500 on the head is in use by another process (another preflight run, or a job)")]
+                for i in range(len(names))]
+
+    doc, runs = drive(outcome)
+    assert doc["blamed"] == {} and doc["cleared"] == [] and doc["bisect"] is None and len(runs) == 1
+    assert doc["clash"].startswith("port 29500 on the head is in use by another process")
+    assert set(doc["untested"]) == set(NODES) and "port clash" in doc["untested"]["n02"]
+
+
+def test_a_port_clash_fails_col001_on_no_node():
+    doc = probe(passed=[], result=None, clash="port 29500 on the head is in use by another process (another "
+                "preflight run, or a job)", untested={n: "the rendezvous port 29500 was not this run's (port "
+                                                      "clash)" for n in NODES})
+    failed = [r for r in run_check("COL001", doc) if r.status == Status.FAIL]
+    assert [(r.nodes, r.message) for r in failed] == [((), "port clash, no node judged: port 29500 on the head is "
+                                                       "in use by another process (another preflight run, or a job)")]
+    assert "--col-port" in failed[0].remediation
 
 
 # --- the checks over probe documents ------------------------------------------------------------

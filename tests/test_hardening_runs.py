@@ -1,0 +1,281 @@
+"""Hardening of the all-reduce and the collector against other runs and hostile nodes (issue 15, classes 3
+and 4): two runs at once never count each other's ranks nor blame a node, a port held by another run is a
+port clash; a worker report of the wrong shape is that node's failure; an interpreter older than preflight
+supports is a PKG003 failure that names it and its version; a collector section that failed says so."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
+from conftest import results
+from preflight import colworker
+from preflight.transport import shipped_command, shipped_input
+
+MIB = 1 << 20
+
+
+# --- the worker on this machine: two runs on one port -------------------------------------------
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_worker(port, ranks, world, run, budget):
+    options = {"master_addr": "127.0.0.1", "master_port": port, "world_size": world, "ranks": ranks,
+               "backend": "gloo", "sizes": [4096], "timeout_s": 30, "budget_s": budget, "env": {}, "run": run}
+    proc = subprocess.Popen(["bash", "-c", shipped_command(sys.executable)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdin.write(shipped_input(open(colworker.__file__, encoding="utf-8").read(), options))
+    proc.stdin.flush()
+    return proc
+
+
+def listening(port, timeout=60.0):
+    """Wait until a store listens on the port (its rank 0 has imported torch and bound it)."""
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def report_of(proc, timeout=60):
+    """The worker's one line (stdin stays open until it comes: its end would abort the worker)."""
+    line = proc.stdout.readline()
+    proc.stdin.close()
+    proc.wait(timeout=timeout)
+    return json.loads(line)
+
+
+def test_a_rank_of_another_run_is_never_counted():
+    """Run a's rank 0 holds the store; run b's rank 1 finds a's token there and stays out (a port clash at its
+    deadline), and a's own rank 1 meets rank 0 with the exact sum of a world of two."""
+    port = free_port()
+    head = start_worker(port, [0], 2, "a" * 16, budget=40.0)
+    time.sleep(0.5)
+    stranger = start_worker(port, [1], 2, "b" * 16, budget=20.0)
+    time.sleep(0.5)
+    own = start_worker(port, [1], 2, "a" * 16, budget=40.0)
+    [intruder] = report_of(stranger)["ranks"]
+    assert intruder["kind"] == "clash" and intruder["stage"] == "store", intruder
+    assert f"127.0.0.1:{port} is held by another preflight run" in intruder["error"]
+    first, second = report_of(head), report_of(own)
+    assert first["ok"] and second["ok"], (first, second)
+    assert first["ranks"][0]["check"] == {"ok": True, "expected": 3.0, "mismatches": 0, "first": None}
+
+
+def test_rank_zero_of_a_second_run_reports_the_port_clash():
+    port = free_port()
+    holder = start_worker(port, [0], 2, "a" * 16, budget=40.0)
+    listening(port)
+    second = start_worker(port, [0], 2, "b" * 16, budget=15.0)
+    started = time.monotonic()
+    [rank] = report_of(second)["ranks"]
+    assert rank["kind"] == "clash" and rank["stage"] == "store", rank
+    assert f"port {port} on the head is in use by another process (another preflight run" in rank["error"]
+    assert time.monotonic() - started < 12  # the clash is said at once, not at the deadline
+    holder.kill()
+    holder.wait()
+
+
+# --- the real test cluster ----------------------------------------------------------------------
+
+def check(cluster, *extra, python=sys.executable, timeout="20", nodes=None):
+    """`preflight check --json` as a user runs it: (exit code, document, stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "preflight", "check", "--hosts", ",".join(nodes or cluster.nodes),
+                           "--ssh-config", str(cluster.ssh_config), "--python", str(python), "--timeout", timeout,
+                           *extra, "--json"], capture_output=True, text=True, timeout=240)
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def clean(stderr):
+    assert "Traceback" not in stderr and "Exception in thread" not in stderr, stderr
+
+
+@pytest.mark.cluster
+def test_two_runs_at_once_never_count_each_others_ranks_nor_blame_a_node(cluster):
+    """Two users (or a prolog and a user) run `check --only COL` on the same nodes at the same moment: one
+    run's all-reduce passes on every node; the other, whose port the first holds, says port clash (or that
+    the main port is not free) and fails no node."""
+    argv = [sys.executable, "-m", "preflight", "check", "--hosts", ",".join(cluster.nodes), "--ssh-config",
+            str(cluster.ssh_config), "--python", sys.executable, "--only", "COL", "--timeout", "40",
+            "--col-sizes", "1M", "--json"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    docs = []
+    for proc, (out, err) in zip(procs, outs):
+        clean(err)
+        doc = json.loads(out)
+        assert proc.returncode == (1 if doc["verdict"] == "fail" else 0)
+        docs.append(doc)
+    shown = [[(r["id"], r["status"], r["nodes"], r["message"]) for r in d["results"]] for d in docs]
+    for doc in docs:
+        for r in doc["results"]:
+            if r["status"] in ("fail", "error"):  # the other run's port: said as such, on no node
+                assert r["nodes"] == [] and "29500" in r["message"], shown
+                assert "port clash" in r["message"] or "not free" in r["message"], shown
+    passed = [d for d in docs if {n: r["status"] for n, r in results(d, "COL001").items()} ==
+              {n: "pass" for n in cluster.nodes}]
+    assert passed, shown  # the run that holds the port tests every node
+    assert passed[0]["verdict"] == "pass", shown
+
+
+HOSTILE = textwrap.dedent("""\
+    #!/bin/bash
+    # A training interpreter that is the real one, but whose all-reduce worker on {node} answers {line}.
+    IFS= read -r n
+    src=$(mktemp)
+    head -c "$n" > "$src"
+    if [ "$(hostname)" = {node} ] && grep -q "The all-reduce worker" "$src"; then
+        rm -f "$src"
+        cat {line}
+        exit 0
+    fi
+    {{ printf '%s\\n' "$n"; cat "$src"; rm -f "$src"; exec cat; }} | exec {python} "$@"
+""")
+
+WRONG_REPORTS = {
+    "list": "[]",
+    "string": '"all good"',
+    "null": "null",
+    "missing-ranks": '{"ok": true}',
+    "ranks-not-a-list": '{"ok": true, "ranks": "all"}',
+    "rank-not-an-object": '{"ok": false, "ranks": [1]}',
+    "wrong-rank": '{"ok": true, "ranks": [{"rank": 7, "ok": true, "sizes": []}]}',
+    "size-as-text": '{"ok": true, "ranks": [{"rank": 1, "ok": true, "sizes": [{"bytes": "many", "iters": 1, '
+                    '"time_s": 1, "algbw_gbps": 1, "busbw_gbps": 1}]}]}',
+    "nested": "[" * 5000 + "]" * 5000,  # past the recursion limit of the JSON decoder
+}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("shape", sorted(WRONG_REPORTS))
+def test_a_worker_report_of_the_wrong_shape_is_that_nodes_failure(cluster, tmp_path, shape):
+    node = cluster.nodes[1]
+    line = tmp_path / "report.json"
+    line.write_text(WRONG_REPORTS[shape] + "\n")
+    python = tmp_path / "python"
+    python.write_text(HOSTILE.format(node=node, line=line, python=sys.executable))
+    python.chmod(0o755)
+    # Two nodes: the head's worker is aborted as soon as node02's answer comes, and no rerun follows.
+    code, doc, err = check(cluster, "--only", "COL", "--col-sizes", "1M", python=python, timeout="10",
+                           nodes=cluster.nodes[:2])
+    clean(err)
+    assert code == 1, doc
+    allreduce = results(doc, "COL001")
+    assert allreduce[node]["status"] == "fail", allreduce
+    assert "report is not what preflight's worker writes" in allreduce[node]["message"], allreduce[node]
+    assert [n for n, r in allreduce.items() if r["status"] == "fail"] == [node]
+
+
+# --- interpreters older than preflight supports, and a collector section that fails -------------
+
+OLD_PYTHONS = {version: os.path.expanduser(f"~/.pyenv/versions/{version}/bin/python")
+               for version in ("2.7.18", "3.6.15", "3.8.18")}
+
+
+def old_python(version):
+    """A real old interpreter (pyenv's), else the test is skipped."""
+    python = OLD_PYTHONS[version]
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"no Python {version} here ({python})")
+    return python
+
+
+@pytest.mark.parametrize("version", sorted(OLD_PYTHONS))
+def test_an_old_interpreter_says_what_it_is_instead_of_facts(version):
+    """The collector compiles with Python 2.7 and every Python 3 up to the gate, which then names the
+    interpreter and its version (and sends no facts that would be misread)."""
+    from preflight.gather import shipped_source
+
+    python = old_python(version)
+    proc = subprocess.run(["bash", "-c", shipped_command(python)], capture_output=True, text=True, timeout=60,
+                          input=shipped_input(shipped_source(), {"head": "x", "port": 29500}) + "done\n")
+    assert proc.returncode == 3 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert proc.stderr == (f"preflight: unsupported interpreter: {python} is Python {version}; preflight needs "
+                           "Python 3.9 or newer\n")
+
+
+def test_the_minimum_is_pyprojects():
+    from preflight.collector import MIN_PYTHON
+
+    pyproject = open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), encoding="utf-8").read()
+    assert 'requires-python = ">=%d.%d"' % MIN_PYTHON in pyproject
+
+
+PYTHON2_SYNTAX_ERROR = textwrap.dedent("""\
+    #!/bin/bash
+    # What an interpreter too old to compile preflight's program prints (Python 2 meeting Python 3 syntax),
+    # once it has read the program (the bootstrap reads a length line, then that many bytes).
+    IFS= read -r n
+    head -c "$n" > /dev/null
+    cat >&2 <<'OUT'
+    Traceback (most recent call last):
+      File "<string>", line 14, in <module>
+      File "preflight-shipped", line 120
+        print(f"{name}: {value}", file=sys.stderr)
+                                 ^
+    SyntaxError: invalid syntax
+    OUT
+    exit 1
+""")
+
+
+@pytest.mark.cluster
+def test_python_2_is_a_pkg003_failure_naming_it_and_its_version(cluster):
+    python = old_python("2.7.18")
+    code, doc, err = check(cluster, "--only", "PKG003,NET001", python=python, timeout="10")
+    clean(err)
+    assert code == 1
+    pkg = results(doc, "PKG003")
+    for node in cluster.nodes:
+        assert pkg[node]["status"] == "fail", pkg[node]
+        assert pkg[node]["message"] == (f"the interpreter {python} is Python 2.7.18, older than Python 3.9, the "
+                                        "oldest preflight supports"), pkg[node]
+        assert "--python" in pkg[node]["remediation"]
+    assert not any("resolve" in r["message"] for r in doc["results"] if r["id"] == "NET001"), doc["results"]
+
+
+@pytest.mark.cluster
+def test_an_interpreter_that_cannot_compile_the_collector_is_a_pkg003_failure(cluster, tmp_path):
+    python = tmp_path / "python"
+    python.write_text(PYTHON2_SYNTAX_ERROR)
+    python.chmod(0o755)
+    code, doc, err = check(cluster, "--only", "PKG003", python=python, timeout="10")
+    clean(err)
+    assert code == 1
+    for node, result in results(doc, "PKG003").items():
+        assert result["status"] == "fail"
+        assert result["message"] == (f"the interpreter {python} cannot compile preflight's fact collector "
+                                     "(SyntaxError: invalid syntax): it is older than Python 3.9, the oldest "
+                                     "preflight supports"), result
+
+
+@pytest.mark.cluster
+def test_a_collector_section_that_failed_on_the_node_is_said_as_such(cluster, tmp_path):
+    """socket.getfqdn raises on node02 (a sitecustomize on its PYTHONPATH): the host section failed there,
+    and PKG003 says so instead of the node passing."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "sitecustomize.py").write_text(
+        "import socket\n\n\ndef broken(*args):\n    raise OSError('getfqdn broken (preflight test)')\n\n\n"
+        "socket.getfqdn = broken\n")
+    with cluster.env("node02", PYTHONPATH=str(overlay)):
+        code, doc, err = check(cluster, "--only", "PKG003", timeout="10")
+    clean(err)
+    pkg = results(doc, "PKG003")
+    assert pkg["node02"]["status"] == "error", pkg
+    assert pkg["node02"]["message"] == ("collector section host failed on the node: OSError: getfqdn broken "
+                                        "(preflight test)")
+    assert pkg["node01"]["status"] == "pass" and pkg["node03"]["status"] == "pass"
+    assert code == 1
