@@ -5,6 +5,7 @@ from typing import Iterator
 
 from preflight.registry import check
 from preflight.result import Finding, Status, skip, warn
+from preflight.runner import cause_of
 
 
 @check("CLK001", "clock-skew", "cluster", tags=["clock"])
@@ -25,7 +26,7 @@ def clock_skew(ctx) -> Iterator[Finding]:
     head = ctx.plan.head
     head_clock = ctx.facts.get(head, {}).get("clock")
     if not head_clock:
-        yield skip(f"the head {head} was not reached")
+        yield skip(f"the head {head} was not reached", blocked_by=cause_of(ctx, head))
         return
     limits = ctx.plan.limits
     within, worst = [], 0.0

@@ -8,6 +8,7 @@ from preflight.collective import format_size
 from preflight.inventory import fold
 from preflight.registry import check
 from preflight.result import Finding, Status, skip
+from preflight.runner import cause_of
 
 FIXES = {
     "import": "make `{python} -c 'import torch'` work on {node}: install torch there (the same version as on the "
@@ -57,8 +58,21 @@ def _collective(ctx):
     else:
         reason = "the all-reduce did not run" if probe is None else probe.get("not_run")
     if reason:
-        return None, None, skip(reason, algbw_gbps=None, busbw_gbps=None)
+        # Not run for a problem found on the way: the check that reports it (a skip, not a pass, only when
+        # that check fails: preflight.runner.unhidden).
+        cause = {"blocked_by": _cause(ctx)} if ctx.plan.remote and probe is not None else {}
+        return None, None, skip(reason, algbw_gbps=None, busbw_gbps=None, **cause)
     return probe, _figures(probe), None
+
+
+def _cause(ctx) -> str:
+    """The check that reports why the gathering did not run the all-reduce (a node not reached, else the
+    main port: taken on the head, NET003, or unreachable from a worker, NET004)."""
+    for node, state in ctx.facts.items():
+        if state.get("error") is not None or not state.get("facts"):
+            return cause_of(ctx, node) or "SSH001"
+    listen = ((ctx.probes or {}).get("port") or {}).get("listen") or {}
+    return "NET004" if listen.get("bound") else "NET003"
 
 
 def _measured(result: dict) -> str:
@@ -89,7 +103,11 @@ def allreduce(ctx) -> Iterator[Finding]:
         yield Finding(Status.FAIL, f"port clash, no node judged: {_line(probe['clash'])}", "run again once the other "
                       "run has ended, or give this run another port (--col-port PORT)", evidence=figures)
     for node, why in sorted((probe.get("untested") or {}).items()):
-        yield Finding(Status.SKIP, f"not tested: {why}", nodes=(node,), evidence=figures)
+        # Untested because of a node at fault (named below: a failure of COL001), or because the node was not
+        # reached; a deadline with nobody at fault leaves COL001 without a failure, so the skip becomes an error.
+        state = (ctx.facts or {}).get(node) or {}
+        cause = cause_of(ctx, node) if state.get("error") is not None or not state.get("facts") else "COL001"
+        yield Finding(Status.SKIP, f"not tested: {why}", nodes=(node,), evidence=dict(figures, blocked_by=cause))
     for node, fault in sorted((probe.get("blamed") or {}).items()):
         yield _blame(node, fault, head, port, python, probe, figures)
     passed = list(probe.get("passed") or [])
@@ -166,7 +184,8 @@ def allreduce_bandwidth(ctx) -> Iterator[Finding]:
         return
     result = probe.get("result") or {}
     if result.get("busbw_gbps") is None:
-        yield skip("no bandwidth measured: the all-reduce did not complete (see COL001)", **figures)
+        yield skip("no bandwidth measured: the all-reduce did not complete (see COL001)", blocked_by="COL001",
+                   **figures)
         return
     nodes = tuple(result.get("nodes") or ())
     if (result.get("world_size") or 0) < 2:

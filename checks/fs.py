@@ -5,6 +5,7 @@ from typing import Iterator
 
 from preflight.registry import check
 from preflight.result import Finding, Status, fail, passed, skip, warn
+from preflight.runner import cause_of
 
 
 def gib(n: int) -> str:
@@ -103,7 +104,7 @@ def shared_dir(ctx) -> Iterator[Finding]:
         return
     head, write = probe["head"], probe.get("write")
     if write is None:
-        yield skip(f"the head {head} was not reached")
+        yield skip(f"the head {head} was not reached", blocked_by=cause_of(ctx, head))
         return
     if not write.get("ok"):
         yield Finding(Status.FAIL, f"cannot write into {probe['path']}: {write.get('error')}",
@@ -117,3 +118,4 @@ def shared_dir(ctx) -> Iterator[Finding]:
             yield Finding(Status.FAIL, f"does not see the file the head wrote in {probe['path']}: {answer.get('error')}",
                           f"mount the shared filesystem at {probe['path']} on this node", nodes=(node,))
     yield Finding(Status.PASS, f"{probe['path']} is shared", nodes=tuple(seen))
+

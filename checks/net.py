@@ -13,6 +13,7 @@ from preflight.compare import odd_ones_out
 from preflight.jobview import selected_interfaces
 from preflight.registry import check
 from preflight.result import Finding, Status, fail, passed, skip
+from preflight.runner import cause_of
 
 
 def _is_loopback(address: str) -> bool:
@@ -319,7 +320,7 @@ def main_port_free(ctx) -> Iterator[Finding]:
     probe = (ctx.probes or {}).get("port") or {}
     listen, head, port = probe.get("listen"), probe.get("head", ctx.plan.head), ctx.plan.port
     if listen is None:
-        yield skip(f"the head {head} was not reached")
+        yield skip(f"the head {head} was not reached", blocked_by=cause_of(ctx, head))
         return
     if listen.get("bound"):
         yield Finding(Status.PASS, f"port {port} is free on the head {head}", nodes=(head,), evidence={"port": port})
@@ -357,8 +358,12 @@ def main_port_reachable(ctx) -> Iterator[Finding]:
         yield skip("this machine alone: no worker connects to the head")
         return
     listen = probe.get("listen")
-    if not listen or not listen.get("bound"):
-        yield skip("no listener on the head (see NET003)")
+    if listen is None:  # the head was not reached: nothing listened
+        head = probe.get("head", ctx.plan.head)
+        yield skip(f"no listener: the head {head} was not reached", blocked_by=cause_of(ctx, head))
+        return
+    if not listen.get("bound"):
+        yield skip("no listener on the head (see NET003)", blocked_by="NET003")
         return
     port, head, ok = ctx.plan.port, probe.get("head"), []
     for node, answer in sorted(probe.get("workers", {}).items()):

@@ -5,6 +5,7 @@ from typing import Iterator
 
 from preflight.registry import check
 from preflight.result import Finding, Status, skip
+from preflight.runner import node_error_check
 
 TRANSPORT_KINDS = {
     "unresolved": "name not resolved",
@@ -39,10 +40,16 @@ def ssh_reachable(ctx) -> Iterator[Finding]:
     reached = []
     for node, state in ctx.facts.items():
         error = state.get("error")
-        if error is None or error["kind"] not in TRANSPORT_KINDS:
+        # Every way of not reaching a node is SSH001's, an unforeseen one too (srun's, a protocol error);
+        # only an interpreter or collector that does not run is PKG003's.
+        owner = node_error_check(error.get("kind")) if error is not None else None
+        if error is None or owner == "PKG003":  # connected: the interpreter is what failed there
             reached.append(node)
             continue
-        yield Finding(Status.FAIL, f"{TRANSPORT_KINDS[error['kind']]}: {error['message']}",
-                      error["remediation"], nodes=(node,), evidence={"reason": error["kind"]})
+        if owner != "SSH001":  # a budget spent before the node answered: an error of every check there
+            continue
+        label = TRANSPORT_KINDS.get(error.get("kind"), "not reached")
+        yield Finding(Status.FAIL, f"{label}: {error.get('message')}", error.get("remediation"), nodes=(node,),
+                      evidence={"reason": error.get("kind")})
     if reached:
         yield Finding(Status.PASS, "reached with key authentication", nodes=tuple(reached))

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import gc
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from typing import List, Optional, Sequence
 
@@ -25,39 +28,52 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
-    return value
+# Upper bounds of the numeric options: past them a number is a typo, and 1e300 s would overflow the timers
+# (select, socket and thread timeouts raise OverflowError deep inside, far from the option that caused it).
+MAX_SECONDS = 1e6  # about 11 days
+MAX_COUNT = 1_000_000  # --world-size, --fanout
+MAX_PROCS_PER_NODE = 1024
+MAX_PID = 2**22  # Linux's largest pid_max
 
 
-def positive(unit: str):
-    """An argparse type: a number above 0, of `unit` (seconds, GB/s), said so in the error."""
+def whole(limit: int, what: str = "a whole number"):
+    """An argparse type: a whole number from 1 to `limit`."""
 
-    def parse(text: str) -> float:
+    def parse(text: str) -> int:
         try:
-            value = float(text)
+            value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number of {unit}, got {text}")
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:40]!r}") from None
+        if not 1 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"expected {what} from 1 to {limit}, got {text[:40]}")
         return value
 
     return parse
 
 
-positive_float = positive("seconds")
+positive_int = whole(MAX_COUNT)
 
 
-def port_number(text: str) -> int:
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {value}")
-    return value
+def positive(unit: str, limit: float = float("inf")):
+    """An argparse type: a finite number above 0 (and at most `limit`), of `unit` (seconds, GB/s)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {text[:40]!r}") from None
+        if not 0 < value < float("inf") or value > limit:  # nan and inf fail the first test
+            bound = f" up to {limit:.0f}" if limit < float("inf") else ""
+            raise argparse.ArgumentTypeError(f"expected a positive number of {unit}{bound}, got {text[:40]}")
+        return value
+
+    return parse
+
+
+positive_float = positive("seconds", MAX_SECONDS)
+
+
+port_number = whole(65535, "a port")
 
 
 def build_parser() -> Parser:
@@ -156,7 +172,7 @@ def doctor_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile: the job's nodes")
     sub.add_argument("--port", type=port_number, metavar="N",
                      help="the job's master port: picks one job when several run (default: every job found)")
-    sub.add_argument("--pid", type=positive_int, action="append", metavar="PID",
+    sub.add_argument("--pid", type=whole(MAX_PID), action="append", metavar="PID",
                      help="only this process and its children (repeatable)")
     sub.add_argument("--ssh-config", metavar="FILE", help="ssh_config to read (default ~/.ssh/config)")
     sub.add_argument("--ssh-accept-new", action="store_true", help="trust (and remember) unknown host keys")
@@ -191,7 +207,7 @@ def collective_options(sub: argparse.ArgumentParser) -> None:
 
     sub.add_argument("--backend", choices=BACKENDS, default="auto",
                      help="all-reduce backend (default auto: nccl when every node has GPUs, else gloo)")
-    sub.add_argument("--col-procs-per-node", type=positive_int, metavar="N",
+    sub.add_argument("--col-procs-per-node", type=whole(MAX_PROCS_PER_NODE), metavar="N",
                      help="all-reduce processes per node (default: 1 with gloo, one per planned GPU with nccl)")
     sub.add_argument("--col-sizes", type=parse_sizes, metavar="LIST",
                      help="all-reduce message sizes (default 1M,64M,256M; K, M, G are KiB, MiB, GiB)")
@@ -201,9 +217,37 @@ def collective_options(sub: argparse.ArgumentParser) -> None:
                      help="all-reduce bus bandwidth (GB/s) below which COL002 fails (default: none)")
 
 
+@contextlib.contextmanager
+def interruptible():
+    """SIGTERM (a scheduler, `timeout`, `kill`) and SIGHUP (a closed terminal) end the run as Ctrl-C does: a
+    KeyboardInterrupt in the main thread, so every cleanup runs (the shared folder's token, the head's
+    listener, the remote processes and sessions) and the exit is 130. Only the first one: a second must not
+    cut those cleanups short. A signal already ignored (SIGHUP under nohup) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = []
+
+    def on_signal(signum, frame):
+        if not fired:
+            fired.append(signum)
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, on_signal)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
-        return _main(list(sys.argv[1:] if argv is None else argv))
+        with interruptible():
+            return _main(list(sys.argv[1:] if argv is None else argv))
     except (InputError, UsageError) as exc:
         print(f"preflight: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -231,9 +275,9 @@ def _main(argv: List[str]) -> int:
     if args.command is None:
         raise UsageError("a command is needed: lint, check, node, launch, doctor, list or explain "
                          "(see `preflight --help`)")
-    for option in ("config", "deepspeed", "hostfile"):
+    for option in ("config", "deepspeed", "hostfile", "checkpoint_dir", "shared_dir"):
         if getattr(args, option, None) == "":
-            raise UsageError(f"--{option} is an empty path")
+            raise UsageError(f"--{option.replace('_', '-')} is an empty path")
     from preflight import registry
 
     reg = registry.load()
@@ -258,8 +302,8 @@ def evaluate(reg, args, gather=None):
     gather = gather or gather_for
     reports.check_paths(args)  # an unwritable report file is exit 2 before any check runs
     profile = _profile(args, reg)
+    only, skip = selectors(args)
     try:
-        only, skip = registry.parse_selectors(args.only), registry.parse_selectors(args.skip)
         scopes = ("config",) if args.command == "lint" else ("config", "node", "cluster")
         specs = registry.select([c for c in reg.checks if c.scope in scopes], only,
                                 skip + list(profile.skip if profile else ()))
@@ -355,8 +399,7 @@ def _doctor(reg, args) -> int:
         raise UsageError("--hostfile is an empty path")
     reports.check_paths(args)
     try:
-        specs = registry.select([c for c in reg.checks if c.family in ("RUN", "SSH")],
-                                registry.parse_selectors(args.only), registry.parse_selectors(args.skip))
+        specs = registry.select([c for c in reg.checks if c.family in ("RUN", "SSH")], *selectors(args))
     except registry.SelectionError as exc:
         raise UsageError(str(exc)) from None
     started = time.perf_counter()
@@ -390,6 +433,19 @@ def _report(args, plan, results, elapsed: float) -> str:
         render.terminal(results, outcome, elapsed)
     reports.write_all(args, results, outcome, plan.nodes, elapsed)
     return outcome
+
+
+def selectors(args) -> tuple:
+    """--only and --skip as lists; an empty one (`--only ','`, `--skip ''`: often an unset shell variable) is
+    exit 2, never read as "every check" or "none"."""
+    from preflight import registry
+
+    for option in ("only", "skip"):
+        text = getattr(args, option)
+        if text is not None and (not text.strip() or any(not part.strip() for part in text.split(","))):
+            raise UsageError(f"--{option} {text!r} has an empty selector: give check IDs, ID prefixes, names or "
+                             "tags, separated by commas")
+    return registry.parse_selectors(args.only), registry.parse_selectors(args.skip)
 
 
 def launch_command(args) -> List[str]:
@@ -440,8 +496,12 @@ def _target(args) -> tuple:
     if getattr(args, "slurm", False):
         return tuple(inventory.from_slurm())
     if args.command in ("check", "launch", "doctor") and args.hostfile:
-        hosts = load_hostfile(args.hostfile).hosts
-        return tuple(inventory.validate(list(dict.fromkeys(hosts)), args.hostfile))
+        entries, first = load_hostfile(args.hostfile).entries, {}
+        for entry in entries:
+            if first.setdefault(entry.host, entry.line) != entry.line:  # DeepSpeed refuses it: CFG021 fails it
+                print(f"preflight: warning: {args.hostfile}:{entry.line}: host {entry.host!r} is listed again (first "
+                      f"on line {first[entry.host]}); it is checked once", file=sys.stderr)
+        return tuple(inventory.validate(list(first), args.hostfile))
     return ()
 
 
@@ -503,8 +563,8 @@ def gather_for(plan, args, specs=()):
         port=plan.port,
         main_address=plan.main_address,
         # The job starts in this directory on every node: each node says whether it has it.
-        paths=dict(plan.paths, workdir=os.getcwd()) if plan.remote else plan.paths,
-        shared_dir=getattr(args, "shared_dir", None),
+        paths=dict(plan.paths, workdir=plan.workdir) if plan.remote else plan.paths,
+        shared_dir=plan.job_path(args.shared_dir) if getattr(args, "shared_dir", None) else None,
         ntp_server=getattr(args, "ntp_server", None),
         progress=not args.json or sys.stderr.isatty(),
         collective=options_from_args(plan, args) if plan.remote and any(s.family == "COL" for s in specs) else None,

@@ -6,17 +6,18 @@ Each node gets the same command, run in the same working directory, with `--mach
 four are dropped). Nothing of this machine's environment is passed: each node runs the command in the
 environment its SSH session gets (sshd's SetEnv, the shell's startup files).
 
-Every node's output comes here line by line, prefixed with `[node] `. When one node's launcher exits
-non-zero, or on Ctrl-C / SIGTERM, the other nodes are stopped: their channels are closed, and since each
+Every node's output comes here as it comes, each line (and each `\\r` redraw of a progress bar) prefixed
+with `[node] `. When one node's launcher exits
+non-zero, or on Ctrl-C / SIGTERM / SIGHUP, the other nodes are stopped: their channels are closed, and since each
 session has a pseudo-terminal, the remote launcher gets SIGHUP as its terminal hangs up. The exit code is
 the first non-zero exit (0 when every node succeeds).
 """
 from __future__ import annotations
 
+import codecs
 import os
 import queue
 import shlex
-import signal
 import socket
 import sys
 import threading
@@ -86,36 +87,89 @@ class _Node:
     stopped: bool = False
 
 
+IDLE_FLUSH_S = 0.2  # a partial line (a progress bar between redraws, a prompt) is shown after this long idle
+PARTIAL_MAX = 65536  # and at this size: a line without an end is never held whole
+
+
 class _Output:
-    """Lines from every node, each prefixed with its node, written whole (one lock for both streams)."""
+    r"""Every node's output as it comes, each line (and each `\r`-ended redraw of a progress bar) prefixed with
+    its node, one writer at a time. A partial line is written as it stands, and what follows it from the same
+    node continues it without a second prefix; another node's output first ends it with a newline."""
 
     def __init__(self, out: TextIO, err: TextIO):
         self.out, self.err, self.lock = out, err, threading.Lock()
+        self.open = {}  # id(stream) -> the prefix whose partial line is the last thing written there
 
-    def write(self, stream: TextIO, prefix: str, line: bytes) -> None:
-        text = line.decode(errors="replace").rstrip("\r\n")
+    def write(self, stream: TextIO, prefix: str, text: str, end: str) -> None:
+        r"""`text` then `end` ("\n", "\r", or "" for a partial line) from the node of `prefix`."""
         with self.lock:
-            stream.write(f"{prefix}{text}\n")
+            open_prefix = self.open.pop(id(stream), None)
+            if open_prefix == prefix:  # the continuation of this node's partial line
+                stream.write(text + end)
+            elif text or end == "\n":  # (a bare `\r` with nothing of ours on the line says nothing)
+                stream.write(("\n" if open_prefix is not None else "") + prefix + text + end)
+            elif open_prefix is not None:
+                self.open[id(stream)] = open_prefix
+            if end == "" and (text or open_prefix == prefix):
+                self.open[id(stream)] = prefix
             stream.flush()
+
+    def end(self, stream: TextIO, prefix: str) -> None:
+        """The node's output has ended: a partial line of it left open gets its newline."""
+        with self.lock:
+            if self.open.get(id(stream)) == prefix:
+                del self.open[id(stream)]
+                stream.write("\n")
+                stream.flush()
+
+
+def _segments(buffer: str):
+    r"""(the complete segments of buffer, each (text, end), and what is left): `\r\n` (a pty's line end) and
+    `\n` end a line, a `\r` alone ends a redraw; a `\r` at the very end waits, in case `\n` follows."""
+    done, start = [], 0
+    while True:
+        n, r = buffer.find("\n", start), buffer.find("\r", start)
+        if r != -1 and (n == -1 or r < n):
+            if r + 1 == len(buffer):
+                break
+            if buffer[r + 1] == "\n":
+                done.append((buffer[start:r], "\n"))
+                start = r + 2
+            else:
+                done.append((buffer[start:r], "\r"))
+                start = r + 1
+        elif n != -1:
+            done.append((buffer[start:n], "\n"))
+            start = n + 1
+        else:
+            break
+    return done, buffer[start:]
 
 
 def _pump(recv, output: _Output, stream: TextIO, prefix: str) -> None:
-    buffer = b""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    buffer = ""
     while True:
         try:
             chunk = recv(65536)
-        except socket.timeout:
-            continue
+        except socket.timeout:  # idle: show the partial line (a progress bar waiting for its next redraw)
+            chunk = None
         except Exception:
             chunk = b""
-        if not chunk:
+        if chunk == b"":
             break
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            output.write(stream, prefix, line)
-    if buffer:
-        output.write(stream, prefix, buffer)
+        if chunk is not None:
+            buffer += decoder.decode(chunk)
+        segments, buffer = _segments(buffer)
+        for text, end in segments:
+            output.write(stream, prefix, text, end)
+        if buffer and (chunk is None or len(buffer) >= PARTIAL_MAX):
+            text, buffer = (buffer[:-1], "\r") if buffer.endswith("\r") else (buffer, "")
+            output.write(stream, prefix, text, "")
+    buffer += decoder.decode(b"", final=True)
+    if buffer.rstrip("\r"):
+        output.write(stream, prefix, buffer.rstrip("\r"), "\n")
+    output.end(stream, prefix)
 
 
 def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *, ssh_config: Optional[str] = None,
@@ -145,14 +199,7 @@ def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *
             except Exception:
                 pass
 
-    previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt("SIGTERM")
-
-    if previous is not None:
-        signal.signal(signal.SIGTERM, on_sigterm)
-    try:
+    try:  # SIGTERM and SIGHUP arrive as KeyboardInterrupt (preflight.cli.interruptible), as Ctrl-C does
         errors = _connect_all(runs, ssh_config, accept_new, timeout)
         if errors:
             for name, exc in errors:
@@ -164,9 +211,11 @@ def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *
             channel = node.connection.transport.open_session(timeout=timeout)
             if pty:
                 channel.get_pty(term="dumb", width=500)
-            channel.exec_command(remote_command(cwd, node.command))
+            # As bytes: a directory or an argument that is not UTF-8 (os.getcwd() and argv carry its bytes as
+            # surrogate escapes) reaches the node byte for byte, as the shell here would pass it on.
+            channel.exec_command(remote_command(cwd, node.command).encode("utf-8", "surrogateescape"))
             node.channel = channel
-            channel.settimeout(None)
+            channel.settimeout(IDLE_FLUSH_S)
             prefix = f"[{node.name}] "
             readers = [threading.Thread(target=_pump, args=(channel.recv, output, out, prefix), daemon=True)]
             if not pty:  # with a pty, stderr arrives merged into the terminal's one stream
@@ -207,8 +256,6 @@ def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *
         for node in runs:
             if node.connection is not None:
                 node.connection.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _wait(node: _Node, readers: List[threading.Thread], exits: "queue.Queue[_Node]") -> None:

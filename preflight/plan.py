@@ -74,16 +74,21 @@ class Plan:
 
     @property
     def paths(self) -> dict:
-        """Folders whose existence and free space every node reports."""
+        """Folders whose existence and free space every node reports, as the job sees them (job_path)."""
         paths = {}
         if self.checkpoint_dir:
-            paths["checkpoint_dir"] = self.checkpoint_dir
+            paths["checkpoint_dir"] = self.job_path(self.checkpoint_dir)
         if self.deepspeed is not None:
             for block in ("offload_param", "offload_optimizer"):
                 nvme = self.deepspeed.get("zero_optimization", block, "nvme_path")
                 if isinstance(nvme, str) and nvme:
-                    paths[f"{block}.nvme_path"] = nvme
+                    paths[f"{block}.nvme_path"] = self.job_path(nvme)
         return paths
+
+    def job_path(self, path: str) -> str:
+        """A relative path as the job reads it: from the job's working directory (where `launch` starts it on
+        every node), not from wherever a node's session starts (its home)."""
+        return os.path.join(self.workdir, path) if self.workdir and not os.path.isabs(path) else path
 
     @property
     def world_size(self) -> Tuple[Optional[int], str]:

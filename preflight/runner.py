@@ -35,6 +35,20 @@ class CheckContext:
         return [name for name, state in self.facts.items() if state.get("error") is None and state.get("facts")]
 
 
+# The check that reports a node the gathering could not use: a failure there, a skip everywhere else. Every
+# kind not named here (the transport's, srun's, a protocol error) is SSH001's; "budget" is an error everywhere.
+NODE_ERROR_CHECK = {"python-missing": "PKG003", "collector": "PKG003", "budget": None}
+
+
+def node_error_check(kind: Optional[str]) -> Optional[str]:
+    return NODE_ERROR_CHECK.get(kind, "SSH001")
+
+
+def cause_of(ctx: "CheckContext", node: str) -> Optional[str]:
+    """The check that reports why `node`'s facts are missing: a skip for that reason names it as `blocked_by`."""
+    return node_error_check(((ctx.facts.get(node) or {}).get("error") or {}).get("kind"))
+
+
 def run_check(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
     if spec.scope == "node":
         return [r for node in ctx.facts for r in _run_on_node(spec, ctx, node)]
@@ -48,10 +62,15 @@ def _run_on_node(spec: CheckSpec, ctx: CheckContext, node: str) -> List[Result]:
         if error.get("kind") == "budget":  # a deadline, not "not applicable": never silently a pass
             return [Result(spec.id, spec.name, Status.ERROR, (node,), f"not evaluated: {error['message']}",
                            error.get("remediation"), {}, 0.0)]
-        reason = error.get("message", "no facts")
-        return [Result(spec.id, spec.name, Status.SKIP, (node,), f"node not checked: {reason}", None, {}, 0.0)]
+        return [_not_checked(spec, node, error)]
     # Built directly: dataclasses.replace costs more than many checks, once per check and node.
     return _run(spec, CheckContext(plan=ctx.plan, facts=ctx.facts, probes=ctx.probes, node=node), (node,))
+
+
+def _not_checked(spec: CheckSpec, node: str, error: Mapping) -> Result:
+    """A check skipped on a node the gathering could not use; `blocked_by` names the check that reports why."""
+    return Result(spec.id, spec.name, Status.SKIP, (node,), f"node not checked: {error.get('message', 'no facts')}",
+                  None, {"blocked_by": node_error_check(error.get("kind"))}, 0.0)
 
 
 def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
@@ -86,12 +105,65 @@ def run(specs: Iterable[CheckSpec], ctx: CheckContext, deadline: Optional[float]
     """Every check in turn. With a deadline (time.monotonic()), each check gets what is left of it, and a
     check that does not fit is skipped with the reason "budget of S s spent" (never an overrun)."""
     results: List[Result] = []
+    specs = list(specs)
     for spec in specs:
         if deadline is None:
             results.extend(run_check(spec, ctx))
         else:
             results.extend(_run_bounded(spec, ctx, deadline, budget_s))
-    return results
+    return unhidden(results, specs, ctx)
+
+
+def unhidden(results: List[Result], specs: List[CheckSpec], ctx: CheckContext) -> List[Result]:
+    """A skip must not hide a failure that no selected check reports (`--only COL` with the head's port
+    dropped: COL skips "see NET004", and NET004 did not run). A skip whose evidence names the check that
+    reports its cause (`blocked_by`) stays a skip only when that check failed (or errored, or skipped for a
+    cause that is itself reported); otherwise it becomes an error. And a node the gathering could not use,
+    that no failure or error names, is an error of each selected cluster check that did not mention it."""
+    blocked = [i for i, r in enumerate(results) if r.status is Status.SKIP and r.evidence.get("blocked_by")]
+    unusable = {n: s.get("error") or {} for n, s in ctx.facts.items() if s.get("error") is not None or not s.get("facts")}
+    if not blocked and not unusable:
+        return results
+    reported = {r.id for r in results if r.status in (Status.FAIL, Status.ERROR)}
+    covered: set = set()
+    changed = True
+    while changed:  # a chain (COL002 -> COL001 -> NET004) is covered when its end is reported
+        changed = False
+        for i in blocked:
+            if i not in covered and results[i].evidence["blocked_by"] in reported:
+                covered.add(i)
+                reported.add(results[i].id)
+                changed = True
+    ran = {s.id for s in specs}
+    out = list(results)
+    for i in blocked:
+        if i not in covered:
+            r = results[i]
+            cause = r.evidence["blocked_by"]
+            why = "was not selected" if cause not in ran else "does not report it"
+            error = unusable.get(r.nodes[0]) if len(r.nodes) == 1 else None
+            fix = (error or {}).get("remediation") or r.remediation or \
+                f"run with {cause} selected (`--only {cause}`) for the cause and its fix"
+            said = "" if cause == r.id else f" ({cause}, which reports the cause, {why})"
+            out[i] = Result(r.id, r.name, Status.ERROR, r.nodes, f"not evaluated: {r.message}{said}", fix,
+                            r.evidence, r.duration_s)
+    named = {n for r in out if r.status in (Status.FAIL, Status.ERROR) for n in r.nodes}
+    silent = [n for n in unusable if n not in named]
+    if silent:
+        mentioned: dict = {}
+        for r in out:
+            mentioned.setdefault(r.id, set()).update(r.nodes)
+        for spec in specs:
+            if spec.scope != "cluster":
+                continue
+            for node in silent:
+                if node not in mentioned.get(spec.id, ()):
+                    error, cause = unusable[node], node_error_check(unusable[node].get("kind"))
+                    said = f" ({cause}, which reports it, was not selected)" if cause and cause not in ran else ""
+                    out.append(Result(spec.id, spec.name, Status.ERROR, (node,), f"not evaluated on this node: "
+                                      f"{error.get('message', 'no facts')}{said}", error.get("remediation"),
+                                      {"blocked_by": cause} if cause else {}, 0.0))
+    return out
 
 
 def budget_skips(spec: CheckSpec, ctx: CheckContext, budget_s: Optional[float]) -> List[Result]:

@@ -1,5 +1,6 @@
 """preflight launch: the gate, and `accelerate launch` started on every node with its rank (preflight.launcher)."""
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +41,39 @@ def test_which_commands_are_started_on_every_node():
 def test_the_remote_line_quotes_every_word():
     line = launcher.remote_command("/w d", ["accelerate", "launch", "t.py", "'; touch /tmp/pwned'", "$(id)"])
     assert line == "cd '/w d' && exec accelerate launch t.py ''\"'\"'; touch /tmp/pwned'\"'\"'' '$(id)'"
+
+
+def test_output_is_prefixed_per_line_and_per_redraw_and_a_partial_line_is_shown_when_idle():
+    import io
+    import socket
+
+    def pump(*chunks, prefix="[n1] "):  # None: the channel idle for a while (its recv timed out)
+        out = io.StringIO()
+        feed = iter(chunks)
+
+        def recv(size):
+            chunk = next(feed, b"")
+            if chunk is None:
+                raise socket.timeout()
+            return chunk
+
+        launcher._pump(recv, launcher._Output(out, out), out, prefix)
+        return out.getvalue()
+
+    assert pump(b"hello\r\nwor", b"ld\r\n") == "[n1] hello\n[n1] world\n"  # a pty's line ends
+    assert pump(b"\r 10%|#", None, b"\r 20%|##", None, b"\r100%|###|\r\n") == \
+        "[n1]  10%|#\r[n1]  20%|##\r[n1] 100%|###|\n"  # tqdm: each redraw shown at once, prefixed
+    assert pump(b"Password: ", None, b"\r\n") == "[n1] Password: \n"  # continued without a second prefix
+    assert pump(b"\xc3", None, b"\xa9t\xc3\xa9\n") == "[n1] \u00e9t\u00e9\n"  # never half a character
+    assert pump(b"x" * 70000) == "[n1] " + "x" * 70000 + "\n"
+    out = io.StringIO()
+    output = launcher._Output(out, out)
+    output.write(out, "[a] ", " 10%", "")
+    output.write(out, "[b] ", "line", "\n")  # another node's line ends a's partial one first
+    output.write(out, "[a] ", "", "\r")
+    output.write(out, "[a] ", " 20%", "")
+    output.end(out, "[a] ")
+    assert out.getvalue() == "[a]  10%\n[b] line\n[a]  20%\n"
 
 
 # --- on the test cluster ---------------------------------------------------------------------------
@@ -137,8 +171,8 @@ def test_a_failing_node_stops_the_others_and_sets_the_exit_code(cluster, tmp_pat
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_and_sigterm_stop_every_node(cluster, tmp_path, sig):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
+def test_ctrl_c_sigterm_and_sighup_stop_every_node(cluster, tmp_path, sig):
     script = tmp_path / "sleeper.py"
     script.write_text("import socket, time\nprint(socket.gethostname(), 'started', flush=True)\ntime.sleep(60)\n")
     proc = launch(cluster, tmp_path, ACCELERATE, "launch", "--cpu", "--num_processes", "1", *QUIET, script.name,
@@ -175,3 +209,58 @@ def test_a_failing_verdict_launches_nothing_on_any_node(cluster, tmp_path, kind)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "not launching" in proc.stderr
     assert not list(tmp_path.glob("marker*"))
+
+
+PROGRESS = r"""
+import os, socket, sys, time
+for i in range(1, 4):
+    sys.stdout.write(f"\r{socket.gethostname()} step {i}/3")  # as tqdm draws: `\r` first, no newline
+    sys.stdout.flush()
+    time.sleep(0.5)
+while not os.path.exists(sys.argv[1]):  # the bar stays drawn until the test has seen it
+    time.sleep(0.1)
+print("\ndone", flush=True)
+"""
+
+
+@pytest.mark.cluster
+def test_progress_bars_stream_as_they_are_drawn_prefixed_before_the_program_ends(cluster, tmp_path):
+    import os
+    import threading
+
+    script = tmp_path / "progress.py"
+    script.write_text(PROGRESS)
+    go = tmp_path / "go"
+    proc = launch(cluster, tmp_path, ACCELERATE, "launch", "--cpu", "--num_processes", "1", *QUIET, script.name, go,
+                  popen=True)
+    seen = []
+
+    def read():
+        while True:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            seen.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 90
+        wanted = [f"[{n}] {n} step 3/3".encode() for n in cluster.nodes]
+        while not all(w in b"".join(seen) for w in wanted):  # drawn while every program still waits for `go`
+            assert time.monotonic() < deadline and proc.poll() is None, (b"".join(seen)[-2000:], proc.stderr.read())
+            time.sleep(0.1)
+        go.touch()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(5)
+    out = b"".join(seen).decode()
+    assert proc.returncode == 0, proc.stderr.read()[-3000:]
+    for node in cluster.nodes:
+        # each redraw starts with the node's prefix and keeps its `\r` (a terminal redraws the bar in place),
+        # unless another node's output came between: that ends the line first
+        for step in (1, 2):
+            assert re.search(rf"(^|[\r\n])\[{node}\] {node} step {step}/3[\r\n]", out), out
+        assert f"[{node}] done\n" in out
