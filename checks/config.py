@@ -889,7 +889,7 @@ def zero_stage(ctx) -> Iterator[Finding]:
                    **at(doc, *keys))
     elif not is_int(stage) or not 0 <= stage <= 3:
         if is_numeric_string(stage):
-            yield skip("the ZeRO stage is a number written as a string (see CFG003)")
+            yield skip("the ZeRO stage is a number written as a string (see CFG003)", blocked_by="CFG003")
             return
         yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {stage!r}, expected 0, 1, 2 or 3",
                    f"set {dotted(keys)} to 0, 1, 2 or 3", value=stage, **at(doc, *keys))
@@ -915,8 +915,11 @@ def zero_offload(ctx) -> Iterator[Finding]:
         yield skip("no ZeRO settings (no DeepSpeed config, no zero_stage in the accelerate config)")
         return
     doc, stage_keys, stage, blocks = found
+    if stage == AUTO:  # filled in at launch (CFG040 says by whom): the offload is judged then
+        yield skip("the ZeRO stage is \"auto\": the offload settings are judged against the stage the job gets")
+        return
     if not is_int(stage):
-        yield skip("the ZeRO stage is not a number (see CFG040)")
+        yield skip("the ZeRO stage is not a number (see CFG040)", blocked_by="CFG040")
         return
     accel_keys = stage_keys[0] == "deepspeed_config"
     for block in ("offload_param", "offload_optimizer"):

@@ -186,7 +186,7 @@ def rank_zero_host(ctx) -> Iterator[Finding]:
     views = _self_started(ctx)
     zero = [n for n, v in views.items() if v.get("machine_rank") == 0 and v.get("rdzv_backend") == "static"]
     if len(zero) != 1:
-        yield skip(f"machine_rank 0 is on {len(zero) or 'no'} node(s), not one (see JOB002)")
+        yield skip(f"machine_rank 0 is on {len(zero) or 'no'} node(s), not one (see JOB002)", blocked_by="JOB002")
         return
     for node in zero:
         view = views[node]

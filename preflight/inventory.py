@@ -21,7 +21,7 @@ def expand(text: str, source: str) -> List[str]:
     if size > MAX_HOSTS:
         raise InputError(source, f"host list {text[:60]!r} names {size} hosts, more than {MAX_HOSTS}")
     try:
-        names = hostlist.expand_hostlist(text.strip())
+        names = hostlist.expand_hostlist(text.strip(), allow_duplicates=True)  # validate says "listed twice"
     except hostlist.BadHostlist as exc:
         raise InputError(source, f"bad host list {text!r}: {exc}") from None
     return names

@@ -47,8 +47,6 @@ def test_a_host_twice_in_the_hostfile_is_said(tmp_path):
     assert json.loads(proc.stdout)["nodes"] == ["nohost1.invalid"]
 
 
-@pytest.mark.xfail(strict=True, reason="preflight.inventory.expand drops duplicates (hostlist's allow_duplicates=False) "
-                   "before validate can say 'listed twice'")
 def test_a_host_twice_in_hosts_is_bad_input():
     proc = run("check", "--hosts", "nohost1.invalid,nohost1.invalid", "--only", "SSH001")
     assert proc.returncode == 2 and "listed twice" in proc.stderr, proc.stderr
