@@ -3,6 +3,7 @@ offload and precision (preflight.memory has the arithmetic; the nodes' figures a
 NVML's GPU memory, MemAvailable, the free space of each nvme_path)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator, List, Optional, Tuple
 
 from preflight import memory
@@ -12,6 +13,7 @@ from preflight.memory import Need, Setup, gib
 from preflight.registry import check
 from preflight.result import Finding, fail, passed, skip, warn
 
+MAX_GPUS_PER_NODE, MAX_NODES = 1 << 16, 1 << 20  # past them a count is a typo, and the products overflow a float
 NO_MODEL = ("no --model given (nor model in the profile's [memory]): the memory estimate needs the model's size "
             "(--model 7B, a config.json or a cached model id)")
 
@@ -21,8 +23,9 @@ def model_of(ctx) -> Optional[memory.Model]:
     return inputs.model if inputs is not None else None
 
 
-def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], str]:
-    """How the job trains, from the plan's configs; (None, why) when the ZeRO stage is not a number.
+def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], str, Tuple[str, ...]]:
+    """How the job trains, from the plan's configs: (setup, notes, the counts nothing gives: "gpus_per_node",
+    "nodes", taken as 1); (None, why, ()) when the ZeRO stage or the counts are no numbers.
     gpus_here: the job's GPUs on this node, when nothing else says how many processes a node runs."""
     plan, notes = ctx.plan, []
     stage, blocks = 0, {}
@@ -33,7 +36,7 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
             stage = 2  # accelerate fills it in: 2 unless `accelerate launch --zero_stage` says otherwise
             notes.append("stage \"auto\" taken as accelerate's 2")
         if not is_int(stage) or not 0 <= stage <= 3:
-            return None, f"the ZeRO stage is {stage!r}, not 0-3 (see CFG040)"
+            return None, f"the ZeRO stage is {stage!r}, not 0-3 (see CFG040)", ()
     else:
         notes.append("no ZeRO settings: stage 0")
 
@@ -46,10 +49,15 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
     per = processes_per_machine(accel.data) if accel is not None else None
     if not per and plan.hostfile is not None and plan.hostfile.entries:
         per = max(e.slots for e in plan.hostfile.entries)
-    per = per or gpus_here or 1
-    machines = accel.data.get("num_machines") if accel is not None else None
+    per = per or gpus_here
+    machines = accel.data.get("num_machines", 1) if accel is not None else None  # accelerate's default: 1
     if not is_int(machines) or machines < 1:
-        machines = len(set(plan.hostfile.hosts)) if plan.hostfile is not None else len(plan.nodes) or 1
+        machines = len(set(plan.hostfile.hosts)) if plan.hostfile is not None else len(plan.nodes)
+    # Stages 1-3 divide by the GPU count: with none known, 1 GPU per node (and 1 node) is only a guess.
+    unknown = tuple(name for name, known in (("gpus_per_node", per), ("nodes", machines)) if not known)
+    per, machines = per or 1, machines or 1
+    if per > MAX_GPUS_PER_NODE or machines > MAX_NODES:
+        return None, f"{per} processes per node x {machines} nodes is no job's size (see CFG checks)", ()
     section = accel.deepspeed_section if accel is not None and accel.uses_deepspeed else None
     init_flag = section.data.get("zero3_init_flag") if section is not None else None
     mp = accel.data.get("mixed_precision") if accel is not None else None
@@ -69,24 +77,47 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
     setup = Setup(stage=stage, offload_optimizer=device("offload_optimizer"),
                   offload_param=device("offload_param") if stage >= 3 else "none",
                   gpus_per_node=per, nodes=machines,
-                  zero_init=stage >= 3 and init_flag not in (False, "false", "False"),
-                  weight_bytes=weight_bytes, micro_batch=micro if is_int(micro) and micro > 0 else None,
+                  zero_init=init_flag not in (False, "false", "False"),  # at stage 3, and for a move there
+                  weight_bytes=weight_bytes,
+                  micro_batch=micro if is_int(micro) and 0 < micro <= memory.MAX_MICRO_BATCH else None,
                   seq_len=inputs.seq_len if inputs is not None else None)
-    return setup, "; ".join(notes)
+    return setup, "; ".join(notes), unknown
 
 
 def figures(model: memory.Model, setup: Setup, need: Need) -> str:
     count = memory.count_text(model.params) + (" (estimated)" if model.estimated else "")
+    deepspeeds = f" ({gib(need.host)} by DeepSpeed's estimate)" if need.host > need.certain else ""
     return (f"{count} parameters, {setup.describe()}: {gib(need.gpu)} per GPU for the model states, "
-            f"{gib(need.host)} host RAM per node")
+            f"{gib(need.certain)} host RAM per node{deepspeeds}")
 
 
 def evidence(model: memory.Model, setup: Setup, need: Need, **more) -> dict:
     return dict(params=model.params, largest_layer_params=model.largest_layer, params_estimated=model.estimated,
                 stage=setup.stage, offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param,
                 gpus_per_node=setup.gpus_per_node, nodes=setup.nodes, gpu_bytes=need.gpu, host_bytes=need.host,
-                states_host_bytes=need.states_host, load_bytes=need.load,
+                states_host_bytes=need.states_host, load_bytes=need.load, offloaded_host_bytes=need.offloaded,
+                certain_host_bytes=need.certain,
                 nvme_bytes=need.nvme_optimizer + need.nvme_param, activation_bytes=need.activations, **more)
+
+
+def short_at_any_count(model: memory.Model, setup: Setup, unknown: Tuple[str, ...], gpu_room: Optional[int],
+                       host_room: Optional[int]) -> bool:
+    """Does the job miss `gpu_room` or `host_room` whatever the counts nothing gives? The GPUs judged at the
+    most GPUs (the states spread thinnest), the host at 1 GPU per node (one copy to load) over the most nodes."""
+    most = {"gpus_per_node": MAX_GPUS_PER_NODE, "nodes": MAX_NODES}
+    spread = replace(setup, **{k: most[k] for k in unknown})
+    fewest = replace(spread, gpus_per_node=1) if "gpus_per_node" in unknown else spread
+    return ((gpu_room is not None and memory.estimate(model, spread).gpu > gpu_room) or
+            (host_room is not None and memory.estimate(model, fewest).certain > host_room))
+
+
+def upper_bound(setup: Setup, need: Need) -> str:
+    """Why DeepSpeed's host figure is above what the job surely needs."""
+    if need.offloaded and setup.stage < 3:
+        return "P·max(4N, 16)·1.5 at stage 1-2 with offload, an upper bound that grows with the node count"
+    if need.offloaded:
+        return "with its 1.5 buffer factor"
+    return "an fp32 copy per rank and its 1.5 buffer factor"
 
 
 def remedy(model: memory.Model, setup: Setup, gpu_room: Optional[int], host_room: Optional[int]) -> str:
@@ -96,7 +127,7 @@ def remedy(model: memory.Model, setup: Setup, gpu_room: Optional[int], host_room
         return ("nothing in reach fits: more nodes than 8x, GPUs with more memory, a smaller model, or a "
                 "parameter-efficient method (LoRA)")
     what, need = found
-    return f"{what} fits: {gib(need.gpu)} per GPU, {gib(need.host)} host RAM per node"
+    return f"{what} fits: {gib(need.gpu)} per GPU, {gib(need.certain)} host RAM per node"
 
 
 def activation_margin(setup: Setup, need: Need, room: int, where: str) -> Optional[Finding]:
@@ -127,27 +158,46 @@ def memory_estimate(ctx) -> Iterator[Finding]:
 
     Take the change the finding names, cheapest first: the next ZeRO stage, optimizer offload to the CPU,
     parameter offload (stage 3), more nodes; `preflight explain MEM001` and the README's "Will it fit"
-    section show the arithmetic.
+    section show the arithmetic. Host RAM fails on what the job surely needs (as MEM003 judges) and warns on
+    DeepSpeed's larger figure; with no GPU count (num_processes, hostfile slots) 1 is taken, said, and only a
+    job that fits at no count fails.
     """
     model = model_of(ctx)
     if model is None:
         yield skip(NO_MODEL)
         return
-    setup, note = job_setup(ctx)
+    setup, note, unknown = job_setup(ctx)
     if setup is None:
         yield skip(note)
         return
     need = memory.estimate(model, setup)
     inputs = ctx.plan.memory
+    assumed = ""
+    if unknown:
+        assumed = " x ".join(f"1 {'GPU per node' if k == 'gpus_per_node' else 'node'}" for k in unknown)
+        note = "; ".join(filter(None, [note, f"{assumed} assumed: no num_processes, hostfile slots or GPUs say "
+                                             "how many"]))
     text = figures(model, setup, need) + (f" ({note})" if note else "")
-    facts = evidence(model, setup, need, how=model.how)
+    facts = evidence(model, setup, need, how=model.how, assumed_counts=list(unknown) or None)
     gpu_short = inputs.gpu_bytes is not None and need.gpu > inputs.gpu_bytes
-    host_short = inputs.host_bytes is not None and need.host > inputs.host_bytes
+    host_short = inputs.host_bytes is not None and need.certain > inputs.host_bytes  # what MEM003 fails on
     if gpu_short or host_short:
         against = ", ".join(f"{gib(v)} {w}" for v, w in ((inputs.gpu_bytes, "per GPU (--gpu-memory)"),
                                                          (inputs.host_bytes, "per node (--host-memory)")) if v)
-        yield fail(f"does not fit: {text}, against {against}",
-                   remedy(model, setup, inputs.gpu_bytes, inputs.host_bytes), **facts)
+        fix = remedy(model, setup, inputs.gpu_bytes, inputs.host_bytes)
+        if unknown and not short_at_any_count(model, setup, unknown, inputs.gpu_bytes, inputs.host_bytes):
+            # a guess at the GPU count refuses no job: say it, and how to give the count
+            yield warn(f"may not fit: {text}, against {against}",
+                       f"give the job's GPU count (--config with num_processes, or a --hostfile with slots); at "
+                       f"{assumed}: {fix}", **facts)
+        else:
+            anyway = ", whatever the GPU count" if unknown else ""
+            yield fail(f"does not fit{anyway}: {text}, against {against}", fix, **facts)
+        return
+    if inputs.host_bytes is not None and need.host > inputs.host_bytes:
+        yield warn(f"tight: {text}: the {gib(need.certain)} surely needed fits {gib(inputs.host_bytes)} per node "
+                   f"(--host-memory), DeepSpeed's estimate ({upper_bound(setup, need)}) does not",
+                   "keep host memory free on the nodes, and watch it at the first step", **facts)
         return
     if inputs.gpu_bytes is not None:
         margin = activation_margin(setup, need, inputs.gpu_bytes, "per GPU (--gpu-memory)")
@@ -165,7 +215,7 @@ def _node_setup(ctx) -> Tuple[Optional[memory.Model], Optional[Setup], Optional[
     if model is None:
         return None, None, None, skip(NO_MODEL)
     gpus, why = job_gpus(ctx)
-    setup, note = job_setup(ctx, len(gpus) if gpus else None)
+    setup, note, _ = job_setup(ctx, len(gpus) if gpus else None)
     if setup is None:
         return model, None, None, skip(note)
     return model, setup, gpus, why
@@ -207,13 +257,14 @@ def gpu_memory_fit(ctx) -> Iterator[Finding]:
     text = figures(model, setup, need)
     if need.gpu > smallest["memory_total_bytes"]:
         yield fail(f"does not fit: {text}; GPU {smallest['index']} has {gib(smallest['memory_total_bytes'])} in all",
-                   remedy(model, setup, free, None), **facts)
+                   remedy(model, setup, free, _host_room(ctx)), **facts)
     elif free is not None and need.gpu > free:
         holders = ", ".join(f"PID {p['pid']} ({gib(p.get('used_memory_bytes'))})" for p in tightest.get("processes") or [])
         held = f": {holders} hold{'s' if len(tightest.get('processes') or []) == 1 else ''} memory there" if holders else ""
         yield fail(f"does not fit now: {text}; GPU {tightest['index']} has {gib(free)} free of "
                    f"{gib(tightest['memory_total_bytes'])}{held}",
-                   f"stop what holds GPU {tightest['index']}, or: {remedy(model, setup, free, None)}", **facts)
+                   f"stop what holds GPU {tightest['index']}, or: {remedy(model, setup, free, _host_room(ctx))}",
+                   **facts)
     else:
         room = free if free is not None else smallest["memory_total_bytes"]
         margin = activation_margin(setup, need, room, f"free on GPU {tightest['index']}")
@@ -231,7 +282,9 @@ def host_memory_fit(ctx) -> Iterator[Finding]:
     factor (and, without offload, an fp32 copy per rank), only warns.
 
     A node short of host memory is killed by the OOM killer while it loads the model or when the offloaded
-    optimizer states are pinned, with little said, and the other nodes hang.
+    optimizer states are pinned, with little said, and the other nodes hang. Each rank keeps 1/N of the
+    offloaded states, so a node holds 16 bytes a parameter over the nodes (18 with ZeRO-3 parameter offload);
+    DeepSpeed's figure at stage 2 (P·max(4N, 16)·1.5) is an upper bound that grows with the node count.
 
     Free memory on the node, load the model once (stage 3 with zero3_init_flag), offload less, or spread
     the job over more nodes; the finding names the cheapest change that fits.
@@ -246,21 +299,20 @@ def host_memory_fit(ctx) -> Iterator[Finding]:
         return
     need = memory.estimate(model, setup)
     facts = evidence(model, setup, need, available_bytes=room)
-    offloading = "cpu" in (setup.offload_optimizer, setup.offload_param)
-    # What the job surely holds: the loaded copies, and the offloaded states without DeepSpeed's buffer factor.
-    certain = max(need.load, int(need.states_host / memory.BUFFER_FACTOR) if offloading else 0)
-    parts = (f"{'offload' if offloading else 'DeepSpeed estimate'} {gib(need.states_host)}, "
-             f"loading {gib(need.load)}")
+    # What the job surely holds (need.certain, as MEM001 judges): the loaded copies, or this node's share of
+    # the states offloaded to the CPU, whichever is larger. DeepSpeed's figure is an upper bound: it warns.
+    parts = f"offloaded states {gib(need.offloaded)}, loading {gib(need.load)}"
     free = min((_gpu_free(g) for g in gpus or [] if _gpu_free(g) is not None), default=None)
-    if certain > room:
+    if need.certain > room:
         yield fail(f"does not fit: {figures(model, setup, need)} ({parts}); {gib(room)} available here",
                    remedy(model, setup, free, room), **facts)
     elif need.host > room:
-        yield warn(f"tight: {gib(certain)} surely needed fits in the {gib(room)} available, DeepSpeed's estimate of "
-                   f"{gib(need.host)} ({parts}; its buffer factor{'' if offloading else ' and an fp32 copy per rank'}) "
-                   "does not", remedy(model, setup, free, room), **facts)
+        yield warn(f"tight: the {gib(need.certain)} surely needed ({parts}) fits in the {gib(room)} available, "
+                   f"DeepSpeed's estimate of {gib(need.host)} ({upper_bound(setup, need)}) does not", "the job should start; keep memory free on the node and watch it at the first step",
+                   **facts)
     else:
-        yield passed(f"{gib(need.host)} host RAM per node ({parts}); {gib(room)} available", **facts)
+        yield passed(f"{gib(need.certain)} host RAM per node surely needed ({parts}), {gib(need.host)} by "
+                     f"DeepSpeed's estimate; {gib(room)} available", **facts)
 
 
 @check("MEM004", "nvme-fit", "node", tags=["memory", "offload", "filesystem"])

@@ -9,12 +9,13 @@ tests/test_mem.py holds them equal to the installed DeepSpeed.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
+import stat
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Tuple
 
+from preflight import documents
 from preflight.documents import InputError
 
 BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor default
@@ -27,8 +28,10 @@ ACTIVATION_BYTES, CHECKPOINTED_BYTES = 34, 2
 
 COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*$", re.I)
 COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.I)
-SIZE_UNITS = {"b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+SIZE = re.compile(r"^\s*(\d{1,20}(?:\.\d{1,20})?)\s*([kmgt]i?b?|b)?\s*$", re.I)
+MAX_SIZE = 2 ** 50  # 1 PiB: no GPU or node has more; past it, the text is a typo
+MAX_SEQ_LEN = 2 ** 24  # tokens per sample: 16M, far past any model's context
+MAX_MICRO_BATCH = 2 ** 24
 
 
 # --- the model's size -----------------------------------------------------------------------------------
@@ -79,17 +82,20 @@ def check_shapes(config: Mapping[str, Any]) -> None:
 
 
 def parse_size(text: Any, what: str) -> int:
-    """'80GB' (10^9), '80GiB' (2^30), '512M', a bare number of GB -> bytes; ValueError naming `what` otherwise."""
+    """A memory size -> bytes; ValueError naming `what` otherwise. Memory is sold in binary units (an "80GB"
+    GPU has 80 GiB, NVML says 79.6 usable; a "512GB" node has 512 GiB of DIMMs), so K, M, G, T are KiB, MiB,
+    GiB, TiB with or without the i, a bare number is GiB, and B alone is bytes."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         text = str(text)
-    match = SIZE.match(text) if isinstance(text, str) else None
+    match = SIZE.match(text) if isinstance(text, str) and len(text) <= 64 else None
     if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"{what} {text!r} is not a size such as 80GB, 80GiB or 512G")
+        raise ValueError(f"{what} {str(text)[:64]!r} is not a size such as 80GB (GiB, as memory is sold), 512G "
+                         "or 85520809984B")
     unit = (match.group(2) or "g").lower()
-    scale = SIZE_UNITS[unit[0]] if unit != "b" else 1
-    if "i" in unit:
-        scale = 2 ** (10 * "bkmgt".index(unit[0]))
-    return int(float(match.group(1)) * scale)
+    value = float(match.group(1)) * 2 ** (10 * "bkmgt".index(unit[0]))
+    if value > MAX_SIZE:
+        raise ValueError(f"{what} {text!r} is past 1 PiB: no GPU or node has that much memory")
+    return int(value)
 
 
 def hf_cache() -> str:
@@ -100,18 +106,31 @@ def hf_cache() -> str:
     return os.path.join(os.path.expanduser(home), "hub")
 
 
-def cached_config(model_id: str) -> Optional[str]:
-    """config.json of `model_id` in the local cache: the snapshot refs/main names, else the newest one."""
-    folder = os.path.join(hf_cache(), "models--" + model_id.replace("/", "--"))
+def _mtime_if_regular(path: str) -> Optional[float]:
+    """The file's mtime when it is a regular file (links followed); None for a FIFO, a device, a dangling link."""
     try:
-        with open(os.path.join(folder, "refs", "main")) as ref:
-            path = os.path.join(folder, "snapshots", ref.read().strip(), "config.json")
-        if os.path.isfile(path):
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_mtime if stat.S_ISREG(st.st_mode) else None
+
+
+def cached_config(model_id: str) -> Optional[str]:
+    """config.json of `model_id` in the local cache: the snapshot refs/main names (a commit id, never a path),
+    else the newest one. Only regular files: a FIFO would hang the read, a dangling link has no time."""
+    folder = os.path.join(hf_cache(), "models--" + model_id.replace("/", "--"))
+    ref = os.path.join(folder, "refs", "main")
+    if _mtime_if_regular(ref) is not None:
+        try:
+            commit = documents.read_text(ref, "refs/main").strip()
+        except InputError:
+            commit = ""
+        path = os.path.join(folder, "snapshots", commit, "config.json")
+        if re.fullmatch(r"[0-9a-f]{40}", commit) and _mtime_if_regular(path) is not None:
             return path
-    except OSError:
-        pass
-    found = glob.glob(os.path.join(folder, "snapshots", "*", "config.json"))
-    return max(found, key=os.path.getmtime) if found else None
+    found = [(t, p) for p in glob.glob(os.path.join(glob.escape(folder), "snapshots", "*", "config.json"))
+             for t in [_mtime_if_regular(p)] if t is not None]
+    return max(found)[1] if found else None
 
 
 def resolve(text: str, where: str = "--model") -> Model:
@@ -121,18 +140,16 @@ def resolve(text: str, where: str = "--model") -> Model:
     if count is not None:
         return Model(count, int(count * LARGEST_LAYER_SHARE), text, "given", estimated=True)
     path = os.path.join(text, "config.json") if os.path.isdir(text) else text
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would hang the read, a device never end
+        raise InputError(path, "is not a regular file; --model takes a config.json, a model folder, a count or a "
+                         "cached model id")
     if not os.path.isfile(path):
         path = cached_config(text) if re.match(r"^[\w.-]+(/[\w.-]+)?$", text) else None
         if path is None:
             raise InputError(where, f"{text!r} is no parameter count (7B, 7e9), no config.json or model folder, and "
                              f"no model in the local Hugging Face cache ({hf_cache()}); preflight never downloads")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise InputError(path, f"cannot read the model config: {exc}") from None
-    if not isinstance(config, dict):
-        raise InputError(path, "a model config.json must hold a JSON object")
+    # The configs' reader: a size cap, nesting and digit limits, one line naming the file.
+    config = dict(documents.load(path, "the model config", "json").data)
     try:
         params, largest, how, estimated = count_params(config)
     except (KeyError, TypeError, ValueError) as exc:
@@ -273,7 +290,7 @@ class Setup:
     offload_param: str = "none"
     gpus_per_node: int = 1
     nodes: int = 1
-    zero_init: bool = False  # stage 3 builds the model partitioned (zero.Init; accelerate's zero3_init_flag)
+    zero_init: bool = False  # at stage 3, build the model partitioned (zero.Init; accelerate's zero3_init_flag)
     weight_bytes: int = 2  # 2: bf16/fp16 training (what DeepSpeed's estimators assume), 4: fp32
     micro_batch: Optional[int] = None
     seq_len: Optional[int] = None
@@ -289,12 +306,29 @@ class Setup:
 class Need:
     gpu: int  # model states per GPU (DeepSpeed's per-GPU figure)
     host: int  # host RAM per node: the larger of DeepSpeed's per-CPU figure and loading the model
-    states_host: int  # DeepSpeed's per-CPU (per node) figure
+    states_host: int  # DeepSpeed's per-CPU (per node) figure: an upper bound, with its buffer factor
     load: int  # host RAM per node to load the model
+    offloaded: int  # host RAM per node the states offloaded to the CPU take (offloaded_share)
+    certain: int  # host RAM per node the job surely needs: the larger of loading and the offloaded states
     nvme_optimizer: int  # NVMe bytes per node at offload_optimizer.nvme_path
     nvme_param: int  # NVMe bytes per node at offload_param.nvme_path
     activations: Optional[int]  # per GPU, without activation checkpointing; None when unknown
     checkpointed: Optional[int]  # per GPU, with activation checkpointing
+
+
+def offloaded_share(params: int, setup: Setup) -> int:
+    """Host bytes per node that the states offloaded to the CPU surely take. Each rank keeps its 1/N partition
+    on the CPU, so a node holds G/N = 1/M of them: at stages 1-2 (stage_1_and_2.py, where device nvme is CPU
+    offload too) the fp32 master weights, Adam's exp_avg and exp_avg_sq and the fp32 gradients, 16 bytes a
+    parameter; at stage 3 the same with the optimizer on the CPU, and the 16-bit parameters (2 bytes) with
+    offload_param on the CPU. DeepSpeed's per-node figure (P·max(4N, 16)·1.5 at stage 2) is an upper bound
+    that grows with the node count; this is what the job cannot run without."""
+    per_param = 0
+    if setup.stage in (1, 2) and setup.offload_optimizer != "none":
+        per_param = 16
+    elif setup.stage >= 3:
+        per_param = (16 if setup.offload_optimizer == "cpu" else 0) + (2 if setup.offload_param == "cpu" else 0)
+    return per_param * params // setup.nodes
 
 
 def estimate(model: Model, setup: Setup) -> Need:
@@ -327,18 +361,22 @@ def estimate(model: Model, setup: Setup) -> Need:
     if setup.micro_batch and setup.seq_len and model.layers and model.hidden:
         tokens = setup.micro_batch * setup.seq_len * model.layers * model.hidden
         activations, checkpointed = tokens * ACTIVATION_BYTES, tokens * CHECKPOINTED_BYTES
-    return Need(gpu, max(host, load), host, load, nvme_optimizer, nvme_param, activations, checkpointed)
+    offloaded = offloaded_share(p, setup)
+    return Need(gpu, max(host, load), host, load, offloaded, max(load, offloaded), nvme_optimizer, nvme_param,
+                activations, checkpointed)
 
 
 def changes(setup: Setup):
     """The changes that lower the GPU's or the host's share, cheapest first (the least training speed lost first):
-    (what to do, setup)."""
+    (what to do, setup). A move to stage 3 keeps the job's zero3_init_flag (true unless it says false)."""
     if setup.stage >= 3 and not setup.zero_init:
         yield "zero3_init_flag: true (each rank builds only its part of the model)", replace(setup, zero_init=True)
-    for stage in range(setup.stage + 1, 4):
-        yield f"ZeRO stage {stage}", replace(setup, stage=stage)
-    if setup.offload_optimizer == "none":
-        yield "optimizer offload to the CPU", replace(setup, stage=max(setup.stage, 2), offload_optimizer="cpu")
+    if setup.gpus_per_node * setup.nodes > 1:  # on one GPU a stage shards nothing (DeepSpeed's stage-3 figure
+        for stage in range(setup.stage + 1, 4):  # drops the 16-bit gradients, which the GPU still holds)
+            yield f"ZeRO stage {stage}", replace(setup, stage=stage)
+    if setup.offload_optimizer == "none":  # DeepSpeed offloads from stage 1 on; stage 2 shards the gradients too
+        yield ("ZeRO stage 2 with optimizer offload to the CPU" if setup.stage == 0 else "optimizer offload to the CPU",
+               replace(setup, stage=setup.stage or 2, offload_optimizer="cpu"))
     if setup.offload_param == "none":
         yield "parameter and optimizer offload to the CPU (stage 3)", replace(
             setup, stage=3, offload_optimizer=setup.offload_optimizer if setup.offload_optimizer != "none" else "cpu",
@@ -351,10 +389,11 @@ def changes(setup: Setup):
 
 
 def cheapest(model: Model, setup: Setup, gpu_bytes: Optional[int], host_bytes: Optional[int]):
-    """The first change whose need fits `gpu_bytes` per GPU and `host_bytes` per node: (what, need) or None."""
+    """The first change whose need fits `gpu_bytes` per GPU and `host_bytes` per node (the host RAM it surely
+    needs, as the checks judge): (what, need) or None."""
     for what, changed in changes(setup):
         need = estimate(model, changed)
-        if (gpu_bytes is None or need.gpu <= gpu_bytes) and (host_bytes is None or need.host <= host_bytes):
+        if (gpu_bytes is None or need.gpu <= gpu_bytes) and (host_bytes is None or need.certain <= host_bytes):
             return what, need
     return None
 
@@ -401,10 +440,21 @@ def inputs(args, profile=None) -> Inputs:
             try:
                 found = replace(found, **{field: parse_size(given, where)})
             except ValueError as exc:
-                raise InputError(where, str(exc).split(" ", 1)[1]) from None
+                raise InputError(where, str(exc)[len(where) + 1:]) from None
     seq, where = value("seq_len", "seq_len")
     if seq is not None:
-        if isinstance(seq, bool) or not str(seq).isdigit() or int(seq) < 1:
-            raise InputError(where, f"{seq!r} is not a sequence length (a whole number of tokens)")
-        found = replace(found, seq_len=int(seq))
+        return replace(found, seq_len=parse_seq_len(seq, where))
     return found
+
+
+def parse_seq_len(seq: Any, where: str) -> int:
+    """A whole number of tokens up to MAX_SEQ_LEN (the text's length checked before int() reads it)."""
+    if isinstance(seq, str) and re.fullmatch(r"\s*[0-9]{1,9}\s*", seq):
+        seq = int(seq)
+    if isinstance(seq, int) and not isinstance(seq, bool) and 1 <= seq <= MAX_SEQ_LEN:
+        return seq
+    if isinstance(seq, int) and not -10**18 < seq < 10**18:
+        shown = "a number that large"  # (repr of an int past 4300 digits raises)
+    else:
+        shown = repr(seq[:32] if isinstance(seq, str) else seq)[:40]
+    raise InputError(where, f"{shown} is not a sequence length (a whole number of tokens, 1 to {MAX_SEQ_LEN})")

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings, strategies as st
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
-from conftest import preflight_json, results, run_cli
+from conftest import preflight_json, results, run_cli, run_subprocess
 from preflight import memory, runner
 from preflight.documents import InputError
 from preflight.memory import Setup
@@ -178,7 +178,7 @@ def test_a_model_id_from_the_local_cache_never_downloads(tmp_path, monkeypatch):
     snapshot.mkdir(parents=True)
     shutil.copy(os.path.join(MODELS, "qwen2-0.5b", "config.json"), snapshot / "config.json")
     (tmp_path / "models--Qwen--Qwen2-0.5B" / "refs").mkdir()
-    (tmp_path / "models--Qwen--Qwen2-0.5B" / "refs" / "main").write_text("abc123")
+    (tmp_path / "models--Qwen--Qwen2-0.5B" / "refs" / "main").write_text("abc123")  # no commit id: the newest
     assert memory.resolve("Qwen/Qwen2-0.5B").params == COUNTS["qwen2-0.5b"]
     with pytest.raises(InputError, match=str(tmp_path)):
         memory.resolve("Qwen/Qwen2-7B")  # not in the cache: said, not fetched
@@ -191,10 +191,97 @@ def test_a_broken_config_is_one_line_naming_the_file(tmp_path):
     assert "config.json" in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("text,size", [("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("80", 80 * 10**9),
-                                       ("512M", 512 * 10**6), ("1.5TiB", int(1.5 * 2**40)), (24, 24 * 10**9)])
-def test_sizes(text, size):
+def test_a_config_too_large_or_nested_too_deep_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(InputError, match="nesting") as info:
+        memory.resolve(str(tmp_path))
+    assert "config.json" in str(info.value)
+    with open(tmp_path / "config.json", "wb") as handle:  # sparse: 300 MB of nothing, never read whole
+        handle.truncate(300 * 2**20)
+    with pytest.raises(InputError, match="larger than 16 MiB"):
+        memory.resolve(str(tmp_path / "config.json"))
+
+
+def test_a_fifo_or_a_device_as_the_model_is_not_a_regular_file(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "folder" / "config.json")
+    for given, named in ((tmp_path / "fifo", "fifo"), (tmp_path / "folder", "config.json"), ("/dev/null", "null")):
+        with pytest.raises(InputError, match="is not a regular file") as info:
+            memory.resolve(str(given))
+        assert named in str(info.value)
+
+
+def hub_model(cache, commit="0123456789abcdef0123456789abcdef01234567"):
+    """A cached model as huggingface_hub lays it out: refs/main, snapshots/<commit>/config.json -> ../../blobs."""
+    folder = cache / "models--Qwen--Qwen2-0.5B"
+    (folder / "blobs").mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    shutil.copy(os.path.join(MODELS, "qwen2-0.5b", "config.json"), folder / "blobs" / "f00d")
+    (folder / "snapshots" / commit / "config.json").symlink_to("../../blobs/f00d")
+    (folder / "refs" / "main").write_text(commit)
+    return folder
+
+
+def test_the_cache_reads_only_regular_files_and_refs_main_is_only_a_commit_id(tmp_path):
+    """A dangling snapshot link was exit 3, a FIFO hung the read, and refs/main = ../../x left the cache."""
+    cache = tmp_path / "hub"
+    folder = hub_model(cache)
+    other = folder / "snapshots" / "fedcba9876543210fedcba9876543210fedcba98"
+    other.mkdir()
+    (other / "config.json").symlink_to("../../blobs/gone")  # dangling, and newer
+    os.mkfifo(folder / "snapshots" / "fifo")  # a FIFO where a snapshot would be
+    (folder / "snapshots" / "x").mkdir()
+    os.mkfifo(folder / "snapshots" / "x" / "config.json")
+    outside = tmp_path / "x"  # refs/main = ../../x would read <cache>/../x/config.json: a 7B decoy
+    outside.mkdir()
+    (outside / "config.json").write_text(json.dumps({"model_type": "mystery", "num_hidden_layers": 32,
+                                                     "hidden_size": 4096, "vocab_size": 32000}))
+    env = {"HF_HUB_CACHE": str(cache)}
+    for ref in ("../../x", "../../../x"):
+        (folder / "refs" / "main").write_text(ref)
+        proc = run_subprocess("lint", "--model", "Qwen/Qwen2-0.5B", "--only", "MEM001", "--json", env=env)
+        assert proc.returncode == 0 and json.loads(proc.stdout)["results"][0]["evidence"]["params"] == COUNTS["qwen2-0.5b"]
+    (folder / "refs" / "main").unlink()
+    os.mkfifo(folder / "refs" / "main")  # never read: not a regular file
+    (folder / "blobs" / "f00d").unlink()  # now every snapshot is a dangling link or a FIFO
+    proc = run_subprocess("lint", "--model", "Qwen/Qwen2-0.5B", "--only", "MEM001", env=env)
+    assert proc.returncode == 2 and "never downloads" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_refs_main_names_the_snapshot(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    folder = hub_model(tmp_path)
+    newer = folder / "snapshots" / "fedcba9876543210fedcba9876543210fedcba98"
+    newer.mkdir()
+    (newer / "config.json").write_text(json.dumps({"model_type": "mystery", "num_hidden_layers": 2,
+                                                   "hidden_size": 64, "vocab_size": 100}))
+    assert memory.resolve("Qwen/Qwen2-0.5B").params == COUNTS["qwen2-0.5b"]  # refs/main's, not the newest
+
+
+@pytest.mark.parametrize("text,size", [("80GB", 80 * 2**30), ("80GiB", 80 * 2**30), ("80", 80 * 2**30),
+                                       ("512M", 512 * 2**20), ("1.5TiB", int(1.5 * 2**40)), (24, 24 * 2**30),
+                                       ("85520809984B", 85520809984), ("2TB", 2 * 2**40)])
+def test_sizes_are_binary_as_memory_is_sold(text, size):
+    """An "80GB" GPU has 80 GiB (NVML: 79.6 usable), a "512GB" node 512 GiB: GB means GiB here."""
     assert memory.parse_size(text, "--gpu-memory") == size
+
+
+@pytest.mark.parametrize("text", ["9" * 400 + "GB", "2PB", "1025TB", "0GB", "1e9GB", "inf", "nan", "80 GB" * 20],
+                         ids=["400-nines", "2PB", "1025TB", "0GB", "1e9GB", "inf", "nan", "long"])
+def test_no_size_past_a_petabyte_nor_a_non_number(text):
+    with pytest.raises(ValueError, match="--gpu-memory"):
+        memory.parse_size(text, "--gpu-memory")
+
+
+@pytest.mark.parametrize("seq", ["9" * 5000, str(2**24 + 1), "\u00b2", "0", "-3", "1.5", 10**5000, True],
+                         ids=["5000-digits", "2^24+1", "superscript-2", "0", "-3", "1.5", "int-5000-digits", "True"])
+def test_sequence_lengths_past_16m_tokens_or_no_digits_are_refused(seq):
+    with pytest.raises(InputError, match="sequence length") as info:
+        memory.parse_seq_len(seq, "--seq-len")
+    assert len(str(info.value)) < 200
+    assert memory.parse_seq_len(" 8192 ", "--seq-len") == 8192 == memory.parse_seq_len(8192, "x")
 
 
 # --- the checks over recorded NVML answers -----------------------------------------------------------------
@@ -213,6 +300,10 @@ def job(tmp_path, stage, nodes=("n01", "n02"), offload="none", param="none", **d
                       memory=memory.Inputs(model=model))
 
 
+def need_params(plan):
+    return plan.memory.model.params
+
+
 def run(check_id, plan, states):
     return runner.run_check(SPECS[check_id], runner.CheckContext(plan, states, {}))
 
@@ -223,6 +314,8 @@ def by_node(results):
 
 def test_on_8x80gb_and_a_smaller_node_what_fits_passes_and_what_does_not_fails_naming_the_node(tmp_path):
     states = {"n01": node("h100x8.json"), "n02": node("v100.json")}  # 8 x 80 GB, 4 x 32 GB
+    for state in states.values():  # room for every rank's copy: the advice is about the GPUs (this host's is not)
+        state["facts"]["memory"]["available_bytes"] = 2**40
     stage3 = by_node(run("MEM002", job(tmp_path, 3), states))  # 18 x 12.2B / 16 + the largest layer: 15.3 GiB
     assert stage3["n01"].status.value == stage3["n02"].status.value == "pass"
     stage2 = by_node(run("MEM002", job(tmp_path, 2), states))  # 2 x 12.2B + 18 x 12.2B / 16: 35.6 GiB
@@ -271,7 +364,8 @@ def test_host_memory_and_nvme_from_the_nodes_facts(tmp_path):
     (fits,) = run("MEM003", plan, {"n01": state})
     state["facts"]["memory"]["available_bytes"] = need.host - 1
     (tight,) = run("MEM003", plan, {"n01": state})
-    certain = max(need.load, int(need.states_host / memory.BUFFER_FACTOR))  # without DeepSpeed's buffer factor
+    certain = max(need.load, 18 * need_params(plan) // 2)  # 16-bit weights and optimizer states, over 2 nodes
+    assert need.certain == certain
     state["facts"]["memory"]["available_bytes"] = certain - 1
     (short,) = run("MEM003", plan, {"n01": state})
     assert (fits.status.value, tight.status.value, short.status.value) == ("pass", "warn", "fail")
@@ -289,6 +383,111 @@ def test_without_offload_deepspeeds_fp32_host_figure_only_warns(tmp_path):
     assert [r.status.value for r in run("MEM003", plan, {"n01": state})] == ["warn"]
     state["facts"]["memory"]["available_bytes"] = need.load - 1
     assert [r.status.value for r in run("MEM003", plan, {"n01": state})] == ["fail"]
+
+
+def plan_of(tmp_path, stage, nodes, offload="none", param="none", model="7B", init=True, gpus=8, **inputs):
+    """A 7B job at `stage`, `gpus` per node on `nodes` nodes; init None leaves zero3_init_flag unset."""
+    names = tuple(f"n{i:02d}" for i in range(1, nodes + 1))
+    plan = job(tmp_path, stage, names, offload, param)
+    config = yaml.safe_load((tmp_path / "accelerate.yaml").read_text())
+    config["num_processes"] = gpus * nodes
+    if init is None:
+        del config["deepspeed_config"]["zero3_init_flag"]
+    else:
+        config["deepspeed_config"]["zero3_init_flag"] = init
+    (tmp_path / "accelerate.yaml").write_text(yaml.safe_dump(config))
+    return build_plan(config=plan.accelerate.doc.path, nodes=names,
+                      memory=memory.Inputs(model=memory.resolve(model), **inputs))
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4, 8])
+def test_zero2_cpu_offload_needs_its_share_of_the_states_not_deepspeeds_bound(tmp_path, nodes):
+    """DeepSpeed's figure P·max(4N, 16)·1.5 grows with the nodes (2.5 TiB a node for 7B on 8 x 8 GPUs); each
+    rank keeps 1/N of the fp32 weights, Adam's two states and the fp32 gradients: 16P/M a node."""
+    plan = plan_of(tmp_path, 2, nodes, offload="cpu", host_bytes=256 * 2**30)
+    need = memory.estimate(plan.memory.model, Setup(2, "cpu", "none", 8, nodes))
+    assert need.offloaded == 16 * 7 * 10**9 // nodes and need.certain == max(need.load, need.offloaded)
+    state = node("h100x8.json")
+    state["facts"]["memory"]["available_bytes"] = 256 * 2**30  # 8 ranks x 14 GB to load: 104 GiB
+    (host,) = run("MEM003", plan, {"n01": state})
+    (lint,) = run("MEM001", plan, {})
+    expected = "pass" if need.host <= 256 * 2**30 else "warn"
+    assert host.status.value == lint.status.value == expected, (host.message, lint.message)
+    if expected == "warn":
+        assert "nothing in reach" not in host.remediation and "upper bound" in host.message
+    assert host.evidence["certain_host_bytes"] == need.certain
+
+
+def test_stage3_offload_needs_18_bytes_a_parameter_over_the_nodes_and_fails_below_it(tmp_path):
+    plan = plan_of(tmp_path, 3, 2, offload="cpu", param="cpu", host_bytes=56 * 2**30)
+    need = memory.estimate(plan.memory.model, Setup(3, "cpu", "cpu", 8, 2, zero_init=True))
+    assert need.offloaded == 18 * 7 * 10**9 // 2 > need.load
+    state = node("h100x8.json")
+    state["facts"]["memory"]["available_bytes"] = 56 * 2**30  # 63 GB (58.7 GiB) needed
+    (host,) = run("MEM003", plan, {"n01": state})
+    (lint,) = run("MEM001", plan, {})
+    assert host.status.value == lint.status.value == "fail"
+    # The fix fits what the check judges: the states back on the 80 GB GPUs (8.6 GiB each), one 14 GB copy.
+    assert host.remediation.startswith("no optimizer offload fits: 8.6 GiB per GPU, 13.0 GiB host RAM")
+    assert lint.remediation.startswith("no optimizer offload fits")
+
+
+def test_a_stage3_suggestion_carries_zero3_init_flag_unless_the_job_turns_it_off(tmp_path):
+    """accelerate builds a stage-3 model partitioned unless zero3_init_flag is false: a move to stage 3 keeps it."""
+    state = node("v100.json")  # 4 x 32 GB; 7B at stage 2 needs 42.4 GiB a GPU, at stage 3 30.6
+    state["facts"]["memory"]["available_bytes"] = 40 * 2**30
+    for init, fix in ((True, "ZeRO stage 3 fits: 30.6 GiB per GPU, 13.0 GiB host RAM"), (None, "ZeRO stage 3 fits"),
+                      (False, "nothing in reach fits")):
+        plan = plan_of(tmp_path, 2, 1, init=init, gpus=4)  # without zero.Init 4 ranks load 14 GB each: 52 GiB
+        (gpu,) = run("MEM002", plan, {"n01": state})
+        assert gpu.status.value == "fail" and gpu.remediation.startswith(fix), (init, gpu.remediation)
+
+
+def test_mem002_suggests_only_what_fits_the_nodes_host_memory(tmp_path):
+    state = node("v100.json")
+    plan = plan_of(tmp_path, 2, 1, init=False, gpus=4)  # stage 3 would load a copy on each of the 4 ranks: 52 GiB
+    state["facts"]["memory"]["available_bytes"] = 2**40
+    (roomy,) = run("MEM002", plan, {"n01": state})
+    state["facts"]["memory"]["available_bytes"] = 40 * 2**30
+    (short,) = run("MEM002", plan, {"n01": state})
+    assert roomy.remediation.startswith("ZeRO stage 3 fits: 30.6 GiB per GPU, 52.2 GiB host RAM")
+    assert short.remediation.startswith("nothing in reach fits"), short.remediation
+
+
+def test_mem003_suggests_what_fits_the_figure_it_fails_on(tmp_path):
+    """Stage 3 without zero.Init on 2 nodes: 8 ranks load 14 GB each (104 GiB); zero3_init_flag loads one copy,
+    and the 16P/2 offloaded (52 GiB) fits 64 GiB, though DeepSpeed's buffered 78 GiB does not."""
+    plan = plan_of(tmp_path, 3, 2, offload="cpu", init=False)
+    state = node("h100x8.json")
+    state["facts"]["memory"]["available_bytes"] = 64 * 2**30
+    (host,) = run("MEM003", plan, {"n01": state})
+    assert host.status.value == "fail" and host.remediation.startswith("zero3_init_flag: true"), host.remediation
+
+
+def test_stage0_advice_names_the_stage_offload_needs_and_one_gpu_gets_no_stage_that_shards_nothing():
+    model = memory.Model(10**9, 5 * 10**7, "1B", "given")
+    names = [what for what, _ in memory.changes(Setup(0, gpus_per_node=8))]
+    assert "ZeRO stage 2 with optimizer offload to the CPU" in names and "optimizer offload to the CPU" not in names
+    offload = dict(memory.changes(Setup(0, gpus_per_node=8)))["ZeRO stage 2 with optimizer offload to the CPU"]
+    assert (offload.stage, offload.offload_optimizer) == (2, "cpu")
+    assert dict(memory.changes(Setup(1, offload_optimizer="none", gpus_per_node=8)))[
+        "optimizer offload to the CPU"].stage == 1  # stage 1 offloads as it is
+    # One GPU: 20 GB at stage 0 does not fit 19 GB; DeepSpeed's stage-3 figure (18P + 4L) would, but a single
+    # GPU still holds all of the 16-bit weights and gradients. Offload is what fits.
+    what, need = memory.cheapest(model, Setup(0), 19 * 10**9, None)
+    assert what == "ZeRO stage 2 with optimizer offload to the CPU" and need.gpu == 2 * 10**9
+    assert not any(w.startswith("ZeRO stage") and "offload" not in w for w, _ in memory.changes(Setup(0)))
+
+
+def test_gb_means_what_an_80gb_gpu_has_so_lint_and_mem002_agree(capsys, tmp_path):
+    """An H100 80GB has 85520809984 bytes (NVML; tests/fixtures/nvml/h100x8.json): 4.05B at stage 0 (81 GB)
+    fits it, so `lint --gpu-memory 80GB` passes it too; 4.3B (86 GB) fits neither."""
+    for model, verdict in (("4.05B", "pass"), ("4.3B", "fail")):
+        plan = plan_of(tmp_path, 0, 1, model=model)
+        (gpu,) = run("MEM002", plan, {"n01": node("h100x8.json")})
+        code, doc, _ = run_cli(capsys, "lint", "--config", plan.accelerate.doc.path, "--only", "MEM001", "--json",
+                               "--model", model, "--gpu-memory", "80GB")
+        assert gpu.status.value == doc["results"][0]["status"] == verdict, (gpu.message, doc["results"][0])
 
 
 # --- the command line --------------------------------------------------------------------------------------
@@ -329,6 +528,46 @@ def test_the_profile_holds_the_model(capsys, tmp_path):
 def test_bad_memory_input_is_exit_2(capsys, args):
     code, _, err = run_cli(capsys, "lint", *args)
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_lint_with_no_gpu_count_says_what_it_assumed_and_refuses_nothing(capsys, tmp_path):
+    """A DeepSpeed config alone says no process count: stage 3 for 7B is 118 GiB on 1 GPU, 8 GiB on 16."""
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {"stage": 3},
+                              "train_micro_batch_size_per_gpu": 1}))
+    code, doc, _ = run_cli(capsys, "lint", "--deepspeed", ds, "--only", "MEM001", "--json", "--model", "7B",
+                           "--gpu-memory", "80GB")
+    (result,) = doc["results"]
+    assert code == 0 and result["status"] == "warn", result
+    assert "1 GPU per node x 1 node assumed" in result["message"] and "num_processes" in result["remediation"]
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("n01 slots=8\nn02 slots=8\n")  # 16 GPUs: 4L + 18P/16 = 8.6 GiB, said without a guess
+    code, doc, _ = run_cli(capsys, "lint", "--deepspeed", ds, "--hostfile", hostfile, "--only", "MEM001", "--json",
+                           "--model", "7B", "--gpu-memory", "80GB")
+    assert code == 0 and doc["results"][0]["status"] == "pass" and "assumed" not in doc["results"][0]["message"]
+    ds.write_text(json.dumps({"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1}))  # stage 0: 20P a GPU
+    code, doc, _ = run_cli(capsys, "lint", "--deepspeed", ds, "--only", "MEM001", "--json", "--model", "7B",
+                           "--gpu-memory", "80GB")
+    assert code == 1 and "does not fit, whatever the GPU count" in doc["results"][0]["message"]
+
+
+@pytest.mark.parametrize("args", [["--gpu-memory", "9" * 400 + "GB"], ["--host-memory", "3PB"],
+                                  ["--seq-len", "9" * 5000], ["--seq-len", "\u00b2"]],
+                         ids=["400-nines", "3PB", "5000-digit-seq-len", "superscript"])
+def test_absurd_sizes_and_lengths_are_exit_2(capsys, args):
+    code, _, err = run_cli(capsys, "lint", "--model", "7B", *args)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and len(err) < 300, err
+
+
+def test_the_largest_batch_and_length_give_a_margin_not_an_error(capsys, tmp_path):
+    plan = job(tmp_path, 3, train_micro_batch_size_per_gpu=10**300)
+    for micro, verdict in ((10**300, "pass"), (2**24, "warn")):  # past 2^24 a micro-batch is no number we use
+        (tmp_path / "ds.json").write_text(json.dumps({"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3},
+                                                      "train_micro_batch_size_per_gpu": micro}))
+        code, doc, _ = run_cli(capsys, "lint", "--config", plan.accelerate.doc.path, "--only", "MEM001", "--json",
+                               "--model", os.path.join(MODELS, "llama-3-8b-instruct"), "--gpu-memory", "80GB",
+                               "--seq-len", str(2**24))
+        assert code == 0 and doc["results"][0]["status"] == verdict, doc["results"][0]
 
 
 def test_explain_shows_the_arithmetic(capsys):
