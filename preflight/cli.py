@@ -94,6 +94,7 @@ def build_parser() -> Parser:
                             "else [tool.preflight] of ./pyproject.toml)")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         p.add_argument("--strict", action="store_true", help="warnings make the verdict not ready (exit 1)")
+        p.add_argument("-v", "--verbose", action="store_true", help="list every result, passes and skips too")
         p.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
         p.add_argument("--prometheus", metavar="FILE",
                        help="also write metrics to FILE in node_exporter's textfile-collector format (*.prom)")
@@ -158,8 +159,10 @@ def memory_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="MODEL",
                    help="the model: a parameter count (7B, 7e9), a config.json or model folder, or a model id in "
                         "the local Hugging Face cache (never downloaded); enables the MEM checks")
-    p.add_argument("--gpu-memory", metavar="SIZE", help="memory of each GPU for lint to compare against (80GB, 80GiB)")
-    p.add_argument("--host-memory", metavar="SIZE", help="host memory of each node for lint to compare against")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="memory of each GPU for lint to compare against: 80GB, 80GiB "
+                   "and 80 all mean 80 GiB, as memory is sold; 85520809984B is bytes")
+    p.add_argument("--host-memory", metavar="SIZE", help="host memory of each node for lint to compare against "
+                   "(the same units: 512GB is 512 GiB)")
     p.add_argument("--seq-len", metavar="N", help="tokens per sample: with the micro-batch, the activation margin")
 
 
@@ -186,6 +189,7 @@ def doctor_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--skip", metavar="SEL", help="do not run these checks")
     sub.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     sub.add_argument("--strict", action="store_true", help="warnings make the exit code 1")
+    sub.add_argument("-v", "--verbose", action="store_true", help="list every result, passes and skips too")
     sub.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
     sub.add_argument("--prometheus", metavar="FILE", help="also write metrics to FILE (*.prom)")
     sub.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
@@ -430,7 +434,7 @@ def _report(args, plan, results, elapsed: float) -> str:
     if args.json:
         print(render.to_json(results, outcome, plan.nodes, elapsed))
     else:
-        render.terminal(results, outcome, elapsed)
+        render.terminal(results, outcome, elapsed, verbose=args.verbose)
     reports.write_all(args, results, outcome, plan.nodes, elapsed)
     return outcome
 
