@@ -2,14 +2,18 @@
 
 Each node runs one agent process (preflight.collector) for the whole run: it sends its facts, then
 answers the probes' requests (clock samples, the main port, the shared folder). Every step has a
-deadline; a node that fails is recorded with the reason and the others go on. Connections and
-agents are closed at the end, also on Ctrl-C, which removes the temporary listener.
+deadline: the program's start, its facts and the clock samples share one (--timeout), each probe
+request has its own. A node's answers are never trusted: one that is late, of the wrong shape, not
+JSON or nested too deeply is that node's failure, with the reason, and the others go on. Connections
+and agents are closed at the end, also on Ctrl-C, which removes the temporary listener.
 """
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,6 +54,93 @@ class GatherOptions:
     census: Optional[dict] = None  # `doctor`: the census of the running job (preflight.census); no probes then
 
 
+BY_HAND = "run the training interpreter (--python) there by hand: does it start, and does anything else write on its output?"
+
+
+def _whole_int(text: str) -> int:
+    if len(text) > 21:  # past 64 bits: no fact is that big, and float() of it would overflow in a check
+        raise ValueError(f"a number of {len(text)} digits")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is past a float's range")
+    return value
+
+
+def _no_constant(text: str):
+    raise ValueError(f"{text} is not a number")
+
+
+def node_json(line: str, what: str, **hooks):
+    """A line from a node as JSON, the numbers as the collector writes them (finite floats, integers of
+    at most 64 bits); NodeError("protocol") that names `what` otherwise, nesting past the recursion
+    limit included."""
+    try:
+        return json.loads(line, parse_int=_whole_int, parse_float=_finite_float, parse_constant=_no_constant, **hooks)
+    except RecursionError:
+        raise NodeError("protocol", f"{what} is JSON nested too deeply", BY_HAND) from None
+    except ValueError as exc:
+        raise NodeError("protocol", f"{what} is not JSON as preflight's programs write it: {str(exc)[:200]}",
+                        BY_HAND) from None
+
+
+NUMBER = (int, float)
+NONE = type(None)
+# The facts' sections and their types, checked once when a facts line is decoded, so that the checks can
+# read each as what it is (a section that failed on the node is an object with its "error"). REQUIRED are
+# always sent by the collector; the others may be null or missing.
+REQUIRED_SECTIONS = {"schema": int, "python": dict, "packages": dict, "host": dict, "env": dict, "storage": dict,
+                     "limits": dict, "memory": dict, "clock": dict, "gpus": dict}
+OTHER_SECTIONS = {"collected_at": NUMBER, "job": (dict, NONE), "fabric": (dict, NONE), "census": (dict, NONE)}
+# Each request's answer: the keys it must have, and the types of the keys it may have.
+ANSWER_KEYS = {"time": {"time": NUMBER}, "listen": {"bound": bool}, "unlisten": {}, "connect": {"ok": bool},
+               "write": {"ok": bool}, "read": {"ok": bool}, "remove": {"ok": bool}, "files": {}}
+ANSWER_OPTIONAL = {"error": (str, NONE), "holders": list, "seconds": NUMBER, "path": (str, NONE),
+                   "source": (str, NONE), "peers": list}
+FILE_KEYS = {"path": str, "sha256": str, "size": int, "text": str, "error": str, "default": bool}
+
+
+def _typed(value, types) -> bool:
+    types = types if isinstance(types, tuple) else (types,)
+    return isinstance(value, types) and (type(value) is not bool or bool in types)
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", NONE: "null", bool: "a boolean"}.get(
+        type(value), "a number")
+
+
+def _shape(value: dict, required: dict, optional: dict) -> Optional[str]:
+    """What is wrong with an object's keys (None: nothing)."""
+    for key, types in required.items():
+        if key not in value:
+            return f"there is no {key!r}"
+        if not _typed(value[key], types):
+            return f"{key!r} is {_kind(value[key])}"
+    for key, types in optional.items():
+        if key in value and not _typed(value[key], types):
+            return f"{key!r} is {_kind(value[key])}"
+    return None
+
+
+def _answer_problem(op: str, answer) -> Optional[str]:
+    if not isinstance(answer, dict):
+        return f"it is {_kind(answer)}, not an object"
+    if op == "files":  # the paths asked for, each with its entry
+        for path, entry in answer.items():
+            problem = f"is {_kind(entry)}" if not isinstance(entry, dict) else _shape(entry, {}, FILE_KEYS)
+            if problem:
+                return f"the entry for {path[:80]!r}: {problem}"
+        return None
+    problem = _shape(answer, ANSWER_KEYS.get(op, {}), ANSWER_OPTIONAL)
+    if problem is None and any(not isinstance(h, dict) for h in answer.get("holders") or ()):
+        problem = "'holders' are not objects"
+    return problem
+
+
 @dataclass
 class NodeState:
     name: str
@@ -58,24 +149,64 @@ class NodeState:
     clock: Optional[dict] = None  # offset_s: node minus this machine, bound_s, rtt_s
     connection: Optional[SSHConnection] = None
     agent: Optional[RemoteProcess] = None
+    late: int = 0  # answers still owed to requests that timed out: they come first, and are skipped
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def ask(self, request: dict, timeout: float) -> dict:
-        """One request to the node's agent, one answer; NodeError past the deadline."""
-        self.agent.send_line(json.dumps(request))
-        line = self.agent.read_line(timeout)
+        """One request to the node's agent, one answer of the shape that request gets; NodeError naming the
+        node past the deadline, for an answer of another shape, or when the session breaks."""
+        op, agent, sent = request.get("op"), self.agent, False
+        if agent is None:
+            raise NodeError("protocol", f"the session with {self.name} is closed", BY_HAND)
+        deadline = time.monotonic() + timeout
+        try:
+            while self.late:
+                if agent.read_line(max(0.0, deadline - time.monotonic())) is None:
+                    break
+                self.late -= 1
+            agent.send_line(json.dumps(request), max(0.001, deadline - time.monotonic()))
+            sent = True
+            line = agent.read_line(max(0.0, deadline - time.monotonic()))
+        except NodeError as exc:
+            if exc.kind != "timeout":
+                raise NodeError(exc.kind, f"{self.name}: {exc.message}", exc.remediation) from None
+            self.late += sent
+            raise NodeError("timeout", f"{self.name} did not answer {op!r} within {timeout:g} s",
+                            "the node is overloaded or hung") from None
+        except Exception as exc:  # the session broke under us (closed from another thread, the network)
+            raise NodeError("protocol", f"the session with {self.name} broke: {type(exc).__name__}: {exc}",
+                            "check the node and the network") from None
         if line is None:
-            raise NodeError("protocol", "the agent stopped", "run the training interpreter there by hand")
-        return json.loads(line)
+            raise NodeError("protocol", f"the agent on {self.name} stopped", BY_HAND)
+        answer = node_json(line, f"the answer of {self.name} to {op!r}")
+        problem = _answer_problem(op, answer)
+        if problem:
+            raise NodeError("protocol", f"the answer of {self.name} to {op!r} is not the agent's: {problem}", BY_HAND)
+        return answer
+
+    def fail(self, error: NodeError) -> None:
+        """This node is failed with `error` (the first reason stays)."""
+        if self.error is None:
+            self.error = error
 
     def close(self) -> None:
-        if self.agent is not None:
+        """Ends the node's program and connection; idempotent, from any thread, never raises."""
+        with self._lock:
+            agent, connection, self.agent, self.connection = self.agent, self.connection, None, None
+        if agent is not None:
             try:
-                self.agent.send_line("done")
+                agent.send_line("done", 1.0)
             except Exception:
                 pass
-            self.agent.close()
-        if self.connection is not None:
-            self.connection.close()
+            try:
+                agent.close()
+            except Exception:
+                pass
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:
+                pass
 
     def to_context(self) -> dict:
         error = None
@@ -85,7 +216,7 @@ class NodeState:
 
 
 def facts_decoder() -> Callable[[str], dict]:
-    """json.loads for the nodes' facts lines, sharing identical strings (keys, versions, environment
+    """node_json for the nodes' facts lines, sharing identical strings (keys, versions, environment
     values) across nodes: thousands of nodes send mostly the same ones, and each would otherwise be its
     own copy in memory (peak RSS with 4,096 nodes' facts, scripts/bench_scale.py: 182 -> 106 MB). One decoder per run."""
     strings: Dict[str, str] = {}
@@ -101,7 +232,17 @@ def facts_decoder() -> Callable[[str], dict]:
     def pairs(items: list) -> dict:
         return {share(k, k): shared(v) for k, v in items}
 
-    return lambda line: json.loads(line, object_pairs_hook=pairs)
+    return lambda line, what="the facts": node_json(line, what, object_pairs_hook=pairs)
+
+
+def checked_facts(facts, what: str = "the facts") -> dict:
+    """The facts as decoded from a node, if they are an object whose sections are of their types (what
+    every check reads them as); NodeError("protocol") otherwise."""
+    problem = f"they are {_kind(facts)}" if not isinstance(facts, dict) else \
+        _shape(facts, REQUIRED_SECTIONS, OTHER_SECTIONS)
+    if problem:
+        raise NodeError("protocol", f"{what} are not the collector's: {problem}", BY_HAND)
+    return facts
 
 
 def _say(options: GatherOptions, text: str) -> None:
@@ -110,6 +251,7 @@ def _say(options: GatherOptions, text: str) -> None:
 
 
 def _parallel(func: Callable, nodes: List[NodeState], options: GatherOptions) -> list:
+    """func over the nodes, `fanout` at a time; func keeps a node's failure to that node (it never raises)."""
     if not nodes:
         return []
     pool = ThreadPoolExecutor(max_workers=max(1, min(options.fanout, len(nodes))))
@@ -215,7 +357,7 @@ def _ssh_hostname(alias: str, options: GatherOptions) -> str:
         return alias
 
 
-def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callable[[str], dict]) -> None:
+def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callable[..., dict]) -> None:
     try:
         def connect():
             if options.transport == "srun":
@@ -230,31 +372,50 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
         payload = {"head": head, "port": options.port, "paths": options.paths, "job": options.job,
                    "census": options.census}
         source = shipped_source(bool(options.census))
-        node.agent = node.connection.start(shipped_command(options.python), shipped_input(source, payload))
-        line, printed = _facts_line(node, options.timeout)
-        if line is None:
-            status = node.agent.exit_status(2)
-            if status in (126, 127):
-                raise NodeError("python-missing", f"the interpreter {options.python} does not exist or cannot "
-                                f"run there (exit {status})",
-                                "pass --python with the path of the training interpreter on the nodes")
-            raise NodeError("collector", f"the fact collector stopped (exit {status}): "
-                            f"{node.agent.stderr_tail().strip()[-300:]}", "run the training interpreter there by hand")
-        node.facts = decode(line)
-        if not isinstance(node.facts, dict):
-            raise NodeError("protocol", f"the collector sent {type(node.facts).__name__}, not facts",
-                            "run the training interpreter there by hand")
-        node.facts["session"] = {"stdout": printed}
-        job = node.facts.get("job")
-        named = _named_files(job, options)
-        if named:
-            job["named"] = node.ask({"op": "files", "paths": named, "cwd": job.get("cwd")}, options.timeout)
-        if not options.census:
-            node.clock = _clock_samples(node, options.timeout)
+        # One deadline for the start, the facts and the clock samples: a node that answers each request
+        # just in time must not cost many timeouts.
+        started = time.monotonic()
+        deadline = started + options.timeout
+        node.agent = node.connection.start(shipped_command(options.python), shipped_input(source, payload),
+                                           options.timeout)
+        step, facts_s = "facts", 0.0
+        try:
+            line, printed = _facts_line(node, deadline)
+            if line is None:
+                status = node.agent.exit_status(2)
+                if status in (126, 127):
+                    raise NodeError("python-missing", f"the interpreter {options.python} does not exist or cannot "
+                                    f"run there (exit {status})",
+                                    "pass --python with the path of the training interpreter on the nodes")
+                said = node.agent.stderr_tail().strip()[-300:] or \
+                    (f"no facts line; it printed: {printed.strip()[:200]}" if printed else "no output")
+                raise NodeError("collector", f"the fact collector stopped (exit {status}): {said}", BY_HAND)
+            what = f"the facts from {node.name}"
+            node.facts = checked_facts(decode(line, what), what)
+            facts_s = time.monotonic() - started
+            node.facts["session"] = {"stdout": printed}
+            job = node.facts.get("job")
+            named = _named_files(job, options)
+            if named:
+                step = "the files its config names"
+                job["named"] = node.ask({"op": "files", "paths": named, "cwd": job.get("cwd")},
+                                        deadline - time.monotonic())
+            if not options.census:
+                step = "clock samples"
+                node.clock = _clock_samples(node, deadline)
+        except NodeError as exc:
+            if exc.kind == "protocol" and node.name not in exc.message:
+                raise NodeError(exc.kind, f"{node.name}: {exc.message}", exc.remediation) from None
+            if exc.kind != "timeout":
+                raise
+            got = f"its facts came after {facts_s:.1f} s; " if node.facts is not None else ""
+            raise NodeError("timeout", f"{node.name} is too slow: no {step} within --timeout {options.timeout:g} s "
+                            f"({got}the start, the facts and the clock samples share it)",
+                            "find what slows the node (load, a hung filesystem, DNS), or raise --timeout") from None
     except NodeError as exc:
-        node.error = exc
+        node.fail(exc)
     except Exception as exc:  # anything else the node sent us: still a result, never a crash
-        node.error = NodeError("protocol", f"{type(exc).__name__}: {exc}", "run the collector there by hand")
+        node.fail(NodeError("protocol", f"{node.name}: {type(exc).__name__}: {exc}", BY_HAND))
 
 
 def _named_files(job, options: GatherOptions) -> List[str]:
@@ -270,10 +431,9 @@ def _named_files(job, options: GatherOptions) -> List[str]:
 PRINTED_LIMIT = 4096  # what a shell start-up file printed before the facts, kept for JOB009
 
 
-def _facts_line(node: NodeState, timeout: float) -> tuple:
+def _facts_line(node: NodeState, deadline: float) -> tuple:
     """The collector's facts line, and what the session printed on stdout before it (a start-up file such
-    as ~/.bashrc that echoes in non-interactive sessions), within one deadline."""
-    deadline = time.monotonic() + timeout
+    as ~/.bashrc that echoes in non-interactive sessions), by the deadline (time.monotonic())."""
     printed = ""
     while True:
         line = node.agent.read_line(max(0.001, deadline - time.monotonic()))
@@ -296,12 +456,13 @@ def shipped_source(census: bool = False) -> str:
     return source
 
 
-def _clock_samples(node: NodeState, timeout: float) -> dict:
-    """Several NTP-style samples inside one remote process; the one with the smallest round trip wins."""
+def _clock_samples(node: NodeState, deadline: float) -> dict:
+    """Several NTP-style samples inside one remote process, by the deadline; the one with the smallest round
+    trip wins."""
     best = None
     for _ in range(CLOCK_SAMPLES):
         sent = time.time()
-        remote = node.ask({"op": "time"}, timeout)["time"]
+        remote = node.ask({"op": "time"}, deadline - time.monotonic())["time"]
         received = time.time()
         rtt = received - sent
         if best is None or rtt < best["rtt_s"]:
@@ -309,11 +470,22 @@ def _clock_samples(node: NodeState, timeout: float) -> dict:
     return best
 
 
-def _safe_ask(node: NodeState, request: dict, timeout: float) -> dict:
+def _probe_ask(node: NodeState, request: dict, timeout: float) -> Optional[dict]:
+    """A probe's request: the node's answer, or None when it has none in time or of the right shape; that
+    node then fails with the reason (SSH001), and the probe leaves it out."""
     try:
         return node.ask(request, timeout)
-    except (NodeError, ValueError, OSError) as exc:
-        return {"ok": False, "error": str(exc)}
+    except NodeError as exc:
+        node.fail(exc)
+        return None
+
+
+def _cleanup_ask(node: NodeState, request: dict, timeout: float) -> None:
+    """Undo what a probe did (the listener, the token); best effort: closing the session ends it too."""
+    try:
+        node.ask(request, timeout)
+    except NodeError:
+        pass
 
 
 def _probe_port(nodes: List[NodeState], options: GatherOptions) -> dict:
@@ -322,23 +494,24 @@ def _probe_port(nodes: List[NodeState], options: GatherOptions) -> dict:
     result = {"head": head.name, "listen": None, "workers": {}}
     if head.error is not None:
         return result
-    listen = _safe_ask(head, {"op": "listen", "port": options.port}, options.timeout)
-    result["listen"] = listen if "bound" in listen else {"bound": False, "error": listen.get("error"), "holders": []}
-    if not result["listen"]["bound"]:
+    result["listen"] = _probe_ask(head, {"op": "listen", "port": options.port}, options.timeout)
+    if not (result["listen"] or {}).get("bound"):
         return result
     connect_timeout = min(options.timeout, 10.0)
 
-    def connect(worker: NodeState) -> dict:
-        resolved = (worker.facts or {}).get("host", {}).get("head_resolves_to")
-        if not isinstance(resolved, list) or not resolved:
+    def connect(worker: NodeState) -> Optional[dict]:
+        resolved = ((worker.facts or {}).get("host") or {}).get("head_resolves_to")
+        if not isinstance(resolved, list) or not resolved or not isinstance(resolved[0], str):
             return {"ok": False, "error": f"cannot resolve the head {head.name}", "address": None}
         request = {"op": "connect", "address": resolved[0], "port": options.port, "timeout_s": connect_timeout}
-        return dict(_safe_ask(worker, request, connect_timeout + options.timeout), address=resolved[0])
+        answer = _probe_ask(worker, request, connect_timeout + options.timeout)
+        return None if answer is None else dict(answer, address=resolved[0])
 
     try:
-        result["workers"] = dict(zip([w.name for w in workers], _parallel(connect, workers, options)))
+        answers = dict(zip([w.name for w in workers], _parallel(connect, workers, options)))
+        result["workers"] = {name: answer for name, answer in answers.items() if answer is not None}
     finally:
-        _safe_ask(head, {"op": "unlisten"}, options.timeout)
+        _cleanup_ask(head, {"op": "unlisten"}, options.timeout)
     return result
 
 
@@ -350,14 +523,14 @@ def _probe_shared_dir(nodes: List[NodeState], options: GatherOptions) -> dict:
     result = {"path": options.shared_dir, "head": head.name, "write": None, "nodes": {}}
     if head.error is not None:
         return result
-    result["write"] = _safe_ask(head, dict(request, op="write"), options.timeout)
-    if not result["write"].get("ok"):
+    result["write"] = _probe_ask(head, dict(request, op="write"), options.timeout)
+    if not (result["write"] or {}).get("ok"):
         return result
     try:
-        answers = _parallel(lambda n: _safe_ask(n, dict(request, op="read"), options.timeout), others, options)
-        result["nodes"] = dict(zip([n.name for n in others], answers))
+        answers = _parallel(lambda n: _probe_ask(n, dict(request, op="read"), options.timeout), others, options)
+        result["nodes"] = {n.name: answer for n, answer in zip(others, answers) if answer is not None}
     finally:
-        _safe_ask(head, dict(request, op="remove"), options.timeout)
+        _cleanup_ask(head, dict(request, op="remove"), options.timeout)
     return result
 
 

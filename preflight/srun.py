@@ -10,6 +10,7 @@ import select
 import shutil
 import subprocess
 import threading
+import time
 from typing import List, Optional
 
 from preflight.transport import LineReader, NodeError
@@ -31,7 +32,7 @@ class SrunConnection:
             raise NodeError("srun", "srun is not on PATH", "run inside an allocation (salloc/sbatch) with SLURM's tools")
         return self
 
-    def start(self, command: str, stdin_text: str) -> "StepProcess":
+    def start(self, command: str, stdin_text: str, timeout: Optional[float] = None) -> "StepProcess":
         argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={self.node}", "--quiet",
                 "--input=all", *([f"--jobid={self.jobid}"] if self.jobid else []), "sh", "-c", command]
         try:
@@ -41,7 +42,7 @@ class SrunConnection:
             raise NodeError("srun", f"cannot run srun: {exc}", "check SLURM's tools on this machine") from None
         step = StepProcess(proc)
         self.processes.append(step)
-        step.send_raw(stdin_text.encode())
+        step.send_raw(stdin_text.encode(), self.timeout if timeout is None else timeout)
         return step
 
     def close(self) -> None:
@@ -54,7 +55,9 @@ class StepProcess(LineReader):
     """The RemoteProcess interface over a local srun process."""
 
     def __init__(self, proc: subprocess.Popen):
+        super().__init__()
         self.proc = proc
+        os.set_blocking(proc.stdin.fileno(), False)  # writes with a deadline (send_raw)
         self._stderr = bytearray()
         self._reader = threading.Thread(target=self._drain_stderr, daemon=True)
         self._reader.start()
@@ -64,15 +67,25 @@ class StepProcess(LineReader):
             self._stderr += chunk
             del self._stderr[:-8192]
 
-    def send_raw(self, data: bytes) -> None:
+    def send_raw(self, data: bytes, timeout: float = 30.0) -> None:
+        """Into the step's input; NodeError when srun takes none of it for `timeout` s (a step that never
+        starts: the program is bigger than a pipe holds)."""
+        fd, view = self.proc.stdin.fileno(), memoryview(data)
+        deadline = time.monotonic() + timeout
         try:
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError):
+            while view:
+                if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+                    raise NodeError("timeout", f"srun took no input for {timeout:g} s: the job step did not start",
+                                    "check the allocation (squeue, scontrol show job) and slurmd on the node")
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    continue
+        except (BrokenPipeError, ValueError, OSError):
             pass  # the step ended: read_line says so
 
-    def send_line(self, text: str) -> None:
-        self.send_raw((text + "\n").encode())
+    def send_line(self, text: str, timeout: float = 30.0) -> None:
+        self.send_raw((text + "\n").encode(), timeout)
 
     def _receive(self, seconds: float) -> Optional[bytes]:
         fd = self.proc.stdout.fileno()

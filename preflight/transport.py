@@ -1,9 +1,9 @@
 """Reaching nodes: an SSH connection per node (paramiko), with a deadline on every step.
 
 A node is asked to run a stdlib Python program that is shipped over the connection: the remote
-command is fixed (the interpreter's path, quoted, and a constant bootstrap), and everything else,
-the program and its options, travels on stdin. Nothing a user typed is ever part of a shell command
-unquoted.
+command is fixed (a constant sh keeper that ends the program with its session, the interpreter's path,
+quoted, and a constant bootstrap), and everything else, the program and its options, travels on stdin.
+Nothing a user typed is ever part of a shell command unquoted.
 """
 from __future__ import annotations
 
@@ -50,8 +50,41 @@ class NodeError(Exception):
         self.kind, self.message, self.remediation = kind, message, remediation
 
 
+# The program runs under a keeper, in plain sh, so that it ends with its session whatever the interpreter
+# does: an exec channel has no terminal, so sshd sends no SIGHUP and a program that ignores the end of
+# its input would outlive preflight. The keeper gives the program a private TMPDIR, starts RELAY in a
+# session of its own (setsid), and when the session's input ends (RELAY signals USR1) allows a second,
+# then kills that whole process group; it removes the TMPDIR (a killed program leaves no files) and exits
+# with the program's status (127: no such interpreter). Once the session is gone its output is too: a
+# word on it (sh's "Killed") would end the keeper by SIGPIPE. Arguments: the interpreter, the bootstrap, RELAY.
+# A background job's stdin is /dev/null in sh: fd 3 carries the session's input to it. Without setsid
+# (util-linux, busybox) the interpreter runs as before, unkept.
+KEEPER = (
+    'command -v setsid >/dev/null 2>&1 || exec "$1" -u -c "$2"\n'
+    'd=$(mktemp -d "${TMPDIR:-/tmp}/preflight.XXXXXX" 2>/dev/null) && export TMPDIR="$d"\n'
+    "e=; trap 'e=1' USR1\n"
+    "exec 3<&0\n"
+    'setsid /bin/sh -c "$3" preflight $$ "$1" "$2" <&3 3<&- &\n'
+    "p=$!\n"
+    "wait $p; c=$?\n"
+    'if [ -n "$e" ]; then exec >/dev/null 2>&1; sleep 1; kill -s KILL -- -$p; wait $p; c=$?; fi\n'
+    "kill -s KILL -- -$p 2>/dev/null\n"
+    '[ -n "$d" ] && rm -rf "$d"\n'
+    "exit $c\n"
+)
+# The program's input goes through cat, which sees the session's input end even when the program does not
+# read it; then it tells the keeper ($1). When the program ends first, the rest of this group (cat) is
+# ended so that its status goes back at once (SIGPIPE: sh prints nothing about it). Arguments: the keeper's
+# PID, the interpreter, the bootstrap.
+RELAY = (
+    "trap : PIPE\n"
+    '{ cat; kill -s USR1 $1 2>/dev/null; } | { "$2" -u -c "$3"; c=$?; trap \'\' PIPE; kill -s PIPE 0; exit $c; }\n'
+)
+
+
 def shipped_command(python: str) -> str:
-    return f"exec {shlex.quote(python)} -u -c {shlex.quote(BOOTSTRAP)}"
+    """The remote command line: the keeper with the interpreter's path, the bootstrap and the relay, each quoted."""
+    return "exec /bin/sh -c " + " ".join(shlex.quote(a) for a in (KEEPER, "preflight", python, BOOTSTRAP, RELAY))
 
 
 def shipped_input(source: str, options: dict) -> str:
@@ -379,12 +412,45 @@ class SSHConnection:
                         "IdentityFile in ~/.ssh/config; preflight never prompts for a password")
 
     # -- running ---------------------------------------------------------------------------------
-    def start(self, command: str, stdin_text: str) -> "RemoteProcess":
-        channel = self.transport.open_session(timeout=self.timeout)
-        channel.settimeout(self.timeout)
-        channel.exec_command(command)
-        channel.sendall(stdin_text.encode())
-        return RemoteProcess(channel)
+    def open_command(self, command: str, stdin_text: str = "", timeout: Optional[float] = None, pty: bool = False):
+        """A session channel running `command` with `stdin_text` sent, all within the timeout: paramiko waits
+        for the answer to the exec request without end, and a server that accepts the session but never
+        answers it must cost a node, not the run. Past the deadline the channel is closed (which wakes the
+        abandoned wait)."""
+        timeout = self.timeout if timeout is None else timeout
+        opened: list = []
+        abandoned = threading.Event()
+
+        def begin():
+            channel = self.transport.open_session(timeout=timeout)
+            opened.append(channel)
+            if abandoned.is_set():  # the deadline passed while the session opened
+                channel.close()
+            channel.settimeout(timeout)
+            if pty:
+                channel.get_pty(term="dumb", width=500)
+            channel.exec_command(command)
+            if stdin_text:
+                channel.sendall(stdin_text.encode())
+            return channel
+
+        try:
+            return run_with_deadline(begin, timeout)
+        except NodeError:
+            abandoned.set()
+            for channel in opened:
+                channel.close()
+            raise NodeError("timeout", f"the node's sshd did not start the program within {timeout:g} s (no answer "
+                            "to the session or exec request)", "the sshd or the machine is hung or overloaded: "
+                            "check the node's sshd and its logs") from None
+        except Exception as exc:  # refused or dropped: the session is the node's, not ours
+            for channel in opened:
+                channel.close()
+            raise NodeError("protocol", f"the node's sshd did not run the program: {type(exc).__name__}: {exc}",
+                            "check the node's sshd and its logs (MaxSessions, ForceCommand)") from None
+
+    def start(self, command: str, stdin_text: str, timeout: Optional[float] = None) -> "RemoteProcess":
+        return RemoteProcess(self.open_command(command, stdin_text, timeout))
 
     def close(self) -> None:
         if self.transport is not None:
@@ -394,19 +460,38 @@ class SSHConnection:
             self._jumps.pop().close()
 
 
+# The longest line a node may send. The longest real one is the answer with the files a node's config names
+# (up to 16, each with its text up to the collector's 1 MiB, JSON-escaped); facts are about 4 KiB, 20 KiB
+# with the census of a job of 8 ranks (measured on the test cluster). Past it the node fails: memory stays
+# bounded whatever it sends.
+MAX_LINE = 64 << 20
+
+
 class LineReader:
     """Lines out of a node's program, each read with a deadline. A subclass says how bytes arrive:
-    `_receive(seconds)` gives bytes, b"" at the end of output, or None when nothing came in time."""
+    `_receive(seconds)` gives bytes, b"" at the end of output, or None when nothing came in time.
+    Reading a line costs time linear in its length (each byte is searched for the newline once)."""
 
-    _buffer = b""
+    def __init__(self):
+        self._buffer = bytearray()
+        self._searched = 0  # bytes of _buffer known to hold no newline
+        self._ended = False
 
     def _receive(self, seconds: float) -> Optional[bytes]:
         raise NotImplementedError
 
     def read_line(self, timeout: float) -> Optional[str]:
-        """The next line, or None at end of output; NodeError past the deadline."""
+        """The next line, or None at end of output; NodeError past the deadline or past MAX_LINE bytes (the
+        output then counts as ended)."""
         deadline = time.monotonic() + timeout
-        while b"\n" not in self._buffer:
+        buffer = self._buffer
+        while True:
+            end = buffer.find(b"\n", self._searched)
+            if end >= 0 or self._ended:
+                break
+            self._searched = len(buffer)
+            if self._searched > MAX_LINE:
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 raise NodeError("timeout", f"no answer within {timeout:g} s", "the node is overloaded or hung")
@@ -414,10 +499,22 @@ class LineReader:
             if chunk is None:
                 continue
             if not chunk:
-                line, self._buffer = self._buffer, b""
-                return line.decode(errors="replace") if line else None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
+                self._ended = True
+                continue
+            buffer += chunk
+        if end < 0 and len(buffer) <= MAX_LINE:  # the end of output: what is left, if anything
+            line = bytes(buffer)
+            buffer.clear()
+            return line.decode(errors="replace") if line else None
+        if end > MAX_LINE or end < 0:
+            self._ended = True
+            buffer.clear()
+            raise NodeError("protocol", f"the node sent a line longer than {MAX_LINE >> 20} MiB, more than any "
+                            "answer of preflight's programs", "run the training interpreter there by hand: something "
+                            "else writes on its standard output")
+        line = bytes(buffer[:end])
+        del buffer[:end + 1]
+        self._searched = 0
         return line.decode(errors="replace")
 
 
@@ -425,9 +522,11 @@ class RemoteProcess(LineReader):
     """A program running on a node over SSH: lines in, lines out."""
 
     def __init__(self, channel):
+        super().__init__()
         self.channel = channel
 
-    def send_line(self, text: str) -> None:
+    def send_line(self, text: str, timeout: float = 30.0) -> None:
+        self.channel.settimeout(timeout)
         self.channel.sendall((text + "\n").encode())
 
     def _receive(self, seconds: float) -> Optional[bytes]:
@@ -438,9 +537,13 @@ class RemoteProcess(LineReader):
             return None
 
     def stderr_tail(self, limit: int = 2000) -> str:
-        data = b""
-        while self.channel.recv_stderr_ready():
+        """The end of what has come in on stderr; bounded, however much the node keeps sending."""
+        data = bytearray()
+        for _ in range(64):
+            if not self.channel.recv_stderr_ready():
+                break
             data += self.channel.recv_stderr(65536)
+            del data[:-4 * limit]
         return data.decode(errors="replace")[-limit:]
 
     def exit_status(self, timeout: float) -> Optional[int]:
@@ -452,11 +555,16 @@ class RemoteProcess(LineReader):
         return self.channel.recv_exit_status()
 
     def close(self) -> None:
+        """The end of the program's input, then of the session (the node's keeper then ends the program);
+        idempotent, from any thread."""
         try:
             self.channel.shutdown_write()
         except Exception:
             pass
-        self.channel.close()
+        try:
+            self.channel.close()
+        except Exception:
+            pass
 
 
 def run_with_deadline(func, timeout: float):
