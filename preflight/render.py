@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections import Counter
+from dataclasses import replace
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Set, TextIO, Tuple
 
 from preflight.result import SEVERITY, Result, Status
@@ -136,12 +137,63 @@ def use_color(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
-def terminal(results: Sequence[Result], verdict: str, duration_s: float, stream: TextIO = None) -> None:
+def passes(results: Sequence[Result]) -> List[Tuple[Result, Tuple[str, ...]]]:
+    """One line per check that passed: its nodes together, and its message when every node had the same one."""
+    checks = {}  # id -> (the first result, its nodes in order, its distinct messages)
+    for r in results:
+        if r.status is Status.PASS:
+            first, nodes, messages = checks.setdefault(r.id, (r, {}, {}))
+            nodes.update(dict.fromkeys(r.nodes))
+            messages[r.message] = None
+    return [(first if len(messages) == 1 else
+             replace(first, message=f"passed with {len(messages)} different messages (-v lists them)"), tuple(nodes))
+            for first, nodes, messages in (checks[cid] for cid in sorted(checks))]
+
+
+def skip_reason(message: str) -> str:
+    """What a skip is counted under: its message up to the first ': ' outside brackets (the statement; what
+    follows explains it, and differs from node to node)."""
+    depth = 0
+    for i, char in enumerate(message):
+        if char in "([":
+            depth += 1
+        elif char in ")]":
+            depth = max(0, depth - 1)
+        elif char == ":" and not depth and message[i + 1:i + 2] == " ":
+            return message[:i]
+    return message
+
+
+SKIP_REASONS = 5  # on the one line of skips; -v lists every skip
+
+
+def skip_line(results: Sequence[Result]) -> Optional[str]:
+    """The skips as one line of counts by reason, the commonest first (as pytest's short summary counts
+    them); None without a skip."""
+    reasons = Counter(skip_reason(r.message) for r in results if r.status is Status.SKIP)
+    if not reasons:
+        return None
+    common = reasons.most_common()  # ties in the order first seen
+    line = f"{sum(reasons.values())} skipped: " + ", ".join(f"{n} {why}" for why, n in common[:SKIP_REASONS])
+    rest = common[SKIP_REASONS:]
+    if rest:
+        line += (f"; {sum(n for _, n in rest)} more for {len(rest)} other reason{'s' if len(rest) > 1 else ''}"
+                 " (-v lists every skip)")
+    return line
+
+
+def terminal(results: Sequence[Result], verdict: str, duration_s: float, stream: TextIO = None,
+             verbose: bool = False) -> None:
+    """Failures, errors and warnings first, each with its fix; then a line per check that passed and one line
+    of skips counted by reason; the verdict last. `verbose` lists every result instead, folded by finding."""
     stream = stream or sys.stdout
     color = use_color(stream)
     lines = []  # (text, style) pairs per line
     folded = {}  # many lines concern the same nodes (all of them): fold each set once
-    for result, nodes in fold(results):
+    groups = fold(results)
+    if not verbose:
+        groups = [g for g in groups if g[0].status in (Status.FAIL, Status.ERROR, Status.WARN)] + passes(results)
+    for result, nodes in groups:
         head = [(f"{result.status.value.upper():5} ", STYLE[result.status]), (f"{result.id} {result.name}", "bold")]
         if nodes:
             if nodes not in folded:
@@ -151,6 +203,9 @@ def terminal(results: Sequence[Result], verdict: str, duration_s: float, stream:
         lines.append(head)
         if result.remediation and result.status in (Status.FAIL, Status.ERROR, Status.WARN):
             lines.append([("      fix: ", "bold"), (result.remediation, "")])
+    skipped = None if verbose else skip_line(results)
+    if skipped:
+        lines.append([(skipped, STYLE[Status.SKIP])])
     plan = evidence_table(results)
     if plan:
         lines += table_lines(plan, color)
