@@ -208,12 +208,15 @@ def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *
         say(f"launching on {len(runs)} node(s), main process {address}:{port}: "
             + ", ".join(f"{n.name} (machine_rank {n.rank})" for n in runs))
         for node in runs:
-            channel = node.connection.transport.open_session(timeout=timeout)
-            if pty:
-                channel.get_pty(term="dumb", width=500)
             # As bytes: a directory or an argument that is not UTF-8 (os.getcwd() and argv carry its bytes as
-            # surrogate escapes) reaches the node byte for byte, as the shell here would pass it on.
-            channel.exec_command(remote_command(cwd, node.command).encode("utf-8", "surrogateescape"))
+            # surrogate escapes) reaches the node byte for byte, as the shell here would pass it on. Within the
+            # timeout: a sshd that accepts the session but never answers the exec request costs this launch.
+            try:
+                channel = node.connection.open_command(
+                    remote_command(cwd, node.command).encode("utf-8", "surrogateescape"), timeout=timeout, pty=pty)
+            except NodeError as exc:
+                stop(f"{node.name}: {exc.message}")
+                return 1
             node.channel = channel
             channel.settimeout(IDLE_FLUSH_S)
             prefix = f"[{node.name}] "

@@ -3,6 +3,7 @@ hostile interpreter given with --python that answers in the collector's place (c
 answers, lines past the cap), and programs that ignore the end of their session. Each must cost one node a
 clear failure within the timeout, never the run (exit 3, a hang, a thread's traceback), and leave no process
 or file behind on the node."""
+import io
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from cluster import cluster, cluster_up, testcluster  # noqa: F401  (fixtures)
 from conftest import preflight_json, results
+from preflight import launcher
 from preflight.transport import MAX_LINE, LineReader, NodeError
 
 STUB = Path(__file__).with_name("stub_sshd.py")
@@ -168,6 +170,13 @@ def test_a_sshd_that_never_answers_the_exec_or_session_request_costs_one_timeout
         assert time.monotonic() - started < 15
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert "not launching" in proc.stderr
+        # launch's own start of the job, past the gate: bounded too, the started nodes stopped
+        out, err = io.StringIO(), io.StringIO()
+        started = time.monotonic()
+        code = launcher.run(["node01", "noexec"], cluster.ip("node01"), 29500, ["sleep", "30"], ssh_config=str(config),
+                            timeout=3, pty=False, out=out, err=err)
+        assert time.monotonic() - started < 15 and code == 1, err.getvalue()
+        assert "noexec: the node's sshd did not start the program within 3 s" in err.getvalue(), err.getvalue()
     finally:
         for stub in stubs:
             os.killpg(stub.pid, signal.SIGKILL)
