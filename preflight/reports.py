@@ -397,6 +397,12 @@ border-left-width:6px;padding:10px 14px;margin-bottom:8px} .detail.shown{display
 .detail h3{margin:0 0 6px;font-size:15px} .detail pre{background:#f4f4f4;padding:8px;overflow:auto;font-size:12px}
 .detail .fix{margin:6px 0}
 h2{font-size:17px;margin:16px 0 6px}
+.problems{max-width:1100px} .problem{background:#fff;border:1px solid #ccc;border-left-width:6px;padding:8px 14px;
+margin-bottom:8px} .problem h3{margin:0 0 4px;font-size:15px} .problem h3 b{font-family:ui-monospace,monospace}
+.problem .badge{display:inline-block;padding:1px 8px;border-radius:3px;font-size:12px;text-transform:uppercase;
+margin-right:6px} .problem .nodes{font-weight:normal;color:#555;overflow-wrap:anywhere}
+.problem p{margin:4px 0} .problem .more{color:#555;font-style:italic} .allclear{color:#2e9e5b;font-weight:bold}
+.scroll{overflow-x:auto;max-width:100%}
 table.plan{border-collapse:collapse;background:#fff;margin-bottom:16px}
 .plan th,.plan td{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:13px;white-space:nowrap}
 .plan thead th{background:#eef0f3} .plan td{font-family:ui-monospace,monospace}
@@ -458,9 +464,41 @@ def table_html(results: Sequence[Result], e: Callable[[object], str]) -> List[st
     return out
 
 
+PROBLEMS_PER_CHECK = 5  # findings of one check listed above the matrix; the rest are in its row
+
+
+def problems_html(results: Sequence[Result], e: Callable[[object], str]) -> List[str]:
+    """The failures, errors and warnings, worst first, each with its message, fix and nodes, readable without a
+    click: identical findings on several nodes are one entry with a node range; a check with more than
+    PROBLEMS_PER_CHECK different findings (a measured value per node) lists that many and counts the rest."""
+    from preflight.render import fold, fold_nodes
+
+    problems = [g for g in fold(results) if g[0].status in (Status.FAIL, Status.ERROR, Status.WARN)]
+    if not problems:
+        return ["<h2>Failures and warnings</h2>", '<p class="allclear">No check failed or warned.</p>']
+    checks: Dict[Tuple[str, Status], List[Tuple[Result, Tuple[str, ...]]]] = {}  # in fold's order: worst first
+    for r, nodes in problems:
+        checks.setdefault((r.id, r.status), []).append((r, nodes))
+    out = ["<h2>Failures and warnings</h2>", '<div class="problems">']
+    for (cid, status), findings in checks.items():
+        for r, nodes in findings[:PROBLEMS_PER_CHECK]:
+            where = f' <span class="nodes">on {e(fold_nodes(nodes))}</span>' if nodes else ""
+            fix = f'<p class="fix"><b>fix:</b> {e(r.remediation)}</p>' if r.remediation else ""
+            out.append(f'<div class="problem {status.value}" style="border-left-color:{COLORS[status][0]}">'
+                       f'<h3><span class="badge" style="{_style(status)}">{e(status.value)}</span><b>{e(cid)}</b> '
+                       f'{e(r.name)}{where}</h3><p class="message">{e(r.message)}</p>{fix}</div>')
+        rest = findings[PROBLEMS_PER_CHECK:]
+        if rest:
+            out.append(f'<p class="more">{e(cid)}: {len(rest)} more {status.value} finding(s) on '
+                       f"{sum(len(nodes) for _, nodes in rest)} node(s): see its row in the matrix</p>")
+    out.append("</div>")
+    return out
+
+
 def html_report(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> str:
-    """One self-contained page: the check x node matrix, worst checks first; a click on a cell shows
-    its message, remediation and evidence. Every string from the run is escaped."""
+    """One self-contained page: the failures and warnings with their fixes, then the check x node matrix,
+    worst checks first; a click on a cell shows its message, remediation and evidence. Every string from the
+    run is escaped."""
     return "\n".join(html_lines(results, verdict, nodes, duration_s)) + "\n"
 
 
@@ -492,10 +530,11 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
            f'<h1>preflight <span class="verdict" style="{_style(Status(verdict))}">{e(verdict)}</span></h1>',
            f'<div class="meta">{e(summary(results))} in {duration_s:.2f} s; {len(list(dict.fromkeys(nodes)))} node(s); '
            f'{e(time.strftime("%Y-%m-%d %H:%M:%S %Z"))}</div>',
+           *problems_html(results, e),
            *table_html(results, e),
            '<p class="legend">' + "".join(f'<span style="{_style(s)}">{s.value}</span>' for s in
                                           sorted(STATUSES, key=SEVERITY.get)) + " click a cell for the details</p>",
-           '<table class="matrix"><thead><tr><th>check</th>']
+           '<div class="scroll"><table class="matrix"><thead><tr><th>check</th>']
     out += [f'<th class="node" scope="col">{e(c)}</th>' for c in cols]
     out.append("</tr></thead><tbody>")
     details: List[str] = []
@@ -522,7 +561,7 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
                        f'class="{status.value}" style="{_style(status)}" title="{title}" '
                        f'data-details="{" ".join(ids)}">{e(status.value)}</button></td>')
         out.append("</tr>")
-    out.append('</tbody></table><div id="panel">')
+    out.append('</tbody></table></div><div id="panel">')
     out += details
     out.append(f"</div><script>{SCRIPT}</script></body></html>")
     return out

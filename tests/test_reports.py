@@ -2,6 +2,7 @@
 screenshot of the page in headless Chromium."""
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -241,6 +242,155 @@ def test_html_escapes_everything_and_loads_nothing(tmp_path):
     assert "http://" not in text and "https://" not in text
 
 
+class Problems(HTMLParser):
+    """The entries of the failures-and-warnings section: (status, check, nodes, message, fix), and its counts
+    of the rest."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.entries, self.more, self._entry, self._part = [], [], None, None
+
+    def handle_starttag(self, tag, attrs):
+        cls = (dict(attrs).get("class") or "").split()
+        if tag == "div" and "problem" in cls:
+            self._entry = {"status": cls[1], "check": "", "nodes": "", "message": "", "fix": ""}
+        elif tag == "p" and "more" in cls:
+            self.more.append("")
+            self._part = "more"
+        elif self._entry is not None and tag in ("span", "p"):
+            self._part = cls[0] if cls else None  # badge, nodes, message, fix
+        elif self._entry is not None and tag == "b" and self._part is None:  # the check ID, in the heading
+            self._part = "check"
+
+    def handle_endtag(self, tag):
+        if tag == "div" and self._entry is not None:
+            self.entries.append(tuple(self._entry[k].strip() for k in ("status", "check", "nodes", "message", "fix")))
+            self._entry = None
+        if tag in ("span", "p") or (tag == "b" and self._part == "check"):
+            self._part = None
+
+    def handle_data(self, data):
+        if self._part == "more":
+            self.more[-1] += data
+        elif self._entry is not None and self._part in self._entry:
+            self._entry[self._part] += data
+
+
+def problems_of(text):
+    page = Problems()
+    page.feed(text)
+    page.close()
+    return page
+
+
+def test_html_failures_and_warnings_above_the_matrix_without_a_click():
+    text = reports.html_report(RESULTS, "fail", NODES, 1.0)
+    assert 0 < text.index("<h2>Failures and warnings</h2>") < text.index('class="matrix"')
+    page = problems_of(text)
+    assert page.entries == [
+        ("fail", "CFG001", "", "unknown key 'foo' & <bar>", "fix: remove the key 'foo'"),
+        ("fail", "GPU001", "on n2", "4 GPU(s) usable", "fix: lower num_processes"),
+        ("error", "GPU001", "on n3", "check GPU001 raised KeyError: 'x'", "fix: report it"),
+        ("warn", "CLK001", "on n3", "0.3 s ahead", "fix: run chrony"),
+    ]
+    assert page.more == []
+    # shown, not hidden until a click: no entry inside a .detail (display:none)
+    assert ".problem{" in text and ".problems{" in text and "display:none" not in text.split(".problems{")[1].split("}")[0]
+    clean = reports.html_report([R("CFG030", "pass", (), "fine")], "pass", (), 1.0)
+    assert problems_of(clean).entries == [] and "No check failed or warned." in clean
+
+
+def big_run(n_nodes):
+    """A run on n_nodes nodes: the same failure on three nodes, a warning on all, a measured value per node
+    that warns on every node (a message each), a check that errors on one, passes and skips everywhere."""
+    nodes = [f"gpu{i:04d}" for i in range(1, n_nodes + 1)]
+    bad = set(nodes[1:4]) if n_nodes > 1 else set(nodes)
+    results = [R("FS001", "fail" if n in bad else "pass", (n,),
+                 "/dev/shm is 64 MiB, expected at least 512 MiB" if n in bad else "/dev/shm is 16 GiB",
+                 "mount -o remount,size=16G /dev/shm" if n in bad else None, name="dev-shm") for n in nodes]
+    results.append(R("CLK002", "warn", nodes, "the kernel reports the clock unsynchronised", "start chrony",
+                     name="clock-synchronised"))
+    results += [R("CLK001", "warn", (n,), f"clock is +{0.1 + i / 1e4:.4f} s from the head's", "run chrony",
+                  name="clock-skew") for i, n in enumerate(nodes)]
+    results.append(R("GPU004", "error", nodes[-1:], "check GPU004 raised KeyError: 'temp'", "report it",
+                     name="gpu-health"))
+    for c in range(12):
+        results += [R(f"SYS{c:03d}", "pass" if c % 3 else "skip", (n,), "ok" if c % 3 else "no GPU facts",
+                      name="sys") for n in nodes]
+    return results, nodes
+
+
+def test_html_problems_stay_short_on_1024_nodes():
+    results, nodes = big_run(1024)
+    page = problems_of(reports.html_report(results, "fail", nodes, 1.0))
+    assert [(s, c, n) for s, c, n, _, _ in page.entries[:2]] == [("fail", "FS001", "on gpu[0002-0004]"),
+                                                                 ("error", "GPU004", "on gpu1024")]
+    assert page.entries[0][3:] == ("/dev/shm is 64 MiB, expected at least 512 MiB",
+                                   "fix: mount -o remount,size=16G /dev/shm")
+    clocks = [e for e in page.entries if e[1] == "CLK001"]
+    assert len(clocks) == reports.PROBLEMS_PER_CHECK  # a message per node: the first few, and a count
+    assert page.more == ["CLK001: 1019 more warn finding(s) on 1019 node(s): see its row in the matrix"]
+    assert ("warn", "CLK002", "on gpu[0001-1024]", "the kernel reports the clock unsynchronised",
+            "fix: start chrony") in page.entries
+    assert len(page.entries) == 2 + reports.PROBLEMS_PER_CHECK + 1
+
+
+def browse(browser, page, tmp_path, name, size=(1200, 800)):
+    """Chromium on the page: its screenshot (PNG bytes) and the DOM after load, with the page's layout measured
+    by one script added to a copy of it (the page itself loads nothing)."""
+    shot, probe = tmp_path / f"{name}.png", tmp_path / f"{name}-measured.html"
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={size[0]},{size[1]}"]
+    proc = subprocess.run(flags + [f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True,
+                          timeout=180)
+    assert shot.exists(), proc.stderr[-2000:]
+    measure = ("<script>window.addEventListener('load', function () { var d = document.documentElement, "
+               "p = document.querySelector('.problems, .allclear').getBoundingClientRect(), "
+               "m = document.querySelector('table.matrix').getBoundingClientRect(); "
+               "document.body.setAttribute('data-layout', [d.scrollWidth, d.scrollHeight, Math.round(p.bottom), "
+               "Math.round(m.top)].join(' ')); });</script>")
+    probe.write_text(page.read_text().replace("</body>", measure + "</body>"))
+    proc = subprocess.run(flags + ["--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180)
+    found = re.search(r'data-layout="(\d+) (\d+) (-?\d+) (-?\d+)"', proc.stdout)
+    assert found, proc.stderr[-2000:]
+    return shot.read_bytes(), proc.stdout, tuple(int(x) for x in found.groups())
+
+
+def colours(data):
+    width, height, channels, rows = png_pixels(data)
+    counts = {}
+    for row in rows:
+        for i in range(0, len(row), channels):
+            px = row[i:i + 3]
+            counts[px] = counts.get(px, 0) + 1
+    return (width, height), counts
+
+
+@pytest.mark.parametrize("n_nodes", [1, 1024])
+def test_html_failures_readable_in_chromium_at_1_and_1024_nodes(tmp_path, n_nodes):
+    """Headless Chromium on the real page: the failure, its fix and its nodes are in the rendered DOM and on the
+    first screen, above the matrix; the page is no wider than the window (the matrix scrolls in its box) and
+    its height stays bounded at 1,024 nodes."""
+    browser = chromium()
+    results, nodes = big_run(n_nodes)
+    page = tmp_path / "report.html"
+    reports.write_html(str(page), results, "fail", nodes, 1.0)
+    shot, dom, (width, height, problems_bottom, matrix_top) = browse(browser, page, tmp_path, f"{n_nodes}-nodes")
+    where = "gpu0001" if n_nodes == 1 else "gpu[0002-0004]"
+    entries = problems_of(dom).entries
+    assert ("fail", "FS001", f"on {where}", "/dev/shm is 64 MiB, expected at least 512 MiB",
+            "fix: mount -o remount,size=16G /dev/shm") == entries[0]
+    assert width <= 1200, width  # 1,024 columns scroll inside the matrix's box, the page stays readable
+    assert problems_bottom <= matrix_top  # the problems above the matrix
+    assert problems_bottom < 1500, problems_bottom  # a few screens at most, however many nodes
+    assert height < (1500 if n_nodes == 1 else 4000), height  # the rows of the matrix, not the nodes, set it
+    size, painted = colours(shot)
+    assert size == (1200, 800) and len(painted) > 20  # not blank: text, borders, badges
+    fail_red = bytes.fromhex(reports.COLORS[Status.FAIL][0][1:])
+    assert painted.get(fail_red, 0) > 300, painted.get(fail_red, 0)  # the failure's badge and border on screen
+
+
 # --- the command line -----------------------------------------------------------------------------
 
 @pytest.fixture
@@ -351,23 +501,10 @@ def test_html_screenshot_shows_the_matrix(tmp_path):
     browser = chromium()
     report = tmp_path / "report.html"
     reports.write_html(str(report), RESULTS, "fail", NODES, 1.0)
-    shot = tmp_path / "shot.png"
-    proc = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,800",
-         report.as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert shot.exists(), proc.stderr[-2000:]
-    data = shot.read_bytes()
+    data, _, _ = browse(browser, report, tmp_path, "shot")
     assert len(data) > 10_000
-    width, height, channels, rows = png_pixels(data)
-    assert (width, height) == (1200, 800)
-    pixels = {}
-    for row in rows:
-        for i in range(0, len(row), channels):
-            px = row[i:i + 3]
-            pixels[px] = pixels.get(px, 0) + 1
+    size, pixels = colours(data)
+    assert size == (1200, 800)
     assert len(pixels) > 20  # not one colour: text, borders, cells
     # the status colours of the cells are painted (each cell is at least 64 x 30 pixels)
     for status in (Status.FAIL, Status.ERROR, Status.WARN, Status.PASS):
