@@ -105,11 +105,12 @@ def clean(stderr):
 @pytest.mark.cluster
 def test_two_runs_at_once_never_count_each_others_ranks_nor_blame_a_node(cluster):
     """Two users (or a prolog and a user) run `check --only COL` on the same nodes at the same moment: one
-    run's all-reduce passes on every node; the other, whose port the first holds, says port clash (or that
-    the main port is not free) and fails no node."""
+    run's all-reduce passes on every node; the other, whose port the first holds, says port clash and fails
+    no node. (--col-port: both go straight to the all-reduce, as the main port's probe would otherwise stop
+    the second run first when the two happen to meet there.)"""
     argv = [sys.executable, "-m", "preflight", "check", "--hosts", ",".join(cluster.nodes), "--ssh-config",
             str(cluster.ssh_config), "--python", sys.executable, "--only", "COL", "--timeout", "40",
-            "--col-sizes", "1M", "--json"]
+            "--col-sizes", "1M", "--col-port", "29611", "--json"]
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
     docs = []
@@ -122,12 +123,10 @@ def test_two_runs_at_once_never_count_each_others_ranks_nor_blame_a_node(cluster
     for doc in docs:
         for r in doc["results"]:
             if r["status"] in ("fail", "error"):  # the other run's port: said as such, on no node
-                assert r["nodes"] == [] and "29500" in r["message"], shown
-                assert "port clash" in r["message"] or "not free" in r["message"], shown
+                assert r["nodes"] == [] and "port clash" in r["message"] and "29611" in r["message"], shown
     passed = [d for d in docs if {n: r["status"] for n, r in results(d, "COL001").items()} ==
               {n: "pass" for n in cluster.nodes}]
-    assert passed, shown  # the run that holds the port tests every node
-    assert passed[0]["verdict"] == "pass", shown
+    assert len(passed) >= 1 and passed[0]["verdict"] == "pass", shown  # the run that holds the port tests all
 
 
 HOSTILE = textwrap.dedent("""\
