@@ -4,10 +4,11 @@ from __future__ import annotations
 import re
 from typing import Iterator, Optional
 
-from preflight.collector import MIN_PYTHON, SECTION_FAILED, UNSUPPORTED
+from preflight.collector import MIN_PYTHON, UNSUPPORTED
 from preflight.compare import holders, odd_ones_out
 from preflight.registry import check
 from preflight.result import Finding, Status, skip
+from preflight.runner import failed_sections
 
 KEY_VERSIONS = ("python", "torch", "cuda", "nccl", "deepspeed", "accelerate", "transformers")
 # Variables that must be equal for collectives to agree; others are compared and only warned about.
@@ -122,8 +123,7 @@ def interpreter_and_workdir(ctx) -> Iterator[Finding]:
     for node, state in ctx.facts.items():
         error = state.get("error") or {}
         facts = state.get("facts") or {}
-        failed = [section["error"] for section in facts.values() if isinstance(section, dict)
-                  and isinstance(section.get("error"), str) and section["error"].startswith(SECTION_PREFIX)]
+        failed = failed_sections(facts)
         if error.get("kind") == "python-missing":
             yield Finding(Status.FAIL, error["message"], error["remediation"], nodes=(node,))
         elif error.get("kind") == "collector":
@@ -144,7 +144,6 @@ def interpreter_and_workdir(ctx) -> Iterator[Finding]:
         yield Finding(Status.PASS, "the interpreter runs and the working directory exists", nodes=tuple(ok))
 
 
-SECTION_PREFIX = SECTION_FAILED.split("%s")[0]
 _UNSUPPORTED = re.compile(re.escape(UNSUPPORTED) + r": (.*) is Python (\S+);")
 MINIMUM = "%d.%d" % MIN_PYTHON
 

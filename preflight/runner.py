@@ -6,9 +6,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, List, Mapping, Optional
 
+from preflight.collector import SECTION_FAILED
 from preflight.documents import one_line
 from preflight.registry import CheckSpec
 from preflight.result import Finding, Result, Status
+
+SECTION_FAILED_PREFIX = SECTION_FAILED.split("%s")[0]
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,53 @@ class CheckContext:
     @property
     def reachable(self) -> list:
         return [name for name, state in self.facts.items() if state.get("error") is None and state.get("facts")]
+
+
+class SectionFailed(Exception):
+    """A check read a section of a node's facts that failed on the node: it cannot be evaluated there."""
+
+    def __init__(self, node: str, error: str):
+        super().__init__(error)
+        self.node, self.error = node, error
+
+
+class NodeFacts(dict):
+    """A node's facts document whose sections that failed on the node ({"error": "collector section NAME failed
+    on the node: ..."}) raise SectionFailed when a check reads them, instead of being read as values (a failed
+    host section read as "hostname None does not resolve"). PKG003 reports the failure itself."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: str, doc: Mapping):
+        super().__init__(doc)
+        self.node = node
+
+    def _checked(self, value):
+        if isinstance(value, dict) and str(value.get("error", "")).startswith(SECTION_FAILED_PREFIX):
+            raise SectionFailed(self.node, value["error"])
+        return value
+
+    def __getitem__(self, key):
+        return self._checked(dict.__getitem__(self, key))
+
+    def get(self, key, default=None):
+        return self._checked(dict.get(self, key, default))
+
+
+def failed_sections(doc: Mapping) -> List[str]:
+    """The errors of the sections of a facts document that failed on the node."""
+    return [v["error"] for v in dict.values(doc) if isinstance(v, dict)
+            and str(v.get("error", "")).startswith(SECTION_FAILED_PREFIX)]
+
+
+def guarded(ctx: CheckContext) -> CheckContext:
+    """ctx, with the facts of every node that has a failed section as NodeFacts (the others untouched: free
+    when nothing failed)."""
+    hit = {n for n, s in ctx.facts.items() if isinstance(s.get("facts"), dict) and failed_sections(s["facts"])}
+    if not hit:
+        return ctx
+    facts = {n: dict(s, facts=NodeFacts(n, s["facts"])) if n in hit else s for n, s in ctx.facts.items()}
+    return CheckContext(plan=ctx.plan, facts=facts, probes=ctx.probes, node=ctx.node)
 
 
 # The check that reports a node the gathering could not use: a failure there, a skip everywhere else. Every
@@ -81,6 +131,10 @@ def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
         for finding in findings:
             if not isinstance(finding, Finding):
                 raise TypeError(f"yielded {type(finding).__name__}, expected a Finding")
+    except SectionFailed as exc:
+        findings = [Finding(Status.ERROR, f"not evaluated on {exc.node}: {exc.error}", "PKG003 reports the section "
+                            "that failed: fix what it names on the node (or report it as a defect of preflight)",
+                            nodes=(exc.node,))]
     except Exception as exc:  # a broken check becomes an error result, never a crash
         findings = [
             Finding(
@@ -106,6 +160,7 @@ def run(specs: Iterable[CheckSpec], ctx: CheckContext, deadline: Optional[float]
     check that does not fit is skipped with the reason "budget of S s spent" (never an overrun)."""
     results: List[Result] = []
     specs = list(specs)
+    ctx = guarded(ctx)
     for spec in specs:
         if deadline is None:
             results.extend(run_check(spec, ctx))

@@ -270,7 +270,7 @@ def test_a_collector_section_that_failed_on_the_node_is_said_as_such(cluster, tm
         "import socket\n\n\ndef broken(*args):\n    raise OSError('getfqdn broken (preflight test)')\n\n\n"
         "socket.getfqdn = broken\n")
     with cluster.env("node02", PYTHONPATH=str(overlay)):
-        code, doc, err = check(cluster, "--only", "PKG003", timeout="10")
+        code, doc, err = check(cluster, "--only", "PKG003,NET001,NET006", timeout="10")
     clean(err)
     pkg = results(doc, "PKG003")
     assert pkg["node02"]["status"] == "error", pkg
@@ -278,3 +278,9 @@ def test_a_collector_section_that_failed_on_the_node_is_said_as_such(cluster, tm
                                         "(preflight test)")
     assert pkg["node01"]["status"] == "pass" and pkg["node03"]["status"] == "pass"
     assert code == 1
+    # The checks that read the failed section say they could not, instead of "hostname None does not resolve".
+    for check_id in ("NET001", "NET006"):
+        found = results(doc, check_id)
+        assert found["node02"]["status"] == "error", found
+        assert found["node02"]["message"].startswith("not evaluated on node02: collector section host failed"), found
+        assert found["node01"]["status"] == "pass"

@@ -297,7 +297,9 @@ def test_the_shipped_agent_runs_from_stdin_and_answers_requests():
 def test_the_remote_command_quotes_the_interpreter_path():
     hostile = "/opt/py; touch /tmp/pwned"
     words = shlex.split(transport.shipped_command(hostile))
-    assert words[:2] == ["exec", hostile] and words[2:4] == ["-u", "-c"]
+    # the keeper wrapper gets it as one argument ($1) and runs it only as "$1" / "$2" (quoted in its script)
+    assert words[:3] == ["exec", "/bin/sh", "-c"] and words[4:6] == ["preflight", hostile]
+    assert '"$1" -u -c "$2"' in words[3] and '"$2" -u -c "$3"' in words[7]
 
 
 def test_inventory():
