@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import resource
 import socket
 import stat
@@ -25,7 +26,19 @@ import struct
 import sys
 import time
 
-SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+# A name that looks secret, decided by its parts (split at - _ .): HF_TOKEN, WANDB_API_KEY, DB_PASSWD, NCCL_AUTH;
+# not KEYBOARD, TOKENIZERS_PARALLELISM, NCCL_IB_HCA. Values under such names never leave the node; every
+# output is redacted again by the same rule on the head (preflight.redact).
+SECRET_NAME = re.compile(r"(^|[-_.])(token|secret|passwords?|passwd|passphrase|pwd|auth|authorization|api[-_]?key|"
+                         r"key|credentials?)($|[-_.])", re.I)
+NOT_SECRET = frozenset(("PWD", "OLDPWD"))  # the shell's working directories
+
+
+def secret_name(name):
+    name = name.lstrip("-+")
+    return name.upper() not in NOT_SECRET and bool(SECRET_NAME.search(name))
+
+
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_", "ACCELERATE_", "DEEPSPEED_", "DS_", "OMP_",
                 "FI_", "UCX_", "HF_", "TRANSFORMERS_", "PYTORCH_")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "LOCAL_RANK", "PYTHONPATH", "LD_LIBRARY_PATH",
@@ -208,8 +221,7 @@ def _environment():
     for name, value in os.environ.items():
         if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
             continue
-        redact = any(word in name.upper() for word in SECRET_WORDS)
-        env[name] = "<redacted>" if redact else value
+        env[name] = "<redacted>" if secret_name(name) else value
     return env
 
 

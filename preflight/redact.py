@@ -9,12 +9,11 @@ import re
 from dataclasses import replace
 from typing import Any, Iterable, List, Sequence, Set
 
+# A name that looks secret (HF_TOKEN, --password=, --api-key, trainer.hf_token; not KEYBOARD): the node-side
+# collector's rule, so that a node and every output agree.
+from preflight.collector import secret_name
+
 REDACTED = "<redacted>"
-# A name that looks secret, decided by its parts (split at - _ .): HF_TOKEN, WANDB_API_KEY, --password=,
-# --api-key, DB_PASSWD, NCCL_AUTH, trainer.hf_token; not KEYBOARD, TOKENIZERS_PARALLELISM, NCCL_IB_HCA.
-SECRET_NAME = re.compile(r"(^|[-_.])(token|secret|passwords?|passwd|passphrase|pwd|auth|authorization|api[-_]?key|"
-                         r"key|credentials?)($|[-_.])", re.I)
-NOT_SECRET = frozenset({"PWD", "OLDPWD"})  # the shell's working directories
 URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@:]*:[^/\s@]*@", re.I)
 HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")  # Hugging Face access tokens, wherever they stand
 # NAME=value as a shell, Hydra (trainer.hf_token=, +wandb.api_key=) or a launcher takes it.
@@ -23,11 +22,6 @@ ASSIGNMENT = re.compile(r"^\+{0,2}[A-Za-z_][A-Za-z0-9_.-]*=")
 SUSPECT = re.compile(r"token|secret|pass|pwd|auth|key|credential|@|hf_", re.I)
 # Evidence of a setting: {"variable" or "key" or "name": NAME, "value": ..., "expected": ...}.
 NAMING_KEYS = ("variable", "key", "name")
-
-
-def secret_name(name: str) -> bool:
-    name = name.lstrip("-+")
-    return name.upper() not in NOT_SECRET and bool(SECRET_NAME.search(name))
 
 
 @functools.lru_cache(maxsize=65536)  # the same messages come back for every node

@@ -241,6 +241,20 @@ def test_unit_redaction_by_name_parts():
                                  "<redacted> https://<redacted>@h/x KEYBOARD=us --max_tokens 5")
 
 
+def test_the_node_keeps_secret_values_by_the_same_rule(monkeypatch):
+    """The collector redacts on the node what the head would: a secret never leaves the node, and a name that
+    only contains a secret word (TORCH_KEYBOARD_LAYOUT, HF_HUB_TOKENIZERS_DIR) keeps its value to be compared."""
+    from preflight import collector
+
+    secret = {"HF_TOKEN": HF, "TORCH_DB_PASSWD": "p1", "NCCL_AUTH_FILE": "p2", "HF_API_KEY": "p3"}
+    plain = {"TORCH_KEYBOARD_LAYOUT": "us", "HF_HUB_TOKENIZERS_DIR": "/t", "HF_HUB_ENABLE_HF_TRANSFER": "1"}
+    for name, value in {**secret, **plain}.items():
+        monkeypatch.setenv(name, value)
+    env = collector._environment()
+    assert {n: env[n] for n in secret} == dict.fromkeys(secret, "<redacted>")
+    assert {n: env[n] for n in plain} == plain
+
+
 @pytest.mark.cluster
 def test_secrets_are_in_no_output(cluster, tmp_path):
     command = ["--", "env", "WANDB_API_KEY=wandbkey222", "accelerate", "launch", "--num_machines", "3", "train.py",
