@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence
 from preflight import __version__
 from preflight.documents import InputError
 from preflight.memory import inputs as memory_inputs
+from preflight.progress import for_stderr
 from preflight.result import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_READY, exit_code, verdict
 
 
@@ -384,7 +385,8 @@ def _run(reg, args) -> int:
 
         if plan.remote and launcher.is_accelerate_launch(command):  # every node, with its rank (README)
             return launcher.run(plan.nodes, ctx.probes["head"]["address"], plan.port, command,
-                                ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, timeout=args.timeout)
+                                ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, timeout=args.timeout,
+                                progress=for_stderr(args.json))
         try:
             os.execvp(command[0], command)  # the job keeps our PID, signals and exit code
         except OSError as exc:
@@ -417,7 +419,7 @@ def _doctor(reg, args) -> int:
     census = {"port": args.port, "pids": args.pid, "stacks": not args.no_stacks, "deadline_s": args.timeout * 0.6}
     options = gather.GatherOptions(python=args.python, timeout=args.timeout, fanout=args.fanout,
                                    ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, port=plan.port,
-                                   progress=not args.json or sys.stderr.isatty(), transport=transport,
+                                   progress=for_stderr(args.json), transport=transport,
                                    census=census, slurm_job=args.slurm_job)
     facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
     # Without --port, the port of the one job found (several jobs: RUN001 says so and asks for --port).
@@ -570,7 +572,7 @@ def gather_for(plan, args, specs=()):
         paths=dict(plan.paths, workdir=plan.workdir) if plan.remote else plan.paths,
         shared_dir=plan.job_path(args.shared_dir) if getattr(args, "shared_dir", None) else None,
         ntp_server=getattr(args, "ntp_server", None),
-        progress=not args.json or sys.stderr.isatty(),
+        progress=for_stderr(args.json),
         collective=options_from_args(plan, args) if plan.remote and any(s.family == "COL" for s in specs) else None,
         transport=_transport(args),
         job=jobview.request(plan),

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from preflight import progress
 from preflight.transport import NodeError, shipped_command, shipped_input
 
 MIB = 1 << 20
@@ -352,14 +353,23 @@ class _Phase:
                 report = _protocol_failure(f"preflight could not read it: {type(exc).__name__}: {exc}")
             with lock:
                 reports[name] = report
+            shown.done(name, bool(report.get("ok")))
             if not report.get("ok") and stops_the_run(report):
                 stop.set()
 
+        step = f"bisect step {1 + sum(r['purpose'] == 'bisect' for r in self.runs)}" if purpose == "bisect" else (
+            "full run" if purpose == "full" else f"rerun {purpose}")
+        shown = self.shown = progress.of(self.options.progress).activity(  # the status line while this run lasts
+            f"all-reduce {step} ({world} {self.backend} ranks)", len(names), "started",
+            "reported", limit=budget)
+        shown.note("starting ranks", f"importing torch, rendezvous, sizes to {format_size(max(sizes))}")
+        shown.starts(names)
         threads = [threading.Thread(target=node_run, args=(i, n), daemon=True) for i, n in enumerate(names)]
         for thread in threads:
             thread.start()
         for thread in threads:  # each returns by the deadline; this bounds a start that hangs
             thread.join(max(0.0, deadline + 0.5 - time.monotonic()))
+        shown.close()
         with lock:
             for proc in sessions.values():  # a closed session kills the node's ranks
                 try:
@@ -393,6 +403,7 @@ class _Phase:
         else:
             with lock:
                 sessions[name] = proc
+            self.shown.reach(name)
             report = self._read(proc, deadline, stop, ranks)
         report["master_addr"] = payload["master_addr"]
         return report

@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import math
 import secrets
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional
 
-from preflight import collector
+from preflight import collector, progress
 from preflight.transport import (
     NodeError,
     RemoteProcess,
@@ -45,7 +44,7 @@ class GatherOptions:
     paths: Dict[str, str] = field(default_factory=dict)  # name -> path whose space each node reports
     shared_dir: Optional[str] = None  # a folder every node should see the same (a shared filesystem)
     ntp_server: Optional[str] = None
-    progress: bool = True
+    progress: object = True  # a preflight.progress.Progress; True: its plain lines only, False: nothing
     collective: Optional[object] = None  # preflight.collective.CollectiveOptions: run the all-reduce (COL)
     transport: str = "ssh"  # or "srun": job steps inside a SLURM allocation (preflight.srun)
     job: Optional[dict] = None  # what each node's launch would read (preflight.collector._job; jobview.request)
@@ -246,17 +245,26 @@ def checked_facts(facts, what: str = "the facts") -> dict:
 
 
 def _say(options: GatherOptions, text: str) -> None:
-    if options.progress:
-        print(f"preflight: {text}", file=sys.stderr, flush=True)
+    progress.of(options.progress).say(text)
 
 
-def _parallel(func: Callable, nodes: List[NodeState], options: GatherOptions) -> list:
-    """func over the nodes, `fanout` at a time; func keeps a node's failure to that node (it never raises)."""
+def _parallel(func: Callable, nodes: List[NodeState], options: GatherOptions,
+              shown: Optional[progress.Activity] = None) -> list:
+    """func over the nodes, `fanout` at a time; func keeps a node's failure to that node (it never raises).
+    `shown`: the step on the status line, told when each node begins and ends (answered or failed)."""
     if not nodes:
         return []
     pool = ThreadPoolExecutor(max_workers=max(1, min(options.fanout, len(nodes))))
+
+    def tracked(node: NodeState):
+        shown.start(node.name)
+        try:
+            return func(node)
+        finally:
+            shown.done(node.name, node.error is None)
+
     try:
-        return list(pool.map(func, nodes))
+        return list(pool.map(tracked if shown is not None else func, nodes))
     finally:
         # On Ctrl-C, return at once: the caller closes the connections, which ends what still waits.
         pool.shutdown(wait=False, cancel_futures=True)
@@ -295,6 +303,7 @@ def gather_local(name: str, options: GatherOptions) -> tuple:
 
 def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
     nodes = [NodeState(n) for n in names]
+    options = replace(options, progress=progress.of(options.progress))  # one Progress for every step of the run
     started = time.monotonic()
     how = "srun" if options.transport == "srun" else "SSH"
     _say(options, f"reaching {len(nodes)} node(s) over {how} (fan-out {options.fanout}, timeout {options.timeout:g} s)")
@@ -302,7 +311,8 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
     head_address = options.main_address or (names[0] if options.transport == "srun" else _ssh_hostname(names[0], options))
     try:
         decode = facts_decoder()
-        _parallel(lambda n: _collect(n, head_address, options, decode), nodes, options)
+        with options.progress.activity("census" if options.census else "facts", len(nodes)) as shown:
+            _parallel(lambda n: _collect(n, head_address, options, decode, shown), nodes, options, shown)
         reached = [n for n in nodes if n.error is None]
         _say(options, f"{'census' if options.census else 'facts'} from {len(reached)}/{len(nodes)} node(s) in "
                       f"{time.monotonic() - started:.1f} s")
@@ -323,6 +333,7 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
                 _say(options, "all-reduce across the nodes (COL)")
                 probes["collective"] = run_collective(nodes, head_address, options)
     finally:
+        options.progress.stop()  # the status line cleared, also on Ctrl-C
         _parallel(NodeState.close, nodes, options)
     return {n.name: n.to_context() for n in nodes}, probes
 
@@ -357,7 +368,8 @@ def _ssh_hostname(alias: str, options: GatherOptions) -> str:
         return alias
 
 
-def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callable[..., dict]) -> None:
+def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callable[..., dict],
+             shown: Optional[progress.Activity] = None) -> None:
     try:
         def connect():
             if options.transport == "srun":
@@ -369,6 +381,8 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
 
         # The connection has its own deadlines; this one also bounds DNS and anything unforeseen.
         node.connection = run_with_deadline(connect, options.timeout * 2 + 1)
+        if shown is not None:
+            shown.reach(node.name)
         payload = {"head": head, "port": options.port, "paths": options.paths, "job": options.job,
                    "census": options.census}
         source = shipped_source(bool(options.census))
@@ -508,7 +522,9 @@ def _probe_port(nodes: List[NodeState], options: GatherOptions) -> dict:
         return None if answer is None else dict(answer, address=resolved[0])
 
     try:
-        answers = dict(zip([w.name for w in workers], _parallel(connect, workers, options)))
+        with options.progress.activity(f"main port {options.port}: connecting to the head", len(workers),
+                                       reached="", answered="answered") as shown:
+            answers = dict(zip([w.name for w in workers], _parallel(connect, workers, options, shown)))
         result["workers"] = {name: answer for name, answer in answers.items() if answer is not None}
     finally:
         _cleanup_ask(head, {"op": "unlisten"}, options.timeout)
@@ -527,7 +543,9 @@ def _probe_shared_dir(nodes: List[NodeState], options: GatherOptions) -> dict:
     if not (result["write"] or {}).get("ok"):
         return result
     try:
-        answers = _parallel(lambda n: _probe_ask(n, dict(request, op="read"), options.timeout), others, options)
+        with options.progress.activity("shared folder", len(others), reached="", answered="read it") as shown:
+            answers = _parallel(lambda n: _probe_ask(n, dict(request, op="read"), options.timeout), others, options,
+                                shown)
         result["nodes"] = {n.name: answer for n, answer in zip(others, answers) if answer is not None}
     finally:
         _cleanup_ask(head, dict(request, op="remove"), options.timeout)

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, TextIO
 
+from preflight.progress import Activity, Progress, for_stderr
 from preflight.transport import NodeError, SSHConnection, load_ssh_settings, run_with_deadline
 
 # Options of `accelerate launch` (accelerate 1.x) that take no value: every other option takes one. The
@@ -96,13 +97,17 @@ class _Output:
     its node, one writer at a time. A partial line is written as it stands, and what follows it from the same
     node continues it without a second prefix; another node's output first ends it with a newline."""
 
-    def __init__(self, out: TextIO, err: TextIO):
+    def __init__(self, out: TextIO, err: TextIO, quiet=None):
         self.out, self.err, self.lock = out, err, threading.Lock()
         self.open = {}  # id(stream) -> the prefix whose partial line is the last thing written there
+        self.quiet = quiet  # called before the first output: it ends the status line, which would garble it
 
     def write(self, stream: TextIO, prefix: str, text: str, end: str) -> None:
         r"""`text` then `end` ("\n", "\r", or "" for a partial line) from the node of `prefix`."""
         with self.lock:
+            if self.quiet is not None:
+                self.quiet, quiet = None, self.quiet
+                quiet()
             open_prefix = self.open.pop(id(stream), None)
             if open_prefix == prefix:  # the continuation of this node's partial line
                 stream.write(text + end)
@@ -174,16 +179,19 @@ def _pump(recv, output: _Output, stream: TextIO, prefix: str) -> None:
 
 def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *, ssh_config: Optional[str] = None,
         accept_new: bool = False, timeout: float = 30.0, cwd: Optional[str] = None, pty: bool = True,
-        out: TextIO = None, err: TextIO = None) -> int:
-    """Run `command` (an `accelerate launch` line) on every node; the first non-zero exit, or 0."""
+        out: TextIO = None, err: TextIO = None, progress: Optional[Progress] = None) -> int:
+    """Run `command` (an `accelerate launch` line) on every node; the first non-zero exit, or 0. `progress`: the
+    status line while the nodes are reached and the job started (default: live when `err` is a terminal)."""
     out, err = out or sys.stdout, err or sys.stderr
+    progress = progress or for_stderr(False, err)
     cwd = cwd or os.getcwd()
     runs = [_Node(name, rank, rank_command(command, rank, address, port, len(nodes))) for rank, name in enumerate(nodes)]
-    output = _Output(out, err)
+    output = _Output(out, err, progress.stop)
     exits: "queue.Queue[_Node]" = queue.Queue()
     threads: List[threading.Thread] = []
 
     def say(text: str) -> None:
+        progress.stop()
         with output.lock:
             err.write(f"preflight: {text}\n")
             err.flush()
@@ -200,14 +208,17 @@ def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *
                 pass
 
     try:  # SIGTERM and SIGHUP arrive as KeyboardInterrupt (preflight.cli.interruptible), as Ctrl-C does
-        errors = _connect_all(runs, ssh_config, accept_new, timeout)
+        with progress.activity("launch: connecting", len(runs), reached="", answered="connected") as shown:
+            errors = _connect_all(runs, ssh_config, accept_new, timeout, shown)
         if errors:
             for name, exc in errors:
                 say(f"not launching: {name}: {exc.message} ({exc.remediation})")
             return 1
         say(f"launching on {len(runs)} node(s), main process {address}:{port}: "
             + ", ".join(f"{n.name} (machine_rank {n.rank})" for n in runs))
+        starting = progress.activity("launch: starting the job", len(runs), reached="", answered="started")
         for node in runs:
+            starting.start(node.name)
             # As bytes: a directory or an argument that is not UTF-8 (os.getcwd() and argv carry its bytes as
             # surrogate escapes) reaches the node byte for byte, as the shell here would pass it on. Within the
             # timeout: a sshd that accepts the session but never answers the exec request costs this launch.
@@ -217,6 +228,7 @@ def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *
             except NodeError as exc:
                 stop(f"{node.name}: {exc.message}")
                 return 1
+            starting.done(node.name)
             node.channel = channel
             channel.settimeout(IDLE_FLUSH_S)
             prefix = f"[{node.name}] "
@@ -228,6 +240,7 @@ def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *
             for thread in readers + [waiter]:
                 thread.start()
             threads.extend(readers + [waiter])
+        starting.close()
         first = 0
         for _ in runs:
             while True:
@@ -246,6 +259,7 @@ def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *
         stop("interrupted")
         raise
     finally:
+        progress.stop()
         for node in runs:
             if node.channel is not None and not node.stopped and node.exit_code is None:
                 node.stopped = True
@@ -275,11 +289,13 @@ def _wait(node: _Node, readers: List[threading.Thread], exits: "queue.Queue[_Nod
     exits.put(node)
 
 
-def _connect_all(runs: List[_Node], ssh_config: Optional[str], accept_new: bool, timeout: float) -> list:
+def _connect_all(runs: List[_Node], ssh_config: Optional[str], accept_new: bool, timeout: float,
+                 shown: Activity) -> list:
     errors = []
     lock = threading.Lock()
 
     def connect(node: _Node) -> None:
+        shown.start(node.name)
         try:
             def attempt():
                 settings = load_ssh_settings(node.name, ssh_config)
@@ -292,6 +308,8 @@ def _connect_all(runs: List[_Node], ssh_config: Optional[str], accept_new: bool,
         except Exception as exc:
             with lock:
                 errors.append((node.name, NodeError("connect", f"{type(exc).__name__}: {exc}", "check SSH to the node")))
+        finally:
+            shown.done(node.name, node.connection is not None)
 
     threads = [threading.Thread(target=connect, args=(n,), daemon=True) for n in runs]
     for thread in threads:
