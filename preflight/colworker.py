@@ -44,6 +44,7 @@ TAIL_CHARS = 1500
 RUN_KEY = "preflight/run"  # outside every run's prefix: whose store this is
 JOIN_KEY = "joined/%d"  # under the run's prefix, as every key of the run
 OWNER_WAIT_S = 2.0  # a store that is ours has the token within moments of accepting connections
+REPORT_S = 0.5  # a rank that waits for the store gives up this long before the deadline, to send its result
 
 
 class Clash(Exception):
@@ -133,7 +134,7 @@ def run_rank(rank, local_rank, options, report, deadline):
         limit = store_timeout if result["stage"] == "store" else op_timeout
         in_use = result["stage"] == "store" and "EADDRINUSE" in str(exc)  # rank 0 lost a race for the port
         result["kind"] = "clash" if isinstance(exc, Clash) or in_use else \
-            "timeout" if elapsed >= 0.9 * limit else "error"
+            "timeout" if isinstance(exc, TimeoutError) or elapsed >= 0.9 * limit else "error"
         result["error"] = (str(exc) if isinstance(exc, Clash) else "%s: %s" % (type(exc).__name__, exc))[:600]
         result["elapsed_in_stage_s"] = round(elapsed, 3)
     if not result["ok"] and store is not None:
@@ -159,23 +160,28 @@ def _wait_until_bindable(port, until):
 
 def _join(dist, options, token, deadline):
     """A client of the store at the master's address once it is this run's (it holds our token); another
-    run's store is left alone and tried again until the deadline (Clash then)."""
+    run's store is left alone and tried again until the deadline (Clash then, TimeoutError when none came)."""
     address, port, world = options["master_addr"], int(options["master_port"]), int(options["world_size"])
     foreign = None
     while True:
-        left = deadline - _now() - 1.0
-        if left < 1.0:
+        left = deadline - _now() - REPORT_S
+        if left <= 0:
             if foreign is None:
                 raise TimeoutError("no store at %s:%d before the deadline" % (address, port))
             raise Clash(foreign)
-        # In slices: a connection attempt outlasts its timeout by up to its retry delay.
+        # A plain connect first: a store client retries a refused connect only a second or more later, which
+        # a short run (a bisect's) cannot afford while the head's rank 0 is still importing torch.
+        if not _accepts(address, port, min(1.0, left)):
+            time.sleep(0.05)
+            continue
+        # In slices: a listener that is not a store (another run's port probe) keeps a client until its timeout.
         try:  # wait_for_workers=False: a client that counts itself would write into another run's store
             store = dist.TCPStore(address, port, world, False, timeout=datetime.timedelta(seconds=min(5.0, left / 3)),
                                   wait_for_workers=False)
-        except Exception:  # nobody there yet, or a listener that is not a store (another run's port probe)
-            time.sleep(0.2)
+        except Exception:  # gone again, or not a store
+            time.sleep(0.1)
             continue
-        owner = _owner(store)
+        owner = _owner(store, min(_now() + OWNER_WAIT_S, deadline - REPORT_S))
         if owner == token:  # from here on the store waits (for ranks still importing torch) up to the deadline
             store.set_timeout(datetime.timedelta(seconds=max(1.0, deadline - _now() - 1.0)))
             return store
@@ -186,9 +192,17 @@ def _join(dist, options, token, deadline):
         time.sleep(0.3)
 
 
-def _owner(store):
-    """The run token in a store, or None when none comes within OWNER_WAIT_S."""
-    until = _now() + OWNER_WAIT_S
+def _accepts(address, port, timeout):
+    """Whether something accepts TCP connections at address:port within `timeout` seconds."""
+    try:
+        socket.create_connection((address, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _owner(store, until):
+    """The run token in a store, or None when none comes by `until`."""
     while True:
         try:
             if store.check([RUN_KEY]):

@@ -363,9 +363,9 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def start_worker(ranks, world, budget=20.0, env=None, sizes=(4096, MIB)):
+def start_worker(ranks, world, budget=20.0, env=None, sizes=(4096, MIB), **extra):
     options = {"master_addr": "127.0.0.1", "master_port": free_port(), "world_size": world, "ranks": ranks,
-               "backend": "gloo", "sizes": list(sizes), "timeout_s": 30, "budget_s": budget, "env": {}}
+               "backend": "gloo", "sizes": list(sizes), "timeout_s": 30, "budget_s": budget, "env": {}, **extra}
     source = open(colworker.__file__, encoding="utf-8").read()
     proc = subprocess.Popen(["bash", "-c", shipped_command(sys.executable)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -403,6 +403,37 @@ def test_worker_missing_rank_ends_by_its_deadline():
     [r] = report["ranks"]
     assert not report["ok"] and r["stage"] == "init" and r["kind"] in ("timeout", "killed")
     assert r["joined"] in ([0], None) and r["tail"] is not None
+
+
+def test_worker_without_a_store_says_timeout_by_its_deadline_without_stopping_the_run():
+    """A rank that finds no store waits for it to the end of its budget and says timeout (kind "error" would
+    stop the run, aborting a head that is still importing torch)."""
+    started = time.monotonic()
+    [r] = finish(start_worker([1], 2, budget=5.0, run="t0"))["ranks"]
+    assert r["stage"] == "store" and r["kind"] == "timeout", r
+    assert not collective.stops_the_run({"ranks": [r]})
+    assert r["import_s"] + r["elapsed_in_stage_s"] > 5.0 - 0.9, r  # it waited to the end, less time to report
+    assert time.monotonic() - started < 5.0 + 2
+
+
+def test_worker_joins_a_store_that_opens_just_before_its_deadline():
+    """A bisect's run is short: the head's store may open a moment before the worker's deadline (its rank 0
+    imports torch as slowly), and the worker must still join it, not give up seconds early."""
+    import datetime
+
+    import torch.distributed as dist
+
+    budget = 6.0
+    port = free_port()
+    proc = start_worker([1], 2, budget=budget, run="t1", master_port=port)
+    started = time.monotonic()
+    time.sleep(budget - 1.0)
+    store = dist.TCPStore("127.0.0.1", port, 2, True, timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
+    store.set(colworker.RUN_KEY, "t1")
+    [r] = finish(proc)["ranks"]
+    assert time.monotonic() - started < budget + 2
+    assert r["stage"] == "init", r  # joined, then waited for a rank 0 that never comes
+    assert dist.PrefixStore("preflight/t1/", store).check([colworker.JOIN_KEY % 1])
 
 
 def test_worker_aborts_at_once_when_asked():
