@@ -132,9 +132,9 @@ class Progress:
                     self._thread = None
                     return
                 self._frame += 1
-                self._erase()
-                self._draw()
                 try:
+                    self._erase()
+                    self._draw()
                     self.stream.flush()
                 except (OSError, ValueError):  # the terminal went away: stop drawing, never raise
                     self._shown.clear()

@@ -163,6 +163,25 @@ def test_a_narrow_terminal_keeps_what_is_waited_for_over_the_details():
                         .replace("  ", " "), last), last
 
 
+def test_a_terminal_that_goes_away_ends_the_line_without_an_error(monkeypatch):
+    import threading
+
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", errors.append)
+    leader, follower = open_terminal()
+    stream = os.fdopen(follower, "w", encoding="utf-8")
+    shown = progress.Progress("live", stream)
+    with shown.activity("facts", 1) as step:
+        step.start("node01")
+        os.close(leader)  # the terminal hangs up
+        time.sleep(0.8)
+    assert not errors and not shown._shown
+    try:
+        stream.close()
+    except OSError:
+        pass
+
+
 def test_the_mode_follows_the_terminal_json_no_color_and_term(monkeypatch):
     leader, follower = open_terminal()
     terminal = os.fdopen(follower, "w")
