@@ -198,14 +198,6 @@ def test_real_string_boolean_from_deepspeed_issue_3024(capsys):
     assert any("'mixed_precision'" in r["message"] for r in of(doc, "CFG060", "warn")), shown(doc)
 
 
-def test_real_partial_nvme_offload_from_deepspeed_issue_4872(capsys):
-    # the maintainers' answer in the thread: "device should be cpu, not nvme"
-    code, doc = lint(capsys, "--deepspeed", REAL / "partial-nvme/deepspeed-issue-4872.json")
-    failed = of(doc, "CFG041", "fail")
-    assert failed and "(ratio 0.5) with device 'nvme'" in failed[0]["message"], shown(doc)
-    assert code == 1
-
-
 def test_real_placeholder_from_accelerate_issue_1317(capsys):
     code, doc = lint(capsys, "--config", REAL / "placeholder-ip/accelerate-issue-1317/ds_mn_hf.yaml")
     failed = of(doc, "CFG010", "fail")
@@ -226,17 +218,19 @@ def test_real_template_hostfile_from_accelerate_issue_1317(capsys):
     assert code == 2 and "hostfile:1:" in err and "slots={num gpus on node1}" in err
 
 
-def test_real_hostfile_from_deepspeed_issue_5136_is_read(capsys):
-    code, doc = lint(capsys, "--config", REAL / "hostfile-named/deepspeed-issue-5136/accelerate.yaml")
-    failed = of(doc, "CFG021", "fail")
-    assert failed and "deepspeed_hostfile '/root/hostfile' does not exist" in failed[0]["message"], shown(doc)
-
-
-def test_real_offload_param_at_stage_2_from_diffusers_warns(capsys):
-    code, doc = lint(capsys, "--config", REAL / "offload-param-stage2/diffusers-cogview4-control.yaml")
-    warned = of(doc, "CFG041", "warn")
-    assert warned and "offload_param_device is 'cpu' at ZeRO stage 2" in warned[0]["message"], shown(doc)
-    assert code == 0
+@pytest.mark.parametrize("option,name,check,status,words", [
+    # the maintainers' answer in deepspeedai/DeepSpeed#4872: "device should be cpu, not nvme"
+    ("--deepspeed", "partial-nvme/deepspeed-issue-4872.json", "CFG041", "fail", "(ratio 0.5) with device 'nvme'"),
+    ("--config", "hostfile-named/deepspeed-issue-5136/accelerate.yaml", "CFG021", "fail",
+     "deepspeed_hostfile '/root/hostfile' does not exist"),
+    ("--config", "offload-param-stage2/diffusers-cogview4-control.yaml", "CFG041", "warn",
+     "offload_param_device is 'cpu' at ZeRO stage 2"),
+])
+def test_real_config_finding(capsys, option, name, check, status, words):
+    code, doc = lint(capsys, option, REAL / name)
+    found = of(doc, check, status)
+    assert found and words in found[0]["message"], shown(doc)
+    assert code == (1 if status == "fail" else 0), shown(doc)
 
 
 def test_real_multi_gpu_flag_drops_the_deepspeed_section(capsys):
