@@ -4,8 +4,10 @@ from __future__ import annotations
 import re
 from typing import Iterator, Optional
 
+from preflight.checks.rdma import fabric_of, ib_disabled, selected_ports
 from preflight.collective import format_size
 from preflight.inventory import fold
+from preflight.nccllog import over_sockets
 from preflight.registry import check
 from preflight.result import Finding, Status, skip
 from preflight.runner import cause_of
@@ -234,3 +236,66 @@ def allreduce_bandwidth(ctx) -> Iterator[Finding]:
             yield Finding(Status.PASS, f"in a pair ({fold(pair['nodes'])}): busbw {pair['busbw_gbps']:.3g} GB/s, "
                           f"at least the --min-busbw {threshold:g} GB/s", nodes=(node,),
                           evidence=dict(evidence, pair_busbw_gbps=pair["busbw_gbps"]))
+
+
+@check("COL003", "nccl-transport", "cluster", tags=["collective", "nccl", "rdma"])
+def nccl_transport(ctx) -> Iterator[Finding]:
+    """After the all-reduce with NCCL, NCCL moved data between the nodes over the RDMA devices they have, not
+    over TCP sockets (read from its INFO lines: 'Using network IB', the channels 'via NET/IB').
+
+    NCCL falls back to sockets without an error when it finds no usable HCA (a port down, no libibverbs in
+    the training environment, NCCL_IB_HCA naming nothing, a container without the devices): the job runs,
+    several times slower, and nothing says why.
+
+    Read the INFO lines in the evidence: 'NET/IB : No device found' means NCCL saw no HCA; bring the ports up
+    (RDMA001), install rdma-core / libibverbs in the training environment, or set NCCL_IB_HCA to the HCAs.
+    """
+    probe, _, skipped = _collective(ctx)
+    if skipped:
+        yield skipped
+        return
+    if probe.get("backend") != "nccl":
+        yield skip(f"the all-reduce ran with {probe.get('backend')}, not NCCL (not every node has a GPU, or "
+                   "--backend gloo): there is no NCCL transport to read")
+        return
+    result = probe.get("result")
+    if not result:
+        yield skip("the all-reduce with NCCL did not pass (see COL001): no transport to read", blocked_by="COL001")
+        return
+    chosen = result.get("nccl") or {}
+    passes = {}  # message -> (nodes, the first node's evidence): one result per network, nodes folded
+    for node in result.get("nodes") or []:
+        found = chosen.get(node) or {}
+        if not found.get("network") and not found.get("channels"):
+            theirs = found.get("debug")
+            why = (f"the environment sets NCCL_DEBUG={theirs}, which preflight keeps: NCCL's INFO lines about "
+                   "the network may be missing (unset it, or set NCCL_DEBUG=INFO)" if theirs else
+                   "NCCL printed no INFO line that names its network")
+            yield Finding(Status.SKIP, why, nodes=(node,), evidence={"lines": found.get("lines") or []})
+            continue
+        evidence = {k: found.get(k) for k in ("network", "channels", "gdr", "ib_devices", "version", "lines")}
+        devices = _rdma_devices_nccl_may_use((ctx.facts.get(node) or {}).get("facts") or {})
+        if over_sockets(found) and devices:
+            yield Finding(Status.WARN, f"NCCL used TCP sockets between the nodes although {node} has RDMA devices "
+                          f"NCCL may use ({', '.join(devices)}): its INFO lines say why (evidence)",
+                          f"bring the ports up on {node} (RDMA001), install rdma-core / libibverbs in the training "
+                          "environment there, or set NCCL_IB_HCA to its HCAs", nodes=(node,),
+                          evidence=dict(evidence, rdma_devices=devices))
+            continue
+        said = f"NCCL network {found.get('network') or ', '.join(found.get('channels') or [])}"
+        if over_sockets(found):
+            said += " (TCP sockets: no RDMA device NCCL may use on this node)"
+        elif found.get("gdr") is not None:
+            said += " with GPUDirect RDMA" if found["gdr"] else " without GPUDirect RDMA (RDMA004)"
+        passes.setdefault(said, ([], evidence))[0].append(node)
+    for said, (nodes, evidence) in passes.items():
+        yield Finding(Status.PASS, said, nodes=tuple(nodes), evidence=evidence)
+
+
+def _rdma_devices_nccl_may_use(facts: dict) -> list:
+    """The node's HCAs with a port NCCL may use (NCCL_IB_HCA, NCCL_IB_DISABLE), from its fabric facts."""
+    fabric, missing = fabric_of(facts)
+    env = facts.get("env") or {}
+    if missing or ib_disabled(env):
+        return []
+    return sorted({device for device, _, _ in selected_ports(env, fabric.get("rdma") or {})})

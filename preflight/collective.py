@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from preflight import progress
+from preflight import nccllog, progress
 from preflight.transport import NodeError, shipped_command, shipped_input
 
 MIB = 1 << 20
@@ -335,7 +335,7 @@ class _Phase:
         world = len(names) * self.procs
         started = time.monotonic()
         deadline = started + budget
-        env = {"NCCL_DEBUG": "INFO"} if self.backend == "nccl" else {}
+        env: Dict[str, str] = {}  # NCCL_DEBUG is the worker's to set: it keeps the user's (colworker)
         reports: Dict[str, dict] = {}
         sessions: Dict[str, object] = {}
         stop = threading.Event()
@@ -515,6 +515,11 @@ def shape_error(report, ranks: Sequence[int]) -> Optional[str]:
                        or _typed(size, ("time_s", "algbw_gbps", "busbw_gbps"), _number, "a number", f"{where}sizes: "))
             if problem:
                 return problem
+        nccl = r.get("nccl")
+        if nccl is not None and not (isinstance(nccl, dict) and isinstance(nccl.get("lines"), list)
+                                     and all(isinstance(line, str) for line in nccl["lines"])
+                                     and (nccl.get("debug") is None or isinstance(nccl.get("debug"), str))):
+            return f"{where}'nccl' is not an object with a list of lines"
         if r["ok"] and not r.get("sizes") and not r.get("skipped_sizes"):
             return f"{where}it passed without measuring any size"
     if report["ok"] and not all(r["ok"] for r in report["ranks"]):
@@ -613,6 +618,7 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
                                     "algbw_gbps": None, "busbw_gbps": None, "per_size": []}
         doc["result"]["skipped_sizes"] = run["skipped_sizes"]
         doc["result"]["sum_check"] = run.get("sum_check")
+        doc["result"]["nccl"] = nccl_transport(run)
         slow = (col.min_busbw_gbps is not None and run["figures"] is not None and run["world_size"] > 1
                 and run["figures"]["busbw_gbps"] < col.min_busbw_gbps)
         doc["result"]["below_threshold"] = bool(slow)
@@ -650,6 +656,17 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
                                    "tail": _tail_of(run["reports"].get(name)), "suspects": suspects}
         else:
             doc["cleared"].append(name)  # passed the bisect with the head
+
+
+def nccl_transport(run: dict) -> Dict[str, dict]:
+    """{node: what NCCL says it chose (preflight.nccllog.summary) and "debug", the user's NCCL_DEBUG when
+    theirs} from each node's local rank 0 (with nccl; {} with gloo)."""
+    chosen = {}
+    for name in run["nodes"]:
+        nccl = next(iter(run["reports"][name].get("ranks") or []), {}).get("nccl")
+        if nccl:
+            chosen[name] = dict(nccllog.summary("\n".join(nccl["lines"])), debug=nccl.get("debug"))
+    return chosen
 
 
 def _clashed(phase: _Phase, doc: dict, group: List[str]) -> None:

@@ -8,14 +8,18 @@ line of JSON on stdout when every rank has finished, failed, been killed at the 
      "ranks": [{"rank", "local_rank", "ok", "stage", "kind", "error", "import_s", "init_s", "torch",
                 "sizes": [{"bytes", "iters", "time_s", "algbw_gbps", "busbw_gbps", "mismatches"}],
                 "skipped_sizes": [bytes...], "check": {"ok", "expected", "mismatches", "first"},
-                "joined": [ranks that reached the store] or null, "tail": last output of the rank or null}]}
+                "joined": [ranks that reached the store] or null, "tail": last output of the rank or null,
+                "nccl": {"lines": [NCCL's INFO lines about the network], "debug": the user's NCCL_DEBUG or null}
+                        (with nccl, on local rank 0 only)}]}
 
 stage is where the rank was (import, store, init, sweep, done); kind says how it failed: import
 (torch cannot be imported), timeout, error, clash (the port is another run's), died (the process
 ended without a result), killed (still running at the hard deadline), aborted (the controller asked to
 stop), wrong-values (the reduced values differ from the exact expected sum). Nothing is parsed out of
 logs: each rank sends its stage and its result over a pipe; its stdout and stderr (torch's, gloo's,
-NCCL's) go to a file whose tail is attached to a failing rank.
+NCCL's) go to a file whose tail is attached to a failing rank. With nccl the ranks run with NCCL_DEBUG=INFO
+and NCCL_DEBUG_SUBSYS=INIT,NET (unless the user's environment sets NCCL_DEBUG), and local rank 0's lines
+that name the network are sent as they are, for the head to read (preflight.nccllog).
 
 OPTIONS (bound by the sender): master_addr, master_port, world_size, ranks (the global ranks of this
 node, in local-rank order), backend (gloo or nccl), sizes (bytes), timeout_s (the cap on the store,
@@ -45,6 +49,11 @@ RUN_KEY = "preflight/run"  # outside every run's prefix: whose store this is
 JOIN_KEY = "joined/%d"  # under the run's prefix, as every key of the run
 OWNER_WAIT_S = 2.0  # a store that is ours has the token within moments of accepting connections
 REPORT_S = 0.5  # a rank that waits for the store gives up this long before the deadline, to send its result
+# With NCCL: what NCCL says it chose for the network (its INIT and NET INFO lines), for COL003. Only the lines
+# that name the network are kept, few and short (the node's answer is one capped line); the head parses them.
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+NCCL_WORDS = ("NET/", "Using network", "NCCL version", "GPU Direct", "Plugin Path")
+NCCL_MAX_LINES, NCCL_LINE_CHARS, NCCL_READ_BYTES = 40, 300, 8 << 20
 
 
 class Clash(Exception):
@@ -299,6 +308,22 @@ def _tail(path):
         return None
 
 
+def nccl_lines(path):
+    """NCCL's INFO lines about the network in a rank's output (the first NCCL_MAX_LINES, each cut short)."""
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(NCCL_READ_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return []
+    kept = []
+    for line in text.splitlines():
+        if "NCCL INFO" in line and any(word in line for word in NCCL_WORDS):
+            kept.append(line.strip()[:NCCL_LINE_CHARS])
+            if len(kept) >= NCCL_MAX_LINES:
+                break
+    return kept
+
+
 def _child(rank, local_rank, options, write_fd, log_path, deadline):
     """In the forked process: output to the log file, then one rank; never returns."""
     code = 0
@@ -316,6 +341,9 @@ def _child(rank, local_rank, options, write_fd, log_path, deadline):
             pass
         for key, value in (options.get("env") or {}).items():
             os.environ[str(key)] = str(value)
+        if options.get("backend") == "nccl" and not os.environ.get("NCCL_DEBUG"):  # else the user's is kept
+            os.environ.update(NCCL_DEBUG_ENV)
+            os.environ.pop("NCCL_DEBUG_FILE", None)  # had no effect without NCCL_DEBUG; the lines go to the log
         os.environ.update({"MASTER_ADDR": str(options["master_addr"]), "MASTER_PORT": str(options["master_port"]),
                            "WORLD_SIZE": str(options["world_size"]), "RANK": str(rank),
                            "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(len(options["ranks"]))})
@@ -415,6 +443,9 @@ def main(options):
             result = {"rank": child["rank"], "local_rank": child["local_rank"], "ok": False, "stage": child["stage"],
                       "kind": kind, "error": error, "sizes": [], "skipped_sizes": [], "check": None, "joined": None}
         result["tail"] = None if result.get("ok") else _tail(child["log"])
+        if options.get("backend") == "nccl" and child["local_rank"] == 0:
+            env = dict(os.environ, **{str(k): str(v) for k, v in (options.get("env") or {}).items()})
+            result["nccl"] = {"lines": nccl_lines(child["log"]), "debug": env.get("NCCL_DEBUG") or None}
         out.append(result)
         try:
             os.unlink(child["log"])
