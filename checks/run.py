@@ -421,4 +421,5 @@ def _stacks_readable(stacks: Mapping[str, Any], facts: Mapping[str, Any]) -> Ite
                       "pip install py-spy in the training environment; run doctor as root or as the job's user "
                       "(sysctl kernel.yama.ptrace_scope=1)", evidence={"error": stacks["error"]})
     else:
-        yield Finding(Status.PASS, f"{stacks.get('read', 0)} stack(s) read", evidence={"read": stacks.get("read")})
+        yield Finding(Status.PASS, f"py-spy read {stacks.get('read', 0)} stack(s) on each of these nodes",
+                      evidence={"read_per_node": stacks.get("read")})
