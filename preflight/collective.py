@@ -17,7 +17,10 @@ controller closing every session at the run's end (outside; a closed session kil
 
 Each run has a token of its own that every rank must find in the store (preflight.colworker): a run
 whose port another run (or another process) holds ends with doc["clash"], which blames no node.
-A node's report is checked for the shape colworker writes; any other answer is that node's failure.
+A node's report is checked for the shape colworker writes; any other answer is that node's failure. Before
+it, the worker says when its slowest rank reaches the rendezvous and each size (a few short lines): the status
+line shows the run at its slowest node's place and names the nodes that moved least recently first; such a
+line that is not of the shape colworker writes is ignored (it decides nothing).
 
 run_collective returns a plain dict (probes["collective"]); the checks in checks/col.py read it.
 """
@@ -348,7 +351,8 @@ class _Phase:
                 report = self._node_report(name, ranks, {
                     "master_addr": self.master_addr(name), "master_port": self.port, "world_size": world,
                     "ranks": ranks, "backend": self.backend, "sizes": list(sizes), "timeout_s": self.options.timeout,
-                    "budget_s": max(1.0, budget - RETURN_S), "env": env, "run": token}, deadline, stop, sessions, lock)
+                    "budget_s": max(1.0, budget - RETURN_S), "env": env, "run": token, "progress": True},
+                    deadline, stop, sessions, lock, lambda position: moved(name, position))
             except Exception as exc:  # whatever the node sent: its failure, never a thread's traceback
                 report = _protocol_failure(f"preflight could not read it: {type(exc).__name__}: {exc}")
             with lock:
@@ -357,12 +361,28 @@ class _Phase:
             if not report.get("ok") and stops_the_run(report):
                 stop.set()
 
+        def place(position: Tuple[int, int]) -> str:
+            stage, size = position
+            if stage == 2:
+                return f"size {size} of {len(sizes)} ({format_size(sizes[size - 1])})"
+            return "rendezvous" if stage == 1 else f"importing torch, rendezvous, sizes to {format_size(max(sizes))}"
+
+        positions = {name: (0, 0) for name in names}  # (0 import, 1 rendezvous, 2 sweep; size), from the lines
+
+        def moved(name: str, position: Tuple[int, int]) -> None:
+            with lock:
+                if name in reports or position <= positions[name]:
+                    return
+                positions[name] = position
+                shown.moved(name)  # under the lock: two nodes' lines never show their places out of order
+                shown.note("starting ranks", place(min(positions[n] for n in names if n not in reports)))
+
         step = f"bisect step {1 + sum(r['purpose'] == 'bisect' for r in self.runs)}" if purpose == "bisect" else (
             "full run" if purpose == "full" else f"rerun {purpose}")
         shown = self.shown = progress.of(self.options.progress).activity(  # the status line while this run lasts
             f"all-reduce {step} ({world} {self.backend} ranks)", len(names), "started",
-            "reported", limit=budget)
-        shown.note("starting ranks", f"importing torch, rendezvous, sizes to {format_size(max(sizes))}")
+            "reported", limit=budget, short="all-reduce" + {"full": "", "bisect": f" {step}"}.get(purpose, " rerun"))
+        shown.note("starting ranks", place((0, 0)))
         shown.starts(names)
         threads = [threading.Thread(target=node_run, args=(i, n), daemon=True) for i, n in enumerate(names)]
         for thread in threads:
@@ -392,7 +412,7 @@ class _Phase:
         return run
 
     def _node_report(self, name: str, ranks: List[int], payload: dict, deadline: float, stop: threading.Event,
-                     sessions: dict, lock: threading.Lock) -> dict:
+                     sessions: dict, lock: threading.Lock, moved: Callable[[Tuple[int, int]], None]) -> dict:
         """Start the node's worker and read its report (checked: of the shape colworker writes)."""
         try:
             proc = self.nodes[name].connection.start(shipped_command(self.options.python),
@@ -404,12 +424,13 @@ class _Phase:
             with lock:
                 sessions[name] = proc
             self.shown.reach(name)
-            report = self._read(proc, deadline, stop, ranks)
+            report = self._read(proc, deadline, stop, ranks, len(payload["sizes"]), moved)
         report["master_addr"] = payload["master_addr"]
         return report
 
-    def _read(self, proc, deadline: float, stop: threading.Event, ranks: List[int]) -> dict:
-        """The node's one JSON line, or why there is none."""
+    def _read(self, proc, deadline: float, stop: threading.Event, ranks: List[int], sizes: int,
+              moved: Callable[[Tuple[int, int]], None]) -> dict:
+        """The node's report line (its lines of progress before it go to `moved`), or why there is none."""
         abort_sent = False
         while True:
             now = time.monotonic()
@@ -447,11 +468,31 @@ class _Phase:
                 return _protocol_failure("it is nested deeper than any report", _stderr(proc))
             if isinstance(report, (int, float)) and not isinstance(report, bool):
                 continue  # a greeting that happens to be a number
+            if isinstance(report, dict) and set(report) == {"progress"}:
+                position = progress_position(report["progress"], ranks, sizes)
+                if position is not None:
+                    moved(position)
+                continue
             wrong = shape_error(report, ranks)
             if wrong:
                 return _protocol_failure(wrong, _stderr(proc))
             report.setdefault("kind", None)
             return report
+
+
+def progress_position(line, ranks: Sequence[int], sizes: int) -> Optional[Tuple[int, int]]:
+    """Where a line of progress puts its node: (1, 0) at the rendezvous, (2, n) at the n-th of `sizes`; None
+    when the line is not of the shape colworker writes (it is then ignored)."""
+    if not isinstance(line, dict) or line.get("rank") not in ranks or line.get("sizes") != sizes:
+        return None
+    size = line.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or isinstance(line.get("rank"), bool):
+        return None
+    if line.get("stage") == "rendezvous" and size == 0:
+        return (1, 0)
+    if line.get("stage") == "sweep" and 1 <= size <= sizes:
+        return (2, size)
+    return None
 
 
 def _protocol_failure(why: str, tail: Optional[str] = None) -> dict:

@@ -31,6 +31,12 @@ into its store, the other ranks use a store only once they have read their own t
 when another run's store holds the port until the deadline, or rank 0 cannot bind it), and every key of
 the run lives under that token, so a rank of another run is never counted.
 
+With OPTIONS["progress"], lines of progress come before the report, one each time the node's slowest rank
+moves on (to the rendezvous, to the next size; never per iteration, so at most 1 + len(sizes) of them):
+
+    {"progress": {"rank": the slowest rank, "stage": "rendezvous" or "sweep", "size": 1-based index of the
+                  size being run (0 at the rendezvous), "sizes": how many sizes}}
+
 A line "abort" on stdin, or the end of stdin (the controller closed the session), kills the ranks at once.
 """
 import datetime
@@ -127,7 +133,7 @@ def run_rank(rank, local_rank, options, report, deadline):
         result["init_s"] = round(_now() - stage_started, 3)
         stage_started = _now()
         stage("sweep")
-        _sweep(torch, dist, options, result, device, sync, rank, world, deadline - 1.0)
+        _sweep(torch, dist, options, result, device, sync, rank, world, deadline - 1.0, report)
         op_timeout = timeout_left()
         dist.destroy_process_group()
         stage("done")
@@ -234,7 +240,7 @@ def _joined(store, world):
     return joined
 
 
-def _sweep(torch, dist, options, result, device, sync, rank, world, deadline):
+def _sweep(torch, dist, options, result, device, sync, rank, world, deadline, report):
     """Every size: check the exact sum once, then time a few all-reduces. Every decision that changes
     how many collectives run (stop for lack of time, the iteration count) is agreed on with MAX."""
     expected = world * (world + 1) / 2.0  # each rank contributes rank + 1: exact in float32
@@ -248,6 +254,7 @@ def _sweep(torch, dist, options, result, device, sync, rank, world, deadline):
     agree = torch.zeros(2, device=device)
     sizes = [int(s) for s in options["sizes"]]
     for index, size in enumerate(sizes):
+        report({"stage": "sweep", "size": index + 1})  # to the node process: one message per size
         numel = max(1, size // 4)
         nbytes = numel * 4
         predicted = per_byte * nbytes * 2 if per_byte is not None else 0.0
@@ -363,6 +370,30 @@ def _child(rank, local_rank, options, write_fd, log_path, deadline):
     os._exit(code)
 
 
+PLACE = {"import": 0, "store": 1, "init": 1, "sweep": 2, "done": 3}  # store and init: the rendezvous
+
+
+def _progress(children, shown, sizes):
+    """Says where the node's slowest running rank is when that moved past `shown` (to the rendezvous, or to
+    a size of the sweep); returns the position said last, or None once stdout is gone."""
+    running = [c for c in children.values() if c["open"] and c["result"] is None]
+    if not running:
+        return shown  # the report follows
+    slowest = min(running, key=lambda c: (PLACE.get(c["stage"], 0), c["size"], c["rank"]))
+    place = PLACE.get(slowest["stage"], 0)
+    position = (place, slowest["size"] if place == 2 else 0)
+    if position <= shown or place not in (1, 2) or position == (2, 0):
+        return shown
+    line = {"rank": slowest["rank"], "stage": "rendezvous" if place == 1 else "sweep", "size": position[1],
+            "sizes": sizes}
+    try:
+        sys.stdout.write(json.dumps({"progress": line}) + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        return None
+    return position
+
+
 def main(options):
     started = _now()
     deadline = started + float(options["budget_s"])
@@ -378,7 +409,9 @@ def main(options):
             _child(rank, local_rank, options, write_fd, log_path, deadline)
         os.close(write_fd)
         children[read_fd] = {"pid": pid, "rank": rank, "local_rank": local_rank, "log": log_path, "buffer": b"",
-                             "stage": "import", "result": None, "open": True, "status": None}
+                             "stage": "import", "size": 0, "result": None, "open": True, "status": None}
+    sizes = len(options["sizes"])
+    shown = (0, 0) if options.get("progress") else None  # the position last said; None: say nothing
     aborted = False
     stdin_open = True
     while any(c["open"] for c in children.values()):
@@ -412,9 +445,11 @@ def main(options):
                 except ValueError:
                     continue
                 if "stage" in message:
-                    child["stage"] = message["stage"]
+                    child["stage"], child["size"] = message["stage"], message.get("size", 0)
                 if "result" in message:
                     child["result"] = message["result"]
+        if shown is not None:
+            shown = _progress(children, shown, sizes)
     for fd, child in children.items():
         if child["open"]:  # past the deadline, or aborted: kill it
             try:

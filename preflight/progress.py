@@ -19,7 +19,14 @@ from typing import Iterable, List, Optional, TextIO
 REFRESH_S = 0.25  # redraws per second: 4
 NAMED = 3  # the nodes waited for longest, by name; the rest are counted
 NAME_MAX = 40  # cells of a node name on the line
-ERASE = "\r\x1b[2K"  # to the line's start, and clear it
+ERASE = "\r\x1b[2K"
+# How the status line is made shorter until it fits, level by level: (the short label, the step, the counts:
+# 2 all, 1 fewer, 0 none, the nodes named, "and N more"). What it waits for matters most; where a step says
+# where it is (the all-reduce's size n of m), that comes next, and the counts last. The levels that keep the
+# step are passed over where there is none.
+LEVELS = ((False, True, 2, NAMED, True), (True, True, 0, 1, True), (True, True, 0, 1, False),
+          (True, False, 1, NAMED, True), (True, False, 1, 1, True))
+WITHOUT_STEP = 3  # the first level without the step  # to the line's start, and clear it
 FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 ASCII_FRAMES = "-\\|/"
 
@@ -87,12 +94,13 @@ class Progress:
             self.stream.flush()
 
     def activity(self, label: str, total: Optional[int] = None, reached: str = "reached",
-                 answered: str = "answered", limit: Optional[float] = None) -> "Activity":
+                 answered: str = "answered", limit: Optional[float] = None, short: Optional[str] = None) -> "Activity":
         """A step shown on the status line while it is open (a context manager, or close() it); counts of
-        `total` nodes, named by what their start() / reach() / done() mean here; `limit`: its deadline in s."""
+        `total` nodes, named by what their start() / reach() / done() mean here; `limit`: its deadline in s;
+        `short`: the label where the whole one does not fit."""
         if not self.live:
             return _QUIET
-        step = Activity(self, label, total, reached, answered, limit)
+        step = Activity(self, label, total, reached, answered, limit, short)
         with self._lock:
             self._shown.append(step)
             self._draw()
@@ -153,7 +161,7 @@ class Progress:
             width = 80
         frames = FRAMES if "utf" in (getattr(self.stream, "encoding", "") or "").lower() else ASCII_FRAMES
         spinner, width = frames[self._frame % len(frames)], max(10, width - 1)
-        for brevity in range(3):  # what it waits for matters more than how it is doing it
+        for brevity in range(len(LEVELS)):
             line = f"{spinner} {self._shown[-1].line(brevity)}"
             if len(line) <= width:
                 break
@@ -174,9 +182,10 @@ class Activity:
     """One step on the status line: its counts, and when each outstanding node began (oldest first)."""
 
     def __init__(self, progress: Progress, label: str, total: Optional[int], reached: str, answered: str,
-                 limit: Optional[float] = None):
+                 limit: Optional[float] = None, short: Optional[str] = None):
         self._progress, self._lock = progress, progress._lock
         self.label, self.total, self.words, self.limit = clean(label), total, (reached, answered), limit
+        self.short = clean(short) if short else self.label
         self.began = time.monotonic()
         self.step = self.then = ""
         self.waiting = {}  # name -> monotonic start; insertion order: the first waited for longest
@@ -194,8 +203,16 @@ class Activity:
     def note(self, step: str, then: str = "") -> None:
         """What the step is doing now (e.g. "starting ranks"), and `then`, once every node is reached."""
         with self._lock:
-            self.step, self.then = clean(step), clean(then)
-            self._progress._redraw(self)
+            if (self.step, self.then) != (clean(step), clean(then)):
+                self.step, self.then = clean(step), clean(then)
+                self._progress._redraw(self)
+
+    def moved(self, name: str) -> None:
+        """`name` got further (still outstanding): it is named after those that have not moved since, so the
+        nodes named first are the ones holding the step back (its start time stays: the seconds shown)."""
+        with self._lock:
+            if name in self.waiting:
+                self.waiting[name] = self.waiting.pop(name)
 
     def start(self, name: str) -> None:
         with self._lock:
@@ -220,28 +237,30 @@ class Activity:
                 self.failed += 1
 
     def line(self, brevity: int = 0) -> str:
-        """The status line's text (under the progress's lock); brevity 1: without the step's details and
-        with fewer counts, 2: one node named."""
+        """The status line's text (under the progress's lock), made shorter by `brevity` (LEVELS)."""
         now = time.monotonic()
         step = self.then if self.then and self.total is not None and self.reached >= self.total else self.step
-        parts = [self.label + (f": {step}" if step and not brevity else "")]
-        if self.total is not None:
+        short, keep_step, counted, named, more_said = LEVELS[brevity]
+        if 0 < brevity < WITHOUT_STEP and not step:  # nothing to keep over the counts
+            short, keep_step, counted, named, more_said = LEVELS[WITHOUT_STEP]
+        parts = [(self.short if short else self.label) + (f": {step}" if step and keep_step else "")]
+        if self.total is not None and counted:
             reached, answered = self.words
-            counts = f"{self.reached}/{self.total} {reached}" if reached and not brevity else \
+            counts = f"{self.reached}/{self.total} {reached}" if reached and counted > 1 else \
                 f"{self.answered}/{self.total} {answered}"
-            if reached and not brevity:
+            if reached and counted > 1:
                 counts += f", {self.answered} {answered}"
             parts.append(counts + (f", {self.failed} failed" if self.failed else ""))
         if self.waiting:
             names = []
             for name in self.waiting:  # the oldest first; the dict keeps its insertion order
                 names.append(name)
-                if len(names) == (1 if brevity > 1 else NAMED):
+                if len(names) == named:
                     break
             since = self.waiting[names[0]]
             more = len(self.waiting) - len(names)
             parts.append("waiting for " + ", ".join(clean(n, NAME_MAX) for n in names)
-                         + (f" and {more} more" if more else "") + f" ({now - since:.1f} s{self._of()})")
+                         + (f" and {more} more" if more and more_said else "") + f" ({now - since:.1f} s{self._of()})")
         else:
             parts.append(f"{now - self.began:.1f} s{self._of()}")
         return " · ".join(parts)
@@ -260,6 +279,9 @@ class _Quiet(Activity):
         pass
 
     def note(self, step: str, then: str = "") -> None:
+        pass
+
+    def moved(self, name: str) -> None:
         pass
 
     def start(self, name: str) -> None:

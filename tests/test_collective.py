@@ -447,6 +447,56 @@ def test_worker_aborts_at_once_when_asked():
     assert report["ranks"][0]["kind"] == "aborted"
 
 
+def node_reader(command, payload=None):
+    """_Phase._read over a node that is a local process running `command` (the worker's input on its stdin)."""
+    import threading
+    from types import SimpleNamespace
+
+    from preflight.srun import StepProcess
+
+    proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    step = StepProcess(proc)
+    if payload is not None:
+        step.send_raw(shipped_input(open(colworker.__file__, encoding="utf-8").read(), payload).encode())
+    phase = collective._Phase([SimpleNamespace(name="n01", facts={})], "127.0.0.1", SimpleNamespace(
+        collective=CollectiveOptions(), port=0, timeout=30, python=sys.executable), "gloo", 2)
+    seen = []
+    try:
+        return phase._read(step, time.monotonic() + 60, threading.Event(), [0, 1], 2, seen.append), seen
+    finally:
+        step.close()
+
+
+WRONG_PROGRESS = ['{"progress": {"rank": 0, "stage": "sweep", "size": 9, "sizes": 2}}',  # past the sizes
+                  '{"progress": {"rank": 5, "stage": "sweep", "size": 2, "sizes": 2}}',  # not the node's rank
+                  '{"progress": {"rank": 0, "stage": "sweep", "size": 2, "sizes": 7}}',  # not the run's sizes
+                  '{"progress": {"rank": 0, "stage": "sweep", "size": "2", "sizes": 2}}',
+                  '{"progress": {"rank": 0, "stage": "import", "size": 0, "sizes": 2}}',
+                  '{"progress": "soon"}', '{"progress": null}', '{"progress": [[[]]]}']
+
+
+def test_the_reader_takes_the_workers_progress_lines_then_its_report_and_ignores_bad_ones():
+    """A real worker asked for progress (two ranks, two sizes) says the rendezvous and each size before its
+    report; lines of progress of the wrong shape, put after its first line, are ignored, not its report."""
+    bad = " ".join(f"'{line}'" for line in WRONG_PROGRESS)
+    command = f'{shipped_command(sys.executable)} | {{ IFS= read -r first; printf "%s\\n" "$first" {bad}; exec cat; }}'
+    options = {"master_addr": "127.0.0.1", "master_port": free_port(), "world_size": 2, "ranks": [0, 1],
+               "backend": "gloo", "sizes": [4096, MIB], "timeout_s": 30, "budget_s": 30, "env": {}, "run": "t2",
+               "progress": True}
+    report, seen = node_reader(command, options)
+    assert report["ok"] and [r["rank"] for r in report["ranks"]] == [0, 1], report
+    assert seen == [(1, 0), (2, 1), (2, 2)]  # the rendezvous, size 1 of 2, size 2 of 2; nothing else
+    for line in WRONG_PROGRESS:
+        assert collective.progress_position(json.loads(line)["progress"], [0, 1], 2) is None, line
+
+
+def test_a_line_with_progress_and_more_is_judged_as_the_report():
+    report, seen = node_reader("""printf '%s\\n' '{"progress": {"rank": 0, "stage": "rendezvous", "size": 0, \
+"sizes": 2}, "ok": true}'""")
+    assert report["kind"] == "protocol" and "'ranks' is missing" in report["error"] and not seen, report
+
+
 def test_worker_without_torch_says_so_with_the_traceback(tmp_path):
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('libtorch_cpu.so: no such file')\n")

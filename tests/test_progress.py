@@ -163,6 +163,28 @@ def test_a_narrow_terminal_keeps_what_is_waited_for_over_the_details():
                         .replace("  ", " "), last), last
 
 
+def test_the_all_reduce_keeps_its_size_and_the_node_holding_it_back_at_80_columns():
+    screen = Screen()  # no terminal size: 80 columns
+    shown = progress.Progress("live", screen)
+    names = [f"node0{i}" for i in range(1, 7)]
+    with shown.activity("all-reduce full run (6 gloo ranks)", 6, "started", "reported", limit=40,
+                        short="all-reduce") as step:
+        step.starts(names)
+        for name in names:
+            step.reach(name)
+        for name in names:  # every node but node02 moved on: node02 holds the run back, and is named first
+            if name != "node02":
+                step.moved(name)
+        step.note("starting ranks", "size 3 of 5 (1 MiB)")
+        wide = step.line()
+        time.sleep(0.3)
+    assert re.fullmatch(r"all-reduce full run \(6 gloo ranks\): size 3 of 5 \(1 MiB\) · 6/6 started, 0 reported · "
+                        r"waiting for node02, node01, node03 and 3 more \(0\.\d s of 40 s\)", wide), wide
+    drawn = frames(screen.getvalue())
+    assert all(len(line) <= 79 for line in drawn), drawn
+    assert re.fullmatch(r". all-reduce: size 3 of 5 \(1 MiB\) · waiting for node02 \(0\.\d s of 40 s\)", drawn[-1]), drawn
+
+
 def test_a_terminal_that_goes_away_ends_the_line_without_an_error(monkeypatch):
     import threading
 
@@ -271,15 +293,19 @@ def test_doctor_shows_its_census_and_the_slow_node(cluster, tmp_path):
 
 
 @pytest.mark.cluster
-def test_the_all_reduce_shows_its_run_and_what_it_waits_for(cluster):
-    code, out, chunks, _ = run_cli(["check", *target(cluster), "--only", "COL", "--col-sizes", "1M", "--timeout", "40"],
-                                   columns=200)
+def test_the_all_reduce_shows_its_run_its_size_and_what_it_waits_for_at_80_columns(cluster):
+    code, out, chunks, _ = run_cli(["check", *target(cluster), "--only", "COL", "--col-sizes", "64K,1M",
+                                    "--timeout", "40"], columns=80)
     text = "".join(t for _, t in chunks)
-    drawn = [f for f in frames(text) if "all-reduce full run (3 gloo ranks)" in f]
-    assert drawn, text
-    assert any(": starting ranks · " in f for f in drawn), drawn
-    assert any(re.search(r": importing torch, rendezvous, sizes to 1 MiB · 3/3 started, 0 reported · "
-                         r"waiting for node01, node02, node03 \(\d+\.\d s of \d+ s\)$", f) for f in drawn), drawn
+    drawn = [f for f in frames(text) if f[2:].startswith("all-reduce")]
+    assert drawn and all(len(f) <= 79 for f in drawn), text
+    assert any(re.fullmatch(r". all-reduce(: starting ranks)? · .*waiting for node0\d.*\(\d+\.\d s of \d+ s\)", f)
+               for f in drawn), drawn
+    # The worker's lines of progress: the run at its slowest node's size, and the node named, within 80 columns.
+    sizes = [re.fullmatch(r". all-reduce: size (\d) of 2 \((64 KiB|1 MiB)\) · waiting for node0\d( and \d more)? "
+                          r"\(\d+\.\d s of \d+ s\)", f) for f in drawn]
+    seen = [m.group(1, 2) for m in sizes if m]
+    assert ("2", "1 MiB") in seen and seen == sorted(seen), drawn  # size 2 of 2 shown, never going back
     assert code == 0, text + out
 
 
