@@ -101,6 +101,15 @@ def test_builtin_checks_are_found_through_the_entry_point_group():
         assert spec.what and spec.why and spec.fix
 
 
+def test_the_doctor_checks_run_only_in_doctor_unless_named(capsys):
+    """RUN reads a running job's census, which only `doctor` takes: `node` and `check` leave it out instead of
+    adding a skip per RUN check to every report; `--only RUN001` still asks for it."""
+    code, doc, _ = run_cli(capsys, "node", "--json")
+    assert not [r for r in doc["results"] if r["id"].startswith("RUN")]
+    code, doc, _ = run_cli(capsys, "node", "--only", "RUN001", "--json")
+    assert [(r["id"], r["status"]) for r in doc["results"]] == [("RUN001", "skip")]
+
+
 def test_every_family_loads_outside_the_source_tree(tmp_path):
     """As installed: the repository's checks/ folder is not on sys.path there (a family importing `checks.x`
     instead of `preflight.checks.x` loaded only from the source tree)."""
