@@ -64,6 +64,10 @@ KEEPER = (
     'd=$(mktemp -d "${TMPDIR:-/tmp}/preflight.XXXXXX" 2>/dev/null) && export TMPDIR="$d"\n'
     "e=; trap 'e=1' USR1\n"
     "exec 3<&0\n"
+    # A TERM, HUP or INT (slurmstepd ending a step, a scope stopped, a test cluster torn down) ends it as the
+    # end of the session does: the program's group killed and its folder removed. Set before the program
+    # starts, and by $! (set as soon as it forks): a signal in between must not leave it running.
+    'trap \'kill -s KILL -- -$! 2>/dev/null; [ -n "$d" ] && rm -rf "$d"; exit 143\' TERM HUP INT\n'
     'setsid /bin/sh -c "$3" preflight $$ "$1" "$2" <&3 3<&- &\n'
     "p=$!\n"
     "wait $p; c=$?\n"

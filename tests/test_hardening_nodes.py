@@ -15,7 +15,7 @@ import pytest
 
 from cluster import cluster, cluster_up, testcluster  # noqa: F401  (fixtures)
 from conftest import preflight_json, results
-from preflight import launcher
+from preflight import launcher, transport
 from preflight.transport import MAX_LINE, LineReader, NodeError
 
 STUB = Path(__file__).with_name("stub_sshd.py")
@@ -300,6 +300,33 @@ def test_a_node_that_answers_each_request_just_in_time_costs_one_timeout_and_is_
 
 
 # --------------------------------------------------------------------------------- nothing left on a node
+
+def test_a_keeper_told_to_stop_kills_its_program_and_removes_its_folder(tmp_path):
+    """SIGTERM (slurmstepd ending a step, a test cluster torn down), SIGHUP or SIGINT to the keeper itself: the
+    program's group is killed and its private TMPDIR removed, as at the end of the session."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        marker = f"1000.{sig.value}"
+        program = tmp_path / "hostile-python"
+        program.write_text(f"#!/bin/sh\ntrap '' HUP TERM INT\nexec sleep {marker}\n")  # ignores its input too
+        program.chmod(0o755)
+        keeper = subprocess.Popen(transport.shipped_command(str(program)), shell=True, stdin=subprocess.PIPE,
+                                  env=dict(os.environ, TMPDIR=str(tmp_path)), start_new_session=True)
+        deadline = time.monotonic() + 10
+        while not (list(tmp_path.glob("preflight.*")) and sleeping(marker)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(tmp_path.glob("preflight.*")) and sleeping(marker)
+        keeper.send_signal(sig)
+        assert keeper.wait(10) != 0
+        deadline = time.monotonic() + 5
+        while sleeping(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not sleeping(marker) and not list(tmp_path.glob("preflight.*")), sig
+        keeper.stdin.close()
+
+
+def sleeping(marker):
+    return subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True).returncode == 0
+
 
 def test_a_program_that_ignores_the_end_of_its_session_is_killed_and_leaves_no_files(cluster, tmp_path):
     where = tmp_path / "tmpdir"
