@@ -5,6 +5,7 @@ from collections import Counter
 from typing import Iterator, List, Optional, Tuple
 
 from preflight.checks.config import gpu_id_list, processes_per_machine
+from preflight.checks.rdma import fabric_of
 from preflight.compare import holders, odd_ones_out
 from preflight.registry import check
 from preflight.result import Finding, Status, fail, passed, skip, warn
@@ -529,12 +530,15 @@ def xid_errors(ctx) -> Iterator[Finding]:
     node reboots); a GPU that logs them again goes back to the vendor. Reading the log needs root or
     kernel.dmesg_restrict=0.
     """
-    fabric = ctx.fact.get("fabric")
-    xid = fabric.get("xid") if isinstance(fabric, dict) else None
     gpus, why = job_gpus(ctx)
     if why:
         yield why
         return
+    fabric, malformed = fabric_of(ctx.fact)
+    if malformed is not None and malformed.status is Status.ERROR:
+        yield malformed
+        return
+    xid = (fabric or {}).get("xid")
     if not isinstance(xid, dict):
         yield skip("these facts do not include the kernel log (no NVIDIA driver under /proc, or an older node)")
         return

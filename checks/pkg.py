@@ -5,6 +5,7 @@ import re
 from typing import Iterator, Optional
 
 from preflight.collector import MIN_PYTHON, UNSUPPORTED
+from preflight.checks.rdma import fabric_of
 from preflight.compare import holders, odd_ones_out
 from preflight.registry import check
 from preflight.result import Finding, Status, skip
@@ -265,8 +266,8 @@ KNOWN_BAD = (
 
 
 def _plugins(facts: dict) -> tuple:
-    nccl = (facts.get("fabric") or {}).get("nccl") or {}
-    found = tuple(sorted(f"{p.get('name')} ({p.get('bytes')} bytes)" for p in nccl.get("plugins") or [] if isinstance(p, dict)))
+    nccl = (fabric_of(facts)[0] or {}).get("nccl") or {}
+    found = tuple(sorted(f"{p.get('name')} ({p.get('bytes')} bytes)" for p in nccl.get("plugins") or []))
     return found + ((f"NCCL_NET_PLUGIN={nccl['net_plugin']}",) if nccl.get("net_plugin") else ())
 
 
@@ -281,7 +282,7 @@ def nccl_net_plugin(ctx) -> Iterator[Finding]:
 
     Install the same plugin on every node (one image), or remove it where it does not belong.
     """
-    nodes = [n for n in ctx.reachable if isinstance(ctx.facts[n]["facts"].get("fabric"), dict)]
+    nodes = [n for n in ctx.reachable if fabric_of(ctx.facts[n]["facts"])[0] is not None]
     if not nodes:
         yield skip("no node reported its NCCL libraries (fabric facts)")
         return
@@ -330,7 +331,7 @@ def cuda_driver(ctx) -> Iterator[Finding]:
         return
     driver = gpus.get("cuda_driver_version")
     have, need = _major_minor(driver), _major_minor(build)
-    compat = (((ctx.fact.get("fabric") or {}).get("nccl") or {}).get("cuda_compat") or [])
+    compat = ((fabric_of(ctx.fact)[0] or {}).get("nccl") or {}).get("cuda_compat") or []
     evidence = {"torch_cuda": build, "driver_cuda": driver, "driver": gpus.get("driver_version"), "cuda_compat": compat}
     if have is None or need is None:
         yield skip(f"versions not comparable: torch CUDA {build}, driver CUDA {driver}", **evidence)

@@ -296,3 +296,20 @@ def test_explain_covers_every_new_check(capsys):
         code, out, _ = run_cli(capsys, "explain", check_id)
         spec = SPECS[check_id]
         assert code == 0 and check_id in out and spec.name in out and len(out.split("\n\n")) >= 3, out
+
+
+@pytest.mark.parametrize("fabric", [
+    {"rdma": [], "modules": 5, "nccl": "x", "xid": []},
+    {"rdma": {"mlx5_0": "x"}, "nccl": {}},
+    {"rdma": {"mlx5_0": {"ports": {"1": {"gids": "x", "counters": [], "rate_gbps": "x"}}}}, "nccl": {}},
+    {"rdma": {}, "nccl": {}, "xid": {"readable": True, "events": ["x", {"pci": 5}]}},
+], ids=["lists-and-strings", "device-a-string", "port-fields", "xid-events"])
+def test_fabric_facts_of_the_wrong_shape_are_the_nodes_error_not_a_check_defect(tmp_path, fabric):
+    """A node (or what answers for it) that sends another shape: each fabric check says so, naming the node."""
+    states = cluster(tmp_path, "ib-node")
+    states["n02"]["facts"]["fabric"] = fabric
+    for check_id in ("RDMA001", "RDMA004", "RDMA006", "GPU008", "PKG006", "PKG007", "RDMA002", "RDMA005"):
+        results = run(check_id, states, tmp_path)
+        assert not [r for r in results if "raised" in r.message], (check_id, [r.message for r in results])
+    errors = [r for r in run("RDMA001", states, tmp_path) if r.status == Status.ERROR]
+    assert [r.nodes for r in errors] == [("n02",)] and "not the collector's" in errors[0].message
