@@ -23,42 +23,14 @@ IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
 
 
 def fabric_of(facts: dict) -> Tuple[Optional[dict], Optional[Finding]]:
-    """The node's fabric facts, or a skip that says why there are none (an error when the node sent them in
-    another shape than the collector writes: never read as values)."""
+    """The node's fabric facts, or a skip that says why there are none. (Their shape is held to the
+    collector's when they arrive: preflight.shapes.)"""
     fabric = facts.get("fabric")
     if not isinstance(fabric, dict):
         return None, skip("these facts have no fabric section (a node running an older preflight)")
     if "error" in fabric:
         return None, skip(f"the fabric facts failed on the node: {fabric['error']}")
-    problem = _malformed(fabric)
-    if problem:
-        return None, Finding(Status.ERROR, f"the fabric facts from this node are not the collector's: {problem}",
-                             "run the training interpreter's collector there by hand (the node, or what answers "
-                             "for it, sent something else)")
     return fabric, None
-
-
-def _malformed(fabric: dict) -> Optional[str]:
-    """What in the fabric facts is not of the shape collector._fabric writes, or None."""
-    def objects(value) -> bool:
-        return isinstance(value, list) and all(isinstance(v, dict) for v in value)
-
-    rdma, nccl, xid = fabric.get("rdma"), fabric.get("nccl"), fabric.get("xid")
-    if not isinstance(rdma, dict) or not all(isinstance(d, dict) and isinstance(d.get("ports"), dict)
-                                             for d in rdma.values()):
-        return "rdma is not an object of devices with their ports"
-    for device, found in rdma.items():
-        for number, port in found["ports"].items():
-            if not (isinstance(port, dict) and objects(port.get("gids")) and isinstance(port.get("counters"), dict)
-                    and (port.get("rate_gbps") is None or isinstance(port["rate_gbps"], (int, float)))):
-                return f"port {device}:{number} is not an object with gids, counters and rate_gbps"
-    if not isinstance(fabric.get("modules"), (list, type(None))):
-        return "modules is not a list"
-    if not (isinstance(nccl, dict) and objects(nccl.get("plugins", [])) and isinstance(nccl.get("cuda_compat", []), list)):
-        return "nccl is not an object with its plugins"
-    if xid is not None and not (isinstance(xid, dict) and objects(xid.get("events", []))):
-        return "xid is not an object with its events"
-    return None
 
 
 def selected_ports(env: dict, devices: dict) -> List[Tuple[str, str, dict]]:

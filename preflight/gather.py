@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional
 
 from preflight import collector, progress
+from preflight.runner import is_failed
+from preflight.shapes import FILE, NONE, NUMBER, SECTIONS, kind as _kind, problem, typed as _typed
 from preflight.transport import (
     NodeError,
     RemoteProcess,
@@ -86,11 +88,10 @@ def node_json(line: str, what: str, **hooks):
                         BY_HAND) from None
 
 
-NUMBER = (int, float)
-NONE = type(None)
 # The facts' sections and their types, checked once when a facts line is decoded, so that the checks can
-# read each as what it is (a section that failed on the node is an object with its "error"). REQUIRED are
-# always sent by the collector; the others may be null or missing.
+# read each as what it is (a section that failed on the node is an object with its "error"); then what is
+# inside each, against preflight.shapes. REQUIRED are always sent by the collector; the others may be null
+# or missing.
 REQUIRED_SECTIONS = {"schema": int, "python": dict, "packages": dict, "host": dict, "env": dict, "storage": dict,
                      "limits": dict, "memory": dict, "clock": dict, "gpus": dict}
 OTHER_SECTIONS = {"collected_at": NUMBER, "job": (dict, NONE), "fabric": (dict, NONE), "census": (dict, NONE)}
@@ -99,17 +100,6 @@ ANSWER_KEYS = {"time": {"time": NUMBER}, "listen": {"bound": bool}, "unlisten": 
                "write": {"ok": bool}, "read": {"ok": bool}, "remove": {"ok": bool}, "files": {}}
 ANSWER_OPTIONAL = {"error": (str, NONE), "holders": list, "seconds": NUMBER, "path": (str, NONE),
                    "source": (str, NONE), "peers": list}
-FILE_KEYS = {"path": str, "sha256": str, "size": int, "text": str, "error": str, "default": bool}
-
-
-def _typed(value, types) -> bool:
-    types = types if isinstance(types, tuple) else (types,)
-    return isinstance(value, types) and (type(value) is not bool or bool in types)
-
-
-def _kind(value) -> str:
-    return {dict: "an object", list: "a list", str: "a string", NONE: "null", bool: "a boolean"}.get(
-        type(value), "a number")
 
 
 def _shape(value: dict, required: dict, optional: dict) -> Optional[str]:
@@ -129,15 +119,12 @@ def _answer_problem(op: str, answer) -> Optional[str]:
     if not isinstance(answer, dict):
         return f"it is {_kind(answer)}, not an object"
     if op == "files":  # the paths asked for, each with its entry
-        for path, entry in answer.items():
-            problem = f"is {_kind(entry)}" if not isinstance(entry, dict) else _shape(entry, {}, FILE_KEYS)
-            if problem:
-                return f"the entry for {path[:80]!r}: {problem}"
-        return None
-    problem = _shape(answer, ANSWER_KEYS.get(op, {}), ANSWER_OPTIONAL)
-    if problem is None and any(not isinstance(h, dict) for h in answer.get("holders") or ()):
-        problem = "'holders' are not objects"
-    return problem
+        return next(filter(None, (problem(entry, FILE, f"the entry for {path[:80]!r}")
+                                  for path, entry in answer.items())), None)
+    wrong = _shape(answer, ANSWER_KEYS.get(op, {}), ANSWER_OPTIONAL)
+    if wrong is None and any(not isinstance(h, dict) for h in answer.get("holders") or ()):
+        wrong = "'holders' are not objects"
+    return wrong
 
 
 @dataclass
@@ -237,10 +224,17 @@ def facts_decoder() -> Callable[[str], dict]:
 def checked_facts(facts, what: str = "the facts") -> dict:
     """The facts as decoded from a node, if they are an object whose sections are of their types (what
     every check reads them as); NodeError("protocol") otherwise."""
-    problem = f"they are {_kind(facts)}" if not isinstance(facts, dict) else \
+    wrong = f"they are {_kind(facts)}" if not isinstance(facts, dict) else \
         _shape(facts, REQUIRED_SECTIONS, OTHER_SECTIONS)
-    if problem:
-        raise NodeError("protocol", f"{what} are not the collector's: {problem}", BY_HAND)
+    if wrong:
+        raise NodeError("protocol", f"{what} are not the collector's: {wrong}", BY_HAND)
+    for name, shape in SECTIONS.items():
+        section = facts.get(name)
+        if is_failed(section):
+            continue  # failed on the node: PKG003 says why, and no check reads it
+        wrong = problem(section, shape, name) if name in facts else None
+        if wrong:  # that section alone is unusable: the node's other facts are still read
+            facts[name] = {"error": collector.SECTION_FAILED % name + f"what the node sent is not the collector's: {wrong}"}
     return facts
 
 

@@ -14,6 +14,11 @@ from preflight.result import Finding, Result, Status
 SECTION_FAILED_PREFIX = SECTION_FAILED.split("%s")[0]
 
 
+def is_failed(section: Any) -> bool:
+    """Whether a facts section is the collector's word that it failed on the node (or was not of its shape)."""
+    return isinstance(section, dict) and str(section.get("error", "")).startswith(SECTION_FAILED_PREFIX)
+
+
 @dataclass(frozen=True)
 class CheckContext:
     """What a check may look at. Checks do no I/O: everything is gathered before they run.
@@ -58,7 +63,7 @@ class NodeFacts(dict):
         self.node = node
 
     def _checked(self, value):
-        if isinstance(value, dict) and str(value.get("error", "")).startswith(SECTION_FAILED_PREFIX):
+        if is_failed(value):
             raise SectionFailed(self.node, value["error"])
         return value
 
@@ -71,8 +76,7 @@ class NodeFacts(dict):
 
 def failed_sections(doc: Mapping) -> List[str]:
     """The errors of the sections of a facts document that failed on the node."""
-    return [v["error"] for v in dict.values(doc) if isinstance(v, dict)
-            and str(v.get("error", "")).startswith(SECTION_FAILED_PREFIX)]
+    return [v["error"] for v in dict.values(doc) if is_failed(v)]
 
 
 def guarded(ctx: CheckContext) -> CheckContext:
@@ -126,23 +130,33 @@ def _not_checked(spec: CheckSpec, node: str, error: Mapping) -> Result:
 def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
     """The check's Results; `nodes` for those whose finding names none (a node check's own node)."""
     started = time.perf_counter()
-    try:
-        findings = list(spec.func(ctx) or ())
-        for finding in findings:
-            if not isinstance(finding, Finding):
-                raise TypeError(f"yielded {type(finding).__name__}, expected a Finding")
-    except SectionFailed as exc:
-        findings = [Finding(Status.ERROR, f"not evaluated on {exc.node}: {exc.error}", "PKG003 reports the section "
-                            "that failed: fix what it names on the node (or report it as a defect of preflight)",
-                            nodes=(exc.node,))]
-    except Exception as exc:  # a broken check becomes an error result, never a crash
-        findings = [
-            Finding(
-                Status.ERROR,
-                f"check {spec.id} raised {type(exc).__name__}: {exc}",
-                "this is a defect in the check; report it with the input that triggered it",
-            )
-        ]
+    set_aside: List[Finding] = []  # the nodes whose failed section the check read
+    while True:
+        try:
+            findings = list(spec.func(ctx) or ())
+            for finding in findings:
+                if not isinstance(finding, Finding):
+                    raise TypeError(f"yielded {type(finding).__name__}, expected a Finding")
+        except SectionFailed as exc:
+            set_aside.append(Finding(Status.ERROR, f"not evaluated on {exc.node}: {exc.error}", "PKG003 reports the "
+                                     "section that failed: fix what it names on the node (or report it as a defect "
+                                     "of preflight)", nodes=(exc.node,)))
+            findings = []
+            if exc.node != ctx.node and exc.node in ctx.reachable:  # the others are still compared without it
+                facts = dict(ctx.facts, **{exc.node: {"facts": None, "clock": None, "error": {
+                    "kind": "collector", "message": exc.error, "remediation": None}}})
+                ctx = CheckContext(plan=ctx.plan, facts=facts, probes=ctx.probes, node=ctx.node)
+                continue
+        except Exception as exc:  # a broken check becomes an error result, never a crash
+            findings = [
+                Finding(
+                    Status.ERROR,
+                    f"check {spec.id} raised {type(exc).__name__}: {exc}",
+                    "this is a defect in the check; report it with the input that triggered it",
+                )
+            ]
+        break
+    findings = set_aside + findings
     if not findings:
         findings = [Finding(Status.PASS, "no problem found")]
     elapsed = (time.perf_counter() - started) / len(findings)

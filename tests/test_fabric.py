@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_cli
 from nvml_fake import fake
-from preflight import collector, registry, runner
+from preflight import collector, gather, registry, runner
 from preflight.plan import build_plan
 from preflight.result import Status
 from sysfs_tree import FIXTURES, fabric_facts
@@ -305,11 +305,14 @@ def test_explain_covers_every_new_check(capsys):
     {"rdma": {}, "nccl": {}, "xid": {"readable": True, "events": ["x", {"pci": 5}]}},
 ], ids=["lists-and-strings", "device-a-string", "port-fields", "xid-events"])
 def test_fabric_facts_of_the_wrong_shape_are_the_nodes_error_not_a_check_defect(tmp_path, fabric):
-    """A node (or what answers for it) that sends another shape: each fabric check says so, naming the node."""
-    states = cluster(tmp_path, "ib-node")
+    """A node (or what answers for it) that sends another shape: each fabric check says so, naming the node,
+    and the cluster checks still compare the other nodes."""
+    states = cluster(tmp_path, "ib-node", names=("n01", "n02", "n03"))
     states["n02"]["facts"]["fabric"] = fabric
-    for check_id in ("RDMA001", "RDMA004", "RDMA006", "GPU008", "PKG006", "PKG007", "RDMA002", "RDMA005"):
-        results = run(check_id, states, tmp_path)
+    states["n02"]["facts"] = gather.checked_facts(json.loads(json.dumps(states["n02"]["facts"])))
+    for check_id in ("RDMA001", "RDMA004", "RDMA006", "GPU008", "PKG006", "RDMA002", "RDMA005"):  # (PKG007: no CUDA torch)
+        results = runner.run([SPECS[check_id]], runner.CheckContext(build_plan(nodes=tuple(states)), states, {}))
         assert not [r for r in results if "raised" in r.message], (check_id, [r.message for r in results])
-    errors = [r for r in run("RDMA001", states, tmp_path) if r.status == Status.ERROR]
-    assert [r.nodes for r in errors] == [("n02",)] and "not the collector's" in errors[0].message
+        errors = [r for r in results if r.status == Status.ERROR]
+        assert [r.nodes for r in errors] == [("n02",)] and "not the collector's" in errors[0].message, check_id
+        assert {r.status for r in results} - {Status.ERROR} == {Status.PASS}, (check_id, [r.message for r in results])

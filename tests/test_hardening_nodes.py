@@ -213,6 +213,30 @@ def test_facts_of_the_wrong_shape_are_that_nodes_failure(cluster, tmp_path, case
     assert results(doc, "PKG001")["node01"]["status"] == "pass"  # the others are checked as usual
 
 
+SECTIONS = {  # a section of another shape inside well-formed facts: (the change, what PKG003 must say)
+    "gpu-names": ("doc['gpus'] = {'available': True, 'count': 2, 'devices': ['GPU-0', 'GPU-1']}",
+                  "gpus.devices[0] is a string"),
+    "shm-sizes": ("doc['storage']['shm']['free_bytes'] = '64M'", "storage['shm'].free_bytes is a string"),
+    "interfaces": ("doc['host']['interfaces'] = {'eth0': 5}", "host.interfaces['eth0'] is a number"),
+    "limits": ("doc['limits']['nofile'] = [1024]", "limits['nofile'] has 1 items, not 2"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SECTIONS))
+def test_a_section_of_another_shape_is_that_nodes_failed_section(cluster, tmp_path, case):
+    """Well-formed facts with one section of another shape: that section is the node's PKG003 error and the
+    checks that read it say "not evaluated" on that node; its other facts and the other nodes are checked."""
+    change, expected = SECTIONS[case]
+    body = f"doc = facts()\n{change}\nsay(json.dumps(doc))\nagent()\n"
+    doc, _ = check(cluster, interpreter(tmp_path, "node02", body))  # exit as the verdict says, never 3
+    pkg003 = results(doc, "PKG003")["node02"]
+    assert pkg003["status"] == "error" and expected in pkg003["message"], pkg003
+    assert "not the collector's" in pkg003["message"]
+    assert not [r for r in doc["results"] if "defect in the check" in (r.get("remediation") or "")]
+    assert results(doc, "SSH001")["node02"]["status"] == "pass"
+    assert results(doc, "PKG001")["node01"]["status"] == "pass"
+
+
 def lie(op, line):
     """An agent that answers `op` with `line` and every other request truly."""
     return f"say(json.dumps(facts()))\nagent(lambda request, answer: {line!r} if request['op'] == {op!r} " \
