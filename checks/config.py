@@ -15,7 +15,7 @@ import sys
 import re
 from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from preflight.documents import Document
+from preflight.documents import Document, shorten
 from preflight.jobconfig import (
     ACCELERATE_DS_KEYS,
     ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE,
@@ -272,6 +272,13 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         if section is None or keys[-1] not in section.data:
             continue
         value = section.data[keys[-1]]
+        if value is None and keys == ("distributed_type",):
+            # accelerate keeps it None (config_args.py converts strings only), and launch then runs the script
+            # as one plain process (commands/launch.py: no type flag matches None).
+            yield warn(f"{doc.where(*keys)}: distributed_type is null; accelerate launches the script as one "
+                       "process with no distributed setup, as with 'NO'",
+                       "write `distributed_type: 'NO'`, or the distributed type you meant (MULTI_GPU, DEEPSPEED, ...)",
+                       **at(doc, *keys))
         if value is None or isinstance(value, bool):  # bool: a YAML trap, reported by CFG003
             continue
         if keys[-1].endswith("_device") and str(value).lower() in allowed:
@@ -288,7 +295,8 @@ def yaml_traps(ctx) -> Iterator[Finding]:
 
     YAML 1.1 (PyYAML, which accelerate uses) reads `5e8` and `1e-5` as strings, and an unquoted `NO` or
     `no` as false; a quoted number in JSON is a string too. DeepSpeed then fails comparing a string with
-    a number, or accelerate crashes on `False.lower()`, at start-up on every node.
+    a number, or accelerate launch crashes on `False.lower()` (mixed_precision, dynamo_backend), at
+    start-up on every node. An unquoted `distributed_type: NO` happens to launch as 'NO' (a warning).
 
     Write numbers with a dot and a signed exponent (`5.0e+8`) or in full (`500000000`), never in quotes;
     quote words such as 'NO' and 'no'.
@@ -300,10 +308,20 @@ def yaml_traps(ctx) -> Iterator[Finding]:
     accel = accel_doc(ctx)
     if accel is not None:
         for key in ("distributed_type", "mixed_precision", "dynamo_backend"):
-            if isinstance(accel.data.get(key), bool):
-                yield fail(f"{accel.where(key)}: {key} is {str(accel.data[key]).lower()}, expected a word such as 'NO': "
-                           "YAML 1.1 reads an unquoted NO / no as false",
-                           f"quote it: `{key}: '{'no' if key == 'mixed_precision' else 'NO'}'`", key=key, **at(accel, key))
+            if not isinstance(accel.data.get(key), bool):
+                continue
+            word = str(accel.data[key]).lower()
+            if key == "distributed_type" and word == "false":
+                # accelerate only tests it against its types (commands/launch.py), so false launches as 'NO' does.
+                yield warn(f"{accel.where(key)}: distributed_type is false (YAML 1.1 reads an unquoted NO as false); "
+                           "accelerate launches it as 'NO': one process, no distributed setup",
+                           "quote it: `distributed_type: 'NO'` (or write the distributed type you meant)",
+                           key=key, **at(accel, key))
+                continue
+            # mixed_precision.lower() and dynamo_backend.upper() in accelerate's launch: AttributeError on a bool.
+            yield fail(f"{accel.where(key)}: {key} is {word}, expected a word such as 'NO': YAML 1.1 reads an "
+                       "unquoted NO / no as false (and yes as true), and accelerate launch stops on it",
+                       f"quote it: `{key}: '{'no' if key == 'mixed_precision' else 'NO'}'`", key=key, **at(accel, key))
         yield from _numeric_strings(accel, ACCELERATE_NUMERIC)
         section = live_ds_section(ctx)
         if section is not None:  # DeepSpeed keys pasted inline, nested or flat (CFG004 says they are ignored)
@@ -380,18 +398,24 @@ def deepspeed_section_keys(ctx) -> Iterator[Finding]:
     gradient_accumulation_steps).
     """
     doc = accel_doc(ctx)
-    section = doc.section("deepspeed_config") if doc is not None else None
-    if section is None or not section.data:
+    written = doc.data.get("deepspeed_config") if doc is not None else None
+    if not written:
         yield skip("the accelerate config has no deepspeed_config section")
         return
     if not ctx.plan.accelerate.uses_deepspeed:
         dtype = doc.data.get("distributed_type")
-        yield warn(f"{doc.where('deepspeed_config')}: distributed_type is {dtype!r}, so accelerate never reads this "
-                   "deepspeed_config section: its settings are ignored (accelerate launch uses DeepSpeed only with "
-                   "distributed_type DEEPSPEED or --use_deepspeed)",
+        shown = "null" if dtype is None else str(dtype).lower() if isinstance(dtype, bool) else repr(dtype)
+        named = isinstance(written, str)  # a JSON's path where the section belongs: DeepSpeed was meant
+        yield warn(f"{doc.where('deepspeed_config')}: distributed_type is {shown}, so accelerate never reads "
+                   + (f"deepspeed_config ({shorten(written)}): the job runs without DeepSpeed" if named else
+                      "this deepspeed_config section: its settings are ignored")
+                   + " (accelerate launch uses DeepSpeed only with distributed_type DEEPSPEED or --use_deepspeed)",
+                   f"to run with that DeepSpeed JSON, set distributed_type: DEEPSPEED and deepspeed_config: "
+                   f"{{deepspeed_config_file: {written}}}; else delete the deepspeed_config line" if named else
                    "delete the deepspeed_config section, or set distributed_type: DEEPSPEED if the job is meant to "
                    "use DeepSpeed", distributed_type=dtype, **at(doc, "deepspeed_config"))
         return
+    section = doc.section("deepspeed_config")
     ds_keys = [k for k in section.data if k in DS_JSON_KEYS]
     if ds_keys:
         first = ds_keys[0]

@@ -22,7 +22,7 @@ NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 ACCELERATE_KEYS: Dict[str, tuple] = {
     # bool too: YAML 1.1 reads an unquoted NO / no as false, a trap the CFG checks explain.
     "compute_environment": (str,),
-    "distributed_type": (str, bool),
+    "distributed_type": (str, bool, NoneType),  # null: accelerate launches one process, as with 'NO'
     "mixed_precision": (str, bool, NoneType),
     "use_cpu": (bool,),
     "debug": (bool,),
@@ -237,9 +237,11 @@ class AccelerateConfig:
 def load_accelerate_config(path: str) -> AccelerateConfig:
     doc = load(path, "accelerate config")
     schema = SAGEMAKER_KEYS if doc.data.get("compute_environment") == "AMAZON_SAGEMAKER" else ACCELERATE_KEYS
-    validate_types(doc, schema)
     config = AccelerateConfig(doc)
-    if config.uses_deepspeed:  # a section accelerate never reads is not bad input (CFG004 says it is ignored)
+    if not config.uses_deepspeed:  # a section accelerate never reads is not bad input (CFG004 says it is ignored)
+        schema = {k: v for k, v in schema.items() if k != "deepspeed_config"}
+    validate_types(doc, schema)
+    if config.uses_deepspeed:
         validate_types(doc, ACCELERATE_DS_KEYS, ("deepspeed_config",))
     return config
 

@@ -106,8 +106,9 @@ CASES = [
     ("CFG002/ok-values", [], "CFG002", "pass", "", None),
     ("CFG001/ok-sagemaker", [], "CFG002", "pass", "", None),
     # CFG003 yaml-traps
-    ("CFG003/unquoted-no-distributed-type", [], "CFG003", "fail",
-     "distributed_type is false, expected a word such as 'NO': YAML 1.1 reads an unquoted NO", "accelerate.yaml:2"),
+    ("CFG003/unquoted-no-distributed-type", [], "CFG003", "warn",  # accelerate launches false as 'NO'
+     "distributed_type is false (YAML 1.1 reads an unquoted NO as false); accelerate launches it as 'NO'",
+     "accelerate.yaml:2"),
     ("CFG003/unquoted-no-mixed-precision", [], "CFG003", "fail",
      "mixed_precision is false, expected a word such as 'NO'", "accelerate.yaml:3"),
     ("CFG003/unquoted-no-dynamo-backend", [], "CFG003", "fail",

@@ -79,6 +79,49 @@ def test_ignored_deepspeed_section_is_not_bad_input(capsys):
     assert not of(doc, "CFG040", "fail") and not of(doc, "CFG002", "fail"), shown(doc)
 
 
+@pytest.mark.parametrize("name,shown_type,words", [
+    # PhoenixBeaudry/gradients-modified: a DeepSpeed JSON's path where the section belongs, under MULTI_GPU
+    ("multi-gpu-ds-section/gradients-modified-accelerate_config.yaml", "'MULTI_GPU'",
+     "never reads deepspeed_config ('./deepspeed_stage2.json'): the job runs without DeepSpeed"),
+    # Luodian/GenBench: a whole ZeRO-2 section under distributed_type: null
+    ("multi-gpu-ds-section/genbench-accelerate_config.yaml", "null", "never reads this deepspeed_config section"),
+])
+def test_real_dead_deepspeed_config_is_a_warning_not_bad_input(capsys, name, shown_type, words):
+    code, doc = lint(capsys, "--config", REAL / name)
+    warned = of(doc, "CFG004", "warn")
+    assert code == 0 and warned and words in warned[0]["message"], shown(doc)
+    assert f"distributed_type is {shown_type}" in warned[0]["message"]
+    if name.startswith("multi-gpu-ds-section/gradients"):
+        assert "deepspeed_config_file: ./deepspeed_stage2.json" in warned[0]["remediation"]
+
+
+@pytest.mark.parametrize("name,multi_gpu", [
+    ("multi-gpu-ds-section/gradients-modified-accelerate_config.yaml", True),
+    ("multi-gpu-ds-section/genbench-accelerate_config.yaml", False),
+    ("null-distributed-type/googletrend-accelerate_config.yaml", False),
+    ("../CFG003/unquoted-no-distributed-type/accelerate.yaml", False),
+])
+def test_accelerate_launches_these_as_the_findings_say(name, multi_gpu):
+    """The findings above are what accelerate's own launch makes of the files: no DeepSpeed, and for a null or
+    false distributed_type no launcher flag at all (commands/launch.py then runs the simple launcher, one
+    process, as for 'NO')."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args(["--config_file", str(REAL / name), "train.py"])
+    args = _validate_launch_command(args)[0]
+    assert (args.multi_gpu, args.use_deepspeed, args.use_fsdp, args.cpu) == (multi_gpu, False, False, False)
+
+
+def test_real_null_distributed_type_runs_as_no(capsys):
+    # LUN000/AI_googletrend_tag: `distributed_type:` left empty; accelerate accepts it and runs one process
+    code, doc = lint(capsys, "--config", REAL / "null-distributed-type/googletrend-accelerate_config.yaml")
+    warned = of(doc, "CFG002", "warn")
+    assert code == 0 and warned and "googletrend-accelerate_config.yaml:3: distributed_type is null" in \
+        warned[0]["message"] and "as with 'NO'" in warned[0]["message"], shown(doc)
+
+
 # 5. offload_param at stage 2 does nothing: a warning (also CFG041 rows in test_config_checks.py)
 
 # 6. booleans written as strings
