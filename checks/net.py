@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from preflight import launchcmd, redact
+from preflight.collector import PROGRAM_MARK
 from preflight.compare import odd_ones_out
 from preflight.jobview import selected_interfaces
 from preflight.registry import check
@@ -215,6 +216,7 @@ class Holder:
     rank: Optional[str] = None  # "rank 3" (RANK) or "local rank 0" (LOCAL_RANK, --local_rank) of a rank process
     rank_evidence: Optional[str] = None  # how we know it is a rank of a job, None when it is not known
     children: Optional[int] = None
+    preflight: bool = False  # preflight's own program: another run's agent (its NET004 listener) or all-reduce
 
     @property
     def of_a_job(self) -> bool:
@@ -283,6 +285,8 @@ def classify_holder(holder: Mapping, port: int) -> Holder:
     argv = list(holder.get("argv") or ())
     shown = _one_line(argv or (holder.get("command") or "").split())
     base = dict(pid=holder.get("pid"), shown=shown, ppid=holder.get("ppid"), children=holder.get("children"))
+    if any(isinstance(a, str) and a.startswith(PROGRAM_MARK) for a in argv[1:4]):  # python [-u] -c PROGRAM
+        return Holder(preflight=True, **base)
     launch = launch_of(argv) if argv else None
     if launch is not None:
         return Holder(launch=launch, **base)
@@ -328,6 +332,14 @@ def main_port_free(ctx) -> Iterator[Finding]:
     raw = listen.get("holders") or []
     found = [classify_holder(h, port) for h in raw]
     shown = [redact_holder(h) for h in raw]
+    runs = [h for h in found if h.preflight]
+    if runs:  # the port is free for the job once that run ends: nothing about the nodes is judged
+        yield Finding(Status.ERROR, f"port clash, not judged: port {port} on the head {head} is held by another "
+                      f"preflight run checking this node (pid {runs[0].pid}, its temporary listener or its "
+                      "all-reduce); it frees the port when it ends, within its --timeout",
+                      "run again when the other run has ended, or give this run another --port",
+                      evidence={"port": port, "holders": shown})
+        return
     jobs = [h for h in found if h.of_a_job]
     if not jobs:
         held = "; ".join(f"pid {h.pid} ({h.shown or '?'})" for h in found) or "a process this user cannot see"

@@ -47,6 +47,9 @@ KEY_DISTRIBUTIONS = ("torch", "deepspeed", "accelerate", "transformers")
 MIN_PYTHON = (3, 9)  # pyproject.toml's requires-python: the oldest interpreter preflight is tested with
 UNSUPPORTED = "preflight: unsupported interpreter"
 SECTION_FAILED = "collector section %s failed on the node: "
+# The first line of the shipped program's code on its command line (transport.BOOTSTRAP): it tells a port's
+# holder, or a line of `ps` on the node, to be preflight's own program (its agent or its all-reduce worker).
+PROGRAM_MARK = "# preflight\n"
 NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 
 

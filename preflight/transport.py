@@ -17,9 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from preflight.collector import PROGRAM_MARK
+
 # Reads a length line, that many bytes of source, one line of JSON options, then runs the source. It
 # reads fd 0 unbuffered, so that what follows (the agent's requests) is left for the agent to read.
-BOOTSTRAP = (
+BOOTSTRAP = PROGRAM_MARK + (
     "import os,json\n"
     "def line():\n"
     " b=b''\n"

@@ -88,6 +88,46 @@ def test_rank_zero_of_a_second_run_reports_the_port_clash():
     holder.wait()
 
 
+def test_the_main_port_held_by_another_preflight_run_is_a_port_clash_not_a_failure():
+    """Run a's all-reduce holds the main port (its real rank 0, under the real keeper); run b's probe of the port
+    (the collector's answer from /proc) makes NET003 say port clash, naming no node; a process that is not
+    preflight's on the same port is still a failure of the head."""
+    from preflight import collector, registry, runner
+    from preflight.plan import build_plan
+
+    net003 = {c.id: c for c in registry.load().checks}["NET003"]
+    plan = build_plan(nodes=("n01", "n02"), port=free_port())
+    port = plan.port
+
+    def probed():
+        listen = collector.bindable(port)
+        assert isinstance(listen, dict), "the port is free"
+        ctx = runner.CheckContext(plan, {}, {"port": {"head": "n01", "listen": listen, "workers": {}}})
+        return runner.run_check(net003, ctx)
+
+    holder = start_worker(port, [0], 2, "a" * 16, budget=40.0)
+    try:
+        listening(port)
+        [result] = probed()
+        assert result.status.value == "error" and result.nodes == (), result
+        assert result.message.startswith(f"port clash, not judged: port {port} on the head n01 is held by another "
+                                          "preflight run"), result.message
+    finally:
+        holder.stdin.close()  # the end of its session: the keeper ends it
+        holder.wait(timeout=30)
+    other = subprocess.Popen([sys.executable, "-c", "import socket, time\ns = socket.socket()\n"
+                              "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                              f"s.bind(('0.0.0.0', {port})); s.listen(); time.sleep(30)"])
+    try:
+        listening(port)
+        [result] = probed()
+        assert result.status.value == "fail" and result.nodes == ("n01",), result
+        assert f"held by pid {other.pid}" in result.message, result.message
+    finally:
+        other.kill()
+        other.wait()
+
+
 # --- the real test cluster ----------------------------------------------------------------------
 
 def check(cluster, *extra, python=sys.executable, timeout="20", nodes=None):
