@@ -340,6 +340,11 @@ def evaluate(reg, args, gather=None):
     if config is None and not named_elsewhere and default_accelerate_config():
         config = default_accelerate_config()  # what `accelerate launch` uses without --config_file
         print(f"preflight: using accelerate's default config {config}", file=sys.stderr)
+    if args.command == "lint" and not (config or deepspeed or args.hostfile or command.argv):
+        from preflight.collector import accelerate_default_config
+
+        print("preflight: nothing to lint: no --config, --deepspeed or --hostfile, and no accelerate default config "
+              f"at {accelerate_default_config()}", file=sys.stderr)
     plan = build_plan(
         config=config,
         deepspeed=deepspeed,

@@ -106,8 +106,9 @@ class Plan:
 
 def default_accelerate_config() -> Optional[str]:
     """accelerate's default config file, as `accelerate launch` finds it, when it exists."""
-    cache = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
-    path = os.path.join(os.path.expanduser(cache), "accelerate", "default_config.yaml")
+    from preflight.collector import accelerate_default_config
+
+    path = accelerate_default_config()
     return path if os.path.isfile(path) else None
 
 

@@ -532,3 +532,23 @@ def test_realworld_docs_scenario3_auto_stage(capsys):
                              REALWORLD / "accelerate/docs/deepspeed_md/scenario3/accelerate.yaml", "--json")
     assert code == 0, err
     assert doc["verdict"] == "pass", shown(doc["results"])
+
+
+def test_lint_reads_accelerates_default_config_as_accelerate_launch_finds_it(capsys, tmp_path, monkeypatch):
+    # accelerate reads default_config.json when there is no default_config.yaml (commands/config/config_args.py)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    (tmp_path / "accelerate").mkdir()
+    (tmp_path / "accelerate" / "default_config.json").write_text(
+        '{"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU", "num_machines": 2, '
+        '"num_processes": 3, "main_process_ip": "10.0.0.1", "main_process_port": 29500, "machine_rank": 0}')
+    code, doc, err = run_cli(capsys, "lint", "--json")
+    assert f"using accelerate's default config {tmp_path / 'accelerate' / 'default_config.json'}" in err
+    assert [r["status"] for r in doc["results"] if r["id"] == "CFG020"] == ["fail"], shown(doc["results"])
+
+
+def test_lint_with_nothing_to_lint_says_so(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    code, doc, err = run_cli(capsys, "lint", "--json")
+    assert code == 0 and doc["verdict"] == "pass"  # nothing is wrong: nothing was given
+    assert "nothing to lint: no --config, --deepspeed or --hostfile, and no accelerate default config at " \
+           f"{tmp_path / 'accelerate' / 'default_config.yaml'}" in err
