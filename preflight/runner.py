@@ -138,13 +138,24 @@ def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
                 if not isinstance(finding, Finding):
                     raise TypeError(f"yielded {type(finding).__name__}, expected a Finding")
         except SectionFailed as exc:
-            set_aside.append(Finding(Status.ERROR, f"not evaluated on {exc.node}: {exc.error}", "PKG003 reports the "
-                                     "section that failed: fix what it names on the node (or report it as a defect "
-                                     "of preflight)", nodes=(exc.node,)))
             findings = []
-            if exc.node != ctx.node and exc.node in ctx.reachable:  # the others are still compared without it
-                facts = dict(ctx.facts, **{exc.node: {"facts": None, "clock": None, "error": {
-                    "kind": "collector", "message": exc.error, "remediation": None}}})
+            state = ctx.facts.get(exc.node) or {}
+            rerun = exc.node != ctx.node and state.get("error") is None and bool(state.get("facts"))
+            failed = {exc.node: exc.error}
+            if rerun and ctx.node is None:  # the others are still compared without it, and without every other
+                # node whose same section failed (a cluster check reads it on every node): one rerun per section,
+                # never one per node
+                name = next((k for k, v in dict.items(state["facts"]) if is_failed(v) and v["error"] == exc.error), None)
+                for node, other in ctx.facts.items():
+                    section = dict.get(other.get("facts") or {}, name) if other.get("error") is None else None
+                    if is_failed(section):
+                        failed[node] = section["error"]
+            set_aside += [Finding(Status.ERROR, f"not evaluated on {node}: {error}", "PKG003 reports the section that "
+                                  "failed: fix what it names on the node (or report it as a defect of preflight)",
+                                  nodes=(node,)) for node, error in failed.items()]
+            if rerun:
+                facts = {**ctx.facts, **{node: {"facts": None, "clock": None, "error": {
+                    "kind": "collector", "message": error, "remediation": None}} for node, error in failed.items()}}
                 ctx = CheckContext(plan=ctx.plan, facts=facts, probes=ctx.probes, node=ctx.node)
                 continue
         except Exception as exc:  # a broken check becomes an error result, never a crash
