@@ -296,7 +296,8 @@ def yaml_traps(ctx) -> Iterator[Finding]:
     YAML 1.1 (PyYAML, which accelerate uses) reads `5e8` and `1e-5` as strings, and an unquoted `NO` or
     `no` as false; a quoted number in JSON is a string too. DeepSpeed then fails comparing a string with
     a number, or accelerate launch crashes on `False.lower()` (mixed_precision, dynamo_backend), at
-    start-up on every node. An unquoted `distributed_type: NO` happens to launch as 'NO' (a warning).
+    start-up on every node. An unquoted `distributed_type: NO` (or yes) happens to launch as 'NO' (a
+    warning).
 
     Write numbers with a dot and a signed exponent (`5.0e+8`) or in full (`500000000`), never in quotes;
     quote words such as 'NO' and 'no'.
@@ -311,9 +312,10 @@ def yaml_traps(ctx) -> Iterator[Finding]:
             if not isinstance(accel.data.get(key), bool):
                 continue
             word = str(accel.data[key]).lower()
-            if key == "distributed_type" and word == "false":
-                # accelerate only tests it against its types (commands/launch.py), so false launches as 'NO' does.
-                yield warn(f"{accel.where(key)}: distributed_type is false (YAML 1.1 reads an unquoted NO as false); "
+            if key == "distributed_type":
+                # accelerate only tests it against its types (commands/launch.py): true or false launches as 'NO'.
+                read = "NO as false" if word == "false" else "yes / on as true"
+                yield warn(f"{accel.where(key)}: distributed_type is {word} (YAML 1.1 reads an unquoted {read}); "
                            "accelerate launches it as 'NO': one process, no distributed setup",
                            "quote it: `distributed_type: 'NO'` (or write the distributed type you meant)",
                            key=key, **at(accel, key))
@@ -399,6 +401,15 @@ def deepspeed_section_keys(ctx) -> Iterator[Finding]:
     """
     doc = accel_doc(ctx)
     written = doc.data.get("deepspeed_config") if doc is not None else None
+    if written is not None and not isinstance(written, dict) and ctx.plan.accelerate.uses_deepspeed:
+        # Only with --use_deepspeed over another type (under DEEPSPEED the file is refused as bad input):
+        # launch_command reads defaults.deepspeed_config.keys() before it starts DeepSpeed.
+        yield fail(f"{doc.where('deepspeed_config')}: deepspeed_config is {shorten(written)}, not a section, and the "
+                   "launch uses DeepSpeed: accelerate launch stops on it (AttributeError: no attribute 'keys')",
+                   f"write deepspeed_config: {{deepspeed_config_file: {written}}}" if isinstance(written, str) else
+                   "make deepspeed_config a section of accelerate's DeepSpeed keys (zero_stage, deepspeed_config_file, "
+                   "...), or delete it", **at(doc, "deepspeed_config"))
+        return
     if not written:
         yield skip("the accelerate config has no deepspeed_config section")
         return

@@ -3,6 +3,8 @@ in its README.md), judged by what accelerate 1.15 and DeepSpeed 0.19.8 do with t
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,6 +122,48 @@ def test_real_null_distributed_type_runs_as_no(capsys):
     warned = of(doc, "CFG002", "warn")
     assert code == 0 and warned and "googletrend-accelerate_config.yaml:3: distributed_type is null" in \
         warned[0]["message"] and "as with 'NO'" in warned[0]["message"], shown(doc)
+
+
+def accelerate_launch(tmp_path, config, *flags):
+    """accelerate's own launch of a script that prints 'ran', on this CPU machine: (exit code, its output)."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    proc = subprocess.run([str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(config),
+                           *flags, str(tmp_path / "train.py")], capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_a_deepspeed_json_path_under_use_deepspeed_stops_the_launch(capsys, tmp_path):
+    """The gradients-modified config (a JSON's path where the section belongs, under MULTI_GPU) with
+    --use_deepspeed on the launch command: accelerate launch stops on the path's missing .keys(). Lint said
+    that CFG004 itself raised."""
+    config = REAL / "multi-gpu-ds-section/gradients-modified-accelerate_config.yaml"
+    code, doc = lint(capsys, "--config", config, "--", "accelerate", "launch", "--use_deepspeed", "train.py")
+    failed = of(doc, "CFG004", "fail")
+    assert code == 1 and failed and "deepspeed_config is './deepspeed_stage2.json', not a section" in \
+        failed[0]["message"] and "accelerate launch stops on it" in failed[0]["message"], shown(doc)
+    assert "deepspeed_config_file: ./deepspeed_stage2.json" in failed[0]["remediation"]
+    assert not [r for r in doc["results"] if " raised " in r["message"]], shown(doc)
+    code, said = accelerate_launch(tmp_path, config, "--use_deepspeed")
+    assert code != 0 and "'str' object has no attribute 'keys'" in said, said
+
+
+@pytest.mark.parametrize("word", ["yes", "on", "true"])
+def test_distributed_type_read_as_true_launches_as_no(capsys, tmp_path, word):
+    """An unquoted yes / on is true in YAML 1.1: accelerate runs the script as one process, as for 'NO' (and
+    false), where lint said that accelerate launch stops on it."""
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(f"compute_environment: LOCAL_MACHINE\ndistributed_type: {word}\nnum_machines: 1\n"
+                      "num_processes: 1\nmixed_precision: 'no'\n")
+    code, doc = lint(capsys, "--config", config)
+    warned = of(doc, "CFG003", "warn")
+    assert code == 0 and not of(doc, "CFG003", "fail") and warned, shown(doc)
+    assert "accelerate.yaml:2: distributed_type is true (YAML 1.1 reads an unquoted yes / on as true); " \
+           "accelerate launches it as 'NO'" in warned[0]["message"]
+    if word == "yes":  # accelerate's own launch, once
+        code, said = accelerate_launch(tmp_path, config)
+        assert code == 0 and "ran" in said, said
 
 
 # 5. offload_param at stage 2 does nothing: a warning (also CFG041 rows in test_config_checks.py)
