@@ -9,6 +9,8 @@ unless their shape is a Need; a key it has must be of its shape. Keys no shape n
 checks never read them."""
 from typing import Any, List, Optional, Tuple
 
+from preflight.census import MAX_PROCESSES
+
 NONE = type(None)
 NUMBER = (int, float)
 TEXT = (str, NONE)
@@ -108,10 +110,11 @@ class Is:
 
 
 class Each:
-    """A list whose every item is of one shape; `length`: of exactly that many items."""
+    """A list whose every item is of one shape; `length`: of exactly that many items; `most`: of at most that
+    many (the collector's own cap, where the checks' cost grows faster than the list)."""
 
-    def __init__(self, item, length: Optional[int] = None):
-        self.item, self.length = _shape(item), length
+    def __init__(self, item, length: Optional[int] = None, most: Optional[int] = None):
+        self.item, self.length, self.most = _shape(item), length, most
 
     def outer(self, value: Any) -> bool:
         return isinstance(value, list)
@@ -121,6 +124,8 @@ class Each:
             return [], f"is {kind(value)}"
         if self.length is not None and len(value) != self.length:
             return [], f"has {len(value)} items, not {self.length}"
+        if self.most is not None and len(value) > self.most:
+            return [], f"has {len(value)} items, more than the {self.most} the collector sends"
         if isinstance(self.item, Leaf) and self.item.all(value):
             return None
         for i, item in enumerate(value):
@@ -207,12 +212,13 @@ FABRIC = Obj(
 FILE = Obj(path=str, sha256=str, size=int, text=str, error=str, default=bool)
 ENV = Either(NONE, Keyed(str))
 SECONDS = (int, float, NONE)
+PROCESS = Obj(pid=Need(int), ppid=COUNT, argv=Each(str), state=TEXT, cpu_s=SECONDS, age_s=SECONDS, kind=TEXT, env=ENV,
+              sockets=Each(Obj(local=TEXT, local_port=COUNT, remote=TEXT, remote_port=COUNT, state=TEXT)),
+              children=Each(int), stable=(bool, NONE), cpu_percent=SECONDS, config=FILE,
+              # py-spy's frames: [function, file, line]
+              threads=Each(Obj(name=TEXT, active=(bool, NONE), frames=Each(Each((str, int, NONE), length=3)))))
 CENSUS = Obj(
-    processes=Each(Obj(pid=Need(int), ppid=COUNT, argv=Each(str), state=TEXT, cpu_s=SECONDS, age_s=SECONDS, kind=TEXT,
-                       env=ENV, sockets=Each(Obj(local=TEXT, local_port=COUNT, remote=TEXT, remote_port=COUNT, state=TEXT)),
-                       children=Each(int), stable=(bool, NONE), cpu_percent=SECONDS, config=FILE,
-                       # py-spy's frames: [function, file, line]
-                       threads=Each(Obj(name=TEXT, active=(bool, NONE), frames=Each(Each((str, int, NONE), length=3)))))),
+    processes=Each(PROCESS, most=MAX_PROCESSES),  # the collector's cap: the RUN checks pair the processes up
     listeners=Each(Obj(pid=int, argv=Each(str), age_s=SECONDS, env=ENV)),
     stacks=Obj(tool=TEXT, read=int, failed=int, error=TEXT, samples=int, skipped=str),
     elsewhere=int, port=COUNT, seconds=SECONDS, ptrace_scope=COUNT, uid=COUNT, error=ERROR)
@@ -220,7 +226,7 @@ CENSUS = Obj(
 # Each section as the checks read it. "job" is read key by key with its types where it is used
 # (preflight.jobview): a node's launch is open-ended.
 SECTIONS = {
-    "python": Obj(executable=str, version=str, cwd=str, error=ERROR),
+    "python": Obj(executable=TEXT, version=str, cwd=str, error=ERROR),  # sys.executable: None where unknown
     "packages": Obj(versions=Keyed(TEXT), distributions=Keyed(TEXT), error=ERROR),
     "host": Obj(hostname=str, fqdn=str, interfaces=Keyed(Each(str)),
                 links=Keyed(Obj(up=(bool, NONE), running=(bool, NONE), ipv4=Either(NONE, Each(str)), ipv6=Each(str))),

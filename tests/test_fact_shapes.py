@@ -117,6 +117,14 @@ def test_this_machines_facts_a_job_and_a_real_census_are_of_their_shape(node_fac
     assert bare["storage"]["gone"] == {"path": "/no/such/dir", "exists": False}
 
 
+def test_an_interpreter_that_does_not_know_its_own_path_is_of_its_shape(node_facts):
+    """sys.executable is None where Python cannot tell its own path (documented): the python section holds it."""
+    with mock.patch.object(sys, "executable", None):
+        python = trip(collector._python())
+    assert python["executable"] is None
+    untouched(dict(copy.deepcopy(node_facts), python=python))
+
+
 # --- a value of another shape anywhere ----------------------------------------------------------------
 
 OTHER_VALUES = ("text", 7, True, None, [], {"x": 1})
@@ -211,6 +219,8 @@ def test_a_refused_section_is_named_by_pkg003_and_the_checks_that_read_it(job, n
      "fabric.rdma['mlx5_0'].ports['1'].counters['link_downed'] is a string"),
     ("census", {"processes": [{"pid": 7, "threads": [{"frames": [["f", "x.py"]]}]}]},
      "census.processes[0].threads[0].frames[0] has 2 items, not 3"),
+    ("census", {"processes": [{"pid": n} for n in range(257)]},
+     "census.processes has 257 items, more than the 256 the collector sends"),
 ])
 def test_what_is_wrong_is_said_with_its_path(section, value, expected):
     assert shapes.problem(value, shapes.SECTIONS[section], section) == expected
@@ -221,3 +231,17 @@ def test_a_value_of_the_right_shape_has_no_problem():
                           shapes.SECTIONS["host"], "host") is None
     assert shapes.problem({"shm": {"path": "/dev/shm", "exists": False}}, shapes.SECTIONS["storage"], "storage") is None
     assert shapes.problem(None, shapes.SECTIONS["fabric"], "fabric") is None
+
+
+def test_a_census_of_more_processes_than_the_collector_lists_is_refused_not_paired_up(job, node_facts):
+    """The collector lists at most census.MAX_PROCESSES processes; a node that sends 5,000 is that node's failed
+    census, refused before the RUN checks compare each process with the others (seconds per thousand)."""
+    many = [dict(node_facts["census"]["processes"][0], pid=100000 + n) for n in range(5000)]
+    facts = gather.checked_facts(trip(changed(node_facts, ("census", "processes"), many)))
+    assert runner.failed_sections(facts) == ["collector section census failed on the node: what the node sent is not "
+                                             "the collector's: census.processes has 5000 items, more than the 256 the "
+                                             "collector sends"]
+    state = {"error": None, "clock": {"offset_s": 0.0, "bound_s": 0.0005, "rtt_s": 0.001}}
+    started = time.perf_counter()
+    run_all(job[0], {"n01": dict(state, facts=node_facts), "n02": dict(state, facts=facts)})
+    assert time.perf_counter() - started < 5
