@@ -663,7 +663,8 @@ def process_counts(ctx) -> Iterator[Finding]:
     accelerate starts num_processes // num_machines processes per machine: a total that does not divide
     leaves processes out, and the common per-node reading (num_processes = GPUs per node) silently halves
     the job. Fewer gpu_ids than processes per machine puts two processes on one GPU or fails with an
-    invalid device ordinal; a gpu_ids that YAML read as a number crashes accelerate.
+    invalid device ordinal; a gpu_ids that YAML read as a number crashes accelerate. With distributed_type
+    'NO', accelerate starts one process whatever num_processes says, and machines that never meet.
 
     Set num_processes to num_machines x GPUs per machine, and list at least that many GPUs per machine
     in gpu_ids as a quoted string ('0,1,2,3'), or 'all'.
@@ -674,14 +675,31 @@ def process_counts(ctx) -> Iterator[Finding]:
         return
     data = doc.data
     procs, machines = data.get("num_processes"), data.get("num_machines", 1)
-    distributed = data.get("distributed_type") not in (None, "NO", False)
+    dtype = data.get("distributed_type")
+    distributed = dtype not in (None, "NO", False)
+    # 'NO' (null, an unquoted NO or yes too) runs accelerate's simple launcher: one process, whatever
+    # num_processes says, and no rendezvous with other machines (commands/launch.py; mpirun only for MULTI_CPU).
+    simple = dtype in (None, "NO", False, True) and "distributed_type" in data
+    if simple:
+        shown = "null" if dtype is None else str(dtype).lower() if isinstance(dtype, bool) else repr(dtype)
+        if is_int(machines) and machines > 1:
+            yield fail(f"{doc.where('num_machines')}: num_machines is {machines} but distributed_type is {shown}: "
+                       "accelerate launches the script as one process on each machine, with no distributed setup, "
+                       f"so the {machines} machines each train alone and never meet",
+                       "set distributed_type: MULTI_GPU (or DEEPSPEED, FSDP) for a job over several machines",
+                       num_machines=machines, distributed_type=dtype, **at(doc, "num_machines"))
+        elif is_int(procs) and procs > 1:
+            yield warn(f"{doc.where('num_processes')}: num_processes is {procs} but distributed_type is {shown}: "
+                       f"accelerate launches one process, not {procs}",
+                       f"set distributed_type: MULTI_GPU (or DEEPSPEED, FSDP) to start {procs} processes, or "
+                       "num_processes: 1", num_processes=procs, distributed_type=dtype, **at(doc, "num_processes"))
     if distributed and (procs is None or (is_int(procs) and procs < 1)):
         yield warn(f"{doc.where('num_processes')}: num_processes is {'not set' if procs is None else procs}; "
                    "accelerate launch then stops with 'You need to manually pass in `--num_processes`'",
                    "set num_processes to the total number of processes over all machines", **at(doc, "num_processes"))
     if not (is_int(procs) and is_int(machines) and procs > 0 and machines > 0):
         return
-    if procs % machines:
+    if procs % machines and not simple:
         per = procs // machines
         yield fail(f"{doc.where('num_processes')}: num_processes {procs} does not divide by num_machines {machines}; "
                    f"accelerate would start {per} per machine ({per * machines} in all)",
@@ -707,6 +725,8 @@ def process_counts(ctx) -> Iterator[Finding]:
     if len(set(ids)) != len(ids):
         yield fail(f"{doc.where('gpu_ids')}: gpu_ids {ids_value!r} lists a GPU twice",
                    "list each GPU index once", **at(doc, "gpu_ids"))
+    if simple:  # one process: any GPU listed will do
+        return
     if machines > 1 and procs == len(ids):
         yield warn(f"{doc.where('num_processes')}: num_processes is {procs}, the number of gpu_ids of one machine, "
                    f"but it is the total over all {machines} machines: each machine runs only {per_machine}",

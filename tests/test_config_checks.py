@@ -193,6 +193,11 @@ CASES = [
      "accelerate.yaml:8"),
     ("CFG020/too-few-gpu-ids", [], "CFG020", "fail", "gpu_ids lists 2 GPUs but each machine runs 4 processes",
      "accelerate.yaml:3"),
+    ("CFG020/no-type-over-machines", [], "CFG020", "fail",
+     "num_machines is 2 but distributed_type is 'NO': accelerate launches the script as one process on each machine",
+     "accelerate.yaml:6"),
+    ("CFG020/no-type-several-processes", [], "CFG020", "warn",
+     "num_processes is 4 but distributed_type is 'NO': accelerate launches one process, not 4", "accelerate.yaml:5"),
     ("CFG020/ok-gpu-ids", [], "CFG020", "pass", "", None),
     ("CFG020/ok-gpu-ids-all", [], "CFG020", "pass", "", None),
     # CFG021 hostfile
@@ -552,3 +557,20 @@ def test_lint_with_nothing_to_lint_says_so(capsys, tmp_path, monkeypatch):
     assert code == 0 and doc["verdict"] == "pass"  # nothing is wrong: nothing was given
     assert "nothing to lint: no --config, --deepspeed or --hostfile, and no accelerate default config at " \
            f"{tmp_path / 'accelerate' / 'default_config.yaml'}" in err
+
+
+def test_accelerate_launches_one_process_for_no_whatever_num_processes(tmp_path):
+    """What CFG020 says of distributed_type 'NO' with num_processes 4, from `accelerate launch` itself: the
+    script runs once, with no rank variables."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text("import os\nprint('RAN', os.environ.get('RANK'), os.environ.get('WORLD_SIZE'))\n")
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                           CONFIG / "CFG020/no-type-several-processes/accelerate.yaml", str(script)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [line for line in proc.stdout.splitlines() if line.startswith("RAN")] == ["RAN None None"], proc.stdout
