@@ -581,6 +581,9 @@ def read_file(path, cwd, text=False):
     except OSError as exc:
         entry["error"] = "missing" if exc.errno == 2 else (exc.strerror or str(exc))
         return entry
+    except ValueError:  # a NUL byte in the path: no file can have that name
+        entry["error"] = "the path holds a NUL byte: no file has that name"
+        return entry
     entry["sha256"] = digest.hexdigest()
     if text and kept <= TEXT_LIMIT:
         try:

@@ -54,7 +54,7 @@ ACCELERATE_KEYS: Dict[str, tuple] = {
     "tpu_env": (list, NoneType),
     # Old spellings that accelerate still converts on load.
     "fp16": (bool,),
-    "dynamo_backend": (str, bool),
+    "dynamo_backend": (str, bool, NoneType),  # null: accelerate then sets 'no' (commands/launch.py)
 }
 # SageMakerConfig replaces the cluster fields with these.
 SAGEMAKER_KEYS: Dict[str, tuple] = {

@@ -574,3 +574,12 @@ def test_accelerate_launches_one_process_for_no_whatever_num_processes(tmp_path)
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [line for line in proc.stdout.splitlines() if line.startswith("RAN")] == ["RAN None None"], proc.stdout
+
+
+def test_dynamo_backend_null_is_accepted_as_accelerate_launch_accepts_it(capsys, tmp_path):
+    # config_args.py keeps {"dynamo_backend": None}; launch then sets args.dynamo_backend = "no"
+    config = tmp_path / "accelerate.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\ndynamo_backend: null\n"
+                      "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 1\n")
+    code, doc, err = run_cli(capsys, "lint", "--config", config, "--json")
+    assert code == 0 and doc["verdict"] == "pass", err

@@ -229,6 +229,18 @@ SECRETS = {  # set in node02's sessions: each value must be in no output
 SHOWN_NOT = ("wandbpass123", "hubpass456", "passwd789secret", HF, "cmdsecret111", "wandbkey222")
 
 
+def test_a_nul_byte_in_a_named_path_is_a_finding_not_an_internal_error(tmp_path, capsys, monkeypatch):
+    # YAML's "\0" escape: no file can have that name; the node's read of it says so instead of raising
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "accelerate.yaml"
+    config.write_text('compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n'
+                      '  deepspeed_config_file: "ds\\0.json"\nnum_machines: 1\nnum_processes: 1\nmachine_rank: 0\n')
+    code, doc, err = run_cli(capsys, "check", "--config", config, "--only", "JOB,CFG005", "--skip", "deep", "--json")
+    assert code == 1, err
+    assert any("the path holds a NUL byte" in r["message"] for r in doc["results"] if r["id"].startswith("JOB")), \
+        [r["message"] for r in doc["results"]]
+
+
 def test_unit_redaction_by_name_parts():
     from preflight import redact
 
