@@ -86,9 +86,16 @@ class Census:
     stacks: Dict[str, Mapping[str, Any]] = field(default_factory=dict)  # node -> how the stacks were read
     errors: Dict[str, str] = field(default_factory=dict)  # node -> why it has no census
     port: Optional[int] = None
+    _by_node: Dict[str, List[Proc]] = field(default_factory=dict, repr=False)
+    _indexed: int = field(default=-1, repr=False)
 
     def on(self, node: str, kind: Optional[str] = None) -> List[Proc]:
-        return [p for p in self.procs if p.node == node and (kind is None or p.kind == kind)]
+        if self._indexed != len(self.procs):  # indexed once the processes are in: checks ask node by node
+            self._by_node = {}
+            for p in self.procs:
+                self._by_node.setdefault(p.node, []).append(p)
+            self._indexed = len(self.procs)
+        return [p for p in self._by_node.get(node, ()) if kind is None or p.kind == kind]
 
     @property
     def launchers(self) -> List[Proc]:
@@ -168,7 +175,8 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
                 proc.gpu = on_gpu.get(proc.pid)
                 census.procs.append(proc)
     for launcher in census.launchers:  # what its flags do not say, its ranks' variables do
-        ranks = [p for p in census.ranks if p.node == launcher.node and p.pid in launcher.children]
+        children = set(launcher.children)
+        ranks = [p for p in census.on(launcher.node, "rank") if p.pid in children]
         if launcher.node_rank is None:
             launcher.node_rank = next((p.node_rank for p in ranks if p.node_rank is not None), None)
         if launcher.master_port is None:
@@ -268,15 +276,16 @@ def node_of_address(facts: Mapping[str, Any], address: str) -> Optional[str]:
 
 def table(census: Census) -> List[dict]:
     """One row per process: what `doctor` shows (terminal, --json evidence, HTML)."""
-    rows = []
-    for p in sorted(census.procs, key=lambda p: (census.nodes.index(p.node) if p.node in census.nodes else 0,
-                                                 p.kind != "launcher", p.rank if p.rank is not None else -1)):
+    rows, order = [], {node: i for i, node in enumerate(census.nodes)}
+    with_gpu = any(q.gpu for q in census.procs)
+    for p in sorted(census.procs, key=lambda p: (order.get(p.node, 0), p.kind != "launcher",
+                                                 p.rank if p.rank is not None else -1)):
         rows.append({"node": p.node, "pid": p.pid, "kind": p.launcher or p.kind, "node_rank": p.node_rank,
                      "rank": p.rank, "world": p.world_size if p.kind == "rank" else
                      (f"{p.nnodes} nodes" if p.nnodes else None),
                      "master": f"{p.master_addr}:{p.master_port}" if p.master_addr or p.master_port else None,
                      "state": p.state, "cpu": f"{p.cpu_percent:g}%" if isinstance(p.cpu_percent, (int, float)) else None,
                      "age": f"{p.age_s:.0f}s" if isinstance(p.age_s, (int, float)) else None,
-                     **({"gpu": p.gpu} if any(q.gpu for q in census.procs) else {}),
+                     **({"gpu": p.gpu} if with_gpu else {}),
                      "where": p.where.text()})
     return rows

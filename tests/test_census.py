@@ -105,3 +105,17 @@ def test_several_jobs_are_said_and_each_ranks_gpu_is_shown():
     assert "2 jobs run on these nodes (port 29500 on a; port 29600 on a)" in several.message
     [census_rows] = [r.evidence["census"] for r in results if r.status == Status.PASS]
     assert [row["gpu"] for row in census_rows] == ["0 (3.0 GiB)", "1"]
+
+
+def test_the_processes_of_a_node_are_found_as_they_are_added():
+    # Census.on indexes the processes by node once they are in; one added later is found too
+    def proc(node, pid, kind):
+        return jobcensus.Proc(node=node, pid=pid, kind=kind, argv=[], state="S", age_s=1.0, cpu_percent=0.0, env={},
+                              sockets=[], children=[], where=jobcensus.where(None))
+
+    found = jobcensus.Census(["n1", "n2"])
+    found.procs.append(proc("n1", 10, "launcher"))
+    assert [p.pid for p in found.on("n1")] == [10] and found.on("n2") == []
+    found.procs += [proc("n2", 20, "rank"), proc("n1", 11, "rank")]
+    assert [p.pid for p in found.on("n1")] == [10, 11] and [p.pid for p in found.on("n1", "rank")] == [11]
+    assert [p.pid for p in found.on("n2", "rank")] == [20]
