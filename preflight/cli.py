@@ -340,11 +340,6 @@ def evaluate(reg, args, gather=None):
     if config is None and not named_elsewhere and default_accelerate_config():
         config = default_accelerate_config()  # what `accelerate launch` uses without --config_file
         print(f"preflight: using accelerate's default config {config}", file=sys.stderr)
-    if args.command == "lint" and not (config or deepspeed or args.hostfile or command.argv):
-        from preflight.collector import accelerate_default_config
-
-        print("preflight: nothing to lint: no --config, --deepspeed or --hostfile, and no accelerate default config "
-              f"at {accelerate_default_config()}", file=sys.stderr)
     plan = build_plan(
         config=config,
         deepspeed=deepspeed,
@@ -363,6 +358,11 @@ def evaluate(reg, args, gather=None):
         python=getattr(args, "python", None),
         memory=memory_inputs(args, profile),
     )
+    if args.command == "lint" and not (config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None)):
+        from preflight.collector import accelerate_default_config
+
+        print("preflight: nothing to lint: no --config, --deepspeed, --hostfile or --model, and no accelerate default "
+              f"config at {accelerate_default_config()}", file=sys.stderr)
     ctx = runner.CheckContext(plan)
     if args.command != "lint":
         if deadline is None:

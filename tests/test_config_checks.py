@@ -555,7 +555,7 @@ def test_lint_with_nothing_to_lint_says_so(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     code, doc, err = run_cli(capsys, "lint", "--json")
     assert code == 0 and doc["verdict"] == "pass"  # nothing is wrong: nothing was given
-    assert "nothing to lint: no --config, --deepspeed or --hostfile, and no accelerate default config at " \
+    assert "nothing to lint: no --config, --deepspeed, --hostfile or --model, and no accelerate default config at " \
            f"{tmp_path / 'accelerate' / 'default_config.yaml'}" in err
 
 
