@@ -358,7 +358,8 @@ def evaluate(reg, args, gather=None):
         python=getattr(args, "python", None),
         memory=memory_inputs(args, profile),
     )
-    if args.command == "lint" and not (config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None)):
+    given = config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None)
+    if args.command == "lint" and not given:
         from preflight.collector import accelerate_default_config
 
         print("preflight: nothing to lint: no --config, --deepspeed, --hostfile or --model, and no accelerate default "
