@@ -694,9 +694,14 @@ def process_counts(ctx) -> Iterator[Finding]:
                        f"set distributed_type: MULTI_GPU (or DEEPSPEED, FSDP) to start {procs} processes, or "
                        "num_processes: 1", num_processes=procs, distributed_type=dtype, **at(doc, "num_processes"))
     if distributed and (procs is None or (is_int(procs) and procs < 1)):
-        yield warn(f"{doc.where('num_processes')}: num_processes is {'not set' if procs is None else procs}; "
-                   "accelerate launch then stops with 'You need to manually pass in `--num_processes`'",
-                   "set num_processes to the total number of processes over all machines", **at(doc, "num_processes"))
+        # A file meant to be completed by the launch command's --num_processes (SLURM scripts do) works: a
+        # failure only when that command is known and does not pass it either.
+        make = fail if ctx.plan.command else warn
+        yield make(f"{doc.where('num_processes')}: num_processes is {'not set' if procs is None else procs}; "
+                   "accelerate launch stops with 'You need to manually pass in `--num_processes`'"
+                   + ("" if ctx.plan.command else " unless the launch command passes --num_processes"),
+                   "set num_processes to the total number of processes over all machines (or pass --num_processes "
+                   "to accelerate launch)", **at(doc, "num_processes"))
     if not (is_int(procs) and is_int(machines) and procs > 0 and machines > 0):
         return
     if procs % machines and not simple:

@@ -181,7 +181,9 @@ CASES = [
      "accelerate.yaml:3"),
     ("CFG011/ok-last-rank", [], "CFG011", "pass", "", None),
     # CFG020 process-counts
-    ("CFG020/num-processes-missing", [], "CFG020", "warn", "num_processes is not set", "accelerate.yaml"),
+    ("CFG020/num-processes-missing", [], "CFG020", "warn",
+     "num_processes is not set; accelerate launch stops with 'You need to manually pass in `--num_processes`' unless "
+     "the launch command passes --num_processes", "accelerate.yaml"),
     ("CFG020/not-divisible", [], "CFG020", "fail",
      "num_processes 7 does not divide by num_machines 2; accelerate would start 3 per machine (6 in all)",
      "accelerate.yaml:7"),
@@ -583,3 +585,14 @@ def test_dynamo_backend_null_is_accepted_as_accelerate_launch_accepts_it(capsys,
                       "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 1\n")
     code, doc, err = run_cli(capsys, "lint", "--config", config, "--json")
     assert code == 0 and doc["verdict"] == "pass", err
+
+
+def test_num_processes_missing_with_a_command_that_does_not_pass_it_fails(capsys):
+    config = CONFIG / "CFG020/num-processes-missing/accelerate.yaml"
+    code, doc, err = run_cli(capsys, "lint", "--config", config, "--json", "--", "accelerate", "launch", "train.py")
+    assert [(r["status"], r["message"].split(": ", 1)[1]) for r in results_of(doc, "CFG020")] == [
+        ("fail", "num_processes is not set; accelerate launch stops with 'You need to manually pass in "
+                 "`--num_processes`'")], err
+    code, doc, err = run_cli(capsys, "lint", "--config", config, "--json", "--", "accelerate", "launch",
+                             "--num_processes", "4", "train.py")
+    assert [r["status"] for r in results_of(doc, "CFG020")] == ["pass"], shown(results_of(doc, "CFG020"))

@@ -398,3 +398,72 @@ def test_fast_lint_agrees_with_the_validators(capsys, option, name):
         if r["status"] == "fail" and r["id"] not in ("CFG090", "CFG091"):
             assert any(words in r["message"] for words in DOCUMENTED.get(r["id"], ())), \
                 f"undocumented fail over accepted config:\n{shown(doc)}"
+
+
+# What `accelerate launch` refuses, lint refuses: every accelerate config among the fixtures goes through
+# accelerate's own launch path as far as starting its launcher (argument validation, then the environment its
+# launcher would get: where bools are .lower()ed, gpu_ids split, ports connected to), without starting anything.
+MACHINE_ONLY = ("FP8 is not available", "already in use")  # this machine's hardware and ports, not the file's
+# Where lint only warns, and why: the launch command may complete the file (and with the command, lint fails).
+COMPLETED_BY_THE_COMMAND = {"CFG020": "unless the launch command passes --num_processes"}
+
+
+def launch_refusal(path: Path):
+    """Why accelerate 1.15's `accelerate launch --config_file PATH train.py` stops before its launcher runs,
+    or None. (SageMaker configs launch through AWS: not tried.)"""
+    import contextlib
+    import io
+    import logging
+
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            args, defaults, mp_from_flag = _validate_launch_command(args)
+            if args.use_deepspeed and not args.cpu:  # as launch_command does before deepspeed_launcher
+                fields = list(defaults.deepspeed_config.keys()) + (["mixed_precision"] if mp_from_flag else [])
+                args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+                prepare_deepspeed_cmd_env(args)
+            elif (args.use_fsdp or args.use_megatron_lm or args.multi_gpu) and not args.cpu:
+                prepare_multi_gpu_env(args)
+            elif not args.tpu:
+                prepare_simple_launcher_cmd_env(args)
+    except Exception as exc:
+        return None if any(words in str(exc) for words in MACHINE_ONLY) else f"{type(exc).__name__}: {exc}"
+    finally:
+        logging.disable(logging.NOTSET)
+    return None
+
+
+def test_what_accelerate_launch_refuses_lint_refuses(capsys):
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    import json
+
+    import yaml
+
+    from preflight.cli import main
+
+    fixtures = Path(__file__).parent / "fixtures"
+    configs = [p for p in sorted(fixtures.rglob("*.yaml")) if "config" in p.parts or "realworld" in p.parts]
+    refused, missed = [], []
+    for path in configs:
+        data = yaml.safe_load(path.read_text())
+        if not isinstance(data, dict) or "compute_environment" not in data and "distributed_type" not in data \
+                or data.get("compute_environment") == "AMAZON_SAGEMAKER":
+            continue  # not an accelerate config, or one accelerate launches on AWS
+        why = launch_refusal(path)
+        if why is None:
+            continue
+        refused.append(path)
+        code = main(["lint", "--config", str(path), "--json"])
+        out, _ = capsys.readouterr()
+        found = [] if code == 2 else json.loads(out)["results"]
+        if code != 2 and not [r for r in found if r["status"] == "fail" or r["status"] == "warn"
+                              and COMPLETED_BY_THE_COMMAND.get(r["id"], "\0") in r["message"]]:
+            missed.append(f"{path.relative_to(fixtures)}: accelerate launch stops ({why[:160]}), lint passes")
+    assert len(refused) >= 15, refused  # the fixtures of refused configs are all tried
+    assert not missed, "\n".join(missed)
