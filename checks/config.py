@@ -281,8 +281,8 @@ def accelerate_values(ctx) -> Iterator[Finding]:
                        **at(doc, *keys))
         if value is None or isinstance(value, bool):  # bool: a YAML trap, reported by CFG003
             continue
-        if keys[-1].endswith("_device") and str(value).lower() in allowed:
-            continue  # accelerate lower-cases them: str(args.offload_*_device).lower() (utils/launch.py)
+        if (keys[-1].endswith("_device") or keys == ("mixed_precision",)) and str(value).lower() in allowed:
+            continue  # accelerate lower-cases them before use (utils/launch.py: offload devices, mixed_precision)
         if value not in allowed:
             yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {value!r}, expected one of "
                        f"{', '.join(allowed)}{did_you_mean(value, allowed)}",
@@ -1051,7 +1051,7 @@ def precision(ctx) -> Iterator[Finding]:
                    "enable only one: bf16 on A100/H100-class GPUs, fp16 on older ones", **at(ds, bf16_key))
         return
     doc = accel_doc(ctx)
-    mp = doc.data.get("mixed_precision") if doc is not None else None
+    mp = ctx.plan.accelerate.mixed_precision if doc is not None else None
     if not isinstance(mp, str) or mp not in MIXED_PRECISIONS:
         return
     wanted = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16"}.get(mp)

@@ -235,7 +235,7 @@ def requested_precisions(plan) -> dict:
     """precision -> where the job asks for it."""
     wanted = {}
     accel, ds = plan.accelerate, plan.deepspeed
-    mp = accel.data.get("mixed_precision") if accel is not None else None
+    mp = accel.mixed_precision if accel is not None else None
     if mp in PRECISION_NEEDS:
         wanted[mp] = f"mixed_precision {mp} in {accel.doc.path}"
     for block in ("bf16", "fp16"):

@@ -60,7 +60,7 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
         return None, f"{per} processes per node x {machines} nodes is no job's size (see CFG checks)", ()
     section = accel.deepspeed_section if accel is not None and accel.uses_deepspeed else None
     init_flag = section.data.get("zero3_init_flag") if section is not None else None
-    mp = accel.data.get("mixed_precision") if accel is not None else None
+    mp = accel.mixed_precision if accel is not None else None
     ds = plan.deepspeed
     halves = [ds.enabled(b) for b in ("fp16", "bf16")] if ds is not None else []
     if True in halves or ("auto" in halves and mp in ("fp16", "bf16", "fp8")):

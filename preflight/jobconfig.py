@@ -229,6 +229,13 @@ class AccelerateConfig:
         its keys are copied into launch's arguments that no launcher reads."""
         return self.data.get("distributed_type") == "DEEPSPEED"
 
+    @property
+    def mixed_precision(self) -> Any:
+        """mixed_precision as accelerate uses it: lower-cased before use by every launcher
+        (accelerate/utils/launch.py: PrecisionType(args.mixed_precision.lower())), so 'FP16' is fp16."""
+        value = self.data.get("mixed_precision")
+        return value.lower() if isinstance(value, str) else value
+
     def integer(self, key: str, default: Optional[int] = None) -> Optional[int]:
         value = self.data.get(key, default)
         return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -105,6 +105,7 @@ CASES = [
     ("CFG002/bad-offload-param-device", [], "CFG002", "pass", "", None),  # once flagged: a false alarm
     ("CFG002/ok-values", [], "CFG002", "pass", "", None),
     ("CFG001/ok-sagemaker", [], "CFG002", "pass", "", None),
+    ("CFG002/ok-upper-case-mixed-precision", [], "CFG002", "pass", "", None),  # accelerate lower-cases it
     # CFG003 yaml-traps
     ("CFG003/unquoted-no-distributed-type", [], "CFG003", "warn",  # accelerate launches false as 'NO'
      "distributed_type is false (YAML 1.1 reads an unquoted NO as false); accelerate launches it as 'NO'",
@@ -596,3 +597,18 @@ def test_num_processes_missing_with_a_command_that_does_not_pass_it_fails(capsys
     code, doc, err = run_cli(capsys, "lint", "--config", config, "--json", "--", "accelerate", "launch",
                              "--num_processes", "4", "train.py")
     assert [r["status"] for r in results_of(doc, "CFG020")] == ["pass"], shown(results_of(doc, "CFG020"))
+
+
+def test_accelerate_lower_cases_mixed_precision_as_cfg002_says(tmp_path):
+    """CFG002 passes mixed_precision: BF16 because `accelerate launch` itself trains it as bf16."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text("from accelerate import Accelerator\nprint('MP', Accelerator().mixed_precision)\n")
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                           CONFIG / "CFG002/ok-upper-case-mixed-precision/accelerate.yaml", str(script)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0 and "MP bf16" in proc.stdout, proc.stderr[-2000:]
