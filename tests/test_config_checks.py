@@ -562,21 +562,26 @@ def test_lint_with_nothing_to_lint_says_so(capsys, tmp_path, monkeypatch):
            f"{tmp_path / 'accelerate' / 'default_config.yaml'}" in err
 
 
-def test_accelerate_launches_one_process_for_no_whatever_num_processes(tmp_path):
-    """What CFG020 says of distributed_type 'NO' with num_processes 4, from `accelerate launch` itself: the
-    script runs once, with no rank variables."""
+def accelerate_launch(tmp_path, config: Path, script: str) -> str:
+    """The output of `accelerate launch --config_file CONFIG` running `script` (a CPU one), which must succeed."""
     if importlib.util.find_spec("accelerate") is None:
         pytest.skip("accelerate is not installed (the 'train' extra)")
     import subprocess
     import sys
 
-    script = tmp_path / "train.py"
-    script.write_text("import os\nprint('RAN', os.environ.get('RANK'), os.environ.get('WORLD_SIZE'))\n")
-    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                           CONFIG / "CFG020/no-type-several-processes/accelerate.yaml", str(script)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    (tmp_path / "train.py").write_text(script)
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                           str(tmp_path / "train.py")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert [line for line in proc.stdout.splitlines() if line.startswith("RAN")] == ["RAN None None"], proc.stdout
+    return proc.stdout
+
+
+def test_accelerate_launches_one_process_for_no_whatever_num_processes(tmp_path):
+    """What CFG020 says of distributed_type 'NO' with num_processes 4, from `accelerate launch` itself: the
+    script runs once, with no rank variables."""
+    out = accelerate_launch(tmp_path, CONFIG / "CFG020/no-type-several-processes/accelerate.yaml",
+                            "import os\nprint('RAN', os.environ.get('RANK'), os.environ.get('WORLD_SIZE'))\n")
+    assert [line for line in out.splitlines() if line.startswith("RAN")] == ["RAN None None"], out
 
 
 def test_dynamo_backend_null_is_accepted_as_accelerate_launch_accepts_it(capsys, tmp_path):
@@ -601,14 +606,6 @@ def test_num_processes_missing_with_a_command_that_does_not_pass_it_fails(capsys
 
 def test_accelerate_lower_cases_mixed_precision_as_cfg002_says(tmp_path):
     """CFG002 passes mixed_precision: BF16 because `accelerate launch` itself trains it as bf16."""
-    if importlib.util.find_spec("accelerate") is None:
-        pytest.skip("accelerate is not installed (the 'train' extra)")
-    import subprocess
-    import sys
-
-    script = tmp_path / "train.py"
-    script.write_text("from accelerate import Accelerator\nprint('MP', Accelerator().mixed_precision)\n")
-    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                           CONFIG / "CFG002/ok-upper-case-mixed-precision/accelerate.yaml", str(script)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert proc.returncode == 0 and "MP bf16" in proc.stdout, proc.stderr[-2000:]
+    out = accelerate_launch(tmp_path, CONFIG / "CFG002/ok-upper-case-mixed-precision/accelerate.yaml",
+                            "from accelerate import Accelerator\nprint('MP', Accelerator().mixed_precision)\n")
+    assert "MP bf16" in out, out
