@@ -151,6 +151,11 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def yaml_word(value: Any) -> str:
+    """A value as YAML writes it, for a message: null, true, false, or the value quoted."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+
+
 def accel_doc(ctx) -> Optional[Document]:
     return ctx.plan.accelerate.doc if ctx.plan.accelerate is not None else None
 
@@ -415,7 +420,7 @@ def deepspeed_section_keys(ctx) -> Iterator[Finding]:
         return
     if not ctx.plan.accelerate.uses_deepspeed:
         dtype = doc.data.get("distributed_type")
-        shown = "null" if dtype is None else str(dtype).lower() if isinstance(dtype, bool) else repr(dtype)
+        shown = yaml_word(dtype)
         named = isinstance(written, str)  # a JSON's path where the section belongs: DeepSpeed was meant
         yield warn(f"{doc.where('deepspeed_config')}: distributed_type is {shown}, so accelerate never reads "
                    + (f"deepspeed_config ({shorten(written)}): the job runs without DeepSpeed" if named else
@@ -676,12 +681,10 @@ def process_counts(ctx) -> Iterator[Finding]:
     data = doc.data
     procs, machines = data.get("num_processes"), data.get("num_machines", 1)
     dtype = data.get("distributed_type")
-    distributed = dtype not in (None, "NO", False)
-    # 'NO' (null, an unquoted NO or yes too) runs accelerate's simple launcher: one process, whatever
-    # num_processes says, and no rendezvous with other machines (commands/launch.py; mpirun only for MULTI_CPU).
-    simple = dtype in (None, "NO", False, True) and "distributed_type" in data
+    # The simple launcher starts one process whatever num_processes says, and never meets other machines.
+    simple = ctx.plan.accelerate.simple_launch
     if simple:
-        shown = "null" if dtype is None else str(dtype).lower() if isinstance(dtype, bool) else repr(dtype)
+        shown = yaml_word(dtype)
         if is_int(machines) and machines > 1:
             yield fail(f"{doc.where('num_machines')}: num_machines is {machines} but distributed_type is {shown}: "
                        "accelerate launches the script as one process on each machine, with no distributed setup, "
@@ -693,7 +696,8 @@ def process_counts(ctx) -> Iterator[Finding]:
                        f"accelerate launches one process, not {procs}",
                        f"set distributed_type: MULTI_GPU (or DEEPSPEED, FSDP) to start {procs} processes, or "
                        "num_processes: 1", num_processes=procs, distributed_type=dtype, **at(doc, "num_processes"))
-    if distributed and (procs is None or (is_int(procs) and procs < 1)):
+    # accelerate gives num_processes a default for 'NO' only (config_args.py process_config); else -1 stops launch.
+    if "distributed_type" in data and dtype != "NO" and (procs is None or (is_int(procs) and procs < 1)):
         # A file meant to be completed by the launch command's --num_processes (SLURM scripts do) works: a
         # failure only when that command is known and does not pass it either.
         make = fail if ctx.plan.command else warn

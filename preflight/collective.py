@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from preflight import nccllog, progress
+from preflight.colworker import NCCL_LINE_CHARS, NCCL_MAX_LINES
 from preflight.transport import NodeError, shipped_command, shipped_input
 
 MIB = 1 << 20
@@ -558,9 +559,12 @@ def shape_error(report, ranks: Sequence[int]) -> Optional[str]:
                 return problem
         nccl = r.get("nccl")
         if nccl is not None and not (isinstance(nccl, dict) and isinstance(nccl.get("lines"), list)
-                                     and all(isinstance(line, str) for line in nccl["lines"])
+                                     and len(nccl["lines"]) <= NCCL_MAX_LINES
+                                     and all(isinstance(line, str) and len(line) <= NCCL_LINE_CHARS
+                                             for line in nccl["lines"])
                                      and (nccl.get("debug") is None or isinstance(nccl.get("debug"), str))):
-            return f"{where}'nccl' is not an object with a list of lines"
+            # (the worker sends at most so many, so short: longer ones would only cost the head time to parse)
+            return f"{where}'nccl' is not an object with at most {NCCL_MAX_LINES} lines of {NCCL_LINE_CHARS} characters"
         if r["ok"] and not r.get("sizes") and not r.get("skipped_sizes"):
             return f"{where}it passed without measuring any size"
     if report["ok"] and not all(r["ok"] for r in report["ranks"]):

@@ -230,6 +230,12 @@ class AccelerateConfig:
         return self.data.get("distributed_type") == "DEEPSPEED"
 
     @property
+    def simple_launch(self) -> bool:
+        """Whether `accelerate launch` runs its simple launcher: one process, no rendezvous. distributed_type
+        'NO', or null or a YAML boolean, which no launcher flag matches (commands/launch.py)."""
+        return "distributed_type" in self.data and self.data["distributed_type"] in (None, "NO", False, True)
+
+    @property
     def mixed_precision(self) -> Any:
         """mixed_precision as accelerate uses it: lower-cased before use by every launcher
         (accelerate/utils/launch.py: PrecisionType(args.mixed_precision.lower())), so 'FP16' is fp16."""

@@ -19,14 +19,14 @@ from typing import Iterable, List, Optional, TextIO
 REFRESH_S = 0.25  # redraws per second: 4
 NAMED = 3  # the nodes waited for longest, by name; the rest are counted
 NAME_MAX = 40  # cells of a node name on the line
-ERASE = "\r\x1b[2K"
+ERASE = "\r\x1b[2K"  # to the line's start, and clear it
 # How the status line is made shorter until it fits, level by level: (the short label, the step, the counts:
 # 2 all, 1 fewer, 0 none, the nodes named, "and N more"). What it waits for matters most; where a step says
 # where it is (the all-reduce's size n of m), that comes next, and the counts last. The levels that keep the
 # step are passed over where there is none.
 LEVELS = ((False, True, 2, NAMED, True), (True, True, 0, 1, True), (True, True, 0, 1, False),
           (True, False, 1, NAMED, True), (True, False, 1, 1, True))
-WITHOUT_STEP = 3  # the first level without the step  # to the line's start, and clear it
+WITHOUT_STEP = 3  # the first level without the step
 FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 ASCII_FRAMES = "-\\|/"
 

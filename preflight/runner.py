@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from preflight.collector import SECTION_FAILED
 from preflight.documents import one_line
@@ -46,9 +46,9 @@ class CheckContext:
 class SectionFailed(Exception):
     """A check read a section of a node's facts that failed on the node: it cannot be evaluated there."""
 
-    def __init__(self, node: str, error: str):
+    def __init__(self, node: str, section: str, error: str):
         super().__init__(error)
-        self.node, self.error = node, error
+        self.node, self.section, self.error = node, section, error
 
 
 class NodeFacts(dict):
@@ -62,16 +62,16 @@ class NodeFacts(dict):
         super().__init__(doc)
         self.node = node
 
-    def _checked(self, value):
+    def _checked(self, key, value):
         if is_failed(value):
-            raise SectionFailed(self.node, value["error"])
+            raise SectionFailed(self.node, key, value["error"])
         return value
 
     def __getitem__(self, key):
-        return self._checked(dict.__getitem__(self, key))
+        return self._checked(key, dict.__getitem__(self, key))
 
     def get(self, key, default=None):
-        return self._checked(dict.get(self, key, default))
+        return self._checked(key, dict.get(self, key, default))
 
 
 def failed_sections(doc: Mapping) -> List[str]:
@@ -127,6 +127,24 @@ def _not_checked(spec: CheckSpec, node: str, error: Mapping) -> Result:
                   None, {"blocked_by": node_error_check(error.get("kind"))}, 0.0)
 
 
+def _set_aside(exc: SectionFailed, ctx: CheckContext) -> Tuple[Dict[str, str], Optional[CheckContext]]:
+    """The nodes a check that read a failed section cannot be evaluated on (node -> why), and the context to
+    run it again in without them (None: nothing else to evaluate, as for a node check on its own node). A
+    cluster check reads a section on every node: every node whose same section failed is set aside at once,
+    so a check runs once more per failed section, never once per node."""
+    failed = {exc.node: exc.error}
+    if exc.node == ctx.node or exc.node not in ctx.facts or ctx.facts[exc.node].get("error") is not None:
+        return failed, None
+    if ctx.node is None:
+        for node, state in ctx.facts.items():
+            section = dict.get(state.get("facts") or {}, exc.section) if state.get("error") is None else None
+            if is_failed(section):
+                failed[node] = section["error"]
+    unusable = {node: {"facts": None, "clock": None, "error": {"kind": "collector", "message": error,
+                                                               "remediation": None}} for node, error in failed.items()}
+    return failed, CheckContext(plan=ctx.plan, facts={**ctx.facts, **unusable}, probes=ctx.probes, node=ctx.node)
+
+
 def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
     """The check's Results; `nodes` for those whose finding names none (a node check's own node)."""
     started = time.perf_counter()
@@ -139,24 +157,12 @@ def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
                     raise TypeError(f"yielded {type(finding).__name__}, expected a Finding")
         except SectionFailed as exc:
             findings = []
-            state = ctx.facts.get(exc.node) or {}
-            rerun = exc.node != ctx.node and state.get("error") is None and bool(state.get("facts"))
-            failed = {exc.node: exc.error}
-            if rerun and ctx.node is None:  # the others are still compared without it, and without every other
-                # node whose same section failed (a cluster check reads it on every node): one rerun per section,
-                # never one per node
-                name = next((k for k, v in dict.items(state["facts"]) if is_failed(v) and v["error"] == exc.error), None)
-                for node, other in ctx.facts.items():
-                    section = dict.get(other.get("facts") or {}, name) if other.get("error") is None else None
-                    if is_failed(section):
-                        failed[node] = section["error"]
+            failed, without = _set_aside(exc, ctx)
             set_aside += [Finding(Status.ERROR, f"not evaluated on {node}: {error}", "PKG003 reports the section that "
                                   "failed: fix what it names on the node (or report it as a defect of preflight)",
                                   nodes=(node,)) for node, error in failed.items()]
-            if rerun:
-                facts = {**ctx.facts, **{node: {"facts": None, "clock": None, "error": {
-                    "kind": "collector", "message": error, "remediation": None}} for node, error in failed.items()}}
-                ctx = CheckContext(plan=ctx.plan, facts=facts, probes=ctx.probes, node=ctx.node)
+            if without is not None:
+                ctx = without
                 continue
         except Exception as exc:  # a broken check becomes an error result, never a crash
             findings = [

@@ -109,6 +109,19 @@ class Is:
         return None if self.outer(value) and value == self.value else ([], f"is not {self.value!r}")
 
 
+def _first_wrong(shape, items, values) -> Wrong:
+    """What is wrong with the first of `items` ((index or key, value)) that is not of `shape`; `values`, the
+    same values, tested at once where the shape is a Leaf (most lists and objects hold only plain values)."""
+    if isinstance(shape, Leaf) and shape.all(values):
+        return None
+    for where, item in items:
+        found = shape.wrong(item)
+        if found:
+            found[0].append(f"[{where!r}]")
+            return found
+    return None
+
+
 class Each:
     """A list whose every item is of one shape; `length`: of exactly that many items; `most`: of at most that
     many (the collector's own cap, where the checks' cost grows faster than the list)."""
@@ -126,14 +139,7 @@ class Each:
             return [], f"has {len(value)} items, not {self.length}"
         if self.most is not None and len(value) > self.most:
             return [], f"has {len(value)} items, more than the {self.most} the collector sends"
-        if isinstance(self.item, Leaf) and self.item.all(value):
-            return None
-        for i, item in enumerate(value):
-            found = self.item.wrong(item)
-            if found:
-                found[0].append(f"[{i}]")
-                return found
-        return None
+        return _first_wrong(self.item, enumerate(value), value)
 
 
 class Keyed:
@@ -148,14 +154,7 @@ class Keyed:
     def wrong(self, value: Any) -> Wrong:
         if not isinstance(value, dict):
             return [], f"is {kind(value)}"
-        if isinstance(self.value, Leaf) and self.value.all(value.values()):
-            return None
-        for key, item in value.items():
-            found = self.value.wrong(item)
-            if found:
-                found[0].append(f"[{key[:40]!r}]")
-                return found
-        return None
+        return _first_wrong(self.value, ((key[:40], item) for key, item in value.items()), value.values())
 
 
 class Either:

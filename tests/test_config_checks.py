@@ -196,6 +196,9 @@ CASES = [
      "accelerate.yaml:8"),
     ("CFG020/too-few-gpu-ids", [], "CFG020", "fail", "gpu_ids lists 2 GPUs but each machine runs 4 processes",
      "accelerate.yaml:3"),
+    # accelerate defaults num_processes for 'NO' only: null stops at launch as MULTI_GPU does
+    ("CFG020/null-type-num-processes-missing", [], "CFG020", "warn",
+     "num_processes is not set; accelerate launch stops", "accelerate.yaml"),
     ("CFG020/no-type-over-machines", [], "CFG020", "fail",
      "num_machines is 2 but distributed_type is 'NO': accelerate launches the script as one process on each machine",
      "accelerate.yaml:6"),

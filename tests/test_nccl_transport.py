@@ -115,7 +115,11 @@ def test_gloo_ranks_get_no_nccl_setting(tmp_path):
     assert "nccl" not in first and "nccl" not in second
 
 
-@pytest.mark.parametrize("nccl", ["IB", [], {"lines": "x"}, {"lines": [1]}, {"lines": [], "debug": 3}])
+@pytest.mark.parametrize("nccl", ["IB", [], {"lines": "x"}, {"lines": [1]}, {"lines": [], "debug": 3},
+                                  # more or longer lines than the worker sends: the head's parser is not made to
+                                  # chew on them (one 700 kB line of repeated channel heads took it 30 s)
+                                  {"lines": ["NCCL INFO Channel a : " * 32000]},
+                                  {"lines": ["NCCL INFO NET/IB : Using [0]mlx5_0:1/IB"] * 41}])
 def test_a_report_with_wrong_nccl_lines_is_the_nodes_protocol_failure(nccl):
     report = {"ok": True, "ranks": [dict(rank(0), sizes=[], skipped_sizes=[MIB], nccl=nccl)]}
     assert "'nccl' is not an object" in collective.shape_error(report, [0])
