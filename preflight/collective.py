@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from preflight import nccllog, progress
-from preflight.colworker import NCCL_LINE_CHARS, NCCL_MAX_LINES
 from preflight.transport import NodeError, shipped_command, shipped_input
 
 MIB = 1 << 20
@@ -558,6 +557,8 @@ def shape_error(report, ranks: Sequence[int]) -> Optional[str]:
             if problem:
                 return problem
         nccl = r.get("nccl")
+        from preflight.colworker import NCCL_LINE_CHARS, NCCL_MAX_LINES  # here: lint imports this module, not the worker
+
         if nccl is not None and not (isinstance(nccl, dict) and isinstance(nccl.get("lines"), list)
                                      and len(nccl["lines"]) <= NCCL_MAX_LINES
                                      and all(isinstance(line, str) and len(line) <= NCCL_LINE_CHARS
