@@ -200,8 +200,15 @@ class Slurm:
 
     # ---- use
     def run(self, argv: Sequence[str], timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        try:
+            proc = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:  # a job waiting for nodes: say which state kept them
+            nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T %E"], env=self.env, capture_output=True,
+                                   text=True, timeout=10, stdin=subprocess.DEVNULL).stdout
+            raise SlurmError(f"{shlex.join(argv)}: still running after {timeout:g} s; stderr: "
+                             f"{(exc.stderr or b'').decode(errors='replace').strip()}\nnodes:\n{nodes}"
+                             f"slurmctld.log: {self._tail(self.dir / 'slurmctld.log')}") from None
         if check and proc.returncode != 0:
             raise SlurmError(f"{shlex.join(argv)}: rc {proc.returncode}: {proc.stderr.strip()}\n"
                              f"slurmctld.log: {self._tail(self.dir / 'slurmctld.log')}")
@@ -233,6 +240,26 @@ class Slurm:
         state = re.search(r"\bState=(\S+)", text)
         reason = re.search(r"\bReason=(.*)$", text, re.MULTILINE)
         return {"state": state.group(1) if state else "", "reason": reason.group(1).strip() if reason else ""}
+
+    def ctld_log_size(self) -> int:
+        try:
+            return (self.dir / "slurmctld.log").stat().st_size
+        except OSError:
+            return 0
+
+    def wait_ctld_log(self, pattern: str, since: int, timeout: float = 60) -> str:
+        """The first line of slurmctld.log past byte `since` that matches the regex pattern."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(self.dir / "slurmctld.log", "rb") as log:
+                log.seek(since)
+                for line in log.read().decode(errors="replace").splitlines():
+                    if re.search(pattern, line):
+                        return line
+            if time.monotonic() > deadline:
+                raise SlurmError(f"slurmctld logged nothing matching {pattern!r} in {timeout:g} s: "
+                                 f"{self._tail(self.dir / 'slurmctld.log')}")
+            time.sleep(0.2)
 
     def drained(self) -> Dict[str, str]:
         """sinfo -R: node -> reason."""
