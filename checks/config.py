@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import re
-from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.documents import Document, shorten
 from preflight.jobconfig import (
@@ -31,7 +31,10 @@ from preflight.jobconfig import (
     RDZV_BACKENDS,
     SAGEMAKER_DISTRIBUTED_TYPES,
     SAGEMAKER_KEYS,
+    accelerate_launcher,
     is_numeric_string,
+    text_number,
+    text_number_stops_launch,
 )
 from preflight.registry import check
 from preflight.result import Finding, fail, passed, skip, warn
@@ -198,7 +201,7 @@ PLACEHOLDER_IP = re.compile(r"^(x{1,3}(\.x{1,3}){3}|<[^>]*>|\{\{.*\}\}|your[_-]?
 
 
 def processes_per_machine(data: Mapping[str, Any]) -> Optional[int]:
-    procs, machines = data.get("num_processes"), data.get("num_machines", 1)
+    procs, machines = text_number(data.get("num_processes")), text_number(data.get("num_machines", 1))
     if is_int(procs) and is_int(machines) and procs > 0 and machines > 0:
         return procs // machines
     return None
@@ -302,7 +305,10 @@ def yaml_traps(ctx) -> Iterator[Finding]:
     `no` as false; a quoted number in JSON is a string too. DeepSpeed then fails comparing a string with
     a number, or accelerate launch crashes on `False.lower()` (mixed_precision, dynamo_backend), at
     start-up on every node. An unquoted `distributed_type: NO` (or yes) happens to launch as 'NO' (a
-    warning).
+    warning). In accelerate's config, only text that accelerate compares or computes with stops it:
+    num_machines, num_processes over several machines or in the simple launcher, the head's
+    main_process_port, a zero_stage or gradient_accumulation_steps that int() cannot read back in the
+    script; text it passes on (machine_rank, num_processes on one machine, gradient_clipping) works.
 
     Write numbers with a dot and a signed exponent (`5.0e+8`) or in full (`500000000`), never in quotes;
     quote words such as 'NO' and 'no'.
@@ -329,11 +335,21 @@ def yaml_traps(ctx) -> Iterator[Finding]:
             yield fail(f"{accel.where(key)}: {key} is {word}, expected a word such as 'NO': YAML 1.1 reads an "
                        "unquoted NO / no as false (and yes as true), and accelerate launch stops on it",
                        f"quote it: `{key}: '{'no' if key == 'mixed_precision' else 'NO'}'`", key=key, **at(accel, key))
-        yield from _numeric_strings(accel, ACCELERATE_NUMERIC)
-        section = live_ds_section(ctx)
-        if section is not None:  # DeepSpeed keys pasted inline, nested or flat (CFG004 says they are ignored)
-            inline = {("deepspeed_config",) + k for k in DS_NUMERIC} | {("deepspeed_config", k[-1]) for k in DS_NUMERIC}
-            yield from _numeric_strings(accel, sorted(inline - set(ACCELERATE_NUMERIC)))
+        conf, data = ctx.plan.accelerate, accel.data
+        # Sections accelerate never reads hold no trap (CFG004 says a DeepSpeed one is ignored), nor do the
+        # DeepSpeed-JSON keys pasted into a live one.
+        read = {(): True, ("deepspeed_config",): conf.uses_deepspeed,
+                ("fsdp_config",): data.get("distributed_type") == "FSDP"}
+
+        def stops(keys: Tuple[str, ...], text: str) -> Optional[str]:
+            fsdp = data.get("fsdp_config") if isinstance(data.get("fsdp_config"), dict) else {}
+            if keys[-1] == "fsdp_min_num_params" and str(fsdp.get("fsdp_auto_wrap_policy")).upper() != "SIZE_BASED_WRAP":
+                return None  # read only by the size-based wrap policy (FullyShardedDataParallelPlugin)
+            simple = accelerate_launcher(data.get("distributed_type")) == "simple"
+            return text_number_stops_launch(keys, text, simple, data.get("use_cpu"),
+                                            data.get("num_machines", 1), data.get("machine_rank", 0))
+
+        yield from _numeric_strings(accel, [k for k in ACCELERATE_NUMERIC if read[k[:-1]]], stops)
     ds = ds_doc(ctx)
     if ds is not None:
         yield from _numeric_strings(ds, list(DS_NUMERIC))
@@ -373,13 +389,19 @@ def _boolean_strings(doc: Document, keys: Tuple[str, ...]) -> Iterator[Finding]:
                        f'write "{key}": {word}, without quotes', key=dotted(path), value=value, **at(doc, *path))
 
 
-def _numeric_strings(doc: Document, paths: Sequence[Tuple[str, ...]]) -> Iterator[Finding]:
+def _numeric_strings(doc: Document, paths: Sequence[Tuple[str, ...]],
+                     stops: Optional[Callable[[Tuple[str, ...], str], Optional[str]]] = None) -> Iterator[Finding]:
+    """Numbers written as text at `paths`: each a failure, or with `stops`, only where stops(keys, text) says
+    why the job stops on it (accelerate reads some such text as its number)."""
     for keys in paths:
         section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
         if section is None:
             continue
         value = section.data.get(keys[-1])
         if not is_numeric_string(value):
+            continue
+        stop = stops(keys, value) if stops is not None else None
+        if stops is not None and stop is None:
             continue
         number = float(value)
         shown = str(int(number)) if number.is_integer() else repr(number)
@@ -388,8 +410,8 @@ def _numeric_strings(doc: Document, paths: Sequence[Tuple[str, ...]]) -> Iterato
         else:
             why = "the number is quoted, so it is a string"
         fix = f'write "{keys[-1]}": {shown}, without quotes' if doc.kind == "json" else f"write {keys[-1]}: {shown}"
-        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is the string {value!r}, expected a number: {why}",
-                   fix, key=dotted(keys), value=value, **at(doc, *keys))
+        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is the string {value!r}, expected a number: {why}"
+                   + (f"; {stop}" if stop else ""), fix, key=dotted(keys), value=value, **at(doc, *keys))
 
 
 @check("CFG004", "deepspeed-section-keys", "config", tags=["accelerate", "deepspeed"])
@@ -556,7 +578,7 @@ def main_process_address(ctx) -> Iterator[Finding]:
         yield skip("no accelerate config given (--config)")
         return
     data = doc.data
-    machines = data.get("num_machines", 1)
+    machines = text_number(data.get("num_machines", 1))
     if is_int(machines) and machines > 1:
         if data.get("main_process_ip") is None:
             yield fail(f"{doc.where('main_process_ip')}: num_machines is {machines} but main_process_ip is not set; "
@@ -590,7 +612,7 @@ def main_process_address(ctx) -> Iterator[Finding]:
                    "accelerate passes it on unchecked, and the workers cannot reach the head at it",
                    _host_fix(ip), value=ip,
                    **at(doc, "main_process_ip"))
-    port = data.get("main_process_port")
+    port = text_number(data.get("main_process_port"))
     if is_int(port):
         if port == 0:  # accelerate launch picks a free port: fine on one machine, not agreed on between several
             if is_int(machines) and machines > 1:
@@ -640,7 +662,7 @@ def machine_rank(ctx) -> Iterator[Finding]:
     """num_machines is at least 1 and machine_rank lies in [0, num_machines).
 
     A rank outside the range makes that node wait for a rendezvous that can never complete; the other
-    nodes hang until the timeout.
+    nodes hang until the timeout. A num_machines below 1 launches on one machine (a warning).
 
     Give each machine its own rank from 0 to num_machines - 1 (0 on the head); `preflight launch`
     sets it per node for you.
@@ -649,10 +671,12 @@ def machine_rank(ctx) -> Iterator[Finding]:
     if doc is None:
         yield skip("no accelerate config given (--config)")
         return
-    machines, rank = doc.data.get("num_machines", 1), doc.data.get("machine_rank", 0)
+    machines, rank = text_number(doc.data.get("num_machines", 1)), text_number(doc.data.get("machine_rank", 0))
     if is_int(machines) and machines < 1:
-        yield fail(f"{doc.where('num_machines')}: num_machines is {machines}, expected at least 1",
-                   "set num_machines to the number of nodes", **at(doc, "num_machines"))
+        # Every launcher tests `num_machines > 1` (utils/launch.py): below 1 is the one-machine launch.
+        yield warn(f"{doc.where('num_machines')}: num_machines is {machines}; accelerate launches the job on this "
+                   "machine alone, as with num_machines: 1", "set num_machines to the number of nodes (1 for one)",
+                   value=machines, **at(doc, "num_machines"))
         return
     if is_int(machines) and is_int(rank) and not 0 <= rank < machines:
         yield fail(f"{doc.where('machine_rank')}: machine_rank is {rank}, expected 0 to {machines - 1} "
@@ -679,7 +703,7 @@ def process_counts(ctx) -> Iterator[Finding]:
         yield skip("no accelerate config given (--config)")
         return
     data = doc.data
-    procs, machines = data.get("num_processes"), data.get("num_machines", 1)
+    procs, machines = text_number(data.get("num_processes")), text_number(data.get("num_machines", 1))
     dtype = data.get("distributed_type")
     # The simple launcher starts one process whatever num_processes says, and never meets other machines.
     simple = ctx.plan.accelerate.simple_launch
@@ -922,7 +946,7 @@ def zero_settings(ctx) -> Optional[Tuple[Document, Tuple[str, ...], Any, Mapping
         "offload_optimizer": {"device": lower(section.data.get("offload_optimizer_device")),
                               "nvme_path": section.data.get("offload_optimizer_nvme_path")},
     }
-    return doc, ("deepspeed_config", "zero_stage"), section.data["zero_stage"], devices
+    return doc, ("deepspeed_config", "zero_stage"), text_number(section.data["zero_stage"]), devices
 
 
 @check("CFG040", "zero-stage", "config", tags=["deepspeed", "zero"])

@@ -167,6 +167,65 @@ def is_numeric_string(value: Any) -> bool:
     return isinstance(value, str) and bool(NUMBER_RE.match(value.strip()))
 
 
+# distributed_type values that accelerate starts with torchrun (its multi_gpu_launcher).
+TORCHRUN_TYPES = frozenset("""MULTI_GPU FSDP MEGATRON_LM MULTI_NPU MULTI_MLU MULTI_SDAA MULTI_MUSA MULTI_XPU MULTI_HPU
+MULTI_NEURON""".split())
+
+
+def accelerate_launcher(distributed_type: Any) -> str:
+    """Which of accelerate's launchers runs a distributed_type (commands/launch.py, launch_command): "deepspeed",
+    "torchrun", "xla", or "simple" (one process, or MULTI_CPU's mpirun; 'NO', null and any other value)."""
+    if distributed_type == "DEEPSPEED":
+        return "deepspeed"
+    if distributed_type in TORCHRUN_TYPES:
+        return "torchrun"
+    return "xla" if distributed_type == "XLA" else "simple"
+
+
+def text_number(value: Any) -> Any:
+    """A number written as text ('2', '5e8') as the number it says; any other value as it is."""
+    if not is_numeric_string(value):
+        return value
+    number = float(value)
+    return int(number) if number.is_integer() and math.isfinite(number) else number
+
+
+def text_number_stops_launch(keys: Tuple[str, ...], text: str, simple: bool, use_cpu: Any, machines: Any,
+                             rank: Any) -> Optional[str]:
+    """Why `accelerate launch` (1.15), its launcher or accelerate in the script stops on the number at `keys`
+    written as text, or None where the text is read as its number. `simple`: accelerate's simple launcher runs
+    ('NO', MULTI_CPU, --cpu: accelerate_launcher); use_cpu, machines and rank: the launch's use_cpu,
+    num_machines and machine_rank.
+
+    accelerate copies the file's values into its arguments untyped (commands/launch.py): a value it compares or
+    does arithmetic on stops it with a TypeError; one it passes on as text (to torchrun, DeepSpeed's runner, or
+    the script's environment) is read back with int() or float() there, which must accept the text."""
+    machines, rank = text_number(machines), text_number(rank)
+    several = isinstance(machines, int) and not isinstance(machines, bool) and machines > 1
+    if keys == ("num_machines",):
+        return "accelerate compares it with 1 (`num_machines > 1`) and stops with a TypeError"
+    if keys == ("num_processes",) and (simple or use_cpu is True):
+        return "accelerate compares it with 1 and stops with a TypeError"
+    if keys == ("num_processes",) and several:
+        return "accelerate divides it by num_machines and stops with a TypeError"
+    if keys in (("main_process_port",), ("machine_rank",)) and simple:
+        return None  # the simple launcher only passes them on, and one process meets no other
+    if keys == ("machine_rank",) and not several:
+        return None  # read (int()) only for a launch over several machines
+    if keys == ("main_process_port",) and (not several or rank == 0):  # only the head tests its port
+        return "accelerate tests whether the port is free (socket.connect_ex) and stops with a TypeError"
+    if keys[-1] == "gradient_clipping":
+        return None  # float() in DeepSpeedPlugin reads any number
+    if keys[-1] == "gradient_accumulation_steps" and not text.isdigit():
+        return (f"accelerate passes it to the script as text, where the Accelerator reads it with int(), which "
+                f"refuses {text!r} (DeepSpeedPlugin keeps text that is not all digits)")
+    try:  # torchrun's --nproc_per_node and rendezvous port, int(machine_rank), int() in accelerate's plugins
+        int(text)
+    except ValueError:
+        return f"accelerate passes it on as text, and it is read back with int(), which refuses {text!r}"
+    return None
+
+
 def type_name(types: tuple) -> str:
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
              list: "a list", NoneType: "null", AUTO: '"auto"'}
@@ -243,7 +302,9 @@ class AccelerateConfig:
         return value.lower() if isinstance(value, str) else value
 
     def integer(self, key: str, default: Optional[int] = None) -> Optional[int]:
-        value = self.data.get(key, default)
+        """An integer setting, written as a number or as text ('2'); whether accelerate reads such text is
+        CFG003's to say (text_number_stops_launch)."""
+        value = text_number(self.data.get(key, default))
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

@@ -16,12 +16,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight import launchcmd
 from preflight.documents import Document, InputError, parse_json, parse_yaml
+from preflight.jobconfig import accelerate_launcher, is_numeric_string, text_number_stops_launch
 
 DEFAULT_PORT = 29500
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner reads this one when none is named
-# distributed_type values that accelerate starts with torchrun (its multi_gpu_launcher).
-TORCHRUN_TYPES = frozenset("""MULTI_GPU FSDP MEGATRON_LM MULTI_NPU MULTI_MLU MULTI_SDAA MULTI_MUSA MULTI_XPU MULTI_HPU
-MULTI_NEURON""".split())
 CONFIG_TEXT_LIMIT = 256 * 1024  # a config's text past this is not parsed (PyYAML takes seconds a megabyte)
 JOB_READ_S = 5.0  # a node's digests of the command's files stop here: the rest is said to be unread
 UNEXPANDED = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*")
@@ -188,19 +186,18 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         line = doc.line(*(("deepspeed_config", name) if inner else (key,)))
         return holder[name], f"{config_path}:{line}" if line else config_path
 
+    def number_in_file(key: str, *inner: str) -> Tuple[Any, Optional[str]]:
+        value, source = in_file(key, *inner)
+        return _int(value), source
+
     ds_doc = None
     if launcher == "accelerate":
-        rank_in_file = in_file("machine_rank")  # accelerate takes int() of it: "1" in the file works
-        out.first("machine_rank", flag("machine_rank"), (_int(rank_in_file[0]), rank_in_file[1]), default=0)
+        # accelerate takes int() of it: "1" in the file works
+        out.first("machine_rank", flag("machine_rank"), number_in_file("machine_rank"), default=0)
         out.first("num_machines", flag("num_machines"), in_file("num_machines"), default=1)
         out.first("num_processes", flag("num_processes"), in_file("num_processes"))
         out.first("main_ip", flag("main_process_ip"), in_file("main_process_ip"))
         out.first("main_port", flag("main_process_port"), in_file("main_process_port"), default=DEFAULT_PORT)
-        for key, shown in (("num_machines", "num_machines"), ("num_processes", "num_processes"),
-                           ("main_port", "main_process_port")):
-            if isinstance(out.values[key], str):  # accelerate does arithmetic and comparisons on them
-                problems.append(f"{shown} is the text {out.values[key]!r} ({out.sources[key]}): accelerate stops "
-                                "with a TypeError; write it as a number")
         out.first("mixed_precision", flag("mixed_precision"), in_file("mixed_precision"), default="no")
         # Not from the file: the flag's default ("static") is not None, so accelerate never copies the file's.
         out.first("rdzv_backend", flag("rdzv_backend"), default="static")
@@ -216,9 +213,20 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         # flag, not use_cpu in the file) makes it the simple one, which starts one process and no rendezvous.
         cpu = command is not None and command.flag("cpu")
         dtype = out.values["distributed_type"]
-        path = ("deepspeed" if dtype == "DEEPSPEED" else "torchrun" if dtype in TORCHRUN_TYPES
-                else "xla" if dtype == "XLA" else "simple") if not cpu else "simple"
+        path = accelerate_launcher(dtype) if not cpu else "simple"
         out.set("accelerate_launcher", path, "flag --cpu" if cpu else out.sources["distributed_type"])
+        for key, keys in (("num_machines", ("num_machines",)), ("num_processes", ("num_processes",)),
+                          ("main_port", ("main_process_port",)), ("machine_rank", ("machine_rank",))):
+            value = out.values[key]
+            if not isinstance(value, str):
+                continue
+            stop = text_number_stops_launch(keys, value, path == "simple", data.get("use_cpu"),
+                                            out.values["num_machines"], out.values["machine_rank"]) \
+                if is_numeric_string(value) else "neither accelerate nor its launchers read it as a number"
+            if stop:
+                problems.append(f"{keys[0]} is the text {value!r} ({out.sources[key]}): {stop}; write it as a number")
+            else:  # passed on as text to a launcher that reads it as its number
+                out.set(key, _int(value), out.sources[key])
         deepspeed = path == "deepspeed"
         out.first("deepspeed_config_file", flag("deepspeed_config_file"),
                   in_file("deepspeed_config", "deepspeed_config_file") if deepspeed else (None, None))
@@ -237,9 +245,10 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
                     f"{(_file(job, ds_name) or {}).get('path')}:{ds_doc.line('gradient_accumulation_steps')}"
                     if accumulation is not None else "default")
         elif deepspeed:
-            out.first("zero_stage", flag("zero_stage"), in_file("deepspeed_config", "zero_stage"))
+            # As text, both reach the script in the environment and are read back with int() there.
+            out.first("zero_stage", flag("zero_stage"), number_in_file("deepspeed_config", "zero_stage"))
             out.first("gradient_accumulation_steps", flag("gradient_accumulation_steps"),
-                      in_file("deepspeed_config", "gradient_accumulation_steps"), default=1)
+                      number_in_file("deepspeed_config", "gradient_accumulation_steps"), default=1)
         else:
             out.set("zero_stage", None, "default")
             out.first("gradient_accumulation_steps", flag("gradient_accumulation_steps"), default=1)

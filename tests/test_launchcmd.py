@@ -155,6 +155,22 @@ def test_a_quoted_num_processes_stops_accelerate():
     assert failed and "TypeError" in failed[0].message
 
 
+def test_numbers_as_text_that_accelerate_passes_on_are_numbers():
+    """On one machine torchrun gets num_processes as text and reads it; only the head tests its port, so a quoted
+    port on a worker is never compared (accelerate/utils/launch.py, prepare_multi_gpu_env)."""
+    one = CONFIG.format(rank=0).replace("num_machines: 2", "num_machines: 1").replace("num_processes: 4",
+                                                                                       "num_processes: '4'")
+    view = jobview.launch("a", facts(one)["facts"]["job"], None)
+    assert view["problems"] == [] and view["world_size"] == 4 and view["processes"] == 4, view
+    quoted_port = CONFIG.replace("main_process_port: 29500", "main_process_port: '29500'")
+    worker = jobview.launch("b", facts(quoted_port.format(rank=1))["facts"]["job"], None)
+    head = jobview.launch("a", facts(quoted_port.format(rank=0))["facts"]["job"], None)
+    assert worker["problems"] == [] and worker["main_port"] == 29500, worker
+    assert head["problems"] == ["main_process_port is the text '29500' (/home/u/.cache/huggingface/accelerate/"
+                                "default_config.yaml:7): accelerate tests whether the port is free "
+                                "(socket.connect_ex) and stops with a TypeError; write it as a number"], head
+
+
 def test_rdzv_backend_in_the_file_is_not_what_accelerate_uses():
     """accelerate's --rdzv_backend defaults to "static", never None, so the file's value is not copied."""
     nodes = {"a": facts(CONFIG.format(rank=0) + "rdzv_backend: c10d\n"), "b": facts(CONFIG.format(rank=1))}

@@ -403,19 +403,25 @@ def test_fast_lint_agrees_with_the_validators(capsys, option, name):
 # What `accelerate launch` refuses, lint refuses: every accelerate config among the fixtures goes through
 # accelerate's own launch path as far as starting its launcher (argument validation, then the environment its
 # launcher would get: where bools are .lower()ed, gpu_ids split, ports connected to), without starting anything.
-MACHINE_ONLY = ("FP8 is not available", "already in use")  # this machine's hardware and ports, not the file's
+# This machine's hardware and ports, not the file's.
+MACHINE_ONLY = ("FP8 is not available", "already in use", "no available devices found")
 # Where lint only warns, and why: the launch command may complete the file (and with the command, lint fails).
 COMPLETED_BY_THE_COMMAND = {"CFG020": "unless the launch command passes --num_processes"}
 
 
 def launch_refusal(path: Path):
-    """Why accelerate 1.15's `accelerate launch --config_file PATH train.py` stops before its launcher runs,
-    or None. (SageMaker configs launch through AWS: not tried.)"""
+    """Why accelerate 1.15's `accelerate launch --config_file PATH train.py` stops before its launcher runs, or
+    the script's DeepSpeedPlugin or FullyShardedDataParallelPlugin stops on the environment the launcher gives
+    it (where accelerate reads back the file's values), or None. (SageMaker configs launch through AWS: not
+    tried.)"""
     import contextlib
     import io
     import logging
+    import os
+    from unittest import mock
 
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin, parse_choice_from_env
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 
     args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
@@ -423,14 +429,37 @@ def launch_refusal(path: Path):
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             args, defaults, mp_from_flag = _validate_launch_command(args)
+            plugin, env, torchrun = None, {}, False
             if args.use_deepspeed and not args.cpu:  # as launch_command does before deepspeed_launcher
                 fields = list(defaults.deepspeed_config.keys()) + (["mixed_precision"] if mp_from_flag else [])
                 args.deepspeed_fields_from_accelerate_config = ",".join(fields)
-                prepare_deepspeed_cmd_env(args)
+                plugin, env = DeepSpeedPlugin, prepare_deepspeed_cmd_env(args)[1]
+                # deepspeed_launcher: DeepSpeed's runner over several machines, else torchrun
+                torchrun = args.num_machines <= 1 or args.deepspeed_multinode_launcher == "standard"
             elif (args.use_fsdp or args.use_megatron_lm or args.multi_gpu) and not args.cpu:
-                prepare_multi_gpu_env(args)
+                env = prepare_multi_gpu_env(args)
+                plugin = FullyShardedDataParallelPlugin if args.use_fsdp else None
+                torchrun = True
             elif not args.tpu:
                 prepare_simple_launcher_cmd_env(args)
+            if torchrun:  # torchrun reads its arguments (distrib_run.run, before it starts anything)
+                import torch.distributed.run as distrib_run
+                from accelerate.utils.launch import _filter_args
+                from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+                torchrun_args = _filter_args(args, distrib_run.get_args_parser(), [  # as accelerate's launchers do
+                    "--training_script", args.training_script, "--training_script_args", args.training_script_args])
+                with mock.patch.dict(os.environ, env, clear=True):
+                    config = distrib_run.config_from_args(torchrun_args)[0]
+                # and its rendezvous handler, created first when the agent starts, reads the endpoint
+                parse_rendezvous_endpoint(config.rdzv_endpoint, default_port=-1)
+            if plugin is not None:  # what the script builds when accelerate's Accelerator starts, run where
+                # the file's relative paths hold (lint reads them beside the config)
+                with mock.patch.dict(os.environ, env, clear=True), contextlib.chdir(path.parent):
+                    plugin()
+                    # Accelerator.__init__ then reads the accumulation back (accelerator.py, without a plugin of
+                    # its own): int(parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", 1)).
+                    int(parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", 1))
     except Exception as exc:
         return None if any(words in str(exc) for words in MACHINE_ONLY) else f"{type(exc).__name__}: {exc}"
     finally:
@@ -467,3 +496,67 @@ def test_what_accelerate_launch_refuses_lint_refuses(capsys):
             missed.append(f"{path.relative_to(fixtures)}: accelerate launch stops ({why[:160]}), lint passes")
     assert len(refused) >= 15, refused  # the fixtures of refused configs are all tried
     assert not missed, "\n".join(missed)
+
+
+def test_numbers_as_text_fail_where_accelerate_stops_and_only_there(capsys, tmp_path):
+    """A number written as text in accelerate's config ('2', or 1e8, which YAML 1.1 reads as text) stops accelerate
+    only where it compares or computes with it. Over every launcher, machine count, rank and key, CFG003 fails on
+    the text exactly where accelerate 1.15 stops on it (the same config with the number launching)."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    import json
+
+    import yaml
+
+    from preflight.cli import main
+
+    def lint_fails(path):
+        code = main(["lint", "--config", str(path), "--only", "CFG003", "--json"])
+        out, _ = capsys.readouterr()
+        assert code in (0, 1), out
+        return [r["message"] for r in json.loads(out)["results"] if r["status"] == "fail"]
+
+    texts = {("num_processes",): ["PROCS", "PROCS.0"], ("num_machines",): ["MACHINES"],
+             ("machine_rank",): ["RANK", "RANK.0"], ("main_process_port",): ["29517", "29517.0"]}
+    sections = {"DEEPSPEED": {("deepspeed_config", "zero_stage"): ["2", "2.0"],
+                              ("deepspeed_config", "gradient_accumulation_steps"): ["2", "2.0"],
+                              ("deepspeed_config", "gradient_clipping"): ["1e0", "1.0"]},
+                "FSDP": {("fsdp_config", "fsdp_min_num_params"): ["100000000", "1e8"]}}
+    disagree, tried, stopped = [], 0, 0
+    for dtype in ("NO", "MULTI_GPU", "MULTI_CPU", "DEEPSPEED", "FSDP"):
+        for machines, rank in ((1, 0), (2, 0), (2, 1)):
+            for use_cpu in (False, True):
+                for policy in (("SIZE_BASED_WRAP", "TRANSFORMER_BASED_WRAP") if dtype == "FSDP" else (None,)):
+                    base = {"compute_environment": "LOCAL_MACHINE", "distributed_type": dtype, "use_cpu": use_cpu,
+                            "num_machines": machines, "machine_rank": rank, "num_processes": 2 * machines,
+                            "main_process_ip": "10.0.0.1", "main_process_port": 29517, "mixed_precision": "no"}
+                    if dtype == "DEEPSPEED":
+                        base["deepspeed_config"] = {"zero_stage": 2, "gradient_accumulation_steps": 2,
+                                                    "gradient_clipping": 1.0, "deepspeed_multinode_launcher": "standard"}
+                    if dtype == "FSDP":
+                        base["fsdp_config"] = {"fsdp_version": 1, "fsdp_auto_wrap_policy": policy,
+                                               "fsdp_min_num_params": 100000000,
+                                               "fsdp_transformer_layer_cls_to_wrap": "Block"}
+                    path = tmp_path / "accelerate.yaml"
+                    path.write_text(yaml.safe_dump(base))
+                    if launch_refusal(path) is not None:
+                        continue  # the config stops with the numbers already: not the text's doing
+                    for keys, written in {**texts, **sections.get(dtype, {})}.items():
+                        for text in written:
+                            for word, number in (("PROCS", 2 * machines), ("MACHINES", machines), ("RANK", rank)):
+                                text = text.replace(word, str(number))
+                            data = json.loads(json.dumps(base))
+                            holder = data if len(keys) == 1 else data[keys[0]]
+                            holder[keys[-1]] = text
+                            path.write_text(yaml.safe_dump(data))
+                            refused = launch_refusal(path)
+                            failed = [m for m in lint_fails(path) if ".".join(keys) in m]
+                            tried += 1
+                            stopped += refused is not None
+                            if bool(refused) != bool(failed):
+                                disagree.append(f"{dtype} machines={machines} rank={rank} use_cpu={use_cpu} "
+                                                f"policy={policy} {'.'.join(keys)}={text!r}: accelerate "
+                                                f"{'stops (' + refused[:90] + ')' if refused else 'launches'}, "
+                                                f"CFG003 {'fails' if failed else 'passes'}")
+    assert tried > 150 and 30 < stopped < tried - 30, (tried, stopped)  # both outcomes are tried, many times
+    assert not disagree, "\n".join(disagree)
