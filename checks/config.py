@@ -280,13 +280,14 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         if section is None or keys[-1] not in section.data:
             continue
         value = section.data[keys[-1]]
-        if value is None and keys == ("distributed_type",):
-            # accelerate keeps it None (config_args.py converts strings only), and launch then runs the script
-            # as one plain process (commands/launch.py: no type flag matches None).
-            yield warn(f"{doc.where(*keys)}: distributed_type is null; accelerate launches the script as one "
-                       "process with no distributed setup, as with 'NO'",
+        if keys == ("distributed_type",) and not isinstance(value, (str, bool)):
+            # accelerate keeps it as it is (config_args.py converts strings only), and launch then runs the script
+            # as one plain process (commands/launch.py: no type flag matches null, a number or a list).
+            yield warn(f"{doc.where(*keys)}: distributed_type is {yaml_word(value) if value is None else shorten(value)}; accelerate launches "
+                       "the script as one process with no distributed setup, as with 'NO'",
                        "write `distributed_type: 'NO'`, or the distributed type you meant (MULTI_GPU, DEEPSPEED, ...)",
                        **at(doc, *keys))
+            continue
         if value is None or isinstance(value, bool):  # bool: a YAML trap, reported by CFG003
             continue
         if (keys[-1].endswith("_device") or keys == ("mixed_precision",)) and str(value).lower() in allowed:

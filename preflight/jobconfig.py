@@ -22,7 +22,8 @@ NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 ACCELERATE_KEYS: Dict[str, tuple] = {
     # bool too: YAML 1.1 reads an unquoted NO / no as false, a trap the CFG checks explain.
     "compute_environment": (str,),
-    "distributed_type": (str, bool, NoneType),  # null: accelerate launches one process, as with 'NO'
+    # Any value: accelerate converts only strings (config_args.py), and launches any other as 'NO' (CFG002, CFG003).
+    "distributed_type": (str, bool, NoneType, int, float, list, dict),
     "mixed_precision": (str, bool, NoneType),
     "use_cpu": (bool,),
     "debug": (bool,),
@@ -175,6 +176,8 @@ MULTI_NEURON""".split())
 def accelerate_launcher(distributed_type: Any) -> str:
     """Which of accelerate's launchers runs a distributed_type (commands/launch.py, launch_command): "deepspeed",
     "torchrun", "xla", or "simple" (one process, or MULTI_CPU's mpirun; 'NO', null and any other value)."""
+    if not isinstance(distributed_type, str):
+        return "simple"  # null, a YAML boolean, a number: no launcher flag matches
     if distributed_type == "DEEPSPEED":
         return "deepspeed"
     if distributed_type in TORCHRUN_TYPES:
@@ -291,8 +294,12 @@ class AccelerateConfig:
     @property
     def simple_launch(self) -> bool:
         """Whether `accelerate launch` runs its simple launcher: one process, no rendezvous. distributed_type
-        'NO', or null or a YAML boolean, which no launcher flag matches (commands/launch.py)."""
-        return "distributed_type" in self.data and self.data["distributed_type"] in (None, "NO", False, True)
+        'NO', or a value that is no string (null, a YAML boolean, a number), which no launcher flag matches
+        (commands/launch.py)."""
+        if "distributed_type" not in self.data:
+            return False
+        value = self.data["distributed_type"]
+        return value == "NO" or not isinstance(value, str)
 
     @property
     def mixed_precision(self) -> Any:

@@ -103,6 +103,9 @@ CASES = [
      "deepspeed_config.offload_optimizer_device is 'gpu', expected one of none, cpu, nvme", "accelerate.yaml:3"),
     # accelerate lower-cases the offload devices (utils/launch.py): 'CPU' works
     ("CFG002/bad-offload-param-device", [], "CFG002", "pass", "", None),  # once flagged: a false alarm
+    ("CFG002/number-distributed-type", [], "CFG002", "warn",  # once bad input (exit 2); accelerate runs it as 'NO'
+     "distributed_type is 1; accelerate launches the script as one process with no distributed setup, as with 'NO'",
+     "accelerate.yaml:2"),
     ("CFG002/ok-values", [], "CFG002", "pass", "", None),
     ("CFG001/ok-sagemaker", [], "CFG002", "pass", "", None),
     ("CFG002/ok-upper-case-mixed-precision", [], "CFG002", "pass", "", None),  # accelerate lower-cases it
