@@ -32,6 +32,7 @@ from preflight.jobconfig import (
     SAGEMAKER_DISTRIBUTED_TYPES,
     SAGEMAKER_KEYS,
     accelerate_launcher,
+    ds_text_number_stops,
     is_numeric_string,
     text_number,
     text_number_stops_launch,
@@ -309,7 +310,10 @@ def yaml_traps(ctx) -> Iterator[Finding]:
     warning). In accelerate's config, only text that accelerate compares or computes with stops it:
     num_machines, num_processes over several machines or in the simple launcher, the head's
     main_process_port, a zero_stage or gradient_accumulation_steps that int() cannot read back in the
-    script; text it passes on (machine_rank, num_processes on one machine, gradient_clipping) works.
+    script; text it passes on (machine_rank, num_processes on one machine, gradient_clipping) works. In the
+    DeepSpeed JSON, DeepSpeed's models read integer text in zero_optimization and fp16 (a quoted ZeRO stage
+    still misleads accelerate and transformers: a warning), while text in the batch keys,
+    gradient_clipping, steps_per_print and the optimizer's and scheduler's params stops the job.
 
     Write numbers with a dot and a signed exponent (`5.0e+8`) or in full (`500000000`), never in quotes;
     quote words such as 'NO' and 'no'.
@@ -350,10 +354,15 @@ def yaml_traps(ctx) -> Iterator[Finding]:
             return text_number_stops_launch(keys, text, simple, data.get("use_cpu"),
                                             data.get("num_machines", 1), data.get("machine_rank", 0))
 
-        yield from _numeric_strings(accel, [k for k in ACCELERATE_NUMERIC if read[k[:-1]]], stops)
+        def judge_accelerate(keys: Tuple[str, ...], text: str) -> Optional[Tuple[bool, str]]:
+            why = stops(keys, text)
+            return (True, why) if why else None
+
+        yield from _numeric_strings(accel, [k for k in ACCELERATE_NUMERIC if read[k[:-1]]], judge_accelerate)
     ds = ds_doc(ctx)
     if ds is not None:
-        yield from _numeric_strings(ds, list(DS_NUMERIC))
+        usage = ds_usage(ctx)
+        yield from _numeric_strings(ds, list(DS_NUMERIC), lambda keys, text: ds_text_number_stops(keys, text, usage))
         yield from _boolean_strings(ds, ())
 
 
@@ -391,9 +400,9 @@ def _boolean_strings(doc: Document, keys: Tuple[str, ...]) -> Iterator[Finding]:
 
 
 def _numeric_strings(doc: Document, paths: Sequence[Tuple[str, ...]],
-                     stops: Optional[Callable[[Tuple[str, ...], str], Optional[str]]] = None) -> Iterator[Finding]:
-    """Numbers written as text at `paths`: each a failure, or with `stops`, only where stops(keys, text) says
-    why the job stops on it (accelerate reads some such text as its number)."""
+                     judge: Callable[[Tuple[str, ...], str], Optional[Tuple[bool, str]]]) -> Iterator[Finding]:
+    """Numbers written as text at `paths`, as judge(keys, text) sees them: None where every reader takes the
+    text as its number, else (whether the job stops: a failure, else a warning, and why)."""
     for keys in paths:
         section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
         if section is None:
@@ -401,9 +410,10 @@ def _numeric_strings(doc: Document, paths: Sequence[Tuple[str, ...]],
         value = section.data.get(keys[-1])
         if not is_numeric_string(value):
             continue
-        stop = stops(keys, value) if stops is not None else None
-        if stops is not None and stop is None:
+        verdict = judge(keys, value)
+        if verdict is None:
             continue
+        stops, stop = verdict
         number = float(value)
         shown = str(int(number)) if number.is_integer() else repr(number)
         if doc.kind == "yaml" and doc.is_plain_string(*keys):
@@ -411,8 +421,8 @@ def _numeric_strings(doc: Document, paths: Sequence[Tuple[str, ...]],
         else:
             why = "the number is quoted, so it is a string"
         fix = f'write "{keys[-1]}": {shown}, without quotes' if doc.kind == "json" else f"write {keys[-1]}: {shown}"
-        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is the string {value!r}, expected a number: {why}"
-                   + (f"; {stop}" if stop else ""), fix, key=dotted(keys), value=value, **at(doc, *keys))
+        yield (fail if stops else warn)(f"{doc.where(*keys)}: {dotted(keys)} is the string {value!r}, expected a "
+                                        f"number: {why}; {stop}", fix, key=dotted(keys), value=value, **at(doc, *keys))
 
 
 @check("CFG004", "deepspeed-section-keys", "config", tags=["accelerate", "deepspeed"])
@@ -932,7 +942,7 @@ def zero_settings(ctx) -> Optional[Tuple[Document, Tuple[str, ...], Any, Mapping
             return ds, ("zero_optimization",), int(zero), {}
         if not isinstance(zero, Mapping):
             return ds, ("zero_optimization",), 0, {}
-        return ds, ("zero_optimization", "stage"), zero.get("stage", 0), zero
+        return ds, ("zero_optimization", "stage"), text_number(zero.get("stage", 0)), zero
     doc = accel_doc(ctx)
     section = live_ds_section(ctx)
     if section is None or "zero_stage" not in section.data:
@@ -976,10 +986,7 @@ def zero_stage(ctx) -> Iterator[Finding]:
                    "in (accelerate's zero_stage, 2 unless given), but DeepSpeed on its own drops it and trains at "
                    "stage 0", f"set {dotted(keys)} to 0, 1, 2 or 3 to say which stage the job runs",
                    **at(doc, *keys))
-    elif not is_int(stage) or not 0 <= stage <= 3:
-        if is_numeric_string(stage):
-            yield skip("the ZeRO stage is a number written as a string (see CFG003)", blocked_by="CFG003")
-            return
+    elif not is_int(stage) or not 0 <= stage <= 3:  # text is read as its number (zero_settings; CFG003 judges it)
         yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {stage!r}, expected 0, 1, 2 or 3",
                    f"set {dotted(keys)} to 0, 1, 2 or 3", value=stage, **at(doc, *keys))
     else:

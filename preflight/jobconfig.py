@@ -356,6 +356,39 @@ DS_NUMERIC: Dict[Tuple[str, ...], tuple] = {
     ("scheduler", "params", "total_num_steps"): (int, AUTO),
 }
 DS_SECTIONS = ("zero_optimization", "fp16", "bf16", "optimizer", "scheduler")
+# DeepSpeed's pydantic models (DeepSpeedZeroConfig, DeepSpeedFP16Config) read text that parses as the field's
+# number: for an integer '3', ' +3 ' and '3.0' (a zero fraction), never '3e0'; fp16.loss_scale is a float, and
+# two validators ask for an int and refuse '3.0' too.
+INT_TEXT = re.compile(r"^\s*[+-]?\d+\s*$")
+ZERO_FRACTION_INT_TEXT = re.compile(r"^\s*[+-]?\d+(\.0*)?\s*$")
+DS_FLOAT_FIELDS = frozenset({("fp16", "loss_scale")})
+DS_STRICT_INT_FIELDS = frozenset({("fp16", "loss_scale_window"), ("fp16", "min_loss_scale")})
+DS_BATCH_KEYS = (("train_batch_size",), ("train_micro_batch_size_per_gpu",), ("gradient_accumulation_steps",))
+
+
+def ds_text_number_stops(keys: Tuple[str, ...], text: str, usage: str) -> Optional[Tuple[bool, str]]:
+    """For a number of the DeepSpeed JSON written as text: None where everything that reads it reads it as its
+    number, else (whether the job stops, why). usage: who reads the JSON, "accelerate", "deepspeed" (its runner
+    alone) or "unknown" (the HF Trainer, Lightning, a script)."""
+    if keys[0] in ("zero_optimization", "fp16"):
+        pattern = INT_TEXT if keys in DS_STRICT_INT_FIELDS else ZERO_FRACTION_INT_TEXT
+        if keys not in DS_FLOAT_FIELDS and not pattern.match(text):
+            return True, f"DeepSpeed's config model reads only an integer there and refuses the text {text!r}"
+        if keys == ("zero_optimization", "stage") and usage != "deepspeed":
+            return False, ("DeepSpeed reads it as a number, but accelerate's and transformers' HfDeepSpeedConfig "
+                           "compare the text with 2 and 3 (is_zero3() is false), so ZeRO-3's zero.Init is not used "
+                           "when the model loads: every process builds the whole model")
+        return None
+    if keys in DS_BATCH_KEYS:
+        return True, "DeepSpeed compares it with numbers when its config loads and stops with a TypeError"
+    if keys == ("steps_per_print",):
+        if usage == "accelerate":
+            return None  # accelerate's DeepSpeedPlugin replaces it (inf: DeepSpeed prints nothing)
+        return True, "DeepSpeed keeps it as text, and the engine stops computing `step % steps_per_print` with it"
+    if keys == ("gradient_clipping",):
+        return True, "DeepSpeed keeps it as text, and the engine stops comparing it with 0.0 when it clips"
+    return True, (f"DeepSpeed keeps it as text and passes it to the {keys[0]} as it is, which stops computing "
+                  "with it")
 
 
 @dataclass(frozen=True)

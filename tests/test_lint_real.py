@@ -363,7 +363,7 @@ def test_deep_validator_does_not_refuse_what_the_framework_fills(capsys):
 # The fast lint never FAILs a config both libraries' validators accept, unless its message says why they are
 # wrong to accept it.
 DOCUMENTED = {  # check ID: words in the message that say why the libraries' acceptance is not the job's
-    "CFG003": ("is_true()",), "CFG010": ("the workers cannot reach the head",),
+    "CFG003": ("is_true()", "keeps it as text"), "CFG010": ("the workers cannot reach the head",),
     "CFG041": ("supports a partial offload only",),  # DeepSpeed's model takes it; stage3.py cannot run it
     "CFG020": ("accelerate would start",),  # the validators never see num_processes against num_machines
     "CFG021": ("but the accelerate config runs",  # nor the hostfile against the config,
@@ -560,3 +560,62 @@ def test_numbers_as_text_fail_where_accelerate_stops_and_only_there(capsys, tmp_
                                                 f"CFG003 {'fails' if failed else 'passes'}")
     assert tried > 150 and 30 < stopped < tried - 30, (tried, stopped)  # both outcomes are tried, many times
     assert not disagree, "\n".join(disagree)
+
+
+def test_numbers_as_text_in_the_deepspeed_json_fail_where_deepspeed_refuses_them(capsys, tmp_path):
+    """Every number of the DeepSpeed JSON that lint knows, written as text in four ways: where DeepSpeed's own
+    config (CFG091) refuses the text, CFG003 fails; where it accepts it, CFG003 fails only saying why the job
+    still stops (DeepSpeed keeps the text and computes with it later), and warns only for what accelerate and
+    transformers read differently."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (the 'train' extra)")
+    import json
+
+    from preflight.cli import main
+    from preflight.jobconfig import DS_NUMERIC
+
+    base = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+            "gradient_clipping": 1, "steps_per_print": 10,  # integers all: the forms add a fraction, an exponent
+            "zero_optimization": {"stage": 3, "reduce_bucket_size": 500000000, "allgather_bucket_size": 500000000,
+                                  "stage3_prefetch_bucket_size": 1000000, "stage3_param_persistence_threshold": 100000,
+                                  "stage3_max_live_parameters": 1000000000, "stage3_max_reuse_distance": 1000000000,
+                                  "sub_group_size": 1000000000},
+            "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                     "hysteresis": 2, "min_loss_scale": 1},
+            "optimizer": {"type": "AdamW", "params": {"lr": 2, "eps": 1, "weight_decay": 0}},
+            "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 2,
+                                                              "warmup_num_steps": 10, "total_num_steps": 100}}}
+    path = tmp_path / "ds.json"
+
+    def lint(config):
+        path.write_text(json.dumps(config))
+        code = main(["lint", "--deepspeed", str(path), "--world-size", "2", "--deep", "--only", "CFG003,CFG091",
+                     "--json"])
+        out, err = capsys.readouterr()
+        assert code in (0, 1), err
+        return json.loads(out)["results"]
+
+    assert {r["status"] for r in lint(base)} == {"pass"}
+    wrong, refused, accepted = [], 0, 0
+    for keys in DS_NUMERIC:
+        for form in ("{}", "{}.0", "{}e0", " {} "):
+            config = json.loads(json.dumps(base))
+            holder = config
+            for key in keys[:-1]:
+                holder = holder[key]
+            holder[keys[-1]] = form.format(holder[keys[-1]])
+            results = lint(config)
+            deepspeed_refuses = [r for r in results if r["id"] == "CFG091" and r["status"] == "fail"]
+            found = [r for r in results if r["id"] == "CFG003" and ".".join(keys) in r["message"]]
+            shown = f"{'.'.join(keys)}={holder[keys[-1]]!r}: " + "; ".join(f"{r['status']} {r['message']}" for r in found)
+            refused += bool(deepspeed_refuses)
+            accepted += not deepspeed_refuses
+            if deepspeed_refuses and not [r for r in found if r["status"] == "fail"]:
+                wrong.append(f"DeepSpeed refuses, CFG003 does not fail: {shown}")
+            elif not deepspeed_refuses and [r for r in found if r["status"] == "fail" and "keeps it as text" not in
+                                            r["message"] and "compares it with numbers" not in r["message"]]:
+                wrong.append(f"DeepSpeed accepts, CFG003 fails without saying why the job stops: {shown}")
+            elif [r for r in found if r["status"] == "warn" and "HfDeepSpeedConfig" not in r["message"]]:
+                wrong.append(f"an unexplained warning: {shown}")
+    assert refused > 20 and accepted > 40, (refused, accepted)
+    assert not wrong, "\n".join(wrong)
