@@ -241,6 +241,12 @@ class Slurm:
         reason = re.search(r"\bReason=(.*)$", text, re.MULTILINE)
         return {"state": state.group(1) if state else "", "reason": reason.group(1).strip() if reason else ""}
 
+    def slurmd_log(self, node: str) -> str:
+        try:
+            return (self.dir / "spool" / node / "slurmd.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
     def ctld_log_size(self) -> int:
         try:
             return (self.dir / "slurmctld.log").stat().st_size

@@ -605,14 +605,15 @@ def test_a_worker_whose_firewall_refuses_the_other_ranks_is_among_the_suspects(c
 @pytest.mark.cluster
 def test_a_dropped_rendezvous_port_names_the_head_within_the_timeout(cluster):
     # --col-port: the port probe (main port) passes, so the all-reduce itself meets the dropped port.
+    # 10 s: three nodes import torch at once before they meet, which took over 5 s on a loaded 2-core machine.
     with cluster.dropped_port("node01", 29600):
-        doc, elapsed = check(cluster, "--col-port", "29600", timeout="5")
+        doc, elapsed = check(cluster, "--col-port", "29600", timeout="10")
     allreduce = results(doc, "COL001")
-    assert allreduce["node01"]["status"] == "fail" and "rendezvous" in allreduce["node01"]["message"]
+    assert allreduce["node01"]["status"] == "fail" and "rendezvous" in allreduce["node01"]["message"], allreduce
     assert "10.77.0.11:29600" in allreduce["node01"]["message"]
     assert allreduce["node02"]["status"] == "skip" and allreduce["node03"]["status"] == "skip"
-    assert allreduce["node01"]["evidence"]["phase_s"] <= 5 + 5
-    assert elapsed < 5 + 5 + 5  # the collective (at most 5 + 5 s), and the rest
+    assert allreduce["node01"]["evidence"]["phase_s"] <= 10 + 5
+    assert elapsed < 10 + 5 + 5  # the collective (at most 10 + 5 s), and the rest
 
 
 @pytest.mark.cluster
