@@ -31,7 +31,6 @@ from preflight.jobconfig import (
     RDZV_BACKENDS,
     SAGEMAKER_DISTRIBUTED_TYPES,
     SAGEMAKER_KEYS,
-    accelerate_launcher,
     ds_text_number_stops,
     is_numeric_string,
     text_number,
@@ -346,16 +345,11 @@ def yaml_traps(ctx) -> Iterator[Finding]:
         read = {(): True, ("deepspeed_config",): conf.uses_deepspeed,
                 ("fsdp_config",): data.get("distributed_type") == "FSDP"}
 
-        def stops(keys: Tuple[str, ...], text: str) -> Optional[str]:
+        def judge_accelerate(keys: Tuple[str, ...], text: str) -> Optional[Tuple[bool, str]]:
             fsdp = data.get("fsdp_config") if isinstance(data.get("fsdp_config"), dict) else {}
             if keys[-1] == "fsdp_min_num_params" and str(fsdp.get("fsdp_auto_wrap_policy")).upper() != "SIZE_BASED_WRAP":
                 return None  # read only by the size-based wrap policy (FullyShardedDataParallelPlugin)
-            simple = accelerate_launcher(data.get("distributed_type")) == "simple"
-            return text_number_stops_launch(keys, text, simple, data.get("use_cpu"),
-                                            data.get("num_machines", 1), data.get("machine_rank", 0))
-
-        def judge_accelerate(keys: Tuple[str, ...], text: str) -> Optional[Tuple[bool, str]]:
-            why = stops(keys, text)
+            why = text_number_stops_launch(keys, text, conf.launch)
             return (True, why) if why else None
 
         yield from _numeric_strings(accel, [k for k in ACCELERATE_NUMERIC if read[k[:-1]]], judge_accelerate)
@@ -684,6 +678,11 @@ def machine_rank(ctx) -> Iterator[Finding]:
         return
     machines, rank = text_number(doc.data.get("num_machines", 1)), text_number(doc.data.get("machine_rank", 0))
     if is_int(machines) and machines < 1:
+        if machines == 0 and doc.data.get("use_cpu") is True:  # commands/launch.py, unless OMP_NUM_THREADS is set
+            yield fail(f"{doc.where('num_machines')}: num_machines is 0 with use_cpu: accelerate launch divides "
+                       "num_processes by it to share the CPU threads and stops (ZeroDivisionError)",
+                       "set num_machines to the number of nodes (1 for one)", value=machines, **at(doc, "num_machines"))
+            return
         # Every launcher tests `num_machines > 1` (utils/launch.py): below 1 is the one-machine launch.
         yield warn(f"{doc.where('num_machines')}: num_machines is {machines}; accelerate launches the job on this "
                    "machine alone, as with num_machines: 1", "set num_machines to the number of nodes (1 for one)",
@@ -715,6 +714,8 @@ def process_counts(ctx) -> Iterator[Finding]:
         return
     data = doc.data
     procs, machines = text_number(data.get("num_processes")), text_number(data.get("num_machines", 1))
+    if is_int(machines) and machines < 1:
+        machines = 1  # accelerate's one-machine launch (CFG011 says so)
     dtype = data.get("distributed_type")
     # The simple launcher starts one process whatever num_processes says, and never meets other machines.
     simple = ctx.plan.accelerate.simple_launch

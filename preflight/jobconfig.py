@@ -16,14 +16,16 @@ from preflight.documents import Document, InputError, load, read_text, shorten
 NoneType = type(None)
 AUTO = "auto"  # in a type tuple: the string "auto" is accepted (filled in by accelerate / transformers)
 MAP = (dict, NoneType)
-NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+ANY = (object,)  # in a schema: every value is taken (the checks judge it)
+# A number as Python's float() reads it (digits may be grouped by single underscores, as int() and pydantic take).
+NUMBER_RE = re.compile(r"^[+-]?(D\.?(D)?|\.D)([eE][+-]?D)?$".replace("D", r"\d(_?\d)*"))
 
 # accelerate's ClusterConfig and BaseConfig fields (accelerate/commands/config/config_args.py).
 ACCELERATE_KEYS: Dict[str, tuple] = {
     # bool too: YAML 1.1 reads an unquoted NO / no as false, a trap the CFG checks explain.
     "compute_environment": (str,),
     # Any value: accelerate converts only strings (config_args.py), and launches any other as 'NO' (CFG002, CFG003).
-    "distributed_type": (str, bool, NoneType, int, float, list, dict),
+    "distributed_type": ANY,
     "mixed_precision": (str, bool, NoneType),
     "use_cpu": (bool,),
     "debug": (bool,),
@@ -193,39 +195,71 @@ def text_number(value: Any) -> Any:
     return int(number) if number.is_integer() and math.isfinite(number) else number
 
 
-def text_number_stops_launch(keys: Tuple[str, ...], text: str, simple: bool, use_cpu: Any, machines: Any,
-                             rank: Any) -> Optional[str]:
+TORCHRUN_PORT = re.compile(r"^[0-9]{1,5}$")  # torchrun's rendezvous endpoint (elastic/rendezvous/utils.py)
+
+
+def _reads_as_int(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
+
+
+def text_number_stops_launch(keys: Tuple[str, ...], text: str, launch: Mapping[str, Any]) -> Optional[str]:
     """Why `accelerate launch` (1.15), its launcher or accelerate in the script stops on the number at `keys`
-    written as text, or None where the text is read as its number. `simple`: accelerate's simple launcher runs
-    ('NO', MULTI_CPU, --cpu: accelerate_launcher); use_cpu, machines and rank: the launch's use_cpu,
-    num_machines and machine_rank.
+    written as text, or None where the text is read as its number or not read at all. `launch`: the launch's
+    distributed_type, use_cpu, num_machines, machine_rank and deepspeed_config as accelerate merged them, and
+    "cpu", whether the command passes --cpu.
 
     accelerate copies the file's values into its arguments untyped (commands/launch.py): a value it compares or
     does arithmetic on stops it with a TypeError; one it passes on as text (to torchrun, DeepSpeed's runner, or
-    the script's environment) is read back with int() or float() there, which must accept the text."""
-    machines, rank = text_number(machines), text_number(rank)
+    the script's environment) is read back there, with int() or a stricter pattern."""
+    dtype = launch.get("distributed_type")
+    launcher = "simple" if launch.get("cpu") else accelerate_launcher(dtype)
+    machines, rank = text_number(launch.get("num_machines", 1)), text_number(launch.get("machine_rank", 0))
     several = isinstance(machines, int) and not isinstance(machines, bool) and machines > 1
+    section = launch.get("deepspeed_config") if isinstance(launch.get("deepspeed_config"), Mapping) else {}
+    shown = shorten(text)
+    # With use_cpu, accelerate shares the CPU threads out first: num_processes >= 1, num_processes / num_machines.
+    shares_threads = launch.get("use_cpu") is True and launch.get("num_cpu_threads_per_process") is None
+    if keys == ("num_processes",) and shares_threads:
+        return "accelerate compares it with 1 (use_cpu) and stops with a TypeError"
+    if keys == ("num_machines",) and shares_threads:
+        return "accelerate divides num_processes by it (use_cpu) and stops with a TypeError"
+    if launcher == "xla":
+        return None  # the TPU launchers read none of these from the file (tpu_launcher, prepare_tpu)
     if keys == ("num_machines",):
         return "accelerate compares it with 1 (`num_machines > 1`) and stops with a TypeError"
-    if keys == ("num_processes",) and (simple or use_cpu is True):
+    if keys == ("num_processes",) and launcher == "simple":
         return "accelerate compares it with 1 and stops with a TypeError"
     if keys == ("num_processes",) and several:
+        if launcher == "deepspeed" and section.get("deepspeed_multinode_launcher") != "standard" and \
+                (section.get("deepspeed_exclusion_filter") is not None or
+                 section.get("deepspeed_inclusion_filter") is not None):
+            return None  # DeepSpeed's runner takes the GPUs from the filter: accelerate never divides it
         return "accelerate divides it by num_machines and stops with a TypeError"
-    if keys in (("main_process_port",), ("machine_rank",)) and simple:
-        return None  # the simple launcher only passes them on, and one process meets no other
+    if keys in (("main_process_port",), ("machine_rank",)) and launcher == "simple":
+        # Passed on as MASTER_PORT, which torch reads with int() where the processes meet (MULTI_CPU); 'NO'
+        # starts one process that meets no other.
+        if keys == ("main_process_port",) and dtype == "MULTI_CPU" and not _reads_as_int(text):
+            return (f"accelerate exports it as MASTER_PORT, and torch's rendezvous reads that with int(), which "
+                    f"refuses {shown}")
+        return None
     if keys == ("machine_rank",) and not several:
         return None  # read (int()) only for a launch over several machines
     if keys == ("main_process_port",) and (not several or rank == 0):  # only the head tests its port
         return "accelerate tests whether the port is free (socket.connect_ex) and stops with a TypeError"
+    runner = launcher == "deepspeed" and several and section.get("deepspeed_multinode_launcher") != "standard"
+    if keys == ("main_process_port",) and not runner and not TORCHRUN_PORT.match(text):
+        return f"torchrun's rendezvous reads only 1 to 5 digits 0-9 as a port and refuses {shown}"
     if keys[-1] == "gradient_clipping":
         return None  # float() in DeepSpeedPlugin reads any number
     if keys[-1] == "gradient_accumulation_steps" and not text.isdigit():
         return (f"accelerate passes it to the script as text, where the Accelerator reads it with int(), which "
-                f"refuses {text!r} (DeepSpeedPlugin keeps text that is not all digits)")
-    try:  # torchrun's --nproc_per_node and rendezvous port, int(machine_rank), int() in accelerate's plugins
-        int(text)
-    except ValueError:
-        return f"accelerate passes it on as text, and it is read back with int(), which refuses {text!r}"
+                f"refuses {shown} (DeepSpeedPlugin keeps text that is not all digits)")
+    if not _reads_as_int(text):  # torchrun's --nproc_per_node, int(machine_rank), DeepSpeed's runner, the plugins
+        return f"accelerate passes it on as text, and it is read back with int(), which refuses {shown}"
     return None
 
 
@@ -256,6 +290,8 @@ def validate_types(doc: Document, schema: Mapping[str, tuple], keys: Tuple = ())
         if key not in section.data:
             continue
         value = section.data[key]
+        if types == ANY:
+            continue
         if isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity, 1e999: read, but no setting
             raise InputError(doc.path, f"{'.'.join(map(str, keys + (key,)))} must be a finite number, found {value}",
                              section.line(key))
@@ -271,6 +307,12 @@ def validate_types(doc: Document, schema: Mapping[str, tuple], keys: Tuple = ())
 @dataclass(frozen=True)
 class AccelerateConfig:
     doc: Document
+    cpu: bool = False  # the launch command passes --cpu: accelerate's simple launcher, whatever the type
+
+    @property
+    def launch(self) -> Mapping[str, Any]:
+        """The launch as text_number_stops_launch reads it."""
+        return {**self.data, "cpu": self.cpu}
 
     @property
     def data(self) -> Mapping[str, Any]:
@@ -293,8 +335,8 @@ class AccelerateConfig:
 
     @property
     def simple_launch(self) -> bool:
-        """Whether `accelerate launch` runs its simple launcher: one process, no rendezvous. distributed_type
-        'NO', or a value that is no string (null, a YAML boolean, a number), which no launcher flag matches
+        """Whether the file's distributed_type runs accelerate's simple launcher: one process, no rendezvous. 'NO',
+        or a value that is no string (null, a YAML boolean, a number), which no launcher flag matches
         (commands/launch.py)."""
         if "distributed_type" not in self.data:
             return False
@@ -359,8 +401,9 @@ DS_SECTIONS = ("zero_optimization", "fp16", "bf16", "optimizer", "scheduler")
 # DeepSpeed's pydantic models (DeepSpeedZeroConfig, DeepSpeedFP16Config) read text that parses as the field's
 # number: for an integer '3', ' +3 ' and '3.0' (a zero fraction), never '3e0'; fp16.loss_scale is a float, and
 # two validators ask for an int and refuse '3.0' too.
-INT_TEXT = re.compile(r"^\s*[+-]?\d+\s*$")
-ZERO_FRACTION_INT_TEXT = re.compile(r"^\s*[+-]?\d+(\.0*)?\s*$")
+INT_TEXT = re.compile(r"^\s*[+-]?[0-9]+(_[0-9]+)*\s*$")
+ZERO_FRACTION_INT_TEXT = re.compile(r"^\s*[+-]?[0-9]+(_[0-9]+)*(\.0+)?\s*$")
+PYDANTIC_MAX_DIGITS = 4300  # longer integer text is refused (int_parsing_size), as int() refuses it
 DS_FLOAT_FIELDS = frozenset({("fp16", "loss_scale")})
 DS_STRICT_INT_FIELDS = frozenset({("fp16", "loss_scale_window"), ("fp16", "min_loss_scale")})
 DS_BATCH_KEYS = (("train_batch_size",), ("train_micro_batch_size_per_gpu",), ("gradient_accumulation_steps",))
@@ -369,24 +412,34 @@ DS_BATCH_KEYS = (("train_batch_size",), ("train_micro_batch_size_per_gpu",), ("g
 def ds_text_number_stops(keys: Tuple[str, ...], text: str, usage: str) -> Optional[Tuple[bool, str]]:
     """For a number of the DeepSpeed JSON written as text: None where everything that reads it reads it as its
     number, else (whether the job stops, why). usage: who reads the JSON, "accelerate", "deepspeed" (its runner
-    alone) or "unknown" (the HF Trainer, Lightning, a script)."""
+    alone) or "unknown" (the HF Trainer, which reads it through accelerate's DeepSpeedPlugin too; Lightning; a
+    script)."""
+    shown = shorten(text)
     if keys[0] in ("zero_optimization", "fp16"):
         pattern = INT_TEXT if keys in DS_STRICT_INT_FIELDS else ZERO_FRACTION_INT_TEXT
-        if keys not in DS_FLOAT_FIELDS and not pattern.match(text):
-            return True, f"DeepSpeed's config model reads only an integer there and refuses the text {text!r}"
-        if keys == ("zero_optimization", "stage") and usage != "deepspeed":
-            return False, ("DeepSpeed reads it as a number, but accelerate's and transformers' HfDeepSpeedConfig "
-                           "compare the text with 2 and 3 (is_zero3() is false), so ZeRO-3's zero.Init is not used "
-                           "when the model loads: every process builds the whole model")
-        return None
+        if keys not in DS_FLOAT_FIELDS and not (pattern.match(text) and len(text) <= PYDANTIC_MAX_DIGITS):
+            return True, f"DeepSpeed's config model reads only an integer there and refuses the text {shown}"
+        if keys != ("zero_optimization", "stage") or usage == "deepspeed":
+            return None
+        # HfDeepSpeedConfig keeps the text, and accelerate's plugin takes it as zero_stage.
+        if usage == "accelerate":
+            return True, ("DeepSpeed reads it as a number, but accelerate's DeepSpeedPlugin keeps the text as its "
+                          "zero_stage and compares it with 2 on every accumulation step (`zero_stage < 2` in "
+                          "Accelerator.no_sync): TypeError")
+        return False, ("DeepSpeed reads it as a number, but accelerate's and transformers' HfDeepSpeedConfig keep "
+                       "the text: under accelerate the job stops comparing it with 2 (Accelerator.no_sync)"
+                       + (", and ZeRO-3's zero.Init is skipped when the model loads" if text_number(text) == 3 else ""))
     if keys in DS_BATCH_KEYS:
         return True, "DeepSpeed compares it with numbers when its config loads and stops with a TypeError"
     if keys == ("steps_per_print",):
-        if usage == "accelerate":
-            return None  # accelerate's DeepSpeedPlugin replaces it (inf: DeepSpeed prints nothing)
-        return True, "DeepSpeed keeps it as text, and the engine stops computing `step % steps_per_print` with it"
+        why = "DeepSpeed keeps it as text, and its engine stops computing `step % steps_per_print` with it"
+        if usage == "deepspeed":
+            return True, why
+        # accelerate's DeepSpeedPlugin (under accelerate and the HF Trainer) replaces it: inf, nothing printed.
+        return None if usage == "accelerate" else (False, why + " when DeepSpeed runs it without accelerate "
+                                                   "(the HF Trainer and accelerate replace it)")
     if keys == ("gradient_clipping",):
-        return True, "DeepSpeed keeps it as text, and the engine stops comparing it with 0.0 when it clips"
+        return True, "DeepSpeed keeps it as text, and its engine stops comparing it with 0.0 when it clips"
     return True, (f"DeepSpeed keeps it as text and passes it to the {keys[0]} as it is, which stops computing "
                   "with it")
 

@@ -15,7 +15,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight import launchcmd
-from preflight.documents import Document, InputError, parse_json, parse_yaml
+from preflight.documents import Document, InputError, parse_json, parse_yaml, shorten
 from preflight.jobconfig import accelerate_launcher, is_numeric_string, text_number_stops_launch
 
 DEFAULT_PORT = 29500
@@ -220,11 +220,17 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
             value = out.values[key]
             if not isinstance(value, str):
                 continue
-            stop = text_number_stops_launch(keys, value, path == "simple", data.get("use_cpu"),
-                                            out.values["num_machines"], out.values["machine_rank"]) \
-                if is_numeric_string(value) else "neither accelerate nor its launchers read it as a number"
+            launch_values = {"distributed_type": dtype, "cpu": cpu, "use_cpu": data.get("use_cpu"),
+                             "num_cpu_threads_per_process": data.get("num_cpu_threads_per_process"),
+                             "num_machines": out.values["num_machines"], "machine_rank": out.values["machine_rank"],
+                             "deepspeed_config": {k: flag(k)[0] if flag(k)[1] else section.get(k) for k in
+                                                  ("deepspeed_multinode_launcher", "deepspeed_exclusion_filter",
+                                                   "deepspeed_inclusion_filter")}}
+            stop = text_number_stops_launch(keys, value, launch_values) if is_numeric_string(value) else \
+                "neither accelerate nor its launchers read it as a number"
             if stop:
-                problems.append(f"{keys[0]} is the text {value!r} ({out.sources[key]}): {stop}; write it as a number")
+                problems.append(f"{keys[0]} is the text {shorten(value)} ({out.sources[key]}): {stop}; write it as a "
+                                "number")
             else:  # passed on as text to a launcher that reads it as its number
                 out.set(key, _int(value), out.sources[key])
         deepspeed = path == "deepspeed"
@@ -256,7 +262,9 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
                   in_file("deepspeed_config", "deepspeed_multinode_launcher"), default="pdsh")
         procs, machines = out.values["num_processes"], out.values["num_machines"]
         if path in ("torchrun", "deepspeed"):  # num_processes is the total: each node starts its share
-            per_node = procs // machines if _is_int(procs) and _is_int(machines) and machines > 0 else None
+            # accelerate divides only for several machines (utils/launch.py): below that, one machine runs all
+            per_node = (procs // machines if machines > 1 else procs) if _is_int(procs) and _is_int(machines) \
+                else None
             out.set("processes", per_node, out.sources["num_processes"])
             out.set("world_size", procs, out.sources["num_processes"])
         else:  # one process per node, and no rendezvous of the launcher's own: machine_rank is not read

@@ -214,6 +214,7 @@ def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...], ignored
         source = view["sources"].get(field, "")
         if isinstance(source, str) and source.startswith("flag --"):
             flags[keys] = (view.get(field), source)
-    if not flags:
+    cpu = cmd.flag("cpu")
+    if not flags and not cpu:
         return accel
-    return AccelerateConfig(with_values(accel.doc, flags))
+    return AccelerateConfig(with_values(accel.doc, flags) if flags else accel.doc, cpu=cpu)

@@ -188,6 +188,11 @@ CASES = [
     # CFG011 machine-rank
     ("CFG011/no-machines", [], "CFG011", "warn", "num_machines is 0; accelerate launches the job on this machine "
      "alone", "accelerate.yaml:3"),
+    ("CFG011/no-machines-cpu", [], "CFG011", "fail", "num_machines is 0 with use_cpu: accelerate launch divides "
+     "num_processes by it to share the CPU threads and stops (ZeroDivisionError)", "accelerate.yaml:4"),
+    # num_machines 0 is accelerate's one-machine launch, whose GPUs are judged as for num_machines: 1
+    ("CFG020/no-machines-one-gpu-id", [], "CFG020", "fail", "gpu_ids lists 1 GPUs but each machine runs 2 processes",
+     "accelerate.yaml:3"),
     ("CFG011/rank-out-of-range", [], "CFG011", "fail", "machine_rank is 2, expected 0 to 1 (num_machines is 2)",
      "accelerate.yaml:3"),
     ("CFG011/ok-last-rank", [], "CFG011", "pass", "", None),
@@ -250,7 +255,8 @@ CASES = [
     # DeepSpeed's model reads '3' as 3; HfDeepSpeedConfig (accelerate, transformers) compares the text with 3
     ("CFG040/quoted-stage", [], "CFG003", "warn", "zero_optimization.stage is the string '3', expected a number: the "
      "number is quoted, so it is a string; DeepSpeed reads it as a number, but accelerate's and transformers' "
-     "HfDeepSpeedConfig compare the text with 2 and 3", "ds.json:4"),
+     "HfDeepSpeedConfig keep the text: under accelerate the job stops comparing it with 2 (Accelerator.no_sync), "
+     "and ZeRO-3's zero.Init is skipped when the model loads", "ds.json:4"),
     ("CFG040/quoted-stage", [], "CFG040", "pass", "ZeRO stage 3", None),
     ("CFG040/ok-stage-3", [], "CFG040", "pass", "ZeRO stage 3", None),
     ("CFG040/ok-accelerate-stage-0", [], "CFG040", "pass", "ZeRO stage 0", None),

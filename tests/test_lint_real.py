@@ -409,11 +409,11 @@ MACHINE_ONLY = ("FP8 is not available", "already in use", "no available devices 
 COMPLETED_BY_THE_COMMAND = {"CFG020": "unless the launch command passes --num_processes"}
 
 
-def launch_refusal(path: Path):
-    """Why accelerate 1.15's `accelerate launch --config_file PATH train.py` stops before its launcher runs, or
-    the script's DeepSpeedPlugin or FullyShardedDataParallelPlugin stops on the environment the launcher gives
-    it (where accelerate reads back the file's values), or None. (SageMaker configs launch through AWS: not
-    tried.)"""
+def launch_refusal(path: Path, flags=()):
+    """Why accelerate 1.15's `accelerate launch --config_file PATH FLAGS train.py` stops before its launcher
+    starts anything (or its launcher does, reading its arguments), or the script's DeepSpeedPlugin,
+    FullyShardedDataParallelPlugin or torch rendezvous stops on the environment the launcher gives it (where
+    the file's values are read back), or None. (SageMaker configs launch through AWS: not tried.)"""
     import contextlib
     import io
     import logging
@@ -424,7 +424,7 @@ def launch_refusal(path: Path):
     from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin, parse_choice_from_env
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 
-    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args = launch_command_parser().parse_args(["--config_file", str(path), *flags, "train.py"])
     logging.disable(logging.WARNING)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -433,15 +433,22 @@ def launch_refusal(path: Path):
             if args.use_deepspeed and not args.cpu:  # as launch_command does before deepspeed_launcher
                 fields = list(defaults.deepspeed_config.keys()) + (["mixed_precision"] if mp_from_flag else [])
                 args.deepspeed_fields_from_accelerate_config = ",".join(fields)
-                plugin, env = DeepSpeedPlugin, prepare_deepspeed_cmd_env(args)[1]
+                cmd, env = prepare_deepspeed_cmd_env(args)
+                plugin = DeepSpeedPlugin
                 # deepspeed_launcher: DeepSpeed's runner over several machines, else torchrun
                 torchrun = args.num_machines <= 1 or args.deepspeed_multinode_launcher == "standard"
+                if not torchrun:  # the runner reads its arguments first
+                    from deepspeed.launcher.runner import parse_args as deepspeed_runner_args
+
+                    deepspeed_runner_args(cmd[1:])
             elif (args.use_fsdp or args.use_megatron_lm or args.multi_gpu) and not args.cpu:
                 env = prepare_multi_gpu_env(args)
                 plugin = FullyShardedDataParallelPlugin if args.use_fsdp else None
                 torchrun = True
             elif not args.tpu:
-                prepare_simple_launcher_cmd_env(args)
+                env = prepare_simple_launcher_cmd_env(args)[1]
+                if defaults is not None and defaults.distributed_type == "MULTI_CPU" and "MASTER_PORT" in env:
+                    int(env["MASTER_PORT"])  # the processes' env:// rendezvous (torch/distributed/rendezvous.py)
             if torchrun:  # torchrun reads its arguments (distrib_run.run, before it starts anything)
                 import torch.distributed.run as distrib_run
                 from accelerate.utils.launch import _filter_args
@@ -460,7 +467,7 @@ def launch_refusal(path: Path):
                     # Accelerator.__init__ then reads the accumulation back (accelerator.py, without a plugin of
                     # its own): int(parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", 1)).
                     int(parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", 1))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: argparse refusing an argument of DeepSpeed's runner
         return None if any(words in str(exc) for words in MACHINE_ONLY) else f"{type(exc).__name__}: {exc}"
     finally:
         logging.disable(logging.NOTSET)
@@ -516,23 +523,28 @@ def test_numbers_as_text_fail_where_accelerate_stops_and_only_there(capsys, tmp_
         assert code in (0, 1), out
         return [r["message"] for r in json.loads(out)["results"] if r["status"] == "fail"]
 
-    texts = {("num_processes",): ["PROCS", "PROCS.0"], ("num_machines",): ["MACHINES"],
-             ("machine_rank",): ["RANK", "RANK.0"], ("main_process_port",): ["29517", "29517.0"]}
+    texts = {("num_processes",): ["PROCS", "PROCS.0", "1_PROCS"], ("num_machines",): ["MACHINES"],
+             ("machine_rank",): ["RANK", "RANK.0"],
+             ("main_process_port",): ["29517", "29517.0", "+29517", " 29517", "2_9517"]}
     sections = {"DEEPSPEED": {("deepspeed_config", "zero_stage"): ["2", "2.0"],
                               ("deepspeed_config", "gradient_accumulation_steps"): ["2", "2.0"],
                               ("deepspeed_config", "gradient_clipping"): ["1e0", "1.0"]},
                 "FSDP": {("fsdp_config", "fsdp_min_num_params"): ["100000000", "1e8"]}}
     disagree, tried, stopped = [], 0, 0
-    for dtype in ("NO", "MULTI_GPU", "MULTI_CPU", "DEEPSPEED", "FSDP"):
+    for dtype in ("NO", "MULTI_GPU", "MULTI_CPU", "DEEPSPEED", "FSDP", "XLA"):
         for machines, rank in ((1, 0), (2, 0), (2, 1)):
             for use_cpu in (False, True):
-                for policy in (("SIZE_BASED_WRAP", "TRANSFORMER_BASED_WRAP") if dtype == "FSDP" else (None,)):
+                # FSDP's wrap policies; DeepSpeed's runner started from the head on the GPUs of a filter
+                variants = {"FSDP": ("SIZE_BASED_WRAP", "TRANSFORMER_BASED_WRAP"), "DEEPSPEED": ("standard", "pdsh")}
+                for policy in variants.get(dtype, (None,)):
                     base = {"compute_environment": "LOCAL_MACHINE", "distributed_type": dtype, "use_cpu": use_cpu,
                             "num_machines": machines, "machine_rank": rank, "num_processes": 2 * machines,
                             "main_process_ip": "10.0.0.1", "main_process_port": 29517, "mixed_precision": "no"}
                     if dtype == "DEEPSPEED":
                         base["deepspeed_config"] = {"zero_stage": 2, "gradient_accumulation_steps": 2,
-                                                    "gradient_clipping": 1.0, "deepspeed_multinode_launcher": "standard"}
+                                                    "gradient_clipping": 1.0, "deepspeed_multinode_launcher": policy}
+                        if policy == "pdsh":
+                            base["deepspeed_config"]["deepspeed_inclusion_filter"] = "node1@node2"
                     if dtype == "FSDP":
                         base["fsdp_config"] = {"fsdp_version": 1, "fsdp_auto_wrap_policy": policy,
                                                "fsdp_min_num_params": 100000000,
@@ -587,35 +599,66 @@ def test_numbers_as_text_in_the_deepspeed_json_fail_where_deepspeed_refuses_them
                                                               "warmup_num_steps": 10, "total_num_steps": 100}}}
     path = tmp_path / "ds.json"
 
-    def lint(config):
+    def lint(config, command=()):
         path.write_text(json.dumps(config))
         code = main(["lint", "--deepspeed", str(path), "--world-size", "2", "--deep", "--only", "CFG003,CFG091",
-                     "--json"])
+                     "--json", *command])
         out, err = capsys.readouterr()
         assert code in (0, 1), err
         return json.loads(out)["results"]
 
     assert {r["status"] for r in lint(base)} == {"pass"}
     wrong, refused, accepted = [], 0, 0
-    for keys in DS_NUMERIC:
-        for form in ("{}", "{}.0", "{}e0", " {} "):
-            config = json.loads(json.dumps(base))
-            holder = config
-            for key in keys[:-1]:
-                holder = holder[key]
-            holder[keys[-1]] = form.format(holder[keys[-1]])
-            results = lint(config)
-            deepspeed_refuses = [r for r in results if r["id"] == "CFG091" and r["status"] == "fail"]
-            found = [r for r in results if r["id"] == "CFG003" and ".".join(keys) in r["message"]]
-            shown = f"{'.'.join(keys)}={holder[keys[-1]]!r}: " + "; ".join(f"{r['status']} {r['message']}" for r in found)
-            refused += bool(deepspeed_refuses)
-            accepted += not deepspeed_refuses
-            if deepspeed_refuses and not [r for r in found if r["status"] == "fail"]:
-                wrong.append(f"DeepSpeed refuses, CFG003 does not fail: {shown}")
-            elif not deepspeed_refuses and [r for r in found if r["status"] == "fail" and "keeps it as text" not in
-                                            r["message"] and "compares it with numbers" not in r["message"]]:
-                wrong.append(f"DeepSpeed accepts, CFG003 fails without saying why the job stops: {shown}")
-            elif [r for r in found if r["status"] == "warn" and "HfDeepSpeedConfig" not in r["message"]]:
-                wrong.append(f"an unexplained warning: {shown}")
+    arabic_indic = {str(d): chr(0x660 + d) for d in range(10)}  # digits Python's int() reads, and pydantic not
+    forms = ("{}", "{}.0", "{}.", "{}e0", " {} ", "+{}", "arabic")
+    # Who reads the JSON: unknown (the HF Trainer, Lightning, a script), or DeepSpeed's runner alone.
+    commands = ((), ("--", "deepspeed", "t.py"))
+    for keys, form, command in ((k, f, c) for k in DS_NUMERIC for f in forms for c in commands):
+        config = json.loads(json.dumps(base))
+        holder = config
+        for key in keys[:-1]:
+            holder = holder[key]
+        number = str(holder[keys[-1]])
+        holder[keys[-1]] = "".join(map(arabic_indic.get, number)) if form == "arabic" else form.format(number)
+        results = lint(config, command)
+        deepspeed_refuses = [r for r in results if r["id"] == "CFG091" and r["status"] == "fail"]
+        found = [r for r in results if r["id"] == "CFG003" and ".".join(keys) in r["message"]]
+        shown = f"{' '.join(command)} {'.'.join(keys)}={holder[keys[-1]]!r}: " + "; ".join(
+            f"{r['status']} {r['message']}" for r in found)
+        refused += bool(deepspeed_refuses)
+        accepted += not deepspeed_refuses
+        if deepspeed_refuses and not [r for r in found if r["status"] == "fail"]:
+            wrong.append(f"DeepSpeed refuses, CFG003 does not fail: {shown}")
+        elif not deepspeed_refuses and [r for r in found if r["status"] == "fail" and "keeps it as text" not in
+                                        r["message"] and "compares it with numbers" not in r["message"]]:
+            wrong.append(f"DeepSpeed accepts, CFG003 fails without saying why the job stops: {shown}")
+        elif [r for r in found if r["status"] == "warn" and "HfDeepSpeedConfig" not in r["message"] and
+              "without accelerate" not in r["message"]]:
+            wrong.append(f"an unexplained warning: {shown}")
     assert refused > 20 and accepted > 40, (refused, accepted)
     assert not wrong, "\n".join(wrong)
+
+
+def test_cpu_in_the_launch_command_judges_numbers_as_text_for_the_simple_launcher(capsys, tmp_path):
+    """--cpu runs accelerate's simple launcher whatever the file's type: it compares num_processes with 1 (text
+    stops it) and only exports the port (text that int() reads works)."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    import json
+
+    from preflight.cli import main
+
+    base = "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\nmixed_precision: 'no'\n"
+    for extra, key in (("num_processes: '8'\n", "num_processes"),
+                       ("num_processes: 8\nmain_process_port: '29517'\n", "main_process_port")):
+        path = tmp_path / "accelerate.yaml"
+        path.write_text(base + extra)
+        judged = {}
+        for flags in ((), ("--cpu",)):
+            code = main(["lint", "--only", "CFG003", "--json", "--", "accelerate", "launch", "--config_file", str(path),
+                         *flags, "train.py"])
+            out, _ = capsys.readouterr()
+            failed = [r for r in json.loads(out)["results"] if r["status"] == "fail" and key in r["message"]]
+            judged[flags] = (bool(launch_refusal(path, flags)), bool(failed))
+        assert all(refused == failed for refused, failed in judged.values()), (key, judged)
+        assert judged[()] != judged[("--cpu",)], (key, judged)  # --cpu turns the verdict round, both ways

@@ -87,7 +87,7 @@ def of_types(types: tuple, wild: bool = False):
     pick = {int: st.one_of(ints, numeric_strings), float: st.one_of(floats, ints, numeric_strings),
             bool: st.booleans(), str: strings, type(None): st.none(),
             dict: st.dictionaries(strings, scalars, max_size=3), list: st.lists(scalars, max_size=3),
-            jobconfig.AUTO: st.just("auto")}
+            jobconfig.AUTO: st.just("auto"), object: anything(4)}
     typed = st.one_of(*[pick[t] for t in types])
     return st.one_of(typed, typed, typed, anything(4)) if wild else typed
 
