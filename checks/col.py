@@ -5,7 +5,7 @@ import re
 from typing import Iterator, Optional
 
 from preflight.checks.rdma import fabric_of, ib_disabled, selected_ports
-from preflight.collective import format_size
+from preflight.coloptions import format_size
 from preflight.inventory import fold
 from preflight.nccllog import over_sockets
 from preflight.registry import check

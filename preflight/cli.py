@@ -208,7 +208,7 @@ def slurm_options(sub: argparse.ArgumentParser) -> None:
 
 def collective_options(sub: argparse.ArgumentParser) -> None:
     """The all-reduce smoke test's options (the COL checks; preflight.collective)."""
-    from preflight.collective import BACKENDS, parse_sizes
+    from preflight.coloptions import BACKENDS, parse_sizes
 
     sub.add_argument("--backend", choices=BACKENDS, default="auto",
                      help="all-reduce backend (default auto: nccl when every node has GPUs, else gloo)")
@@ -566,8 +566,12 @@ def gather_for(plan, args, specs=()):
     """Facts and probes: over SSH for a target, in-process for this machine alone. The all-reduce (the slow
     part) runs only over SSH, and only when a COL check is selected."""
     from preflight import gather, jobview, runner
-    from preflight.collective import options_from_args
 
+    collective = None
+    if plan.remote and any(s.family == "COL" for s in specs):  # its module (and transport) only then
+        from preflight.collective import options_from_args
+
+        collective = options_from_args(plan, args)
     options = gather.GatherOptions(
         python=getattr(args, "python", sys.executable),
         timeout=getattr(args, "timeout", 30.0),
@@ -581,7 +585,7 @@ def gather_for(plan, args, specs=()):
         shared_dir=plan.job_path(args.shared_dir) if getattr(args, "shared_dir", None) else None,
         ntp_server=getattr(args, "ntp_server", None),
         progress=for_stderr(args.json),
-        collective=options_from_args(plan, args) if plan.remote and any(s.family == "COL" for s in specs) else None,
+        collective=collective,
         transport=_transport(args),
         job=jobview.request(plan),
         job_files=jobview.named_files,

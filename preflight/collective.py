@@ -26,10 +26,8 @@ run_collective returns a plain dict (probes["collective"]); the checks in checks
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import re
 import secrets
 import threading
 import time
@@ -37,11 +35,9 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from preflight import nccllog, progress
+from preflight.coloptions import DEFAULT_SIZES, format_size
 from preflight.transport import NodeError, shipped_command, shipped_input
 
-MIB = 1 << 20
-DEFAULT_SIZES = (1 * MIB, 64 * MIB, 256 * MIB)
-BACKENDS = ("auto", "gloo", "nccl")
 PHASE_MARGIN_S = 4.0  # the phase ends within --timeout + this (and the sessions are closed within 1 s more)
 FULL_SHARE = 0.6  # of the phase, at most, for the first run; the rest is for a rerun or a bisect
 RETURN_S = 1.0  # time for a node's line to come back after its worker's own deadline
@@ -65,39 +61,6 @@ class CollectiveOptions:
     sizes: Tuple[int, ...] = DEFAULT_SIZES  # bytes, smallest first
     port: Optional[int] = None  # None: the main port
     min_busbw_gbps: Optional[float] = None
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*$", re.IGNORECASE)
-
-
-def parse_sizes(text: str) -> Tuple[int, ...]:
-    """`1M,64M,256M` (K, M, G are binary: KiB, MiB, GiB; plain numbers are bytes) as sorted bytes."""
-    sizes = []
-    for part in str(text).split(","):
-        if not part.strip():
-            continue
-        match = _SIZE.match(part)
-        if not match:
-            raise argparse.ArgumentTypeError(f"bad message size {part.strip()!r}: use e.g. 1M,64M,256M")
-        number, unit = float(match.group(1)), match.group(2).lower()
-        value = int(number * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit])
-        if value < 4:
-            raise argparse.ArgumentTypeError(f"message size {part.strip()!r} is under 4 bytes (one float32)")
-        if value > 16 << 30:
-            raise argparse.ArgumentTypeError(f"message size {part.strip()!r} is over 16G")
-        sizes.append(value)
-    if not sizes:
-        raise argparse.ArgumentTypeError("no message size given: use e.g. 1M,64M,256M")
-    return tuple(sorted(set(sizes)))
-
-
-def format_size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    if nbytes >= MIB:
-        return f"{nbytes / MIB:.1f} MiB"
-    return f"{nbytes} B"
 
 
 def options_from_args(plan, args) -> CollectiveOptions:

@@ -22,8 +22,8 @@ from preflight.collective import (
     choose_backend,
     diagnose,
     local_processes,
-    parse_sizes,
 )
+from preflight.coloptions import parse_sizes
 from preflight.plan import Limits, Plan
 from preflight.result import Status
 from preflight.transport import shipped_command, shipped_input
