@@ -733,7 +733,9 @@ def process_counts(ctx) -> Iterator[Finding]:
                        f"set distributed_type: MULTI_GPU (or DEEPSPEED, FSDP) to start {procs} processes, or "
                        "num_processes: 1", num_processes=procs, distributed_type=dtype, **at(doc, "num_processes"))
     # accelerate gives num_processes a default for 'NO' only (config_args.py process_config); else -1 stops launch.
-    if "distributed_type" in data and dtype != "NO" and (procs is None or (is_int(procs) and procs < 1)):
+    # A SageMaker config has no such key: SageMaker sizes the job by its instances.
+    if "distributed_type" in data and dtype != "NO" and (procs is None or (is_int(procs) and procs < 1)) and \
+            not ctx.plan.accelerate.is_sagemaker:
         # A file meant to be completed by the launch command's --num_processes (SLURM scripts do) works: a
         # failure only when that command is known and does not pass it either.
         make = fail if ctx.plan.command else warn

@@ -625,6 +625,13 @@ def test_num_processes_missing_with_a_command_that_does_not_pass_it_fails(capsys
     assert [r["status"] for r in results_of(doc, "CFG020")] == ["pass"], shown(results_of(doc, "CFG020"))
 
 
+def test_a_sagemaker_config_is_not_asked_for_num_processes(capsys):
+    """SageMaker sizes the job by its instances: accelerate refuses num_processes in such a config (CFG001)."""
+    config = CONFIG / "CFG001/ok-sagemaker/accelerate.yaml"
+    code, doc, err = run_cli(capsys, "lint", "--config", config, "--json", "--", "accelerate", "launch", "train.py")
+    assert [r["status"] for r in results_of(doc, "CFG020")] == ["pass"], shown(results_of(doc, "CFG020"))
+
+
 def test_accelerate_lower_cases_mixed_precision_as_cfg002_says(tmp_path):
     """CFG002 passes mixed_precision: BF16 because `accelerate launch` itself trains it as bf16."""
     out = accelerate_launch(tmp_path, CONFIG / "CFG002/ok-upper-case-mixed-precision/accelerate.yaml",
