@@ -179,11 +179,12 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         return _int(command.options[name]), f"flag --{name}"
 
     def in_file(key: str, *inner: str) -> Tuple[Any, Optional[str]]:
-        holder = section if inner else data
+        """The file's value of key, or of key's section's inner[0] (deepspeed_config, fsdp_config)."""
+        holder = (data.get(key) if isinstance(data.get(key), dict) else {}) if inner else data
         name = inner[0] if inner else key
         if doc is None or name not in holder:
             return None, None
-        line = doc.line(*(("deepspeed_config", name) if inner else (key,)))
+        line = doc.line(*((key, name) if inner else (key,)))
         return holder[name], f"{config_path}:{line}" if line else config_path
 
     def number_in_file(key: str, *inner: str) -> Tuple[Any, Optional[str]]:
@@ -260,6 +261,8 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
             out.first("gradient_accumulation_steps", flag("gradient_accumulation_steps"), default=1)
         out.first("multinode_launcher", flag("deepspeed_multinode_launcher"),
                   in_file("deepspeed_config", "deepspeed_multinode_launcher"), default="pdsh")
+        for key in ("fsdp_auto_wrap_policy", "fsdp_min_num_params"):  # a flag wins over fsdp_config's key
+            out.first(key, flag(key), in_file("fsdp_config", key))
         procs, machines = out.values["num_processes"], out.values["num_machines"]
         if path in ("torchrun", "deepspeed"):  # num_processes is the total: each node starts its share
             # accelerate divides only for several machines (utils/launch.py): below that, one machine runs all

@@ -189,6 +189,8 @@ LAUNCH_FIELDS = {
     "deepspeed_config_file": ("deepspeed_config", "deepspeed_config_file"),
     "multinode_launcher": ("deepspeed_config", "deepspeed_multinode_launcher"),
     "hostfile": ("deepspeed_config", "deepspeed_hostfile"),
+    "fsdp_auto_wrap_policy": ("fsdp_config", "fsdp_auto_wrap_policy"),
+    "fsdp_min_num_params": ("fsdp_config", "fsdp_min_num_params"),
 }
 
 

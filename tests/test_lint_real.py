@@ -639,26 +639,36 @@ def test_numbers_as_text_in_the_deepspeed_json_fail_where_deepspeed_refuses_them
     assert not wrong, "\n".join(wrong)
 
 
-def test_cpu_in_the_launch_command_judges_numbers_as_text_for_the_simple_launcher(capsys, tmp_path):
-    """--cpu runs accelerate's simple launcher whatever the file's type: it compares num_processes with 1 (text
-    stops it) and only exports the port (text that int() reads works)."""
+def test_launch_flags_decide_whether_numbers_as_text_stop_the_job(capsys, tmp_path):
+    """The launch command's flags change what reads the file's text: --cpu runs accelerate's simple launcher
+    whatever the type (it compares num_processes with 1, and only exports the port); --fsdp_auto_wrap_policy
+    decides whether fsdp_min_num_params is read, and --fsdp_min_num_params replaces it. Each verdict is the
+    same with and without the flag as accelerate's own, and the flag turns it round."""
     if importlib.util.find_spec("accelerate") is None:
         pytest.skip("accelerate is not installed (the 'train' extra)")
     import json
 
     from preflight.cli import main
 
-    base = "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\nmixed_precision: 'no'\n"
-    for extra, key in (("num_processes: '8'\n", "num_processes"),
-                       ("num_processes: 8\nmain_process_port: '29517'\n", "main_process_port")):
+    base = "compute_environment: LOCAL_MACHINE\nnum_machines: 1\nmixed_precision: 'no'\nnum_processes: {procs}\n"
+    fsdp = "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 1\n  fsdp_auto_wrap_policy: {policy}\n" \
+           "  fsdp_min_num_params: 1e8\n  fsdp_transformer_layer_cls_to_wrap: Block\n"
+    cases = [
+        ("distributed_type: MULTI_GPU\n", "'8'", "num_processes", ("--cpu",)),
+        ("distributed_type: MULTI_GPU\nmain_process_port: '29517'\n", "8", "main_process_port", ("--cpu",)),
+        (fsdp.format(policy="TRANSFORMER_BASED_WRAP"), "2", "fsdp_min_num_params",
+         ("--fsdp_auto_wrap_policy", "SIZE_BASED_WRAP")),
+        (fsdp.format(policy="SIZE_BASED_WRAP"), "2", "fsdp_min_num_params", ("--fsdp_min_num_params", "100000000")),
+    ]
+    for extra, procs, key, flags in cases:
         path = tmp_path / "accelerate.yaml"
-        path.write_text(base + extra)
+        path.write_text(base.format(procs=procs) + extra)
         judged = {}
-        for flags in ((), ("--cpu",)):
+        for given in ((), flags):
             code = main(["lint", "--only", "CFG003", "--json", "--", "accelerate", "launch", "--config_file", str(path),
-                         *flags, "train.py"])
+                         *given, "train.py"])
             out, _ = capsys.readouterr()
             failed = [r for r in json.loads(out)["results"] if r["status"] == "fail" and key in r["message"]]
-            judged[flags] = (bool(launch_refusal(path, flags)), bool(failed))
-        assert all(refused == failed for refused, failed in judged.values()), (key, judged)
-        assert judged[()] != judged[("--cpu",)], (key, judged)  # --cpu turns the verdict round, both ways
+            judged[given] = (bool(launch_refusal(path, given)), bool(failed))
+        assert all(refused == failed for refused, failed in judged.values()), (key, flags, judged)
+        assert judged[()] != judged[flags], (key, flags, judged)
