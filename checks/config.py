@@ -155,8 +155,8 @@ def is_number(value: Any) -> bool:
 
 
 def yaml_word(value: Any) -> str:
-    """A value as YAML writes it, for a message: null, true, false, or the value quoted."""
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+    """A value as YAML writes it, for a message: null, true, false, or the value quoted (and shortened)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else shorten(value)
 
 
 def accel_doc(ctx) -> Optional[Document]:
@@ -283,8 +283,8 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         if keys == ("distributed_type",) and not isinstance(value, (str, bool)):
             # accelerate keeps it as it is (config_args.py converts strings only), and launch then runs the script
             # as one plain process (commands/launch.py: no type flag matches null, a number or a list).
-            yield warn(f"{doc.where(*keys)}: distributed_type is {yaml_word(value) if value is None else shorten(value)}; accelerate launches "
-                       "the script as one process with no distributed setup, as with 'NO'",
+            yield warn(f"{doc.where(*keys)}: distributed_type is {yaml_word(value)}; accelerate launches the script "
+                       "as one process with no distributed setup, as with 'NO'",
                        "write `distributed_type: 'NO'`, or the distributed type you meant (MULTI_GPU, DEEPSPEED, ...)",
                        **at(doc, *keys))
             continue
@@ -339,20 +339,14 @@ def yaml_traps(ctx) -> Iterator[Finding]:
             yield fail(f"{accel.where(key)}: {key} is {word}, expected a word such as 'NO': YAML 1.1 reads an "
                        "unquoted NO / no as false (and yes as true), and accelerate launch stops on it",
                        f"quote it: `{key}: '{'no' if key == 'mixed_precision' else 'NO'}'`", key=key, **at(accel, key))
-        conf, data = ctx.plan.accelerate, accel.data
-        # Sections accelerate never reads hold no trap (CFG004 says a DeepSpeed one is ignored), nor do the
-        # DeepSpeed-JSON keys pasted into a live one.
-        read = {(): True, ("deepspeed_config",): conf.uses_deepspeed,
-                ("fsdp_config",): data.get("distributed_type") == "FSDP"}
+        # (DeepSpeed-JSON keys pasted into the section are never read: CFG004 says they are ignored.)
+        launch = ctx.plan.accelerate.launch
 
         def judge_accelerate(keys: Tuple[str, ...], text: str) -> Optional[Tuple[bool, str]]:
-            fsdp = data.get("fsdp_config") if isinstance(data.get("fsdp_config"), dict) else {}
-            if keys[-1] == "fsdp_min_num_params" and str(fsdp.get("fsdp_auto_wrap_policy")).upper() != "SIZE_BASED_WRAP":
-                return None  # read only by the size-based wrap policy (FullyShardedDataParallelPlugin)
-            why = text_number_stops_launch(keys, text, conf.launch)
+            why = text_number_stops_launch(keys, text, launch)
             return (True, why) if why else None
 
-        yield from _numeric_strings(accel, [k for k in ACCELERATE_NUMERIC if read[k[:-1]]], judge_accelerate)
+        yield from _numeric_strings(accel, ACCELERATE_NUMERIC, judge_accelerate)
     ds = ds_doc(ctx)
     if ds is not None:
         usage = ds_usage(ctx)

@@ -488,6 +488,8 @@ def _kind(value) -> str:
 def shape_error(report, ranks: Sequence[int]) -> Optional[str]:
     """Why a node's report is not of the shape preflight.colworker writes (None when it is): every field the
     head reads, with its type, and one rank result per rank the node was given."""
+    from preflight.colworker import NCCL_LINE_CHARS, NCCL_MAX_LINES  # the worker's module, only where reports come
+
     if not isinstance(report, dict):
         return f"it is {_kind(report)}, not an object"
     optional_text = (lambda v: v is None or isinstance(v, str))
@@ -520,8 +522,6 @@ def shape_error(report, ranks: Sequence[int]) -> Optional[str]:
             if problem:
                 return problem
         nccl = r.get("nccl")
-        from preflight.colworker import NCCL_LINE_CHARS, NCCL_MAX_LINES  # here: lint imports this module, not the worker
-
         if nccl is not None and not (isinstance(nccl, dict) and isinstance(nccl.get("lines"), list)
                                      and len(nccl["lines"]) <= NCCL_MAX_LINES
                                      and all(isinstance(line, str) and len(line) <= NCCL_LINE_CHARS

@@ -18,7 +18,8 @@ AUTO = "auto"  # in a type tuple: the string "auto" is accepted (filled in by ac
 MAP = (dict, NoneType)
 ANY = (object,)  # in a schema: every value is taken (the checks judge it)
 # A number as Python's float() reads it (digits may be grouped by single underscores, as int() and pydantic take).
-NUMBER_RE = re.compile(r"^[+-]?(D\.?(D)?|\.D)([eE][+-]?D)?$".replace("D", r"\d(_?\d)*"))
+# Written so that each character has one way to match: a long run of digits fails in linear time.
+NUMBER_RE = re.compile(r"^[+-]?(D(\.(D)?)?|\.D)([eE][+-]?D)?$".replace("D", r"\d+(_\d+)*"))
 
 # accelerate's ClusterConfig and BaseConfig fields (accelerate/commands/config/config_args.py).
 ACCELERATE_KEYS: Dict[str, tuple] = {
@@ -209,8 +210,8 @@ def _reads_as_int(text: str) -> bool:
 def text_number_stops_launch(keys: Tuple[str, ...], text: str, launch: Mapping[str, Any]) -> Optional[str]:
     """Why `accelerate launch` (1.15), its launcher or accelerate in the script stops on the number at `keys`
     written as text, or None where the text is read as its number or not read at all. `launch`: the launch's
-    distributed_type, use_cpu, num_machines, machine_rank and deepspeed_config as accelerate merged them, and
-    "cpu", whether the command passes --cpu.
+    distributed_type, use_cpu, num_machines, machine_rank, deepspeed_config and fsdp_config as accelerate
+    merged them, and "cpu", whether the command passes --cpu.
 
     accelerate copies the file's values into its arguments untyped (commands/launch.py): a value it compares or
     does arithmetic on stops it with a TypeError; one it passes on as text (to torchrun, DeepSpeed's runner, or
@@ -221,6 +222,12 @@ def text_number_stops_launch(keys: Tuple[str, ...], text: str, launch: Mapping[s
     several = isinstance(machines, int) and not isinstance(machines, bool) and machines > 1
     section = launch.get("deepspeed_config") if isinstance(launch.get("deepspeed_config"), Mapping) else {}
     shown = shorten(text)
+    if keys[0] == "deepspeed_config" and launcher != "deepspeed" or keys[0] == "fsdp_config" and (
+            dtype != "FSDP" or launch.get("cpu")):
+        return None  # a section the launch never reads (CFG004 says so of a DeepSpeed one)
+    fsdp = launch.get("fsdp_config") if isinstance(launch.get("fsdp_config"), Mapping) else {}
+    if keys[-1] == "fsdp_min_num_params" and str(fsdp.get("fsdp_auto_wrap_policy")).upper() != "SIZE_BASED_WRAP":
+        return None  # read only by the size-based wrap policy (FullyShardedDataParallelPlugin)
     # With use_cpu, accelerate shares the CPU threads out first: num_processes >= 1, num_processes / num_machines.
     shares_threads = launch.get("use_cpu") is True and launch.get("num_cpu_threads_per_process") is None
     if keys == ("num_processes",) and shares_threads:

@@ -217,6 +217,16 @@ def test_tens_of_thousands_of_unknown_keys_take_linear_time(tmp_path, capsys):
     assert any("19980 more unknown keys" in m and "refuses them" in m for m in messages), messages
 
 
+def test_a_long_run_of_digits_that_is_no_number_takes_linear_time(tmp_path, capsys):
+    """The number pattern once let a run of digits split two ways: 16,000 digits and an x took 13 s, quadratic."""
+    (tmp_path / "accelerate.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\n"
+                                              f"num_machines: 1\nnum_processes: '{'1' * 100_000}x'\n")
+    started = time.monotonic()
+    code, _, err = run_cli(capsys, "lint", "--config", tmp_path / "accelerate.yaml")
+    assert time.monotonic() - started < 5
+    assert code == 2 and "num_processes must be an integer" in err, err
+
+
 # --- secrets: in no output ----------------------------------------------------------------------------
 
 HF = "hf_" + "Q7x" * 12
