@@ -33,6 +33,7 @@ from preflight.jobconfig import (
     SAGEMAKER_KEYS,
     ds_text_number_stops,
     is_numeric_string,
+    multinode_launcher_problem,
     text_number,
     text_number_stops_launch,
 )
@@ -250,8 +251,10 @@ def accelerate_values(ctx) -> Iterator[Finding]:
     """compute_environment, distributed_type, mixed_precision, rdzv_backend and the DeepSpeed launcher and
     offload devices hold values that accelerate accepts.
 
-    accelerate reads these as enumerations: a value in the wrong case or a misspelt one fails at launch
-    (mixed_precision only when `accelerate launch` runs, long after the config was written).
+    accelerate reads these as enumerations: a misspelt value fails at launch (mixed_precision only when
+    `accelerate launch` runs, long after the config was written). Case matters except where a library
+    normalises it: accelerate lower-cases the offload devices and mixed_precision, and DeepSpeed's runner its
+    launchers, but 'STANDARD' and 'NOSSH' miss accelerate's own; the launcher is read only over several machines.
 
     Use one of the listed values, spelt exactly; the message suggests the closest.
     """
@@ -292,10 +295,29 @@ def accelerate_values(ctx) -> Iterator[Finding]:
             continue
         if (keys[-1].endswith("_device") or keys == ("mixed_precision",)) and str(value).lower() in allowed:
             continue  # accelerate lower-cases them before use (utils/launch.py: offload devices, mixed_precision)
+        if keys[-1] == "deepspeed_multinode_launcher" and isinstance(value, str):
+            yield from multinode_launcher(ctx, doc, keys, value)
+            continue
         if value not in allowed:
             yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {value!r}, expected one of "
                        f"{', '.join(allowed)}{did_you_mean(value, allowed)}",
                        f"set {dotted(keys)} to one of: {', '.join(allowed)}", value=value, **at(doc, *keys))
+
+
+def multinode_launcher(ctx, doc: Document, keys: Tuple[str, ...], value: str) -> Iterator[Finding]:
+    """deepspeed_multinode_launcher as accelerate and DeepSpeed's runner read it: only over several machines (and
+    not with --cpu), where the runner takes its launchers in any case."""
+    problem = multinode_launcher_problem(value)
+    if problem is None:
+        return
+    found = f"{doc.where(*keys)}: {dotted(keys)} is {value!r}{did_you_mean(value, MULTINODE_LAUNCHERS)}"
+    fix = f"set {dotted(keys)} to one of: {', '.join(MULTINODE_LAUNCHERS)}"
+    machines = ctx.plan.accelerate.integer("num_machines", 1)
+    if ctx.plan.accelerate.cpu or machines is None or machines <= 1:
+        yield warn(f"{found}; accelerate reads it only when num_machines > 1, and there {problem}", fix,
+                   value=value, **at(doc, *keys))
+    else:
+        yield fail(f"{found} over {machines} machines: {problem}", fix, value=value, **at(doc, *keys))
 
 
 @check("CFG003", "yaml-traps", "config", tags=["accelerate", "deepspeed", "yaml", "json"])
@@ -789,7 +811,8 @@ def hostfile(ctx) -> Iterator[Finding]:
 
     DeepSpeed's launcher refuses a hostfile with a host twice; a hostfile that disagrees with the
     accelerate config starts a different number of processes than the config and the batch arithmetic
-    assume.
+    assume. accelerate reads its deepspeed_hostfile only over several machines with a launcher other than
+    'standard'; elsewhere the key is a warning, as the job runs without it.
 
     Make the hostfile list num_machines distinct hosts, each with slots equal to num_processes /
     num_machines (or change the config to match the hostfile).
@@ -799,8 +822,17 @@ def hostfile(ctx) -> Iterator[Finding]:
         named = ctx.plan.hostfile_named
         if named and ctx.plan.accelerate is not None:
             doc = accel_doc(ctx)
+            unread = ctx.plan.accelerate.hostfile_unread
+            if unread:
+                yield warn(f"{doc.where('deepspeed_config', 'deepspeed_hostfile')}: deepspeed_hostfile {named!r} is "
+                           f"never read: {unread}", "delete deepspeed_hostfile, or set num_machines and "
+                           "deepspeed_multinode_launcher for the hosts it lists", **at(doc, "deepspeed_config",
+                                                                                         "deepspeed_hostfile"))
+                return
+            machines = ctx.plan.accelerate.integer("num_machines", 1)
             yield fail(f"{doc.where('deepspeed_config', 'deepspeed_hostfile')}: deepspeed_hostfile {named!r} does not "
-                       "exist (looked in the working directory and beside the config); DeepSpeed's runner stops",
+                       "exist (looked in the working directory and beside the config); DeepSpeed's runner warns "
+                       f"'Unable to find hostfile' and trains on the head alone, not over {machines} machines",
                        "correct the path; the hostfile must exist on the head node",
                        **at(doc, "deepspeed_config", "deepspeed_hostfile"))
             return

@@ -118,7 +118,25 @@ ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE = (
     "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
 )
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
+MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "impi", "nossh", "slurm")
+# accelerate compares these two with its own spelling (utils/launch.py prepare_deepspeed_cmd_env); any other value
+# goes to DeepSpeed's runner as `--launcher VALUE`, which lower-cases it (deepspeed/launcher/runner.py).
+ACCELERATE_LAUNCHERS = ("standard", "nossh")
+RUNNER_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "mpich", "impi", "slurm")
+
+
+def multinode_launcher_problem(value: str) -> Optional[str]:
+    """Why a DEEPSPEED job over several machines cannot start with deepspeed_multinode_launcher VALUE, or None.
+
+    accelerate reads the key only when num_machines > 1: 'standard' starts torchrun, 'nossh' DeepSpeed's runner
+    without ssh, and anything else DeepSpeed's runner with `--launcher VALUE`, which lower-cases it ('PDSH' works;
+    'STANDARD' reaches the runner as 'standard', a launcher it does not know)."""
+    if value in ACCELERATE_LAUNCHERS or value.lower() in RUNNER_LAUNCHERS:
+        return None
+    if value.lower() in ACCELERATE_LAUNCHERS:
+        return (f"accelerate recognises only {value.lower()!r}, so it starts DeepSpeed's runner with --launcher "
+                f"{value}, which stops on the unknown launcher {value.lower()!r} (NotImplementedError)")
+    return f"DeepSpeed's runner stops on the unknown launcher {value.lower()!r} (NotImplementedError)"
 
 
 @dataclass(frozen=True)
@@ -339,6 +357,23 @@ class AccelerateConfig:
         (accelerate/commands/launch.py: use_deepspeed = distributed_type == DEEPSPEED); under any other type
         its keys are copied into launch's arguments that no launcher reads."""
         return self.data.get("distributed_type") == "DEEPSPEED"
+
+    @property
+    def hostfile_unread(self) -> Optional[str]:
+        """Why accelerate launch never reads deepspeed_hostfile, or None: it hands the file to DeepSpeed's runner
+        only for DEEPSPEED over several machines with a launcher other than 'standard', which starts torchrun on
+        each machine ('nossh' runs the runner on every machine; accelerate/utils/launch.py)."""
+        if not self.uses_deepspeed:
+            return "distributed_type is not DEEPSPEED"
+        if self.cpu:
+            return "--cpu starts the simple launcher"
+        machines = self.integer("num_machines", 1)
+        if machines is not None and machines <= 1:
+            return f"num_machines is {machines}: torchrun starts every process on this machine"
+        section = self.deepspeed_section
+        if section is not None and section.data.get("deepspeed_multinode_launcher") == "standard":
+            return "the launcher is 'standard': torchrun starts on each machine"
+        return None
 
     @property
     def simple_launch(self) -> bool:

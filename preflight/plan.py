@@ -145,7 +145,7 @@ def build_plan(
         name = section.data.get("deepspeed_hostfile") if section is not None else None
         if isinstance(name, str) and name.strip() and name != "None":
             hostfile_named = resolve_beside(name, accel.doc.path)
-    if hostfile is None and hostfile_named and os.path.isfile(hostfile_named):
+    if hostfile is None and hostfile_named and accel.hostfile_unread is None and os.path.isfile(hostfile_named):
         hostfile = hostfile_named
     ds_path = deepspeed or (named if named and os.path.isfile(named) else None)
     config_port = accel.integer("main_process_port") if accel is not None else None

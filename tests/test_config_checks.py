@@ -98,7 +98,16 @@ CASES = [
     ("CFG002/bad-rdzv-backend", [], "CFG002", "fail", "rdzv_backend is 'c10', expected one of static, c10d",
      "accelerate.yaml:5"),
     ("CFG002/bad-multinode-launcher", [], "CFG002", "fail",
-     "deepspeed_config.deepspeed_multinode_launcher is 'ssh', expected one of pdsh, standard", "accelerate.yaml:3"),
+     "deepspeed_config.deepspeed_multinode_launcher is 'ssh' (did you mean 'nossh'?) over 2 machines: DeepSpeed's "
+     "runner stops on the unknown launcher 'ssh'", "accelerate.yaml:3"),
+    # accelerate reads the launcher only over several machines (utils/launch.py prepare_deepspeed_cmd_env)
+    ("CFG002/unread-multinode-launcher", [], "CFG002", "warn",
+     "is 'ssh' (did you mean 'nossh'?); accelerate reads it only when num_machines > 1", "accelerate.yaml:3"),
+    # accelerate compares 'standard' exactly and hands anything else to DeepSpeed's runner, which lower-cases it
+    ("CFG002/upper-case-standard-launcher", [], "CFG002", "fail",
+     "accelerate recognises only 'standard', so it starts DeepSpeed's runner with --launcher STANDARD",
+     "accelerate.yaml:3"),
+    ("CFG002/ok-upper-case-runner-launcher", [], "CFG002", "pass", "", None),
     ("CFG002/bad-offload-device", [], "CFG002", "fail",
      "deepspeed_config.offload_optimizer_device is 'gpu', expected one of none, cpu, nvme", "accelerate.yaml:3"),
     # accelerate lower-cases the offload devices (utils/launch.py): 'CPU' works
@@ -228,6 +237,11 @@ CASES = [
      "node02 has slots=4, but the accelerate config runs 8 processes per machine", "hostfile:2"),
     ("CFG021/ok-matches-config", [], "CFG021", "pass", "", None),
     ("CFG021/ok-hostfile-alone", [], "CFG021", "pass", "", None),
+    # accelerate hands deepspeed_hostfile to DeepSpeed's runner only over several machines, and not to torchrun
+    ("CFG021/unread-hostfile-one-machine", [], "CFG021", "warn",
+     "unread-hostfile-one-machine/hosts' is never read: num_machines is 1", "accelerate.yaml:3"),
+    ("CFG021/unread-hostfile-standard", [], "CFG021", "warn",
+     "deepspeed_hostfile '/etc/deepspeed/hostfile' is never read: the launcher is 'standard'", "accelerate.yaml:3"),
     # CFG030 batch-size
     ("CFG030/below-one", [], "CFG030", "fail", "train_micro_batch_size_per_gpu is 0, expected at least 1", "ds.json:3"),
     # only --deepspeed: who reads the file is unknown (Lightning fills the micro batch in): a warning

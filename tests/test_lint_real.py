@@ -437,10 +437,13 @@ def launch_refusal(path: Path, flags=()):
                 plugin = DeepSpeedPlugin
                 # deepspeed_launcher: DeepSpeed's runner over several machines, else torchrun
                 torchrun = args.num_machines <= 1 or args.deepspeed_multinode_launcher == "standard"
-                if not torchrun:  # the runner reads its arguments first
+                if not torchrun:  # the runner reads its arguments first, then picks its launcher by name
+                    from deepspeed.launcher.runner import LAUNCHER_CLASSES
                     from deepspeed.launcher.runner import parse_args as deepspeed_runner_args
 
-                    deepspeed_runner_args(cmd[1:])
+                    runner = deepspeed_runner_args(cmd[1:])
+                    if not runner.no_ssh and runner.launcher.lower() not in LAUNCHER_CLASSES:
+                        raise NotImplementedError(f"Unknown launcher {runner.launcher.lower()}")  # as main() raises
             elif (args.use_fsdp or args.use_megatron_lm or args.multi_gpu) and not args.cpu:
                 env = prepare_multi_gpu_env(args)
                 plugin = FullyShardedDataParallelPlugin if args.use_fsdp else None
@@ -672,3 +675,36 @@ def test_launch_flags_decide_whether_numbers_as_text_stop_the_job(capsys, tmp_pa
             judged[given] = (bool(launch_refusal(path, given)), bool(failed))
         assert all(refused == failed for refused, failed in judged.values()), (key, flags, judged)
         assert judged[()] != judged[flags], (key, flags, judged)
+
+
+def test_multinode_launcher_fails_where_accelerate_and_the_runner_stop_and_only_there(capsys, tmp_path):
+    """deepspeed_multinode_launcher is read only over several machines: accelerate compares 'standard' and 'nossh'
+    with its own spelling and hands any other value to DeepSpeed's runner, which lower-cases it. CFG002 fails
+    exactly where that stops the launch, warns where the value is not read, and passes the rest."""
+    for library in ("accelerate", "deepspeed"):
+        if importlib.util.find_spec(library) is None:
+            pytest.skip(f"{library} is not installed (the 'train' extra)")
+    import json
+
+    from preflight.cli import main
+
+    (tmp_path / "hostfile").write_text("node01 slots=2\nnode02 slots=2\n")
+    seen = set()
+    for machines in (1, 2):
+        for launcher in ("pdsh", "PDSH", "Slurm", "impi", "openmpi", "standard", "STANDARD", "nossh", "NoSSH", "ssh"):
+            path = tmp_path / "accelerate.yaml"
+            path.write_text(f"compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nmixed_precision: 'no'\n"
+                            f"num_machines: {machines}\nnum_processes: {2 * machines}\nmachine_rank: 0\n"
+                            f"main_process_ip: 10.0.0.1\nmain_process_port: 29517\ndeepspeed_config:\n  zero_stage: 2\n"
+                            f"  deepspeed_hostfile: hostfile\n  deepspeed_multinode_launcher: {launcher}\n")
+            main(["lint", "--only", "CFG002", "--json", "--config", str(path)])
+            out, _ = capsys.readouterr()
+            statuses = {r["status"] for r in json.loads(out)["results"]}
+            refused = launch_refusal(path)
+            verdict = "fail" if "fail" in statuses else "warn" if "warn" in statuses else "pass"
+            assert (verdict == "fail") == bool(refused), (machines, launcher, verdict, refused)
+            if machines == 1:  # not read: a value that would stop a launch over several machines is a warning
+                assert verdict == ("pass" if launcher in ("pdsh", "PDSH", "Slurm", "impi", "openmpi", "standard",
+                                                          "nossh") else "warn"), (launcher, verdict)
+            seen.add((machines, verdict))
+    assert seen == {(1, "pass"), (1, "warn"), (2, "pass"), (2, "fail")}, seen
