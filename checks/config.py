@@ -255,6 +255,7 @@ def accelerate_values(ctx) -> Iterator[Finding]:
     `accelerate launch` runs, long after the config was written). Case matters except where a library
     normalises it: accelerate lower-cases the offload devices and mixed_precision, and DeepSpeed's runner its
     launchers, but 'STANDARD' and 'NOSSH' miss accelerate's own; the launcher is read only over several machines.
+    rdzv_backend in the config is never read (the flag's default, 'static', wins): a value there is a warning.
 
     Use one of the listed values, spelt exactly; the message suggests the closest.
     """
@@ -298,10 +299,28 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         if keys[-1] == "deepspeed_multinode_launcher" and isinstance(value, str):
             yield from multinode_launcher(ctx, doc, keys, value)
             continue
+        if keys == ("rdzv_backend",):
+            yield from rdzv_backend_in_file(ctx, doc, value)
+            continue
         if value not in allowed:
             yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {value!r}, expected one of "
                        f"{', '.join(allowed)}{did_you_mean(value, allowed)}",
                        f"set {dotted(keys)} to one of: {', '.join(allowed)}", value=value, **at(doc, *keys))
+
+
+def rdzv_backend_in_file(ctx, doc: Document, value: Any) -> Iterator[Finding]:
+    """accelerate launch never copies rdzv_backend from its config: its --rdzv_backend flag has a default
+    ('static'), and _validate_launch_command copies a file's value only over a flag left at None
+    (commands/launch.py). The file's value is then dead, whatever it says."""
+    from preflight import launchcmd
+
+    if value == "static" or "rdzv_backend" in launchcmd.parse(ctx.plan.command).options:
+        return
+    fix = f"pass --rdzv_backend {value} to accelerate launch" if value in RDZV_BACKENDS else \
+        "delete rdzv_backend (or pass --rdzv_backend to accelerate launch)"
+    yield warn(f"{doc.where('rdzv_backend')}: rdzv_backend is {shorten(value)}, but accelerate launch never reads it "
+               "from the config (its --rdzv_backend flag defaults to 'static', and the flag wins), so torchrun uses "
+               "'static'", fix, value=value, **at(doc, "rdzv_backend"))
 
 
 def multinode_launcher(ctx, doc: Document, keys: Tuple[str, ...], value: str) -> Iterator[Finding]:

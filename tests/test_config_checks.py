@@ -54,7 +54,9 @@ def case_args(folder: Path, extra=()) -> list:
 
 
 def lint(capsys, *args):
-    code, doc, err = run_cli(capsys, "lint", *args, "--json")
+    args = [str(a) for a in args]
+    cut = args.index("--") if "--" in args else len(args)  # --json is preflight's, not the command's
+    code, doc, err = run_cli(capsys, "lint", *args[:cut], "--json", *args[cut:])
     assert code in (0, 1), f"exit {code}: {err}"
     assert doc["schema"] == 1 and doc["nodes"] == []
     return code, doc
@@ -95,8 +97,14 @@ CASES = [
      "compute_environment is 'LOCAL', expected one of LOCAL_MACHINE, AMAZON_SAGEMAKER", "accelerate.yaml:1"),
     ("CFG002/bad-mixed-precision", [], "CFG002", "fail",
      "mixed_precision is 'bfloat16', expected one of no, fp16, bf16, fp8 (did you mean 'bf16'?)", "accelerate.yaml:3"),
-    ("CFG002/bad-rdzv-backend", [], "CFG002", "fail", "rdzv_backend is 'c10', expected one of static, c10d",
-     "accelerate.yaml:5"),
+    # accelerate never copies rdzv_backend from the file (the flag's default 'static' wins): any value there is dead
+    ("CFG002/bad-rdzv-backend", [], "CFG002", "warn", "rdzv_backend is 'c10', but accelerate launch never reads it "
+     "from the config", "accelerate.yaml:5"),
+    ("CFG002/unread-rdzv-backend", [], "CFG002", "warn", "rdzv_backend is 'c10d', but accelerate launch never reads "
+     "it from the config (its --rdzv_backend flag defaults to 'static', and the flag wins), so torchrun uses 'static'",
+     "accelerate.yaml:7"),
+    ("CFG002/ok-rdzv-backend-flag", ["--", "accelerate", "launch", "--config_file", "{case}/accelerate.yaml",
+                                     "--rdzv_backend", "c10d", "train.py"], "CFG002", "pass", "", None),
     ("CFG002/bad-multinode-launcher", [], "CFG002", "fail",
      "deepspeed_config.deepspeed_multinode_launcher is 'ssh' (did you mean 'nossh'?) over 2 machines: DeepSpeed's "
      "runner stops on the unknown launcher 'ssh'", "accelerate.yaml:3"),

@@ -708,3 +708,24 @@ def test_multinode_launcher_fails_where_accelerate_and_the_runner_stop_and_only_
                                                           "nossh") else "warn"), (launcher, verdict)
             seen.add((machines, verdict))
     assert seen == {(1, "pass"), (1, "warn"), (2, "pass"), (2, "fail")}, seen
+
+
+def test_rdzv_backend_in_the_file_is_dead_as_accelerate_launch_reads_it(capsys, tmp_path):
+    """accelerate copies a config value only over a flag left at None; --rdzv_backend defaults to 'static', so the
+    file's rdzv_backend never reaches torchrun. CFG002 warns about it (and never fails), unless the flag is given."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    path = tmp_path / "accelerate.yaml"
+    for value in ("c10d", "c10"):
+        path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nmixed_precision: 'no'\n"
+                        "num_machines: 2\nnum_processes: 4\nmachine_rank: 0\nmain_process_ip: 10.0.0.1\n"
+                        f"main_process_port: 29517\nrdzv_backend: {value}\n")
+        for flags, used in (((), "static"), (("--rdzv_backend", "c10d"), "c10d")):
+            args = launch_command_parser().parse_args(["--config_file", str(path), *flags, "train.py"])
+            assert _validate_launch_command(args)[0].rdzv_backend == used
+            code, doc = lint(capsys, "--config", path, "--", "accelerate", "launch", "--config_file", path, *flags,
+                             "train.py")
+            statuses = [r["status"] for r in of(doc, "CFG002")]
+            assert statuses == (["warn"] if not flags else ["pass"]), shown(doc)
