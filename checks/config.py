@@ -176,6 +176,19 @@ def live_ds_section(ctx) -> Optional[Document]:
     return doc.section("deepspeed_config")
 
 
+def accelerate_command(ctx):
+    """The launch command when it is `accelerate launch` (preflight.launchcmd.LaunchCommand), else None."""
+    if not ctx.plan.command:
+        return None
+    from preflight import launchcmd
+
+    command = launchcmd.parse(ctx.plan.command)
+    return command if command.launcher == "accelerate" else None
+
+
+TYPE_FLAGS = ("cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp")  # accelerate takes one of them at most
+
+
 FILLS = {"accelerate": 'accelerate fills in only keys set to "auto"', "deepspeed": "DeepSpeed alone fills in nothing"}
 
 
@@ -265,7 +278,13 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         return
     data = doc.data
     sagemaker = ctx.plan.accelerate.is_sagemaker
-    if "distributed_type" not in data:
+    command = accelerate_command(ctx)
+    given = [f"--{f}" for f in TYPE_FLAGS if command is not None and command.flag(f)]
+    if len(given) > 1:  # checked first, before any config is read (commands/launch.py _validate_launch_command)
+        yield fail(f"the launch command passes {' and '.join(given)}; accelerate launch stops with 'You can only use "
+                   "one of `--cpu`, `--multi_gpu`, `--tpu`, `--use_deepspeed`, `--use_fsdp` at a time'",
+                   f"keep one of {', '.join(given)}", flags=given)
+    if "distributed_type" not in data and not ctx.plan.accelerate.from_command:
         yield fail(f"{doc.path}: distributed_type is missing; accelerate refuses a config without it",
                    "add `distributed_type: MULTI_GPU` (or DEEPSPEED, FSDP, NO, ...)", **at(doc))
     rules = [
@@ -747,6 +766,13 @@ def process_counts(ctx) -> Iterator[Finding]:
     if doc is None:
         yield skip("no accelerate config given (--config)")
         return
+    command = accelerate_command(ctx)
+    flagged = command.integer("num_processes") if command is not None and command.flag("multi_gpu") else None
+    if flagged is not None and flagged < 2:  # flags alone, checked before any config is read (commands/launch.py)
+        yield fail(f"flag --num_processes: num_processes is {flagged} with --multi_gpu; accelerate launch stops with "
+                   "'You need to use at least 2 processes to use `--multi_gpu`'",
+                   "pass --num_processes 2 or more, or drop --multi_gpu", num_processes=flagged)
+        return
     data = doc.data
     procs, machines = text_number(data.get("num_processes")), text_number(data.get("num_machines", 1))
     if is_int(machines) and machines < 1:
@@ -769,8 +795,9 @@ def process_counts(ctx) -> Iterator[Finding]:
                        "num_processes: 1", num_processes=procs, distributed_type=dtype, **at(doc, "num_processes"))
     # accelerate gives num_processes a default for 'NO' only (config_args.py process_config); else -1 stops launch.
     # A SageMaker config has no such key: SageMaker sizes the job by its instances.
+    # Without a config file accelerate counts the GPUs instead.
     if "distributed_type" in data and dtype != "NO" and (procs is None or (is_int(procs) and procs < 1)) and \
-            not ctx.plan.accelerate.is_sagemaker:
+            not ctx.plan.accelerate.is_sagemaker and not ctx.plan.accelerate.from_command:
         # A file meant to be completed by the launch command's --num_processes (SLURM scripts do) works: a
         # failure only when that command is known and does not pass it either.
         make = fail if ctx.plan.command else warn
@@ -1233,6 +1260,10 @@ def accelerate_validator(ctx) -> Iterator[Finding]:
         return
     if doc is None:
         yield skip("no accelerate config given (--config)")
+        return
+    if ctx.plan.accelerate.from_command:
+        yield skip("no accelerate config file: the launch command's flags alone, which accelerate's argument parser "
+                   "reads")
         return
     try:
         with contextlib.redirect_stdout(sys.stderr):

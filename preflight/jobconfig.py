@@ -333,6 +333,9 @@ def validate_types(doc: Document, schema: Mapping[str, tuple], keys: Tuple = ())
 class AccelerateConfig:
     doc: Document
     cpu: bool = False  # the launch command passes --cpu: accelerate's simple launcher, whatever the type
+    # No config file at all: `accelerate launch` runs on its flags over its own defaults (the GPU count for
+    # num_processes, and MULTI_GPU on a node with several GPUs), so no key is missing from a file.
+    from_command: bool = False
 
     @property
     def launch(self) -> Mapping[str, Any]:
@@ -544,6 +547,8 @@ class FlagDocument(Document):
 
     def where(self, *keys: Any) -> str:
         source = (self.flags or {}).get(self.prefix + keys)
+        if self.kind == "flags":  # no file under the flags
+            return source or self.path
         return f"{source} (over {super().where(*keys)})" if source else super().where(*keys)
 
     def line(self, *keys: Any) -> Optional[int]:

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any, Optional, Tuple
 from preflight.inventory import head_first
 from preflight.jobconfig import (
     AccelerateConfig,
-    with_values,
     DeepSpeedConfig,
+    FlagDocument,
     Hostfile,
     load_accelerate_config,
     load_deepspeed_config,
     load_hostfile,
     resolve_beside,
+    with_values,
 )
 
 if TYPE_CHECKING:
@@ -133,9 +134,12 @@ def build_plan(
 
     nodes None: a lint, no node at all; () : this machine alone; names: those nodes over SSH."""
     accel = load_accelerate_config(config) if config else None
+    # `launch` over SSH sets each node's rank, head and machine count itself (preflight.launcher).
+    ignored = RANK_FLAGS if launching and nodes else ()
     if accel is not None and command:  # -- COMMAND: its flags over the file, as accelerate merges them
-        # `launch` over SSH sets each node's rank, head and machine count itself (preflight.launcher).
-        accel = with_launch_flags(accel, command, RANK_FLAGS if launching and nodes else ())
+        accel = with_launch_flags(accel, command, ignored)
+    elif accel is None and command and not nodes:  # remote nodes may hold a default config this machine lacks
+        accel = launch_flags_alone(command, ignored)
     named = hostfile_named = None
     if accel is not None and accel.uses_deepspeed:  # other types never read the section
         section = accel.deepspeed_section
@@ -192,6 +196,19 @@ LAUNCH_FIELDS = {
     "fsdp_auto_wrap_policy": ("fsdp_config", "fsdp_auto_wrap_policy"),
     "fsdp_min_num_params": ("fsdp_config", "fsdp_min_num_params"),
 }
+
+
+def launch_flags_alone(command: Tuple[str, ...], ignored: Tuple[str, ...] = ()) -> Optional[AccelerateConfig]:
+    """`accelerate launch FLAGS` with no config file (none named, no default one here): its flags alone, which
+    accelerate launches over its own defaults; None for another launcher, or a command naming a config file
+    that only the nodes have."""
+    from preflight import launchcmd
+
+    cmd = launchcmd.parse(command)
+    if cmd.launcher != "accelerate" or cmd.get("config_file") is not None:
+        return None
+    bare = AccelerateConfig(FlagDocument("the launch command", {}, "flags"), from_command=True)
+    return dataclasses.replace(with_launch_flags(bare, command, ignored), from_command=True)
 
 
 RANK_FLAGS = ("machine_rank", "main_process_ip", "main_process_port", "num_machines")

@@ -6,6 +6,7 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -409,11 +410,12 @@ MACHINE_ONLY = ("FP8 is not available", "already in use", "no available devices 
 COMPLETED_BY_THE_COMMAND = {"CFG020": "unless the launch command passes --num_processes"}
 
 
-def launch_refusal(path: Path, flags=()):
+def launch_refusal(path: Optional[Path], flags=()):
     """Why accelerate 1.15's `accelerate launch --config_file PATH FLAGS train.py` stops before its launcher
     starts anything (or its launcher does, reading its arguments), or the script's DeepSpeedPlugin,
     FullyShardedDataParallelPlugin or torch rendezvous stops on the environment the launcher gives it (where
-    the file's values are read back), or None. (SageMaker configs launch through AWS: not tried.)"""
+    the file's values are read back), or None. (SageMaker configs launch through AWS: not tried.) With PATH None,
+    `accelerate launch FLAGS train.py` with no config file at all (not even a default one)."""
     import contextlib
     import io
     import logging
@@ -424,14 +426,15 @@ def launch_refusal(path: Path, flags=()):
     from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin, parse_choice_from_env
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 
-    args = launch_command_parser().parse_args(["--config_file", str(path), *flags, "train.py"])
+    args = launch_command_parser().parse_args([*(("--config_file", str(path)) if path else ()), *flags, "train.py"])
     logging.disable(logging.WARNING)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                mock.patch("accelerate.commands.launch.default_config_file", os.devnull + "/none"):
             args, defaults, mp_from_flag = _validate_launch_command(args)
             plugin, env, torchrun = None, {}, False
             if args.use_deepspeed and not args.cpu:  # as launch_command does before deepspeed_launcher
-                fields = list(defaults.deepspeed_config.keys()) + (["mixed_precision"] if mp_from_flag else [])
+                fields = (list(defaults.deepspeed_config.keys()) if defaults else []) + (["mixed_precision"] if mp_from_flag else [])
                 args.deepspeed_fields_from_accelerate_config = ",".join(fields)
                 cmd, env = prepare_deepspeed_cmd_env(args)
                 plugin = DeepSpeedPlugin
@@ -465,7 +468,7 @@ def launch_refusal(path: Path, flags=()):
                 parse_rendezvous_endpoint(config.rdzv_endpoint, default_port=-1)
             if plugin is not None:  # what the script builds when accelerate's Accelerator starts, run where
                 # the file's relative paths hold (lint reads them beside the config)
-                with mock.patch.dict(os.environ, env, clear=True), contextlib.chdir(path.parent):
+                with mock.patch.dict(os.environ, env, clear=True), contextlib.chdir(path.parent if path else "."):
                     plugin()
                     # Accelerator.__init__ then reads the accumulation back (accelerator.py, without a plugin of
                     # its own): int(parse_choice_from_env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", 1)).
@@ -729,3 +732,45 @@ def test_rdzv_backend_in_the_file_is_dead_as_accelerate_launch_reads_it(capsys, 
                              "train.py")
             statuses = [r["status"] for r in of(doc, "CFG002")]
             assert statuses == (["warn"] if not flags else ["pass"]), shown(doc)
+
+
+def test_launch_flags_alone_fail_where_accelerate_stops(capsys, tmp_path):
+    """`lint -- accelerate launch FLAGS` with no config file lints the flags, as accelerate launches them over its
+    own defaults: every failure is one accelerate's launch path refuses (or a documented one it cannot see), and
+    every refusal is a failure. Counts, ranks, types and --cpu over one and two machines."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    import itertools
+    import json
+
+    from preflight.cli import main
+
+    verdicts = set()
+    for kind, procs, machines, rank in itertools.product(
+            ((), ("--multi_gpu",), ("--use_deepspeed",), ("--use_fsdp",), ("--cpu",), ("--cpu", "--multi_gpu")),
+            (1, 2, 3, 4), (1, 2), (0, 1)):
+        if rank >= machines:
+            continue
+        flags = (*kind, "--num_processes", str(procs), "--num_machines", str(machines), "--machine_rank", str(rank),
+                 "--main_process_ip", "10.0.0.1", "--main_process_port", "29517", "--mixed_precision", "no")
+        code = main(["lint", "--json", "--", "accelerate", "launch", *flags, "train.py"])
+        out, _ = capsys.readouterr()
+        failed = [r for r in json.loads(out)["results"] if r["status"] == "fail"] if code != 2 else ["exit 2"]
+        undocumented = [r for r in failed if not isinstance(r, dict) or
+                        not any(words in r["message"] for words in DOCUMENTED.get(r["id"], ()))]
+        refused = launch_refusal(None, flags)
+        assert bool(refused) == bool(undocumented), (flags, refused, failed)
+        verdicts.add(bool(refused))
+    assert verdicts == {True, False}
+
+
+def test_launch_flags_alone_findings_name_the_flag(capsys):
+    code, doc = lint(capsys, "--deep", "--", "accelerate", "launch", "--multi_gpu", "--num_processes", "3",
+                     "--num_machines", "2", "--main_process_ip", "10.0.0.1", "--main_process_port", "29517", "train.py")
+    assert [r["message"].split(";")[0] for r in of(doc, "CFG020", "fail")] == [
+        "flag --num_processes: num_processes 3 does not divide by num_machines 2"], shown(doc)
+    assert [r["status"] for r in of(doc, "CFG090")] == ["skip"], shown(doc)
+    # no file and no flag: accelerate's defaults (the GPU count, one machine), nothing missing
+    code, doc = lint(capsys, "--", "accelerate", "launch", "train.py")
+    assert code == 0 and not [r for r in doc["results"] if r["status"] in ("fail", "warn")], shown(doc)
+    assert [r["status"] for r in of(doc, "CFG020")] == ["pass"], shown(doc)
