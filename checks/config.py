@@ -324,7 +324,7 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         if value not in allowed:
             yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {value!r}, expected one of "
                        f"{', '.join(allowed)}{did_you_mean(value, allowed)}",
-                       f"set {dotted(keys)} to one of: {', '.join(allowed)}", value=value, **at(doc, *keys))
+                       f"set {doc.setting(*keys)} to one of: {', '.join(allowed)}", value=value, **at(doc, *keys))
 
 
 def rdzv_backend_in_file(ctx, doc: Document, value: Any) -> Iterator[Finding]:
@@ -349,7 +349,7 @@ def multinode_launcher(ctx, doc: Document, keys: Tuple[str, ...], value: str) ->
     if problem is None:
         return
     found = f"{doc.where(*keys)}: {dotted(keys)} is {value!r}{did_you_mean(value, MULTINODE_LAUNCHERS)}"
-    fix = f"set {dotted(keys)} to one of: {', '.join(MULTINODE_LAUNCHERS)}"
+    fix = f"set {doc.setting(*keys)} to one of: {', '.join(MULTINODE_LAUNCHERS)}"
     machines = ctx.plan.accelerate.integer("num_machines", 1)
     if ctx.plan.accelerate.cpu or machines is None or machines <= 1:
         yield warn(f"{found}; accelerate reads it only when num_machines > 1, and there {problem}", fix,
@@ -642,12 +642,12 @@ def main_process_address(ctx) -> Iterator[Finding]:
         if data.get("main_process_ip") is None:
             yield fail(f"{doc.where('main_process_ip')}: num_machines is {machines} but main_process_ip is not set; "
                        "the workers cannot find the head ('When using multiple machines, you need to specify the "
-                       "main process IP')", "set main_process_ip to the head node's address, such as 10.0.0.1",
+                       "main process IP')", f"set {doc.setting('main_process_ip')} to the head node's address, such as 10.0.0.1",
                        **at(doc, "main_process_ip"))
         if data.get("main_process_port") is None:
             yield warn(f"{doc.where('main_process_port')}: num_machines is {machines} but main_process_port is not "
                        "set; torchrun falls back to 29500, accelerate's other launchers stop with 'you need to "
-                       "specify the main process port'", "set main_process_port: 29500 (or another free port)",
+                       "specify the main process port'", f"set {doc.setting('main_process_port')} to 29500 (or another free port)",
                        **at(doc, "main_process_port"))
     ip = data.get("main_process_ip")
     several = is_int(machines) and machines > 1
@@ -664,12 +664,13 @@ def main_process_address(ctx) -> Iterator[Finding]:
                       "the processes cannot reach the rendezvous address" if read_alone else
                       "unused on one machine with torchrun, but the workers cannot reach the head once num_machines "
                       "grows"),
-                   "set main_process_ip to the head node's (machine_rank 0) address as the workers resolve it: "
+                   f"set {doc.setting('main_process_ip')} to the head node's (machine_rank 0) address as the workers "
+                   "resolve it: "
                    "`hostname -I` on the head, or its host name", value=ip, **at(doc, "main_process_ip"))
     elif isinstance(ip, str) and not _is_host(ip):
         yield fail(f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}, expected a host name or an IP address; "
                    "accelerate passes it on unchecked, and the workers cannot reach the head at it",
-                   _host_fix(ip), value=ip,
+                   _host_fix(ip, doc.setting("main_process_ip")), value=ip,
                    **at(doc, "main_process_ip"))
     port = text_number(data.get("main_process_port"))
     if is_int(port):
@@ -678,11 +679,12 @@ def main_process_address(ctx) -> Iterator[Finding]:
                 yield warn(f"{doc.where('main_process_port')}: main_process_port is 0 with {machines} machines: "
                            "accelerate picks a free port on each machine, and only a launcher that starts every "
                            "node from the head (DeepSpeed's pdsh) passes that port on to the others",
-                           "set main_process_port: 29500 (or another port free on the head)", value=port,
+                           f"set {doc.setting('main_process_port')} to 29500 (or another port free on the head)",
+                           value=port,
                            **at(doc, "main_process_port"))
         elif not 1 <= port <= 65535:
             yield fail(f"{doc.where('main_process_port')}: main_process_port is {port}, expected 1-65535",
-                       "set main_process_port: 29500", value=port, **at(doc, "main_process_port"))
+                       f"set {doc.setting('main_process_port')} to 29500", value=port, **at(doc, "main_process_port"))
         elif port < 1024:
             yield warn(f"{doc.where('main_process_port')}: main_process_port is {port}, a privileged port under 1024 "
                        "that only root may bind", "use a port above 1024, such as 29500", value=port,
@@ -699,12 +701,12 @@ def _is_host(text: str) -> bool:
         return bool(HOSTNAME.match(text)) and not re.fullmatch(r"[0-9.]+", text)
 
 
-def _host_fix(ip: str) -> str:
+def _host_fix(ip: str, name: str) -> str:
     """The address inside what was written, when there is a valid one: never the invalid value itself."""
     host = _host_part(ip)
     if host != ip and _is_host(host) and not PLACEHOLDER_IP.match(host):
-        return f"set main_process_ip: {host!r} (no user@, scheme, path or :port)"
-    return ("set main_process_ip to the head node's address or host name as the workers resolve it, "
+        return f"set {name} to {host!r} (no user@, scheme, path or :port)"
+    return (f"set {name} to the head node's address or host name as the workers resolve it, "
             "such as 10.0.0.1 (no user@, scheme, path or :port)")
 
 
@@ -735,16 +737,18 @@ def machine_rank(ctx) -> Iterator[Finding]:
         if machines == 0 and doc.data.get("use_cpu") is True:  # commands/launch.py, unless OMP_NUM_THREADS is set
             yield fail(f"{doc.where('num_machines')}: num_machines is 0 with use_cpu: accelerate launch divides "
                        "num_processes by it to share the CPU threads and stops (ZeroDivisionError)",
-                       "set num_machines to the number of nodes (1 for one)", value=machines, **at(doc, "num_machines"))
+                       f"set {doc.setting('num_machines')} to the number of nodes (1 for one)", value=machines,
+                       **at(doc, "num_machines"))
             return
         # Every launcher tests `num_machines > 1` (utils/launch.py): below 1 is the one-machine launch.
         yield warn(f"{doc.where('num_machines')}: num_machines is {machines}; accelerate launches the job on this "
-                   "machine alone, as with num_machines: 1", "set num_machines to the number of nodes (1 for one)",
+                   "machine alone, as with num_machines: 1", f"set {doc.setting('num_machines')} to the number of "
+                   "nodes (1 for one)",
                    value=machines, **at(doc, "num_machines"))
         return
     if is_int(machines) and is_int(rank) and not 0 <= rank < machines:
         yield fail(f"{doc.where('machine_rank')}: machine_rank is {rank}, expected 0 to {machines - 1} "
-                   f"(num_machines is {machines})", f"set machine_rank between 0 and {machines - 1}",
+                   f"(num_machines is {machines})", f"set {doc.setting('machine_rank')} between 0 and {machines - 1}",
                    value=rank, **at(doc, "machine_rank"))
 
 
@@ -812,7 +816,7 @@ def process_counts(ctx) -> Iterator[Finding]:
         per = procs // machines
         yield fail(f"{doc.where('num_processes')}: num_processes {procs} does not divide by num_machines {machines}; "
                    f"accelerate would start {per} per machine ({per * machines} in all)",
-                   f"set num_processes to a multiple of {machines}, such as {max(per, 1) * machines}",
+                   f"set {doc.setting('num_processes')} to a multiple of {machines}, such as {max(per, 1) * machines}",
                    num_processes=procs, num_machines=machines, **at(doc, "num_processes"))
         return
     per_machine = procs // machines
@@ -1063,7 +1067,7 @@ def zero_stage(ctx) -> Iterator[Finding]:
                    **at(doc, *keys))
     elif not is_int(stage) or not 0 <= stage <= 3:  # text is read as its number (zero_settings; CFG003 judges it)
         yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {stage!r}, expected 0, 1, 2 or 3",
-                   f"set {dotted(keys)} to 0, 1, 2 or 3", value=stage, **at(doc, *keys))
+                   f"set {doc.setting(*keys)} to 0, 1, 2 or 3", value=stage, **at(doc, *keys))
     else:
         yield passed(f"ZeRO stage {stage}", stage=stage)
 

@@ -69,6 +69,10 @@ class Document:
         line = self.line(*keys)
         return f"{self.path}:{line}" if line else self.path
 
+    def setting(self, *keys: Any) -> str:
+        """The name a fix tells the user to set for keys: the key path here (a launch flag in FlagDocument)."""
+        return ".".join(str(k) for k in keys)
+
     def section(self, *keys: Any) -> Optional["Document"]:
         value = self.data
         for key in keys:

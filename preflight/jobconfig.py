@@ -554,6 +554,13 @@ class FlagDocument(Document):
     def line(self, *keys: Any) -> Optional[int]:
         return None if self.prefix + keys in (self.flags or {}) else super().line(*keys)
 
+    def setting(self, *keys: Any) -> str:
+        """The flag, where one gives the value: the command's flag wins, so editing the file would change nothing."""
+        source = (self.flags or {}).get(self.prefix + keys)
+        if source:
+            return source[len("flag "):]
+        return f"--{keys[-1]}" if self.kind == "flags" else super().setting(*keys)
+
     def section(self, *keys: Any) -> Optional[Document]:
         inner = super().section(*keys)
         if inner is None:

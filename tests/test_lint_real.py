@@ -250,6 +250,26 @@ def test_launch_flag_findings_name_the_flag(capsys):
                      "--num_processes", "9", "--mixed_precision", "bf16", "train.py")
     failed = of(doc, "CFG020", "fail")
     assert failed and "flag --num_processes" in failed[0]["message"] and "9 does not divide" in failed[0]["message"]
+    # the flag wins over the file: a fix that edits the file would change nothing
+    assert failed[0]["remediation"].startswith("set --num_processes to a multiple of 2"), failed[0]["remediation"]
+
+
+def test_fixes_name_the_flag_that_gives_the_value(capsys, tmp_path):
+    (tmp_path / "accelerate.yaml").write_text("distributed_type: MULTI_GPU\nnum_machines: 2\nnum_processes: 8\n"
+                                              "machine_rank: 0\nmain_process_ip: 10.0.0.1\nmain_process_port: 29500\n")
+    code, doc = lint(capsys, "--config", tmp_path / "accelerate.yaml", "--", "accelerate", "launch", "--machine_rank",
+                     "2", "--main_process_ip", "<IP>", "--main_process_port", "70000", "train.py")
+    fixes = sorted(r["remediation"] for r in doc["results"] if r["status"] == "fail")
+    assert fixes == ["set --machine_rank between 0 and 1", "set --main_process_ip to the head node's (machine_rank 0) "
+                     "address as the workers resolve it: `hostname -I` on the head, or its host name",
+                     "set --main_process_port to 29500"], shown(doc)
+    code, doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")  # the file's own values: its keys
+    assert not of(doc, "CFG010", "fail") and not of(doc, "CFG011", "fail"), shown(doc)
+    # flags alone: a missing value is a flag to pass
+    code, doc = lint(capsys, "--", "accelerate", "launch", "--multi_gpu", "--num_processes", "8", "--num_machines",
+                     "2", "train.py")
+    assert [r["remediation"] for r in of(doc, "CFG010", "fail")] == [
+        "set --main_process_ip to the head node's address, such as 10.0.0.1"], shown(doc)
 
 
 # 11. remediations that can be followed
