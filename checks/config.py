@@ -25,12 +25,14 @@ from preflight.jobconfig import (
     COMPUTE_ENVIRONMENTS,
     DISTRIBUTED_TYPES,
     DS_NUMERIC,
+    DYNAMO_BACKENDS,
     MIXED_PRECISIONS,
     MULTINODE_LAUNCHERS,
     OFFLOAD_DEVICES,
     RDZV_BACKENDS,
     SAGEMAKER_DISTRIBUTED_TYPES,
     SAGEMAKER_KEYS,
+    accelerate_launcher,
     ds_text_number_stops,
     is_numeric_string,
     multinode_launcher_problem,
@@ -186,6 +188,23 @@ def accelerate_command(ctx):
     return command if command.launcher == "accelerate" else None
 
 
+def dynamo_backend_read(ctx, doc: Document) -> Optional[Tuple[Tuple[str, ...], Any]]:
+    """The dynamo backend accelerate launch reads from the config, as (key path, value), or None: the top-level
+    dynamo_backend, else dynamo_config's (config_args.py moves the first into the second); a --dynamo_backend flag
+    wins, and DeepSpeed's launcher never reads it (utils/launch.py upper()s it in the simple, multi-GPU and TPU
+    launchers only)."""
+    command = accelerate_command(ctx)
+    if command is not None and "dynamo_backend" in command.options:
+        return None
+    if ctx.plan.accelerate.uses_deepspeed and not ctx.plan.accelerate.cpu:
+        return None
+    for keys in (("dynamo_backend",), ("dynamo_config", "dynamo_backend")):
+        holder = doc.section(*keys[:-1]) if len(keys) > 1 else doc
+        if holder is not None and holder.data.get(keys[-1]) is not None:
+            return keys, holder.data[keys[-1]]
+    return None
+
+
 TYPE_FLAGS = ("cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp")  # accelerate takes one of them at most
 
 
@@ -269,6 +288,7 @@ def accelerate_values(ctx) -> Iterator[Finding]:
     normalises it: accelerate lower-cases the offload devices and mixed_precision, and DeepSpeed's runner its
     launchers, but 'STANDARD' and 'NOSSH' miss accelerate's own; the launcher is read only over several machines.
     rdzv_backend in the config is never read (the flag's default, 'static', wins): a value there is a warning.
+    dynamo_backend is read in any case, by every launcher but DeepSpeed's, unless a flag gives it.
 
     Use one of the listed values, spelt exactly; the message suggests the closest.
     """
@@ -296,6 +316,13 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         (("deepspeed_config", "offload_optimizer_device"), OFFLOAD_DEVICES),
         (("deepspeed_config", "offload_param_device"), OFFLOAD_DEVICES),
     ]
+    dynamo = dynamo_backend_read(ctx, doc)
+    if dynamo is not None and isinstance(dynamo[1], str) and dynamo[1].upper() not in DYNAMO_BACKENDS:
+        keys, value = dynamo
+        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {shorten(value)}, expected one of "
+                   f"{', '.join(DYNAMO_BACKENDS)} (in any case){did_you_mean(value.upper(), DYNAMO_BACKENDS)}; "
+                   "accelerate launch stops with 'Unknown dynamo backend'",
+                   f"set {doc.setting(*keys)} to one of: {', '.join(DYNAMO_BACKENDS)}", value=value, **at(doc, *keys))
     for keys, allowed in rules:
         if len(keys) > 1 and not ctx.plan.accelerate.uses_deepspeed:
             continue  # accelerate never reads deepspeed_config under other types (CFG004 says so)
@@ -383,10 +410,16 @@ def yaml_traps(ctx) -> Iterator[Finding]:
         return
     accel = accel_doc(ctx)
     if accel is not None:
+        dynamo = dynamo_backend_read(ctx, accel)
         for key in ("distributed_type", "mixed_precision", "dynamo_backend"):
             if not isinstance(accel.data.get(key), bool):
                 continue
             word = str(accel.data[key]).lower()
+            if key == "dynamo_backend" and dynamo is None:  # a --dynamo_backend flag, or DeepSpeed's launcher
+                yield warn(f"{accel.where(key)}: dynamo_backend is {word} (YAML 1.1 reads an unquoted NO / no as "
+                           "false); this launch does not read it, but another would stop on it",
+                           "quote it: `dynamo_backend: 'NO'`", key=key, **at(accel, key))
+                continue
             if key == "distributed_type":
                 # accelerate only tests it against its types (commands/launch.py): true or false launches as 'NO'.
                 read = "NO as false" if word == "false" else "yes / on as true"
@@ -399,6 +432,12 @@ def yaml_traps(ctx) -> Iterator[Finding]:
             yield fail(f"{accel.where(key)}: {key} is {word}, expected a word such as 'NO': YAML 1.1 reads an "
                        "unquoted NO / no as false (and yes as true), and accelerate launch stops on it",
                        f"quote it: `{key}: '{'no' if key == 'mixed_precision' else 'NO'}'`", key=key, **at(accel, key))
+        if dynamo is not None and dynamo[0] != ("dynamo_backend",) and not isinstance(dynamo[1], str):
+            keys, value = dynamo  # dynamo_config's own: the same .upper() on it
+            yield fail(f"{accel.where(*keys)}: {dotted(keys)} is {yaml_word(value)}, expected a word such as 'NO'"
+                       + (": YAML 1.1 reads an unquoted NO / no as false" if isinstance(value, bool) else "")
+                       + "; accelerate launch stops on it (AttributeError)", f"quote it: `dynamo_backend: 'NO'`",
+                       key=dotted(keys), **at(accel, *keys))
         # (DeepSpeed-JSON keys pasted into the section are never read: CFG004 says they are ignored.)
         launch = ctx.plan.accelerate.launch
 
@@ -627,7 +666,8 @@ def main_process_address(ctx) -> Iterator[Finding]:
     Every worker connects to the head at this address to rendezvous: without it accelerate stops with
     an assertion; with `user@host`, a URL or `host:port` in main_process_ip the workers wait until the
     rendezvous times out; a port above 65535 cannot be bound, one under 1024 needs root, and 0 (any
-    free port) is picked by each machine on its own.
+    free port) is picked by each machine on its own. On one machine torchrun reads only the port, and one
+    process alone neither: a bad value there is a warning.
 
     Set main_process_ip to the head's address or host name as the workers resolve it (no user, scheme
     or port) and main_process_port to a free port above 1024, such as 29500.
@@ -651,27 +691,30 @@ def main_process_address(ctx) -> Iterator[Finding]:
                        **at(doc, "main_process_port"))
     ip = data.get("main_process_ip")
     several = is_int(machines) and machines > 1
+    # On one machine only some launches read the head's address and port (accelerate/utils/launch.py): torchrun
+    # (which DEEPSPEED also runs there) reads the port alone; MULTI_CPU's processes meet through MASTER_ADDR and
+    # MASTER_PORT when there are several; 'NO', --cpu and XLA start one process that meets no one.
+    launcher = "simple" if ctx.plan.accelerate.cpu else accelerate_launcher(data.get("distributed_type"))
+    procs = text_number(data.get("num_processes"))
+    cpu_group = launcher == "simple" and data.get("distributed_type") == "MULTI_CPU" and is_int(procs) and procs > 1
+    ip_read = several or cpu_group
+    port_read = several or cpu_group or launcher in ("torchrun", "deepspeed")
+    unread = "unused on one machine by this launch, but the workers cannot reach the head once num_machines grows"
     wildcard = isinstance(ip, str) and ip.strip() == "0.0.0.0"
     if isinstance(ip, str) and PLACEHOLDER_IP.match(ip.strip()) and (several or not wildcard):
         why = ("0.0.0.0 is the address a server listens on, not one a worker on another machine can connect to"
                if wildcard else "it is a placeholder from a template, not an address")
-        # On one machine, torchrun (MULTI_GPU, FSDP) never reads it; DeepSpeed's runner (--master_addr) and
-        # accelerate's simple launcher (MASTER_ADDR) do (accelerate/utils/launch.py).
-        read_alone = data.get("distributed_type") in ("DEEPSPEED", "NO", "MULTI_CPU")
-        make = fail if several or read_alone else warn
-        yield make(f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}: {why}; "
-                   + ("the workers cannot reach the head and wait until the rendezvous times out" if several else
-                      "the processes cannot reach the rendezvous address" if read_alone else
-                      "unused on one machine with torchrun, but the workers cannot reach the head once num_machines "
-                      "grows"),
-                   f"set {doc.setting('main_process_ip')} to the head node's (machine_rank 0) address as the workers "
-                   "resolve it: "
-                   "`hostname -I` on the head, or its host name", value=ip, **at(doc, "main_process_ip"))
+        yield (fail if ip_read else warn)(
+            f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}: {why}; "
+            + ("the workers cannot reach the head and wait until the rendezvous times out" if several else
+               "the processes cannot reach the rendezvous address" if ip_read else unread),
+            f"set {doc.setting('main_process_ip')} to the head node's (machine_rank 0) address as the workers resolve "
+            "it: `hostname -I` on the head, or its host name", value=ip, **at(doc, "main_process_ip"))
     elif isinstance(ip, str) and not _is_host(ip):
-        yield fail(f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}, expected a host name or an IP address; "
-                   "accelerate passes it on unchecked, and the workers cannot reach the head at it",
-                   _host_fix(ip, doc.setting("main_process_ip")), value=ip,
-                   **at(doc, "main_process_ip"))
+        yield (fail if ip_read else warn)(
+            f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}, expected a host name or an IP address; "
+            + ("accelerate passes it on unchecked, and the workers cannot reach the head at it" if ip_read else unread),
+            _host_fix(ip, doc.setting("main_process_ip")), value=ip, **at(doc, "main_process_ip"))
     port = text_number(data.get("main_process_port"))
     if is_int(port):
         if port == 0:  # accelerate launch picks a free port: fine on one machine, not agreed on between several
@@ -680,11 +723,12 @@ def main_process_address(ctx) -> Iterator[Finding]:
                            "accelerate picks a free port on each machine, and only a launcher that starts every "
                            "node from the head (DeepSpeed's pdsh) passes that port on to the others",
                            f"set {doc.setting('main_process_port')} to 29500 (or another port free on the head)",
-                           value=port,
-                           **at(doc, "main_process_port"))
+                           value=port, **at(doc, "main_process_port"))
         elif not 1 <= port <= 65535:
-            yield fail(f"{doc.where('main_process_port')}: main_process_port is {port}, expected 1-65535",
-                       f"set {doc.setting('main_process_port')} to 29500", value=port, **at(doc, "main_process_port"))
+            yield (fail if port_read else warn)(
+                f"{doc.where('main_process_port')}: main_process_port is {port}, expected 1-65535"
+                + ("" if port_read else "; unused on one machine by this launch"),
+                f"set {doc.setting('main_process_port')} to 29500", value=port, **at(doc, "main_process_port"))
         elif port < 1024:
             yield warn(f"{doc.where('main_process_port')}: main_process_port is {port}, a privileged port under 1024 "
                        "that only root may bind", "use a port above 1024, such as 29500", value=port,
@@ -723,7 +767,8 @@ def machine_rank(ctx) -> Iterator[Finding]:
     """num_machines is at least 1 and machine_rank lies in [0, num_machines).
 
     A rank outside the range makes that node wait for a rendezvous that can never complete; the other
-    nodes hang until the timeout. A num_machines below 1 launches on one machine (a warning).
+    nodes hang until the timeout. A num_machines below 1 launches on one machine, and on one machine the
+    rank is not read (warnings).
 
     Give each machine its own rank from 0 to num_machines - 1 (0 on the head); `preflight launch`
     sets it per node for you.
@@ -746,7 +791,17 @@ def machine_rank(ctx) -> Iterator[Finding]:
                    "nodes (1 for one)",
                    value=machines, **at(doc, "num_machines"))
         return
-    if is_int(machines) and is_int(rank) and not 0 <= rank < machines:
+    if is_int(machines) and machines > 1 and "machine_rank" in doc.data and doc.data["machine_rank"] is None:
+        yield fail(f"{doc.where('machine_rank')}: machine_rank is null over {machines} machines; accelerate launch "
+                   "stops on int(None) (TypeError)", f"set {doc.setting('machine_rank')} to this machine's rank, "
+                   f"0 to {machines - 1}", **at(doc, "machine_rank"))
+    elif is_int(machines) and is_int(rank) and not 0 <= rank < machines and machines == 1:
+        # Read only over several machines (utils/launch.py): a per-node copy that left num_machines at 1
+        yield warn(f"{doc.where('machine_rank')}: machine_rank is {rank} with num_machines 1: accelerate reads it "
+                   "only over several machines, so this machine runs the job alone",
+                   f"if this is one machine of several, set {doc.setting('num_machines')} to their number; else "
+                   f"set {doc.setting('machine_rank')} to 0", value=rank, **at(doc, "machine_rank"))
+    elif is_int(machines) and is_int(rank) and not 0 <= rank < machines:
         yield fail(f"{doc.where('machine_rank')}: machine_rank is {rank}, expected 0 to {machines - 1} "
                    f"(num_machines is {machines})", f"set {doc.setting('machine_rank')} between 0 and {machines - 1}",
                    value=rank, **at(doc, "machine_rank"))
@@ -761,7 +816,8 @@ def process_counts(ctx) -> Iterator[Finding]:
     leaves processes out, and the common per-node reading (num_processes = GPUs per node) silently halves
     the job. Fewer gpu_ids than processes per machine puts two processes on one GPU or fails with an
     invalid device ordinal; a gpu_ids that YAML read as a number crashes accelerate. With distributed_type
-    'NO', accelerate starts one process whatever num_processes says, and machines that never meet.
+    'NO', accelerate starts one process whatever num_processes says, and machines that never meet; MULTI_CPU
+    and --cpu start one process a machine (mpirun its share of num_processes) and need no GPU.
 
     Set num_processes to num_machines x GPUs per machine, and list at least that many GPUs per machine
     in gpu_ids as a quoted string ('0,1,2,3'), or 'all'.
@@ -812,7 +868,11 @@ def process_counts(ctx) -> Iterator[Finding]:
                    "to accelerate launch)", **at(doc, "num_processes"))
     if not (is_int(procs) and is_int(machines) and procs > 0 and machines > 0):
         return
-    if procs % machines and not simple:
+    # MULTI_CPU and --cpu run the simple launcher: one process a machine, or mpirun's share of num_processes with
+    # an mpirun hostfile; GPUs are not theirs to need (accelerate/utils/launch.py prepare_simple_launcher_cmd_env).
+    on_cpu = not simple and (ctx.plan.accelerate.cpu or accelerate_launcher(dtype) == "simple")
+    mpirun = isinstance(data.get("mpirun_config"), Mapping) and data["mpirun_config"].get("mpirun_hostfile")
+    if procs % machines and not simple and (mpirun or not on_cpu):
         per = procs // machines
         yield fail(f"{doc.where('num_processes')}: num_processes {procs} does not divide by num_machines {machines}; "
                    f"accelerate would start {per} per machine ({per * machines} in all)",
@@ -838,7 +898,7 @@ def process_counts(ctx) -> Iterator[Finding]:
     if len(set(ids)) != len(ids):
         yield fail(f"{doc.where('gpu_ids')}: gpu_ids {ids_value!r} lists a GPU twice",
                    "list each GPU index once", **at(doc, "gpu_ids"))
-    if simple:  # one process: any GPU listed will do
+    if simple or on_cpu:  # one process, or processes on CPUs: any GPU listed will do
         return
     if machines > 1 and procs == len(ids):
         yield warn(f"{doc.where('num_processes')}: num_processes is {procs}, the number of gpu_ids of one machine, "
@@ -1036,7 +1096,8 @@ def zero_settings(ctx) -> Optional[Tuple[Document, Tuple[str, ...], Any, Mapping
         "offload_optimizer": {"device": lower(section.data.get("offload_optimizer_device")),
                               "nvme_path": section.data.get("offload_optimizer_nvme_path")},
     }
-    return doc, ("deepspeed_config", "zero_stage"), text_number(section.data["zero_stage"]), devices
+    stage = section.data["zero_stage"]  # null: DeepSpeedPlugin's default, 2 (utils/dataclasses.py)
+    return doc, ("deepspeed_config", "zero_stage"), 2 if stage is None else text_number(stage), devices
 
 
 @check("CFG040", "zero-stage", "config", tags=["deepspeed", "zero"])

@@ -29,17 +29,20 @@ ACCELERATE_KEYS: Dict[str, tuple] = {
     "distributed_type": ANY,
     "mixed_precision": (str, bool, NoneType),
     "use_cpu": (bool,),
-    "debug": (bool,),
+    "debug": ANY,  # tested for truth only (commands/launch.py)
     "num_processes": (int,),
-    "machine_rank": (int,),
+    # null is read only over several machines, where int(None) stops accelerate (CFG011)
+    "machine_rank": (int, NoneType),
     "num_machines": (int,),
     "gpu_ids": (str, int, NoneType),
     "main_process_ip": (str, NoneType),
     "main_process_port": (int, NoneType),
     "rdzv_backend": (str, NoneType),
-    "same_network": (bool, NoneType),
-    "main_training_function": (str,),
-    "enable_cpu_affinity": (bool,),
+    # Never copied into accelerate launch's arguments, whose flags default to False, not None (commands/launch.py),
+    # or read by the TPU launchers alone: any value runs.
+    "same_network": ANY,
+    "main_training_function": ANY,
+    "enable_cpu_affinity": ANY,
     "fp8_config": MAP,
     "deepspeed_config": MAP,
     "fsdp_config": MAP,
@@ -47,17 +50,17 @@ ACCELERATE_KEYS: Dict[str, tuple] = {
     "megatron_lm_config": MAP,
     "mpirun_config": MAP,
     "dynamo_config": MAP,
-    "downcast_bf16": (bool, str),
-    "tpu_name": (str, NoneType),
-    "tpu_zone": (str, NoneType),
-    "tpu_use_cluster": (bool,),
-    "tpu_use_sudo": (bool,),
-    "command_file": (str, NoneType),
-    "commands": (list, str, NoneType),
-    "tpu_vm": (list, str, NoneType),
-    "tpu_env": (list, NoneType),
-    # Old spellings that accelerate still converts on load.
-    "fp16": (bool,),
+    "downcast_bf16": ANY,
+    "tpu_name": ANY,
+    "tpu_zone": ANY,
+    "tpu_use_cluster": ANY,
+    "tpu_use_sudo": ANY,
+    "command_file": ANY,
+    "commands": ANY,
+    "tpu_vm": ANY,
+    "tpu_env": ANY,
+    # Old spellings that accelerate still converts on load (fp16 is tested for truth only).
+    "fp16": ANY,
     "dynamo_backend": (str, bool, NoneType),  # null: accelerate then sets 'no' (commands/launch.py)
 }
 # SageMakerConfig replaces the cluster fields with these.
@@ -95,13 +98,14 @@ RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 
 # The keys of accelerate's `deepspeed_config` section (accelerate launch's DeepSpeed arguments).
 ACCELERATE_DS_KEYS: Dict[str, tuple] = {
-    "deepspeed_config_file": (str,),
-    "zero_stage": (int,),
+    # null: accelerate exports nothing for it, and DeepSpeedPlugin takes its default (stage 2, no file)
+    "deepspeed_config_file": (str, NoneType),
+    "zero_stage": (int, NoneType),
     "offload_optimizer_device": (str, NoneType),
     "offload_param_device": (str, NoneType),
     "offload_optimizer_nvme_path": (str, NoneType),
     "offload_param_nvme_path": (str, NoneType),
-    "gradient_accumulation_steps": (int, AUTO),
+    "gradient_accumulation_steps": (int, AUTO, NoneType),
     "gradient_clipping": (float, NoneType, AUTO),
     "zero3_init_flag": (bool, NoneType),
     "zero3_save_16bit_model": (bool, NoneType),
@@ -118,6 +122,10 @@ ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE = (
     "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
 )
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# accelerate.utils.DynamoBackend (1.15): the launchers read DynamoBackend(dynamo_backend.upper()).
+DYNAMO_BACKENDS = ("NO", "EAGER", "AOT_EAGER", "INDUCTOR", "AOT_TS_NVFUSER", "NVPRIMS_NVFUSER", "CUDAGRAPHS", "OFI",
+                   "FX2TRT", "ONNXRT", "TENSORRT", "AOT_TORCHXLA_TRACE_ONCE", "TORCHXLA_TRACE_ONCE", "TVM",
+                   "HPU_BACKEND", "NEURON")
 MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "impi", "nossh", "slurm")
 # accelerate compares these two with its own spelling (utils/launch.py prepare_deepspeed_cmd_env); any other value
 # goes to DeepSpeed's runner as `--launcher VALUE`, which lower-cases it (deepspeed/launcher/runner.py).
@@ -411,6 +419,8 @@ def load_accelerate_config(path: str) -> AccelerateConfig:
     validate_types(doc, schema)
     if config.uses_deepspeed:
         validate_types(doc, ACCELERATE_DS_KEYS, ("deepspeed_config",))
+    if doc.data.get("distributed_type") == "NO" and "num_processes" not in doc.data and isinstance(doc.data, dict):
+        doc.data["num_processes"] = 1  # as accelerate loads such a file (config_args.py process_config)
     return config
 
 

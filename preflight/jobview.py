@@ -176,7 +176,8 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
     def flag(name: str) -> Tuple[Any, Optional[str]]:
         if command is None or name not in command.options:
             return None, None
-        return _int(command.options[name]), f"flag --{name}"
+        value = command.options[name]  # argparse gives --gpu_ids no type: '0' stays text
+        return (value if name == "gpu_ids" else _int(value)), f"flag --{name}"
 
     def in_file(key: str, *inner: str) -> Tuple[Any, Optional[str]]:
         """The file's value of key, or of key's section's inner[0] (deepspeed_config, fsdp_config)."""

@@ -206,12 +206,27 @@ def test_wildcard_address_on_one_machine_is_not_refused(capsys, tmp_path, dtype,
     assert not [r for r in of(doc, "CFG010") if r["status"] in ("fail", "warn")], shown(doc)
 
 
-@pytest.mark.parametrize("dtype,status", [("MULTI_GPU", "warn"), ("DEEPSPEED", "fail")])
-def test_placeholder_on_one_machine(capsys, tmp_path, dtype, status):
-    # torchrun on one machine never reads main_process_ip; DeepSpeed's runner gets it as --master_addr
+@pytest.mark.parametrize("dtype,status", [("MULTI_GPU", "warn"), ("DEEPSPEED", "warn"), ("NO", "warn"),
+                                          ("MULTI_CPU", "fail")])
+@pytest.mark.parametrize("ip", ["your_ip", "10.0.0.1:29500"])
+def test_head_address_on_one_machine(capsys, tmp_path, dtype, status, ip):
+    # On one machine accelerate runs torchrun for MULTI_GPU and DEEPSPEED, which never reads main_process_ip, and
+    # one process for 'NO'; MULTI_CPU's processes meet at MASTER_ADDR (accelerate/utils/launch.py)
     (tmp_path / "accelerate.yaml").write_text(f"distributed_type: {dtype}\nnum_machines: 1\nnum_processes: 2\n"
-                                              "main_process_ip: your_ip\nmain_process_port: 29500\n")
+                                              f"main_process_ip: '{ip}'\nmain_process_port: 29500\n")
     code, doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")
+    assert [r["status"] for r in of(doc, "CFG010")] == [status], shown(doc)
+    if dtype != "MULTI_CPU":
+        assert launch_refusal(tmp_path / "accelerate.yaml") is None
+
+
+@pytest.mark.parametrize("dtype,flags,status", [("MULTI_GPU", (), "fail"), ("DEEPSPEED", (), "fail"),
+                                                ("NO", (), "warn"), ("MULTI_GPU", ("--cpu",), "warn")])
+def test_head_port_out_of_range_on_one_machine(capsys, tmp_path, dtype, flags, status):
+    # torchrun binds the port even on one machine; one process alone never does
+    (tmp_path / "accelerate.yaml").write_text(f"distributed_type: {dtype}\nnum_machines: 1\nnum_processes: 2\n"
+                                              "main_process_port: 65536\n")
+    code, doc = lint(capsys, "--config", tmp_path / "accelerate.yaml", "--", "accelerate", "launch", *flags, "t.py")
     assert [r["status"] for r in of(doc, "CFG010")] == [status], shown(doc)
 
 
@@ -794,3 +809,39 @@ def test_launch_flags_alone_findings_name_the_flag(capsys):
     code, doc = lint(capsys, "--", "accelerate", "launch", "train.py")
     assert code == 0 and not [r for r in doc["results"] if r["status"] in ("fail", "warn")], shown(doc)
     assert [r["status"] for r in of(doc, "CFG020")] == ["pass"], shown(doc)
+
+
+BASE = "compute_environment: LOCAL_MACHINE\nmixed_precision: 'no'\n"
+DS = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"
+
+
+@pytest.mark.parametrize("body,flags", [
+    ("distributed_type: DEEPSPEED\nnum_processes: 1\ndeepspeed_config: {zero_stage: 2}\n", ("--gpu_ids", "0")),
+    ("distributed_type: MULTI_GPU\nnum_machines: 1\nmachine_rank: 1\nnum_processes: 2\n", ()),
+    ("distributed_type: MULTI_GPU\nnum_processes: 2\n", ("--machine_rank", "1")),
+    ("distributed_type: MULTI_GPU\nnum_machines: 1\nnum_processes: 2\nmain_process_ip: 10.0.0.1:29500\n", ()),
+    (DS + "num_processes: 2\nmain_process_ip: <head_ip>\n", ()),
+    ("distributed_type: 'NO'\nnum_processes: 1\nmain_process_port: 65536\n", ()),
+    (DS + "num_processes: 2\ndynamo_backend: no\n", ()),
+    ("distributed_type: MULTI_GPU\nnum_processes: 2\ndynamo_backend: no\n", ("--dynamo_backend", "no")),
+    (DS + "  deepspeed_config_file: null\n  gradient_accumulation_steps: null\nnum_processes: 2\nmachine_rank: null\n"
+     "debug: 1\nfp16: 'true'\nsame_network: 'yes'\nenable_cpu_affinity: null\ntpu_use_sudo: 1\n", ()),
+    ("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config: {zero_stage: null}\n", ()),
+    ("distributed_type: MULTI_CPU\nnum_processes: 2\ngpu_ids: '0'\nuse_cpu: true\n", ()),
+    ("distributed_type: MULTI_CPU\nnum_processes: 3\nnum_machines: 2\nmachine_rank: 0\nmain_process_ip: 10.0.0.1\n"
+     "main_process_port: 29517\nuse_cpu: true\n", ()),
+    ("distributed_type: 'NO'\n", ("--multi_gpu",)),
+], ids=["gpu-ids-flag-is-text", "rank-on-one-machine", "rank-flag-on-one-machine", "bad-ip-unread",
+        "placeholder-unread-by-deepspeed-on-one-machine", "port-unread-by-one-process", "dynamo-false-unread",
+        "dynamo-false-under-a-flag", "template-nulls-and-unread-keys", "zero-stage-null", "multi-cpu-gpu-ids",
+        "multi-cpu-indivisible", "no-fills-num-processes"])
+def test_what_accelerate_launches_lint_does_not_refuse(capsys, tmp_path, body, flags):
+    """Configs (and launch flags) that accelerate launches, found by a generated sweep against its launch path
+    (false alarms of an earlier lint): no failure, no exit 2."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(BASE + body)
+    assert launch_refusal(path, flags) is None
+    code, doc = lint(capsys, "--config", path, "--", "accelerate", "launch", "--config_file", path, *flags, "t.py")
+    assert not [r for r in doc["results"] if r["status"] == "fail"], shown(doc)
