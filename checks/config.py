@@ -298,12 +298,6 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         return
     data = doc.data
     sagemaker = ctx.plan.accelerate.is_sagemaker
-    command = accelerate_command(ctx)
-    given = [f"--{f}" for f in TYPE_FLAGS if command is not None and command.flag(f)]
-    if len(given) > 1:  # checked first, before any config is read (commands/launch.py _validate_launch_command)
-        yield fail(f"the launch command passes {' and '.join(given)}; accelerate launch stops with 'You can only use "
-                   "one of `--cpu`, `--multi_gpu`, `--tpu`, `--use_deepspeed`, `--use_fsdp` at a time'",
-                   f"keep one of {', '.join(given)}", flags=given)
     if "distributed_type" not in data and not ctx.plan.accelerate.from_command:
         yield fail(f"{doc.path}: distributed_type is missing; accelerate refuses a config without it",
                    "add `distributed_type: MULTI_GPU` (or DEEPSPEED, FSDP, NO, ...)", **at(doc))
@@ -659,6 +653,76 @@ def duplicate_keys(ctx) -> Iterator[Finding]:
                            "delete one of the two", key=dotted(keys), file=doc.path, line=line)
 
 
+LAUNCHER_NAMES = {"accelerate": "accelerate launch", "torchrun": "torchrun", "deepspeed": "DeepSpeed's runner"}
+# A word meant as a switch's value (`--same_network false`): the launcher takes it for the script.
+SWITCH_VALUE = re.compile(r"^(true|false|yes|no|on|off|[01])$", re.I)
+
+
+@check("CFG007", "launch-command", "config", tags=["accelerate", "torchrun", "deepspeed"])
+def launch_command(ctx) -> Iterator[Finding]:
+    """The launch command after `--` reads as its launcher's argument parser reads it: a training script,
+    option values of the right kind (a whole number where it takes int(), one of its choices in their
+    case), at most one of accelerate's type switches, --multi_gpu with two processes or more.
+
+    The launcher stops with a usage error before anything starts; a value given to a switch
+    (`--same_network false train.py`) is worse: the launcher runs a script named 'false' on every node.
+
+    Write each option as the launcher's --help shows it: drop the value after a switch (give the switch
+    for true, leave it out for false), and put the script after the launcher's options.
+    """
+    if not ctx.plan.command:
+        yield skip("no launch command given (after `--`)")
+        return
+    from preflight import launchcmd
+
+    command = launchcmd.parse(ctx.plan.command)
+    name = LAUNCHER_NAMES.get(command.launcher)
+    if name is None:
+        yield skip(f"{command.program or 'the command'} is not a launcher whose options preflight reads")
+        return
+    found = []
+    if command.problem:
+        found.append(fail(f"the launch command cannot be read as {name} reads it: {command.problem}; it stops with "
+                          "a usage error", f"write the option as `{command.program} --help` shows it"))
+    for key, value in command.options.items():
+        if not isinstance(value, str) or "$" in value or "`" in value:  # a switch, or the node's shell fills it in
+            continue
+        choices = launchcmd.CHOICES[command.launcher].get(key)
+        if key in launchcmd.INT_OPTIONS[command.launcher] and not re.fullmatch(r"\s*[+-]?[0-9_]+\s*", value):
+            found.append(fail(f"flag --{key} is {shorten(value)}, expected a whole number; {name} stops with "
+                              "'invalid int value'", f"give --{key} a number", flag=key, value=value))
+        elif choices and value not in choices:
+            found.append(fail(f"flag --{key} is {shorten(value)}, expected one of {', '.join(choices)}"
+                              f"{did_you_mean(value, choices)}; {name} stops with 'invalid choice'",
+                              f"give --{key} one of: {', '.join(choices)}", flag=key, value=value))
+    if command.launcher == "accelerate":  # checked before any config is read (commands/launch.py)
+        given = [f"--{f}" for f in TYPE_FLAGS if command.flag(f)]
+        if len(given) > 1:
+            found.append(fail(f"the launch command passes {' and '.join(given)}; accelerate launch stops with 'You "
+                              "can only use one of `--cpu`, `--multi_gpu`, `--tpu`, `--use_deepspeed`, `--use_fsdp` at "
+                              "a time'", f"keep one of {', '.join(given)}", flags=given))
+        procs = command.integer("num_processes")
+        if command.flag("multi_gpu") and procs is not None and procs < 2:
+            found.append(fail(f"flag --num_processes is {procs} with --multi_gpu; accelerate launch stops with 'You "
+                              "need to use at least 2 processes to use `--multi_gpu`'",
+                              "pass --num_processes 2 or more, or drop --multi_gpu", num_processes=procs))
+    at_script = len(command.argv) - len(command.script_args) - 1
+    before = command.argv[at_script - 1] if command.script is not None and at_script >= 1 else ""
+    if command.script is None and not command.problem:
+        found.append(fail(f"the launch command names no training script; {name} stops ('the following arguments "
+                          "are required')", "put the training script after the launcher's options"))
+    elif before.startswith("--") and "=" not in before and SWITCH_VALUE.match(command.script or "") and \
+            launchcmd.canonical(before) in launchcmd.FLAGS[command.launcher]:
+        after = f", with {shorten(command.script_args[0])} as its argument" if command.script_args else ""
+        found.append(fail(f"{before} takes no value: {name} reads the {command.script!r} after it as the training "
+                          f"script, and runs a script named {command.script!r}{after}",
+                          f"drop {command.script!r} after {before} (give {before} for true, leave it out for false)",
+                          flag=before, script=command.script))
+    yield from found
+    if not found:
+        yield passed(f"{name} reads the command: script {shorten(command.script)}, {len(command.options)} options")
+
+
 @check("CFG010", "main-process-address", "config", tags=["accelerate", "multinode", "network"])
 def main_process_address(ctx) -> Iterator[Finding]:
     """With several machines, main_process_ip and main_process_port are set, and are a host and a port.
@@ -678,23 +742,27 @@ def main_process_address(ctx) -> Iterator[Finding]:
         return
     data = doc.data
     machines = text_number(data.get("num_machines", 1))
+    launcher = "simple" if ctx.plan.accelerate.cpu else accelerate_launcher(data.get("distributed_type"))
     if is_int(machines) and machines > 1:
         if data.get("main_process_ip") is None:
             yield fail(f"{doc.where('main_process_ip')}: num_machines is {machines} but main_process_ip is not set; "
                        "the workers cannot find the head ('When using multiple machines, you need to specify the "
-                       "main process IP')", f"set {doc.setting('main_process_ip')} to the head node's address, such as 10.0.0.1",
-                       **at(doc, "main_process_ip"))
+                       "main process IP')", f"set {doc.setting('main_process_ip')} to the head node's address, "
+                       "such as 10.0.0.1", **at(doc, "main_process_ip"))
         if data.get("main_process_port") is None:
-            yield warn(f"{doc.where('main_process_port')}: num_machines is {machines} but main_process_port is not "
-                       "set; torchrun falls back to 29500, accelerate's other launchers stop with 'you need to "
-                       "specify the main process port'", f"set {doc.setting('main_process_port')} to 29500 (or another free port)",
-                       **at(doc, "main_process_port"))
+            # The torchrun and DeepSpeed launches fall back to 29500; the simple one asserts (utils/launch.py)
+            simple_one = launcher == "simple"
+            yield (fail if simple_one else warn)(
+                f"{doc.where('main_process_port')}: num_machines is {machines} but main_process_port is not set; "
+                + ("accelerate launch stops with 'you need to specify the main process port'" if simple_one else
+                   "accelerate falls back to 29500"),
+                f"set {doc.setting('main_process_port')} to 29500 (or another free port)",
+                **at(doc, "main_process_port"))
     ip = data.get("main_process_ip")
     several = is_int(machines) and machines > 1
     # On one machine only some launches read the head's address and port (accelerate/utils/launch.py): torchrun
     # (which DEEPSPEED also runs there) reads the port alone; MULTI_CPU's processes meet through MASTER_ADDR and
     # MASTER_PORT when there are several; 'NO', --cpu and XLA start one process that meets no one.
-    launcher = "simple" if ctx.plan.accelerate.cpu else accelerate_launcher(data.get("distributed_type"))
     procs = text_number(data.get("num_processes"))
     cpu_group = launcher == "simple" and data.get("distributed_type") == "MULTI_CPU" and is_int(procs) and procs > 1
     ip_read = several or cpu_group
@@ -826,13 +894,6 @@ def process_counts(ctx) -> Iterator[Finding]:
     if doc is None:
         yield skip("no accelerate config given (--config)")
         return
-    command = accelerate_command(ctx)
-    flagged = command.integer("num_processes") if command is not None and command.flag("multi_gpu") else None
-    if flagged is not None and flagged < 2:  # flags alone, checked before any config is read (commands/launch.py)
-        yield fail(f"flag --num_processes: num_processes is {flagged} with --multi_gpu; accelerate launch stops with "
-                   "'You need to use at least 2 processes to use `--multi_gpu`'",
-                   "pass --num_processes 2 or more, or drop --multi_gpu", num_processes=flagged)
-        return
     data = doc.data
     procs, machines = text_number(data.get("num_processes")), text_number(data.get("num_machines", 1))
     if is_int(machines) and machines < 1:
@@ -885,6 +946,15 @@ def process_counts(ctx) -> Iterator[Finding]:
         yield fail(f"{doc.where('gpu_ids')}: gpu_ids is the number {ids_value}, expected a string; accelerate crashes "
                    "with \"'int' object has no attribute 'split'\"", f"quote it: gpu_ids: '{ids_value}'",
                    **at(doc, "gpu_ids"))
+        return
+    if isinstance(ids_value, str) and ids_value != "all" and ids_value.strip().lower() in ("all", "") and not on_cpu:
+        # accelerate compares it with 'all' exactly (commands/launch.py) and otherwise exports it as
+        # CUDA_VISIBLE_DEVICES, where it names no GPU (utils/launch.py)
+        yield (warn if simple else fail)(
+            f"{doc.where('gpu_ids')}: gpu_ids is {ids_value!r}, not 'all': accelerate compares it with 'all' exactly "
+            f"and exports CUDA_VISIBLE_DEVICES={ids_value!r}, which hides every GPU"
+            + (": the process runs on the CPU" if simple else " (with MULTI_GPU on one machine it stops: 'Less than "
+               "two GPU ids')"), f"set {doc.setting('gpu_ids')} to 'all'", **at(doc, "gpu_ids"))
         return
     ids = gpu_id_list(ids_value)
     if ids is None:

@@ -52,6 +52,37 @@ launcher_args module no_python no_local_rank no_ssh no_ssh_check force_multi sav
 autotuning bind_cores_to_rank bind_core_list ssh_port venv_script log_level quiet help
 """.split()),
 }
+# Options each launcher's argument parser reads with int(), and options it takes only from a fixed set of choices
+# (in their case, unlike accelerate's config file): any other value stops the launch with a usage error.
+# accelerate 1.15 (commands/launch.py), torch/distributed/run.py, deepspeed/launcher/runner.py.
+INT_OPTIONS = {
+    "accelerate": frozenset("""
+num_processes num_machines machine_rank main_process_port num_cpu_threads_per_process max_restarts zero_stage
+gradient_accumulation_steps fsdp_min_num_params fp8_amax_history_len fp8_interval fp8_margin megatron_lm_tp_degree
+megatron_lm_pp_degree megatron_lm_num_micro_batches megatron_lm_recompute_num_layers
+megatron_lm_context_parallel_size megatron_lm_expert_model_parallel_size megatron_lm_expert_tensor_parallel_size
+megatron_lm_decoder_last_pipeline_num_layers parallelism_config_dp_replicate_size parallelism_config_dp_shard_size
+parallelism_config_tp_size parallelism_config_cp_size parallelism_config_sp_size
+""".split()),
+    "torchrun": frozenset("node_rank master_port max_restarts shutdown_timeout".split()),
+    "deepspeed": frozenset("num_nodes num_gpus master_port node_rank ssh_port".split()),
+}
+CHOICES = {
+    "accelerate": {
+        "mixed_precision": ("no", "fp16", "bf16", "fp8"),
+        "dynamo_backend": ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs",
+                           "ofi", "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torhchxla_trace_once",
+                           "tvm"),  # sic: accelerate 1.15's own spelling
+        "dynamo_mode": ("default", "reduce-overhead", "max-autotune"),
+        "fsdp_version": ("1", "2"),
+        "fp8_backend": ("ao", "te", "msamp"),
+        "fp8_format": ("HYBRID", "E4M3", "E5M2"),
+        "fp8_amax_compute_algo": ("max", "most_recent"),
+        "fp8_opt_level": ("O1", "O2"),
+    },
+    "torchrun": {"start_method": ("spawn", "fork", "forkserver")},
+    "deepspeed": {},
+}
 # `python -m MODULE` that is a launcher.
 LAUNCHER_MODULES = {
     "accelerate.commands.launch": "accelerate",

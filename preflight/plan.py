@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Optional, Tuple
 from preflight.inventory import head_first
 from preflight.jobconfig import (
     AccelerateConfig,
+    DISTRIBUTED_TYPES,
+    SAGEMAKER_DISTRIBUTED_TYPES,
     DeepSpeedConfig,
     FlagDocument,
     Hostfile,
@@ -233,6 +235,9 @@ def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...], ignored
         source = view["sources"].get(field, "")
         if isinstance(source, str) and source.startswith("flag --"):
             flags[keys] = (view.get(field), source)
+    written = accel.data.get("distributed_type")
+    if isinstance(written, str) and written not in DISTRIBUTED_TYPES + SAGEMAKER_DISTRIBUTED_TYPES:
+        flags.pop(("distributed_type",), None)  # accelerate still loads the file, and stops on it (CFG002 says so)
     cpu = cmd.flag("cpu")
     if not flags and not cpu:
         return accel

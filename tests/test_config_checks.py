@@ -105,6 +105,12 @@ CASES = [
      "accelerate.yaml:7"),
     ("CFG002/ok-rdzv-backend-flag", ["--", "accelerate", "launch", "--config_file", "{case}/accelerate.yaml",
                                      "--rdzv_backend", "c10d", "train.py"], "CFG002", "pass", "", None),
+    # CFG007 launch-command
+    ("CFG007/switch-given-a-value", ["--", "accelerate", "launch", "--config_file", "{case}/accelerate.yaml",
+                                     "--same_network", "false", "train.py"], "CFG007", "fail",
+     "--same_network takes no value: accelerate launch reads the 'false' after it as the training script", None),
+    ("CFG007/ok-command", ["--", "accelerate", "launch", "--config_file", "{case}/accelerate.yaml", "--same_network",
+                           "train.py"], "CFG007", "pass", "accelerate launch reads the command: script 'train.py'", None),
     ("CFG002/bad-multinode-launcher", [], "CFG002", "fail",
      "deepspeed_config.deepspeed_multinode_launcher is 'ssh' (did you mean 'nossh'?) over 2 machines: DeepSpeed's "
      "runner stops on the unknown launcher 'ssh'", "accelerate.yaml:3"),
@@ -399,7 +405,8 @@ GOLDEN = ["golden/single-machine", "golden/two-machines"]
 
 @pytest.mark.parametrize("folder", GOLDEN)
 def test_golden_job_passes_every_check(capsys, folder):
-    code, doc = lint(capsys, *case_args(CONFIG / folder))
+    command = ["--", "accelerate", "launch", "--config_file", CONFIG / folder / "accelerate.yaml", "train.py"]
+    code, doc = lint(capsys, *case_args(CONFIG / folder), *command)
     assert code == 0 and doc["verdict"] == "pass", shown(doc["results"])
     not_passed = {r["id"] for r in doc["results"] if r["status"] != "pass"}
     # the validators wait for --deep, the memory estimate for --model

@@ -2,7 +2,9 @@
 in its README.md), judged by what accelerate 1.15 and DeepSpeed 0.19.8 do with the file."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -845,3 +847,87 @@ def test_what_accelerate_launches_lint_does_not_refuse(capsys, tmp_path, body, f
     assert launch_refusal(path, flags) is None
     code, doc = lint(capsys, "--config", path, "--", "accelerate", "launch", "--config_file", path, *flags, "t.py")
     assert not [r for r in doc["results"] if r["status"] == "fail"], shown(doc)
+
+
+def test_real_switch_given_a_value_from_accelerate_issue_1489(capsys, monkeypatch):
+    """The command of accelerate#1489, expanded by bash as on the cluster: `--same_network false distrib.py` runs a
+    script named 'false' (the thread's torchrun log shows `entrypoint : false`), and accelerate's parser agrees."""
+    text = (REAL / "launch-flags/accelerate-issue-1489/command.sh").read_text()
+    inner = text.split("'")[1]  # what `srun bash -c '...'` runs on each node
+    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "7010", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0",
+           "PATH": "/usr/bin:/bin"}
+    argv = subprocess.run(["bash", "-c", "printf '%s\\0' " + inner], env=env, capture_output=True, text=True,
+                          check=True).stdout.split("\0")[:-1]
+    assert argv[:2] == ["accelerate", "launch"] and "--num_processes=8" in argv
+    code, doc = lint(capsys, "--", *argv)
+    assert [r["message"] for r in of(doc, "CFG007", "fail")] == [
+        "--same_network takes no value: accelerate launch reads the 'false' after it as the training script, and "
+        "runs a script named 'false', with 'distrib.py' as its argument"], shown(doc)
+    if importlib.util.find_spec("accelerate") is not None:
+        from accelerate.commands.launch import launch_command_parser
+
+        args = launch_command_parser().parse_args(argv[2:])
+        assert args.training_script == "false" and args.training_script_args == ["distrib.py"]
+
+
+def test_launch_command_tables_are_the_parsers_own():
+    """The option kinds CFG007 judges are those of the installed launchers' argument parsers."""
+    from preflight import launchcmd
+
+    parsers = {}
+    if importlib.util.find_spec("accelerate") is not None:
+        from accelerate.commands.launch import launch_command_parser
+
+        parsers["accelerate"] = launch_command_parser()
+    if importlib.util.find_spec("torch") is not None:
+        import torch.distributed.run as distrib_run
+
+        parsers["torchrun"] = distrib_run.get_args_parser()
+    if not parsers:
+        pytest.skip("neither accelerate nor torch is installed (the 'train' extra)")
+    for launcher, parser in parsers.items():
+        ints = {a.dest for a in parser._actions if a.type is int}
+        choices = {a.dest: tuple(a.choices) for a in parser._actions if a.choices}
+        choices.pop("numa_binding", None)  # torchrun's, newer than its parser's other choices: not judged
+        for dest in ("parallelism_config_cp_backend", "parallelism_config_sp_backend"):
+            choices.pop(dest, None)  # one choice each, for configs of the future
+        assert ints == set(launchcmd.INT_OPTIONS[launcher]), launcher
+        assert choices == launchcmd.CHOICES[launcher], launcher
+
+
+@pytest.mark.parametrize("flags", [
+    ("--num_processes", "two"), ("--mixed_precision", "FP16"), ("--dynamo_backend", "INDUCTOR"),
+    ("--fsdp_version", "3"), ("--cpu", "--multi_gpu"), ("--multi_gpu", "--num_processes", "1"), ("--zero_stage", "x"),
+])
+def test_launch_flags_accelerate_refuses_fail(capsys, flags):
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    with pytest.raises((SystemExit, ValueError)):
+        with contextlib.redirect_stderr(io.StringIO()):
+            _validate_launch_command(launch_command_parser().parse_args([*flags, "train.py"]))
+    code, doc = lint(capsys, "--", "accelerate", "launch", *flags, "train.py")
+    assert code == 1 and of(doc, "CFG007", "fail"), shown(doc)
+    code, doc = lint(capsys, "--", "accelerate", "launch", "--num_processes", "2", "train.py")
+    assert [r["status"] for r in of(doc, "CFG007")] == ["pass"], shown(doc)
+
+
+@pytest.mark.parametrize("body,flags", [
+    ("distributed_type: MULTI_CPU\nnum_processes: 2\nnum_machines: 2\nmachine_rank: 0\nmain_process_ip: 10.0.0.1\n",
+     ()),
+    ("distributed_type: MULTI_GPU\nnum_processes: 2\ngpu_ids: ALL\n", ()),
+    ("distributed_type: MULTI-GPU\nnum_processes: 2\n", ("--multi_gpu",)),
+    ("distributed_type: MULTI_GPU\nnum_processes: 2\ndynamo_config:\n  dynamo_backend: no\n", ()),
+    ("distributed_type: MULTI_GPU\nnum_processes: 2\ndynamo_backend: inductr\n", ()),
+], ids=["simple-launcher-without-port", "gpu-ids-ALL", "bad-type-under-a-type-flag", "dynamo-section-false",
+        "dynamo-unknown"])
+def test_what_accelerate_refuses_lint_fails(capsys, tmp_path, body, flags):
+    """Misses of an earlier lint, found by the same sweep: accelerate's launch path stops, and lint fails."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(BASE + body)
+    assert launch_refusal(path, flags) is not None
+    code, doc = lint(capsys, "--config", path, "--", "accelerate", "launch", "--config_file", path, *flags, "t.py")
+    assert code == 1 and [r for r in doc["results"] if r["status"] == "fail"], shown(doc)
