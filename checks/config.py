@@ -34,6 +34,7 @@ from preflight.jobconfig import (
     SAGEMAKER_KEYS,
     accelerate_launcher,
     ds_text_number_stops,
+    fsdp_problems,
     is_numeric_string,
     multinode_launcher_problem,
     text_number,
@@ -288,7 +289,9 @@ def accelerate_values(ctx) -> Iterator[Finding]:
     normalises it: accelerate lower-cases the offload devices and mixed_precision, and DeepSpeed's runner its
     launchers, but 'STANDARD' and 'NOSSH' miss accelerate's own; the launcher is read only over several machines.
     rdzv_backend in the config is never read (the flag's default, 'static', wins): a value there is a warning.
-    dynamo_backend is read in any case, by every launcher but DeepSpeed's, unless a flag gives it.
+    dynamo_backend is read in any case, by every launcher but DeepSpeed's, unless a flag gives it. Under
+    FSDP, fsdp_config's enumerations and booleans are read back by accelerate's FSDP plugin when the script
+    starts (names in any case or their number; true/false words).
 
     Use one of the listed values, spelt exactly; the message suggests the closest.
     """
@@ -310,6 +313,23 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         (("deepspeed_config", "offload_optimizer_device"), OFFLOAD_DEVICES),
         (("deepspeed_config", "offload_param_device"), OFFLOAD_DEVICES),
     ]
+    section = live_ds_section(ctx)
+    if section is not None and section.data.get("gradient_accumulation_steps") == AUTO and not ctx.plan.accelerate.cpu:
+        # DeepSpeedPlugin keeps "auto", but Accelerator() then reads the environment's copy with int() unless the
+        # script hands it an accumulation plugin of its own, as the transformers Trainer does (accelerator.py).
+        keys = ("deepspeed_config", "gradient_accumulation_steps")
+        yield warn(f"{doc.where(*keys)}: deepspeed_config.gradient_accumulation_steps is \"auto\": the transformers "
+                   "Trainer fills it in, but a script that calls Accelerator() itself stops on int('auto')",
+                   f"set {doc.setting(*keys)} to a number, unless the transformers Trainer runs the job", **at(doc, *keys))
+    fsdp = doc.section("fsdp_config")
+    if data.get("distributed_type") == "FSDP" and not ctx.plan.accelerate.cpu and fsdp is not None:
+        command = accelerate_command(ctx)
+        for key, why, fix in fsdp_problems(fsdp.data):
+            if command is not None and key in command.options:
+                continue  # the flag's value is what runs (CFG007 reads it)
+            shown = yaml_word(fsdp.data[key]) if key in fsdp.data else "not set"
+            yield fail(f"{doc.where('fsdp_config', key)}: fsdp_config.{key} is {shown}, {why}",
+                       f"fsdp_config.{key}: {fix}", key=key, **at(doc, "fsdp_config", key))
     dynamo = dynamo_backend_read(ctx, doc)
     if dynamo is not None and isinstance(dynamo[1], str) and dynamo[1].upper() not in DYNAMO_BACKENDS:
         keys, value = dynamo

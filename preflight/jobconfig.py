@@ -9,7 +9,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 from preflight.documents import Document, InputError, load, read_text, shorten
 
@@ -122,6 +122,71 @@ ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE = (
     "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
 )
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# fsdp_config as accelerate 1.15 hands it to the script: launch exports each value as text (utils/launch.py
+# prepare_multi_gpu_env), and FullyShardedDataParallelPlugin reads it back when the script starts
+# (utils/dataclasses.py): enumerations by name in any case or by their torch enum's number, booleans by str_to_bool.
+FSDP_ENUMS = {  # key: (names, highest number taken)
+    "fsdp_sharding_strategy": (("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"), 5),
+    "fsdp_backward_prefetch": (("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"), 2),
+    "fsdp_state_dict_type": (("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"), 3),
+    "fsdp_auto_wrap_policy": (("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"), 0),
+}
+TRUTH_WORDS = ("y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0")  # utils/environment.py
+# Parser defaults of the keys the rules below read (commands/launch.py): a missing key is its default.
+FSDP_DEFAULTS = {"fsdp_version": "1", "fsdp_sync_module_states": "true", "fsdp_cpu_ram_efficient_loading": "true",
+                 "fsdp_activation_checkpointing": "false", "fsdp_activation_checkpointing_offload": "false"}
+
+
+def fsdp_problems(section: Mapping[str, Any]) -> Iterator[Tuple[str, str, str]]:
+    """(key, why the launch or the script stops, the fix) for each fsdp_config value accelerate cannot read."""
+    plugin = "accelerate's FSDP plugin stops on it when the script starts"
+
+    def get(key: str) -> Any:
+        return section.get(key, FSDP_DEFAULTS.get(key))
+
+    def truth(key: str) -> Optional[bool]:
+        word = str(get(key)).lower()
+        return word in TRUTH_WORDS[:6] if word in TRUTH_WORDS else None
+
+    version = str(get("fsdp_version"))
+    if not (version.isascii() and version.isdigit() and int(version) in (1, 2)):
+        yield "fsdp_version", "expected 1 or 2 (the only ones --fsdp_version takes): accelerate's FSDP plugin reads " \
+            "any other as neither FSDP1 nor FSDP2, and stops on its default reshard_after_forward", "set it to 1 or 2"
+        return
+    version = int(version)
+    for key, (names, top) in FSDP_ENUMS.items():
+        if key == "fsdp_sharding_strategy" and (version != 1 or key not in section):
+            continue  # read by FSDP1 alone; exported even when null (str(None))
+        if section.get(key) is None and key != "fsdp_sharding_strategy":
+            continue  # not exported: the plugin's default
+        text = str(section[key])
+        if not (text.upper() in names or text.isascii() and text.isdigit() and 1 <= int(text) <= top):
+            yield key, f"expected one of {', '.join(names)} (in any case){f' or 1-{top}' if top else ''}; {plugin}", \
+                f"set it to one of: {', '.join(names)}"
+    if version == 2 and str(get("fsdp_state_dict_type")).upper() in ("LOCAL_STATE_DICT", "2"):
+        yield "fsdp_state_dict_type", f"which FSDP2 does not support; {plugin}", \
+            "set it to SHARDED_STATE_DICT or FULL_STATE_DICT"
+    booleans = ["fsdp_offload_params", "fsdp_use_orig_params", "fsdp_sync_module_states", "fsdp_cpu_ram_efficient_loading",
+                "fsdp_activation_checkpointing", "fsdp_activation_checkpointing_offload"]
+    booleans.append("fsdp_forward_prefetch" if version == 1 else "fsdp_reshard_after_forward")
+    for key in booleans:
+        if key in section and truth(key) is None:
+            yield key, f"expected true or false; {plugin} (str_to_bool: invalid truth value " \
+                f"{str(section[key]).lower()!r})", "set it to true or false"
+    # launch tests the raw values for truth (commands/launch.py prepare_multi_gpu_env)
+    if get("fsdp_cpu_ram_efficient_loading") and not get("fsdp_sync_module_states"):
+        yield "fsdp_sync_module_states", "with fsdp_cpu_ram_efficient_loading on (on by default); accelerate launch " \
+            "stops: 'When using `--fsdp_cpu_ram_efficient_loading` set `--fsdp_sync_module_states` to `True`'", \
+            "set it to true, or fsdp_cpu_ram_efficient_loading to false"
+    if truth("fsdp_activation_checkpointing_offload"):
+        if not truth("fsdp_activation_checkpointing"):
+            yield "fsdp_activation_checkpointing_offload", f"without fsdp_activation_checkpointing; {plugin}", \
+                "set fsdp_activation_checkpointing to true, or this to false"
+        elif version != 2:
+            yield "fsdp_activation_checkpointing_offload", f"with fsdp_version 1; {plugin}", \
+                "set fsdp_version to 2, or this to false"
+
+
 # accelerate.utils.DynamoBackend (1.15): the launchers read DynamoBackend(dynamo_backend.upper()).
 DYNAMO_BACKENDS = ("NO", "EAGER", "AOT_EAGER", "INDUCTOR", "AOT_TS_NVFUSER", "NVPRIMS_NVFUSER", "CUDAGRAPHS", "OFI",
                    "FX2TRT", "ONNXRT", "TENSORRT", "AOT_TORCHXLA_TRACE_ONCE", "TORCHXLA_TRACE_ONCE", "TVM",

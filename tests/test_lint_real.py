@@ -444,7 +444,9 @@ def test_fast_lint_agrees_with_the_validators(capsys, option, name):
 # This machine's hardware and ports, not the file's.
 MACHINE_ONLY = ("FP8 is not available", "already in use", "no available devices found")
 # Where lint only warns, and why: the launch command may complete the file (and with the command, lint fails).
-COMPLETED_BY_THE_COMMAND = {"CFG020": "unless the launch command passes --num_processes"}
+COMPLETED_BY_THE_COMMAND = {"CFG020": "unless the launch command passes --num_processes",
+                            # the oracle's script calls Accelerator() itself; the transformers Trainer fills it in
+                            "CFG002": "the transformers Trainer fills it in"}
 
 
 def launch_refusal(path: Optional[Path], flags=()):
@@ -931,3 +933,55 @@ def test_what_accelerate_refuses_lint_fails(capsys, tmp_path, body, flags):
     assert launch_refusal(path, flags) is not None
     code, doc = lint(capsys, "--config", path, "--", "accelerate", "launch", "--config_file", path, *flags, "t.py")
     assert code == 1 and [r for r in doc["results"] if r["status"] == "fail"], shown(doc)
+
+
+def test_fsdp_values_fail_where_accelerate_stops_and_only_there(capsys, tmp_path):
+    """fsdp_config's enumerations and booleans, over both FSDP versions: CFG002 fails exactly where accelerate's
+    launch or its FSDP plugin (built as the script starts) stops on them."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    import json
+
+    from preflight.cli import main
+
+    values = {
+        "fsdp_sharding_strategy": ["FULL_SHARD", "full_shard", 1, "5", 6, "FULL_SHARDING", None],
+        "fsdp_backward_prefetch": ["BACKWARD_PRE", "no_prefetch", 2, 3, "BACKWARDS", None],
+        "fsdp_state_dict_type": ["SHARDED_STATE_DICT", "local_state_dict", 3, 4, "FULL"],
+        "fsdp_auto_wrap_policy": ["TRANSFORMER_BASED_WRAP", "no_wrap", 1, "bogus"],
+        "fsdp_offload_params": [True, "yes", "maybe", None],
+        "fsdp_sync_module_states": [False, "false", None],
+        "fsdp_reshard_after_forward": [True, "FULL_SHARD", None],
+        "fsdp_activation_checkpointing_offload": [True],
+    }
+    seen = set()
+    for version in (1, 2):
+        for key, options in values.items():
+            for value in options:
+                path = tmp_path / "accelerate.yaml"
+                path.write_text(BASE + "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n"
+                                f"  fsdp_version: {version}\n  fsdp_transformer_layer_cls_to_wrap: Block\n"
+                                f"  {key}: {json.dumps(value)}\n")
+                main(["lint", "--only", "CFG002", "--json", "--config", str(path)])
+                failed = [r for r in json.loads(capsys.readouterr()[0])["results"] if r["status"] == "fail"]
+                refused = launch_refusal(path)
+                assert bool(failed) == bool(refused), (version, key, value, refused, failed)
+                seen.add(bool(refused))
+    assert seen == {True, False}
+    path.write_text(BASE + "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 3\n")
+    assert "KeyError" in launch_refusal(path)  # reshard_after_forward 'true' read as a sharding strategy
+    code, doc = lint(capsys, "--config", path)
+    assert [r["message"].split(", ", 1)[1][:16] for r in of(doc, "CFG002", "fail")] == ["expected 1 or 2 "], shown(doc)
+
+
+def test_accumulation_auto_in_accelerates_section_warns_and_names_who_fills_it(capsys, tmp_path):
+    """accelerate's DeepSpeedPlugin keeps "auto"; a script's Accelerator() then stops on int('auto'), unless it is
+    the transformers Trainer, which hands the Accelerator its own accumulation: a warning, not a refusal."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (the 'train' extra)")
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(BASE + DS + "  gradient_accumulation_steps: auto\nnum_processes: 2\n")
+    assert "invalid literal for int()" in launch_refusal(path)
+    code, doc = lint(capsys, "--config", path)
+    assert [r["status"] for r in of(doc, "CFG002")] == ["warn"], shown(doc)
+    assert "transformers Trainer fills it in" in of(doc, "CFG002")[0]["message"]
