@@ -206,6 +206,9 @@ def dynamo_backend_read(ctx, doc: Document) -> Optional[Tuple[Tuple[str, ...], A
     return None
 
 
+# The types that make accelerate launch a multi-GPU job from the config file (commands/launch.py).
+MULTI_TYPES = ("MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU",
+               "MULTI_NEURON")
 TYPE_FLAGS = ("cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp")  # accelerate takes one of them at most
 
 
@@ -230,7 +233,7 @@ def ds_usage(ctx) -> str:
 
 
 # Addresses written as a stand-in for the head's real one (documentation and templates).
-PLACEHOLDER_IP = re.compile(r"^(x{1,3}(\.x{1,3}){3}|<[^>]*>|\{\{.*\}\}|your[_-]?\w*|ip[_-]?addr(ess)?|ip|"
+PLACEHOLDER_IP = re.compile(r"^(x{1,3}(\.x{1,3}){3}|<[^>]*>|\{\{.*\}\}|your[_-]?\w*|ip[_-]?addr(ess)?|ip[0-9]*|"
                             r"main[_-]?(process[_-]?)?ip|master[_-]?(addr|ip)|head[_-]?ip|changeme|0\.0\.0\.0)$", re.I)
 
 
@@ -673,6 +676,15 @@ def duplicate_keys(ctx) -> Iterator[Finding]:
                            "delete one of the two", key=dotted(keys), file=doc.path, line=line)
 
 
+def _reads_as_int(text: str) -> bool:
+    """Whether argparse's type=int takes the text."""
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
 LAUNCHER_NAMES = {"accelerate": "accelerate launch", "torchrun": "torchrun", "deepspeed": "DeepSpeed's runner"}
 # A word meant as a switch's value (`--same_network false`): the launcher takes it for the script.
 SWITCH_VALUE = re.compile(r"^(true|false|yes|no|on|off|[01])$", re.I)
@@ -708,7 +720,7 @@ def launch_command(ctx) -> Iterator[Finding]:
         if not isinstance(value, str) or "$" in value or "`" in value:  # a switch, or the node's shell fills it in
             continue
         choices = launchcmd.CHOICES[command.launcher].get(key)
-        if key in launchcmd.INT_OPTIONS[command.launcher] and not re.fullmatch(r"\s*[+-]?[0-9_]+\s*", value):
+        if key in launchcmd.INT_OPTIONS[command.launcher] and not _reads_as_int(value):
             found.append(fail(f"flag --{key} is {shorten(value)}, expected a whole number; {name} stops with "
                               "'invalid int value'", f"give --{key} a number", flag=key, value=value))
         elif choices and value not in choices:
@@ -721,6 +733,10 @@ def launch_command(ctx) -> Iterator[Finding]:
             found.append(fail(f"the launch command passes {' and '.join(given)}; accelerate launch stops with 'You "
                               "can only use one of `--cpu`, `--multi_gpu`, `--tpu`, `--use_deepspeed`, `--use_fsdp` at "
                               "a time'", f"keep one of {', '.join(given)}", flags=given))
+        if command.flag("use_parallelism_config") and not command.flag("use_fsdp"):
+            found.append(fail("the launch command passes --use_parallelism_config without --use_fsdp; accelerate "
+                              "launch stops with 'You cannot use `--use_parallelism_config` without `--use_fsdp` and "
+                              "`--fsdp_version=2`'", "add --use_fsdp --fsdp_version 2, or drop --use_parallelism_config"))
         procs = command.integer("num_processes")
         if command.flag("multi_gpu") and procs is not None and procs < 2:
             found.append(fail(f"flag --num_processes is {procs} with --multi_gpu; accelerate launch stops with 'You "
@@ -764,11 +780,17 @@ def main_process_address(ctx) -> Iterator[Finding]:
     machines = text_number(data.get("num_machines", 1))
     launcher = "simple" if ctx.plan.accelerate.cpu else accelerate_launcher(data.get("distributed_type"))
     if is_int(machines) and machines > 1:
-        if data.get("main_process_ip") is None:
+        if data.get("main_process_ip") is None and ctx.plan.accelerate.head_runner:
+            yield warn(f"{doc.where('main_process_ip')}: num_machines is {machines} and main_process_ip is not set: "
+                       "DeepSpeed's runner meets at the first address `hostname -I` prints on the first host, "
+                       "which may not be on the training network", f"set {doc.setting('main_process_ip')} to the "
+                       "head node's address on the training network", **at(doc, "main_process_ip"))
+        elif data.get("main_process_ip") is None:
             yield fail(f"{doc.where('main_process_ip')}: num_machines is {machines} but main_process_ip is not set; "
-                       "the workers cannot find the head ('When using multiple machines, you need to specify the "
-                       "main process IP')", f"set {doc.setting('main_process_ip')} to the head node's address, "
-                       "such as 10.0.0.1", **at(doc, "main_process_ip"))
+                       "the workers cannot find the head" + (" ('When using multiple machines, you need to specify "
+                       "the main process IP')" if launcher == "simple" else ""),
+                       f"set {doc.setting('main_process_ip')} to the head node's address, such as 10.0.0.1",
+                       **at(doc, "main_process_ip"))
         if data.get("main_process_port") is None:
             # The torchrun and DeepSpeed launches fall back to 29500; the simple one asserts (utils/launch.py)
             simple_one = launcher == "simple"
@@ -804,7 +826,13 @@ def main_process_address(ctx) -> Iterator[Finding]:
             + ("accelerate passes it on unchecked, and the workers cannot reach the head at it" if ip_read else unread),
             _host_fix(ip, doc.setting("main_process_ip")), value=ip, **at(doc, "main_process_ip"))
     port = text_number(data.get("main_process_port"))
-    if is_int(port):
+    if isinstance(port, str):  # not a number at all ('PORT1'); numbers written as text are CFG003's
+        yield (fail if port_read else warn)(
+            f"{doc.where('main_process_port')}: main_process_port is {shorten(port)}, expected a port number"
+            + ("; the launcher stops on it" if port_read else "; unused on one machine by this launch"),
+            f"set {doc.setting('main_process_port')} to 29500 (or another free port)", value=port,
+            **at(doc, "main_process_port"))
+    elif is_int(port):
         if port == 0:  # accelerate launch picks a free port: fine on one machine, not agreed on between several
             if is_int(machines) and machines > 1:
                 yield warn(f"{doc.where('main_process_port')}: main_process_port is 0 with {machines} machines: "
@@ -879,9 +907,12 @@ def machine_rank(ctx) -> Iterator[Finding]:
                    "nodes (1 for one)",
                    value=machines, **at(doc, "num_machines"))
         return
-    if is_int(machines) and machines > 1 and "machine_rank" in doc.data and doc.data["machine_rank"] is None:
-        yield fail(f"{doc.where('machine_rank')}: machine_rank is null over {machines} machines; accelerate launch "
-                   "stops on int(None) (TypeError)", f"set {doc.setting('machine_rank')} to this machine's rank, "
+    unranked = "machine_rank" in doc.data and doc.data["machine_rank"] is None or \
+        ctx.plan.accelerate.from_command and "machine_rank" not in doc.data  # the flag's default is None
+    launcher = "simple" if ctx.plan.accelerate.cpu else accelerate_launcher(doc.data.get("distributed_type"))
+    if is_int(machines) and machines > 1 and unranked and launcher != "simple":
+        yield fail(f"{doc.where('machine_rank')}: machine_rank is " + ("not given" if ctx.plan.accelerate.from_command
+                   else "null") + f" over {machines} machines; accelerate launch stops on int(None) (TypeError)", f"set {doc.setting('machine_rank')} to this machine's rank, "
                    f"0 to {machines - 1}", **at(doc, "machine_rank"))
     elif is_int(machines) and is_int(rank) and not 0 <= rank < machines and machines == 1:
         # Read only over several machines (utils/launch.py): a per-node copy that left num_machines at 1
@@ -889,7 +920,7 @@ def machine_rank(ctx) -> Iterator[Finding]:
                    "only over several machines, so this machine runs the job alone",
                    f"if this is one machine of several, set {doc.setting('num_machines')} to their number; else "
                    f"set {doc.setting('machine_rank')} to 0", value=rank, **at(doc, "machine_rank"))
-    elif is_int(machines) and is_int(rank) and not 0 <= rank < machines:
+    elif is_int(machines) and is_int(rank) and not 0 <= rank < machines and not ctx.plan.accelerate.head_runner:
         yield fail(f"{doc.where('machine_rank')}: machine_rank is {rank}, expected 0 to {machines - 1} "
                    f"(num_machines is {machines})", f"set {doc.setting('machine_rank')} between 0 and {machines - 1}",
                    value=rank, **at(doc, "machine_rank"))
@@ -937,7 +968,9 @@ def process_counts(ctx) -> Iterator[Finding]:
     # accelerate gives num_processes a default for 'NO' only (config_args.py process_config); else -1 stops launch.
     # A SageMaker config has no such key: SageMaker sizes the job by its instances.
     # Without a config file accelerate counts the GPUs instead.
-    if "distributed_type" in data and dtype != "NO" and (procs is None or (is_int(procs) and procs < 1)) and \
+    # ('NO' gets num_processes 1 only when the key is missing: an explicit -1 stops it too)
+    if "distributed_type" in data and (dtype != "NO" or procs == -1) and \
+            (procs is None or (is_int(procs) and procs < 1)) and \
             not ctx.plan.accelerate.is_sagemaker and not ctx.plan.accelerate.from_command:
         # A file meant to be completed by the launch command's --num_processes (SLURM scripts do) works: a
         # failure only when that command is known and does not pass it either.
@@ -962,10 +995,25 @@ def process_counts(ctx) -> Iterator[Finding]:
         return
     per_machine = procs // machines
     ids_value = data.get("gpu_ids")
+    if isinstance(ids_value, str) and ids_value != "all" and len(ids_value.split(",")) < 2 and dtype in MULTI_TYPES \
+            and machines <= 1 and not ctx.plan.accelerate.from_command:
+        # accelerate's own test, with a config file, whatever --cpu says (commands/launch.py _validate_launch_command)
+        yield fail(f"{doc.where('gpu_ids')}: gpu_ids is {shorten(ids_value)} under {dtype} on one machine; accelerate "
+                   "launch stops with 'Less than two GPU ids were configured and tried to run on multiple GPUs'",
+                   f"set {doc.setting('gpu_ids')} to two GPUs or more (such as '0,1'), or 'all'", **at(doc, "gpu_ids"))
+        return
     if is_int(ids_value):
         yield fail(f"{doc.where('gpu_ids')}: gpu_ids is the number {ids_value}, expected a string; accelerate crashes "
                    "with \"'int' object has no attribute 'split'\"", f"quote it: gpu_ids: '{ids_value}'",
                    **at(doc, "gpu_ids"))
+        return
+    if ctx.plan.accelerate.hostfile_unread is None and not (simple or on_cpu):
+        # DeepSpeed's runner: gpu_ids reach only the runner's own environment; on every node DeepSpeed's launch sets
+        # the visible GPUs from the hostfile's slots (utils/launch.py, deepspeed/launcher/launch.py)
+        if ids_value is not None and ids_value != "all":
+            yield warn(f"{doc.where('gpu_ids')}: gpu_ids {ids_value!r} is not read: under DeepSpeed's runner each "
+                       "node uses the GPUs of its hostfile slots", "delete gpu_ids; limit the GPUs with the "
+                       "hostfile's slots or deepspeed_inclusion_filter", **at(doc, "gpu_ids"))
         return
     if isinstance(ids_value, str) and ids_value != "all" and ids_value.strip().lower() in ("all", "") and not on_cpu:
         # accelerate compares it with 'all' exactly (commands/launch.py) and otherwise exports it as

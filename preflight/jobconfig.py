@@ -36,7 +36,7 @@ ACCELERATE_KEYS: Dict[str, tuple] = {
     "num_machines": (int,),
     "gpu_ids": (str, int, NoneType),
     "main_process_ip": (str, NoneType),
-    "main_process_port": (int, NoneType),
+    "main_process_port": (int, str, NoneType),  # text: read only where a launch takes the port (CFG003, CFG010)
     "rdzv_backend": (str, NoneType),
     # Never copied into accelerate launch's arguments, whose flags default to False, not None (commands/launch.py),
     # or read by the TPU launchers alone: any value runs.
@@ -450,6 +450,15 @@ class AccelerateConfig:
         if section is not None and section.data.get("deepspeed_multinode_launcher") == "standard":
             return "the launcher is 'standard': torchrun starts on each machine"
         return None
+
+    @property
+    def head_runner(self) -> bool:
+        """Whether DeepSpeed's runner on the head starts every node (pdsh, openmpi, ...; not 'nossh'): it takes each
+        node's GPUs from the hostfile's slots, finds the head's address with `hostname -I` when none is given, and
+        never reads machine_rank (accelerate/utils/launch.py, deepspeed/launcher/runner.py)."""
+        section = self.deepspeed_section
+        launcher = section.data.get("deepspeed_multinode_launcher") if section is not None else None
+        return self.hostfile_unread is None and launcher != "nossh"
 
     @property
     def simple_launch(self) -> bool:

@@ -214,8 +214,8 @@ CASES = [
     ("CFG011/no-machines-cpu", [], "CFG011", "fail", "num_machines is 0 with use_cpu: accelerate launch divides "
      "num_processes by it to share the CPU threads and stops (ZeroDivisionError)", "accelerate.yaml:4"),
     # num_machines 0 is accelerate's one-machine launch, whose GPUs are judged as for num_machines: 1
-    ("CFG020/no-machines-one-gpu-id", [], "CFG020", "fail", "gpu_ids lists 1 GPUs but each machine runs 2 processes",
-     "accelerate.yaml:3"),
+    ("CFG020/no-machines-one-gpu-id", [], "CFG020", "fail", "gpu_ids is '0' under MULTI_GPU on one machine; "
+     "accelerate launch stops with 'Less than two GPU ids were configured", "accelerate.yaml:3"),
     ("CFG011/rank-out-of-range", [], "CFG011", "fail", "machine_rank is 2, expected 0 to 1 (num_machines is 2)",
      "accelerate.yaml:3"),
     ("CFG011/ok-last-rank", [], "CFG011", "pass", "", None),

@@ -331,9 +331,12 @@ def test_real_placeholder_from_accelerate_issue_1317(capsys):
 
 
 def test_real_placeholder_port_from_accelerate_issue_412(capsys):
-    # accelerate passes 'PORT1' on to torchrun as --master_port: bad input, named, not a traceback
-    code, doc, err = run_cli(capsys, "lint", "--config", REAL / "placeholder-ip/accelerate-issue-412/default_config.yaml")
-    assert code == 2 and "default_config.yaml:7: main_process_port" in err and "'PORT1'" in err
+    # the template's IP1 and PORT1, over two machines: accelerate hands both to torchrun, which stops on the port
+    code, doc = lint(capsys, "--config", REAL / "placeholder-ip/accelerate-issue-412/default_config.yaml")
+    messages = [r["message"].split(": ", 1)[1] for r in of(doc, "CFG010", "fail")]
+    assert len(messages) == 2 and messages[0].startswith("main_process_ip is 'IP1': it is a placeholder") and \
+        messages[1].startswith("main_process_port is 'PORT1', expected a port number"), shown(doc)
+    assert launch_refusal(REAL / "placeholder-ip/accelerate-issue-412/default_config.yaml") is not None
 
 
 def test_real_template_hostfile_from_accelerate_issue_1317(capsys):
@@ -401,7 +404,8 @@ def test_deep_validator_does_not_refuse_what_the_framework_fills(capsys):
 # The fast lint never FAILs a config both libraries' validators accept, unless its message says why they are
 # wrong to accept it.
 DOCUMENTED = {  # check ID: words in the message that say why the libraries' acceptance is not the job's
-    "CFG003": ("is_true()", "keeps it as text"), "CFG010": ("the workers cannot reach the head",),
+    # CFG010: accelerate's config classes take any text as the head's address and port; the launchers cannot use it
+    "CFG003": ("is_true()", "keeps it as text"), "CFG010": ("the workers cannot reach the head", "expected a port number"),
     "CFG041": ("supports a partial offload only",),  # DeepSpeed's model takes it; stage3.py cannot run it
     "CFG020": ("accelerate would start",),  # the validators never see num_processes against num_machines
     "CFG021": ("but the accelerate config runs",  # nor the hostfile against the config,
@@ -410,7 +414,6 @@ DOCUMENTED = {  # check ID: words in the message that say why the libraries' acc
 }
 BAD_INPUT = {  # real files lint refuses as bad input (exit 2), as the launchers do: no findings to compare
     "hostfile-named/accelerate-issue-1317/ds_mn_hf.yaml",  # its hostfile is the thread's unfilled template
-    "placeholder-ip/accelerate-issue-412/default_config.yaml",  # main_process_port: PORT1
 }
 REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
 AGREE = [("--config" if p.suffix == ".yaml" else "--deepspeed", str(p))  # every fixture here and in realworld/
@@ -835,10 +838,14 @@ DS = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"
     ("distributed_type: MULTI_CPU\nnum_processes: 3\nnum_machines: 2\nmachine_rank: 0\nmain_process_ip: 10.0.0.1\n"
      "main_process_port: 29517\nuse_cpu: true\n", ()),
     ("distributed_type: 'NO'\n", ("--multi_gpu",)),
+    (DS + "  deepspeed_multinode_launcher: pdsh\n  deepspeed_hostfile: hostfile\nnum_machines: 2\nnum_processes: 4\n"
+     "main_process_port: 29517\nmachine_rank: 3\ngpu_ids: '0'\n", ()),
+    ("distributed_type: 'NO'\nnum_machines: 1\nnum_processes: 1\nmain_process_port: abc\n", ()),
 ], ids=["gpu-ids-flag-is-text", "rank-on-one-machine", "rank-flag-on-one-machine", "bad-ip-unread",
         "placeholder-unread-by-deepspeed-on-one-machine", "port-unread-by-one-process", "dynamo-false-unread",
         "dynamo-false-under-a-flag", "template-nulls-and-unread-keys", "zero-stage-null", "multi-cpu-gpu-ids",
-        "multi-cpu-indivisible", "no-fills-num-processes"])
+        "multi-cpu-indivisible", "no-fills-num-processes", "head-runner-reads-no-rank-ip-or-gpu-ids",
+        "text-port-unread"])
 def test_what_accelerate_launches_lint_does_not_refuse(capsys, tmp_path, body, flags):
     """Configs (and launch flags) that accelerate launches, found by a generated sweep against its launch path
     (false alarms of an earlier lint): no failure, no exit 2."""
@@ -846,6 +853,7 @@ def test_what_accelerate_launches_lint_does_not_refuse(capsys, tmp_path, body, f
         pytest.skip("accelerate is not installed (the 'train' extra)")
     path = tmp_path / "accelerate.yaml"
     path.write_text(BASE + body)
+    (tmp_path / "hostfile").write_text("node01 slots=2\nnode02 slots=2\n")
     assert launch_refusal(path, flags) is None
     code, doc = lint(capsys, "--config", path, "--", "accelerate", "launch", "--config_file", path, *flags, "t.py")
     assert not [r for r in doc["results"] if r["status"] == "fail"], shown(doc)
@@ -895,22 +903,36 @@ def test_launch_command_tables_are_the_parsers_own():
             choices.pop(dest, None)  # one choice each, for configs of the future
         assert ints == set(launchcmd.INT_OPTIONS[launcher]), launcher
         assert choices == launchcmd.CHOICES[launcher], launcher
+        options = {o.lstrip("-").replace("-", "_") for a in parser._actions for o in a.option_strings
+                   if o.startswith("--")}
+        known = set(launchcmd.ACCELERATE_OPTIONS if launcher == "accelerate" else launchcmd.OPTIONS[launcher])
+        known -= {"local_rank", "use_env"} if launcher == "torchrun" else set()  # torch.distributed.launch's own
+        assert options == known, (launcher, options ^ known)
+
+
+SEVERAL = ("--num_processes", "4", "--num_machines", "2", "--main_process_ip", "10.0.0.1", "--main_process_port",
+           "29517")
 
 
 @pytest.mark.parametrize("flags", [
     ("--num_processes", "two"), ("--mixed_precision", "FP16"), ("--dynamo_backend", "INDUCTOR"),
     ("--fsdp_version", "3"), ("--cpu", "--multi_gpu"), ("--multi_gpu", "--num_processes", "1"), ("--zero_stage", "x"),
+    ("--use_parallelism_config",), ("--multi_gpu=1", "--num_processes", "2"), ("--num_proc", "2"),
+    ("--multi_gpu", *SEVERAL, "--machine_rank", "0"),  # the control: this one launches
+    ("--multi_gpu", *SEVERAL), ("--use_deepspeed", *SEVERAL),  # no --machine_rank: int(None)
+    ("--num_processes", "\u0663"),  # int() reads an Arabic-Indic 3
 ])
-def test_launch_flags_accelerate_refuses_fail(capsys, flags):
+def test_launch_flags_alone_fail_where_accelerate_refuses_them(capsys, flags):
     if importlib.util.find_spec("accelerate") is None:
         pytest.skip("accelerate is not installed (the 'train' extra)")
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-
-    with pytest.raises((SystemExit, ValueError)):
+    try:
         with contextlib.redirect_stderr(io.StringIO()):
-            _validate_launch_command(launch_command_parser().parse_args([*flags, "train.py"]))
+            refused = launch_refusal(None, flags)
+    except SystemExit:  # accelerate's argument parser: a usage error
+        refused = "usage error"
     code, doc = lint(capsys, "--", "accelerate", "launch", *flags, "train.py")
-    assert code == 1 and of(doc, "CFG007", "fail"), shown(doc)
+    failed = [r for r in doc["results"] if r["status"] == "fail"]
+    assert bool(refused) == bool(failed), (refused, shown(doc))
     code, doc = lint(capsys, "--", "accelerate", "launch", "--num_processes", "2", "train.py")
     assert [r["status"] for r in of(doc, "CFG007")] == ["pass"], shown(doc)
 
@@ -922,8 +944,10 @@ def test_launch_flags_accelerate_refuses_fail(capsys, flags):
     ("distributed_type: MULTI-GPU\nnum_processes: 2\n", ("--multi_gpu",)),
     ("distributed_type: MULTI_GPU\nnum_processes: 2\ndynamo_config:\n  dynamo_backend: no\n", ()),
     ("distributed_type: MULTI_GPU\nnum_processes: 2\ndynamo_backend: inductr\n", ()),
+    ("distributed_type: MULTI_GPU\nnum_processes: 1\nnum_machines: 1\ngpu_ids: '0'\n", ("--cpu",)),
+    ("distributed_type: 'NO'\nnum_processes: -1\n", ()),
 ], ids=["simple-launcher-without-port", "gpu-ids-ALL", "bad-type-under-a-type-flag", "dynamo-section-false",
-        "dynamo-unknown"])
+        "dynamo-unknown", "one-gpu-id-multi-gpu-file-under-cpu", "no-with-num-processes-minus-one"])
 def test_what_accelerate_refuses_lint_fails(capsys, tmp_path, body, flags):
     """Misses of an earlier lint, found by the same sweep: accelerate's launch path stops, and lint fails."""
     if importlib.util.find_spec("accelerate") is None:
