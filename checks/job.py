@@ -528,6 +528,10 @@ def _processes_and_gpus(view: dict, node: str, facts: Mapping[str, Any]) -> Iter
         return
     procs = view.get("processes")
     ids = view.get("gpu_ids")
+    machines = view.get("num_machines")
+    if view.get("accelerate_launcher") == "deepspeed" and isinstance(machines, int) and machines > 1 and \
+            view.get("multinode_launcher") != "standard":
+        ids = None  # DeepSpeed's runner: each node uses the GPUs of its hostfile slots, gpu_ids is never read
     if isinstance(ids, (str, int)) and str(ids).strip() not in ("all", ""):
         listed = [i.strip() for i in str(ids).split(",") if i.strip()]
         absent = [i for i in listed if i not in gpus]

@@ -106,6 +106,16 @@ def test_more_processes_than_gpus():
     assert "2 usable GPU(s)" in results[0].message
 
 
+def test_gpu_ids_are_not_read_under_deepspeeds_runner():
+    # the runner gives each node the GPUs of its hostfile slots (accelerate/utils/launch.py, deepspeed's launch.py)
+    gpus = {"available": True, "devices": [{"index": i, "uuid": f"GPU-{i}"} for i in range(2)]}
+    text = CONFIG.format(rank=0) + "gpu_ids: '7'\n"
+    nodes = {"a": facts(text, gpus=gpus)}
+    assert [r.status for r in run("JOB008", context(nodes))] == [Status.FAIL]  # MULTI_GPU: GPU 7 is not there
+    text = text.replace("MULTI_GPU", "DEEPSPEED") + "deepspeed_config:\n  zero_stage: 2\n"
+    assert [r.status for r in run("JOB008", context({"a": facts(text, gpus=gpus)}))] == [Status.PASS]
+
+
 @pytest.mark.parametrize("job", [
     {"config": 5, "files": [], "argv": [1, 2]},
     {"config": {"path": "/x", "text": "[1, 2]"}, "files": {"t.py": "nonsense"}, "argv": "accelerate"},
