@@ -323,7 +323,8 @@ def accelerate_values(ctx) -> Iterator[Finding]:
         keys = ("deepspeed_config", "gradient_accumulation_steps")
         yield warn(f"{doc.where(*keys)}: deepspeed_config.gradient_accumulation_steps is \"auto\": the transformers "
                    "Trainer fills it in, but a script that calls Accelerator() itself stops on int('auto')",
-                   f"set {doc.setting(*keys)} to a number, unless the transformers Trainer runs the job", **at(doc, *keys))
+                   f"set {doc.setting(*keys)} to a number, unless the transformers Trainer runs the job",
+                   **at(doc, *keys))
     fsdp = doc.section("fsdp_config")
     if data.get("distributed_type") == "FSDP" and not ctx.plan.accelerate.cpu and fsdp is not None:
         command = accelerate_command(ctx)
@@ -375,9 +376,8 @@ def rdzv_backend_in_file(ctx, doc: Document, value: Any) -> Iterator[Finding]:
     """accelerate launch never copies rdzv_backend from its config: its --rdzv_backend flag has a default
     ('static'), and _validate_launch_command copies a file's value only over a flag left at None
     (commands/launch.py). The file's value is then dead, whatever it says."""
-    from preflight import launchcmd
-
-    if value == "static" or "rdzv_backend" in launchcmd.parse(ctx.plan.command).options:
+    command = accelerate_command(ctx)
+    if value == "static" or command is not None and "rdzv_backend" in command.options:
         return
     fix = f"pass --rdzv_backend {value} to accelerate launch" if value in RDZV_BACKENDS else \
         "delete rdzv_backend (or pass --rdzv_backend to accelerate launch)"
@@ -736,7 +736,8 @@ def launch_command(ctx) -> Iterator[Finding]:
         if command.flag("use_parallelism_config") and not command.flag("use_fsdp"):
             found.append(fail("the launch command passes --use_parallelism_config without --use_fsdp; accelerate "
                               "launch stops with 'You cannot use `--use_parallelism_config` without `--use_fsdp` and "
-                              "`--fsdp_version=2`'", "add --use_fsdp --fsdp_version 2, or drop --use_parallelism_config"))
+                              "`--fsdp_version=2`'",
+                              "add --use_fsdp --fsdp_version 2, or drop --use_parallelism_config"))
         procs = command.integer("num_processes")
         if command.flag("multi_gpu") and procs is not None and procs < 2:
             found.append(fail(f"flag --num_processes is {procs} with --multi_gpu; accelerate launch stops with 'You "
@@ -911,9 +912,11 @@ def machine_rank(ctx) -> Iterator[Finding]:
         ctx.plan.accelerate.from_command and "machine_rank" not in doc.data  # the flag's default is None
     launcher = "simple" if ctx.plan.accelerate.cpu else accelerate_launcher(doc.data.get("distributed_type"))
     if is_int(machines) and machines > 1 and unranked and launcher != "simple":
-        yield fail(f"{doc.where('machine_rank')}: machine_rank is " + ("not given" if ctx.plan.accelerate.from_command
-                   else "null") + f" over {machines} machines; accelerate launch stops on int(None) (TypeError)", f"set {doc.setting('machine_rank')} to this machine's rank, "
-                   f"0 to {machines - 1}", **at(doc, "machine_rank"))
+        given = "not given" if ctx.plan.accelerate.from_command else "null"
+        yield fail(f"{doc.where('machine_rank')}: machine_rank is {given} over {machines} machines; accelerate launch "
+                   "stops on int(None) (TypeError)",
+                   f"set {doc.setting('machine_rank')} to this machine's rank, 0 to {machines - 1}",
+                   **at(doc, "machine_rank"))
     elif is_int(machines) and is_int(rank) and not 0 <= rank < machines and machines == 1:
         # Read only over several machines (utils/launch.py): a per-node copy that left num_machines at 1
         yield warn(f"{doc.where('machine_rank')}: machine_rank is {rank} with num_machines 1: accelerate reads it "

@@ -166,8 +166,8 @@ def fsdp_problems(section: Mapping[str, Any]) -> Iterator[Tuple[str, str, str]]:
     if version == 2 and str(get("fsdp_state_dict_type")).upper() in ("LOCAL_STATE_DICT", "2"):
         yield "fsdp_state_dict_type", f"which FSDP2 does not support; {plugin}", \
             "set it to SHARDED_STATE_DICT or FULL_STATE_DICT"
-    booleans = ["fsdp_offload_params", "fsdp_use_orig_params", "fsdp_sync_module_states", "fsdp_cpu_ram_efficient_loading",
-                "fsdp_activation_checkpointing", "fsdp_activation_checkpointing_offload"]
+    booleans = ["fsdp_offload_params", "fsdp_use_orig_params", "fsdp_sync_module_states",
+                "fsdp_cpu_ram_efficient_loading", "fsdp_activation_checkpointing", "fsdp_activation_checkpointing_offload"]
     booleans.append("fsdp_forward_prefetch" if version == 1 else "fsdp_reshard_after_forward")
     for key in booleans:
         if key in section and truth(key) is None:
