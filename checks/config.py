@@ -32,6 +32,7 @@ from preflight.jobconfig import (
     RDZV_BACKENDS,
     SAGEMAKER_DISTRIBUTED_TYPES,
     SAGEMAKER_KEYS,
+    TRUTH_WORDS,
     accelerate_launcher,
     ds_text_number_stops,
     fsdp_problems,
@@ -676,10 +677,10 @@ def duplicate_keys(ctx) -> Iterator[Finding]:
                            "delete one of the two", key=dotted(keys), file=doc.path, line=line)
 
 
-def _reads_as_int(text: str) -> bool:
-    """Whether argparse's type=int takes the text."""
+def _reads_as(kind: type, text: str) -> bool:
+    """Whether argparse's type=int (or float) takes the text."""
     try:
-        int(text)
+        kind(text)
     except ValueError:
         return False
     return True
@@ -720,9 +721,16 @@ def launch_command(ctx) -> Iterator[Finding]:
         if not isinstance(value, str) or "$" in value or "`" in value:  # a switch, or the node's shell fills it in
             continue
         choices = launchcmd.CHOICES[command.launcher].get(key)
-        if key in launchcmd.INT_OPTIONS[command.launcher] and not _reads_as_int(value):
+        if key in launchcmd.INT_OPTIONS[command.launcher] and not _reads_as(int, value):
             found.append(fail(f"flag --{key} is {shorten(value)}, expected a whole number; {name} stops with "
                               "'invalid int value'", f"give --{key} a number", flag=key, value=value))
+        elif key in launchcmd.FLOAT_OPTIONS[command.launcher] and not _reads_as(float, value):
+            found.append(fail(f"flag --{key} is {shorten(value)}, expected a number; {name} stops with 'invalid "
+                              "float value'", f"give --{key} a number", flag=key, value=value))
+        elif key in launchcmd.TRUTH_OPTIONS[command.launcher] and value.lower() not in TRUTH_WORDS:
+            found.append(fail(f"flag --{key} is {shorten(value)}, expected true or false; {name} stops on it "
+                              "(str_to_bool: invalid truth value)", f"give --{key} true or false", flag=key,
+                              value=value))
         elif choices and value not in choices:
             found.append(fail(f"flag --{key} is {shorten(value)}, expected one of {', '.join(choices)}"
                               f"{did_you_mean(value, choices)}; {name} stops with 'invalid choice'",

@@ -97,6 +97,15 @@ parallelism_config_tp_size parallelism_config_cp_size parallelism_config_sp_size
     "torchrun": frozenset("node_rank master_port max_restarts shutdown_timeout".split()),
     "deepspeed": frozenset("num_nodes num_gpus master_port node_rank ssh_port".split()),
 }
+FLOAT_OPTIONS = {  # read with float()
+    "accelerate": frozenset("gradient_clipping megatron_lm_attention_dropout megatron_lm_gradient_clipping "
+                            "megatron_lm_hidden_dropout monitor_interval".split()),
+    "torchrun": frozenset({"monitor_interval"}),
+    "deepspeed": frozenset(),
+}
+# read with accelerate's str_to_bool: y, yes, t, true, on, 1, n, no, f, false, off, 0 in any case
+TRUTH_OPTIONS = {"accelerate": frozenset({"fp8_enable_fsdp_float8_all_gather", "fp8_pad_inner_dim"}),
+                 "torchrun": frozenset(), "deepspeed": frozenset()}
 CHOICES = {
     "accelerate": {
         "mixed_precision": ("no", "fp16", "bf16", "fp8"),

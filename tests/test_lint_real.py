@@ -897,6 +897,10 @@ def test_launch_command_tables_are_the_parsers_own():
         pytest.skip("neither accelerate nor torch is installed (the 'train' extra)")
     for launcher, parser in parsers.items():
         ints = {a.dest for a in parser._actions if a.type is int}
+        floats = {a.dest for a in parser._actions if a.type is float}
+        truths = {a.dest for a in parser._actions if getattr(a.type, "__name__", "") == "str_to_bool"}
+        assert floats == set(launchcmd.FLOAT_OPTIONS[launcher]), launcher
+        assert truths == set(launchcmd.TRUTH_OPTIONS[launcher]), launcher
         choices = {a.dest: tuple(a.choices) for a in parser._actions if a.choices}
         choices.pop("numa_binding", None)  # torchrun's, newer than its parser's other choices: not judged
         for dest in ("parallelism_config_cp_backend", "parallelism_config_sp_backend"):
@@ -921,6 +925,8 @@ SEVERAL = ("--num_processes", "4", "--num_machines", "2", "--main_process_ip", "
     ("--multi_gpu", *SEVERAL, "--machine_rank", "0"),  # the control: this one launches
     ("--multi_gpu", *SEVERAL), ("--use_deepspeed", *SEVERAL),  # no --machine_rank: int(None)
     ("--num_processes", "\u0663"),  # int() reads an Arabic-Indic 3
+    ("--gradient_clipping", "x"), ("--gradient_clipping", "1e-3"), ("--fp8_pad_inner_dim", "maybe"),
+    ("--fp8_pad_inner_dim", "Yes"),
 ])
 def test_launch_flags_alone_fail_where_accelerate_refuses_them(capsys, flags):
     if importlib.util.find_spec("accelerate") is None:
