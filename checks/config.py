@@ -36,6 +36,7 @@ from preflight.jobconfig import (
     accelerate_launcher,
     ds_text_number_stops,
     fsdp_problems,
+    is_int,
     is_numeric_string,
     multinode_launcher_problem,
     text_number,
@@ -149,10 +150,6 @@ def more_unknown(doc: Document, keys: Sequence[Any], rest: List[Any], make, cons
     return make(f"{doc.where(*first)}: {len(rest)} more unknown keys ({shown}, ...), not matched against the known "
                 f"spellings; {consequence}", "delete the keys that are not for another tool", count=len(rest),
                 **at(doc, *first))
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_number(value: Any) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 from preflight import launchcmd, redact
 from preflight.compare import grouped, holders, odd_ones_out
 from preflight.inventory import fold
+from preflight.jobconfig import deepspeed_runner
 from preflight.jobview import MUST_MATCH, NOT_READ_KEYS, PER_NODE_KEYS, plan_rows
 from preflight.registry import check
 from preflight.result import Finding, Status, passed, skip, warn
@@ -528,10 +529,8 @@ def _processes_and_gpus(view: dict, node: str, facts: Mapping[str, Any]) -> Iter
         return
     procs = view.get("processes")
     ids = view.get("gpu_ids")
-    machines = view.get("num_machines")
-    if view.get("accelerate_launcher") == "deepspeed" and isinstance(machines, int) and machines > 1 and \
-            view.get("multinode_launcher") != "standard":
-        ids = None  # DeepSpeed's runner: each node uses the GPUs of its hostfile slots, gpu_ids is never read
+    if deepspeed_runner(view.get("accelerate_launcher"), view.get("num_machines"), view.get("multinode_launcher")):
+        ids = None  # each node uses the GPUs of its hostfile slots, gpu_ids is never read
     if isinstance(ids, (str, int)) and str(ids).strip() not in ("all", ""):
         listed = [i.strip() for i in str(ids).split(",") if i.strip()]
         absent = [i for i in listed if i not in gpus]

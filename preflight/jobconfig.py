@@ -279,6 +279,23 @@ def accelerate_launcher(distributed_type: Any) -> str:
     return "xla" if distributed_type == "XLA" else "simple"
 
 
+def is_int(value: Any) -> bool:
+    """An integer, and not a YAML boolean (bool is an int in Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def deepspeed_runner(launcher: str, machines: Any, multinode_launcher: Any) -> Optional[str]:
+    """How DeepSpeed's runner starts an accelerate launch (utils/launch.py, prepare_deepspeed_cmd_env): "head" when
+    the runner on the head starts every node (pdsh, the default, openmpi, ...), "each" when every node runs it
+    itself ('nossh'), None when it does not run (another launcher, one machine, or 'standard': torchrun on each
+    machine). Where it runs, it reads the hostfile, and each node uses the GPUs of its hostfile slots: DeepSpeed's
+    launch sets the visible GPUs, so gpu_ids is never read. LAUNCHER is accelerate_launcher's answer ("simple"
+    under --cpu)."""
+    if launcher != "deepspeed" or not is_int(machines) or machines <= 1 or multinode_launcher == "standard":
+        return None
+    return "each" if multinode_launcher == "nossh" else "head"
+
+
 def text_number(value: Any) -> Any:
     """A number written as text ('2', '5e8') as the number it says; any other value as it is."""
     if not is_numeric_string(value):
@@ -435,30 +452,34 @@ class AccelerateConfig:
         return self.data.get("distributed_type") == "DEEPSPEED"
 
     @property
+    def runner(self) -> Optional[str]:
+        """deepspeed_runner's answer for this file and the launch flags over it."""
+        section = self.deepspeed_section
+        launcher = section.data.get("deepspeed_multinode_launcher") if section is not None else None
+        return deepspeed_runner("simple" if self.cpu else accelerate_launcher(self.data.get("distributed_type")),
+                                self.integer("num_machines", 1), launcher)
+
+    @property
     def hostfile_unread(self) -> Optional[str]:
-        """Why accelerate launch never reads deepspeed_hostfile, or None: it hands the file to DeepSpeed's runner
-        only for DEEPSPEED over several machines with a launcher other than 'standard', which starts torchrun on
-        each machine ('nossh' runs the runner on every machine; accelerate/utils/launch.py)."""
+        """Why accelerate launch never reads deepspeed_hostfile (DeepSpeed's runner does not run), or None."""
+        if self.runner is not None:
+            return None
         if not self.uses_deepspeed:
             return "distributed_type is not DEEPSPEED"
         if self.cpu:
             return "--cpu starts the simple launcher"
         machines = self.integer("num_machines", 1)
-        if machines is not None and machines <= 1:
+        if machines is None:
+            return "num_machines is not a number"
+        if machines <= 1:
             return f"num_machines is {machines}: torchrun starts every process on this machine"
-        section = self.deepspeed_section
-        if section is not None and section.data.get("deepspeed_multinode_launcher") == "standard":
-            return "the launcher is 'standard': torchrun starts on each machine"
-        return None
+        return "the launcher is 'standard': torchrun starts on each machine"
 
     @property
     def head_runner(self) -> bool:
-        """Whether DeepSpeed's runner on the head starts every node (pdsh, openmpi, ...; not 'nossh'): it takes each
-        node's GPUs from the hostfile's slots, finds the head's address with `hostname -I` when none is given, and
-        never reads machine_rank (accelerate/utils/launch.py, deepspeed/launcher/runner.py)."""
-        section = self.deepspeed_section
-        launcher = section.data.get("deepspeed_multinode_launcher") if section is not None else None
-        return self.hostfile_unread is None and launcher != "nossh"
+        """Whether DeepSpeed's runner on the head starts every node: it finds the head's address with `hostname -I`
+        when none is given, and never reads machine_rank (deepspeed/launcher/runner.py)."""
+        return self.runner == "head"
 
     @property
     def simple_launch(self) -> bool:
@@ -481,7 +502,7 @@ class AccelerateConfig:
         """An integer setting, written as a number or as text ('2'); whether accelerate reads such text is
         CFG003's to say (text_number_stops_launch)."""
         value = text_number(self.data.get(key, default))
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return value if is_int(value) else None
 
 
 def load_accelerate_config(path: str) -> AccelerateConfig:

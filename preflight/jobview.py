@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight import launchcmd
 from preflight.documents import Document, InputError, parse_json, parse_yaml, shorten
-from preflight.jobconfig import accelerate_launcher, is_numeric_string, text_number_stops_launch
+from preflight.jobconfig import accelerate_launcher, deepspeed_runner, is_int, is_numeric_string, text_number_stops_launch
 
 DEFAULT_PORT = 29500
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner reads this one when none is named
@@ -267,7 +267,7 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         procs, machines = out.values["num_processes"], out.values["num_machines"]
         if path in ("torchrun", "deepspeed"):  # num_processes is the total: each node starts its share
             # accelerate divides only for several machines (utils/launch.py): below that, one machine runs all
-            per_node = (procs // machines if machines > 1 else procs) if _is_int(procs) and _is_int(machines) \
+            per_node = (procs // machines if machines > 1 else procs) if is_int(procs) and is_int(machines) \
                 else None
             out.set("processes", per_node, out.sources["num_processes"])
             out.set("world_size", procs, out.sources["num_processes"])
@@ -276,8 +276,7 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
             out.set("world_size", None, f"accelerate's {path} launcher")
             out.set("rdzv_backend", "none", f"accelerate's {path} launcher")
         # nossh: every node runs DeepSpeed's runner itself with --node_rank (utils/launch.py).
-        head_starts = deepspeed and _is_int(machines) and machines > 1 and \
-            out.values["multinode_launcher"] not in ("standard", "nossh")
+        head_starts = deepspeed_runner(path, machines, out.values["multinode_launcher"]) == "head"
         started_by = "head" if head_starts else "self"
         if head_starts:  # accelerate passes --hostfile str(deepspeed_hostfile): "None" when it is not set
             out.first("hostfile", flag("deepspeed_hostfile"), in_file("deepspeed_config", "deepspeed_hostfile"),
@@ -309,7 +308,7 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
             out.first("main_ip", flag("master_addr"), default="127.0.0.1")
             out.first("main_port", flag("master_port"), default=DEFAULT_PORT)
         machines, procs = out.values["num_machines"], out.values["processes"]
-        world = machines * procs if _is_int(machines) and _is_int(procs) else None
+        world = machines * procs if is_int(machines) and is_int(procs) else None
         out.set("world_size", world, "--nnodes x --nproc-per-node")
         started_by = "self"
     elif launcher == "deepspeed":
@@ -362,10 +361,6 @@ def _leaves(doc: Document, keys: Tuple[str, ...] = ()) -> List[Tuple[str, Tuple[
     if isinstance(value, dict) and value:
         return [leaf for key in value for leaf in _leaves(doc, keys + (key,))]
     return [(".".join(map(str, keys)), (value, doc.line(*keys)))]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _nnodes(text: Any) -> Any:
