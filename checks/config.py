@@ -714,7 +714,7 @@ def launch_command(ctx) -> Iterator[Finding]:
     if command.problem:
         found.append(fail(f"the launch command cannot be read as {name} reads it: {command.problem}; it stops with "
                           "a usage error", f"write the option as `{command.program} --help` shows it"))
-    for key, value in command.options.items():
+    for key, value in dict.fromkeys(command.given):  # argparse converts every value given, not only the last
         if not isinstance(value, str) or "$" in value or "`" in value:  # a switch, or the node's shell fills it in
             continue
         choices = launchcmd.CHOICES[command.launcher].get(key)

@@ -148,6 +148,7 @@ class LaunchCommand:
     script_args: Tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)  # `env A=B` / `A=B` before the program
     problem: Optional[str] = None  # why the flags could not be read to the end
+    given: Tuple[Tuple[str, Value], ...] = ()  # every option in order: argparse reads each, the last one wins
 
     def get(self, name: str) -> Optional[Value]:
         return self.options.get(name)
@@ -241,6 +242,7 @@ def parse(argv: Sequence[str]) -> LaunchCommand:
         return LaunchCommand(argv, launcher, program, {}, script, argv[i + 1:], env)
     flags, short = FLAGS[launcher], SHORT[launcher]
     options: Dict[str, Value] = {}
+    given: List[Tuple[str, Value]] = []
     problem = None
     while i < len(argv):
         word = argv[i]
@@ -267,8 +269,7 @@ def parse(argv: Sequence[str]) -> LaunchCommand:
                 problem = f"{word}: {word.split('=', 1)[0]} takes no value"
             options[key] = True
             i += 1
-            continue
-        if has_value:
+        elif has_value:
             options[key] = value
             i += 1
         elif i + 1 < len(argv):
@@ -277,5 +278,7 @@ def parse(argv: Sequence[str]) -> LaunchCommand:
         else:
             problem = f"{word} needs a value"
             i += 1
+            continue
+        given.append((key, options[key]))
     script = argv[i] if i < len(argv) else None
-    return LaunchCommand(argv, launcher, program, options, script, argv[i + 1:], env, problem)
+    return LaunchCommand(argv, launcher, program, options, script, argv[i + 1:], env, problem, tuple(given))

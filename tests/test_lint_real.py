@@ -927,6 +927,8 @@ SEVERAL = ("--num_processes", "4", "--num_machines", "2", "--main_process_ip", "
     ("--num_processes", "\u0663"),  # int() reads an Arabic-Indic 3
     ("--gradient_clipping", "x"), ("--gradient_clipping", "1e-3"), ("--fp8_pad_inner_dim", "maybe"),
     ("--fp8_pad_inner_dim", "Yes"),
+    ("--num_processes", "x", "--num_processes", "2"),  # argparse converts each value, the last one wins
+    ("--mixed_precision", "FP16", "--mixed_precision", "bf16"), ("--num_processes", "2", "--num_processes", "4"),
 ])
 def test_launch_flags_alone_fail_where_accelerate_refuses_them(capsys, flags):
     if importlib.util.find_spec("accelerate") is None:
