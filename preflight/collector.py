@@ -82,15 +82,11 @@ def _python():
 
 
 def _packages():
-    try:
-        from importlib import metadata
-    except ImportError:  # Python < 3.8
-        return {"error": "importlib.metadata needs Python 3.8 or newer"}
     dists = {}
-    for dist in metadata.distributions():
-        name, version = _name_and_version(dist)
+    for folder in installed_distributions():
+        name, version = name_and_version(folder)
         name = name.lower().replace("_", "-")
-        if name and name not in dists:  # the first on sys.path wins, as for import
+        if name and name not in dists:
             dists[name] = version
     versions = {name: dists.get(name) for name in KEY_DISTRIBUTIONS}
     versions["cuda"] = _torch_cuda_build()
@@ -98,14 +94,50 @@ def _packages():
     return {"versions": versions, "distributions": dists}
 
 
-def _name_and_version(dist):
-    """Name and Version from the metadata's header only: dist.metadata runs the e-mail parser over the
-    whole file, long description included (80 ms for a training environment's 130 distributions)."""
-    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-    header = dict(line.split(": ", 1) for line in text.split("\n\n", 1)[0].splitlines() if ": " in line)
+DIST_NAME_RUN = re.compile(r"[-_.]+")
+def installed_distributions():
+    """The metadata folder of each installed distribution (.dist-info, .egg-info), the first of each name on
+    sys.path as import finds it: the walk of importlib.metadata.distributions(), named and deduplicated by the
+    folder's name as it does, without its import and its pathlib per file: 40 ms less for every `preflight node`
+    in an environment with torch and DeepSpeed."""
+    seen = set()
+    for entry in sys.path:
+        try:
+            names = sorted(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
+        except (OSError, TypeError, ValueError):  # a missing folder, a zip, a NUL in a name
+            continue
+        for name in names:
+            key = DIST_NAME_RUN.sub("_", name.rsplit(".", 1)[0].partition("-")[0]).lower()
+            if key not in seen:
+                seen.add(key)
+                yield os.path.join(entry or ".", name)
+
+
+def distribution_file(folder, name, limit=65536):
+    """The text of file NAME of a distribution's metadata folder (an .egg-info may be the file itself), at most
+    LIMIT bytes, or None; regular files only, so a FIFO or a device there cannot stall the run."""
+    path = folder if os.path.isfile(folder) else os.path.join(folder, name)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except (IOError, OSError):
+        return None
+
+
+def name_and_version(folder):
+    """Name and Version from the metadata's header (the lines before the first blank one, at the top of the
+    file): the e-mail parser only for a header these lines cannot read (folded)."""
+    text = distribution_file(folder, "METADATA", 16384) or distribution_file(folder, "PKG-INFO", 16384) or ""
+    head = text.split("\n\n", 1)[0]
+    header = dict(line.split(": ", 1) for line in head.splitlines() if ": " in line)
     if "Name" in header and "Version" in header:
         return header["Name"].strip(), header["Version"].strip()
-    return dist.metadata["Name"] or "", dist.version  # folded or unusual headers: the full parser
+    from email.parser import HeaderParser
+
+    parsed = HeaderParser().parsestr(head)
+    return (parsed["Name"] or "").strip(), (parsed["Version"] or "").strip() or None
 
 
 def _torch_cuda_build():

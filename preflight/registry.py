@@ -5,10 +5,12 @@ point in that group is imported, and each function in it declared with `@check` 
 """
 from __future__ import annotations
 
+import importlib
 import inspect
+import os
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 ENTRY_POINT_GROUP = "preflight.checks"
 SCOPES = ("config", "node", "cluster")
@@ -109,13 +111,9 @@ def build(modules: Iterable[Tuple[str, object]]) -> Registry:
 
 def load() -> Registry:
     """Import every module in the entry-point group; a plugin that fails is reported, not fatal."""
-    from importlib.metadata import entry_points
-
     modules, problems = [], []
-    names: Dict[int, str] = {}  # one reading per distribution: the built-ins are a dozen entry points of one
-    found = [(_distribution(ep, names), ep) for ep in _group(entry_points())]
     # Built-ins first, so that a plugin can never take over a built-in ID.
-    for dist, ep in sorted(found, key=lambda pair: (pair[0] != "preflight", pair[1].value)):
+    for dist, ep in sorted(entry_points(), key=lambda pair: (pair[0] != "preflight", pair[1].value)):
         try:
             modules.append((dist, ep.load()))
         except Exception as exc:  # a broken plugin must not stop the run
@@ -124,24 +122,38 @@ def load() -> Registry:
     return Registry(registry.checks, tuple(problems) + registry.problems)
 
 
-def _distribution(ep, names: Dict[int, str]) -> str:
-    """The name of the distribution that declares `ep`, from its metadata's header: Distribution.name runs the
-    e-mail parser over the whole file, long description included (5 ms a time for preflight's own README)."""
-    dist = getattr(ep, "dist", None)
-    if dist is None:
-        return "an unknown distribution"
-    if id(dist) not in names:
-        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-        header = text.split("\n\n", 1)[0]
-        name = next((line.split(":", 1)[1].strip() for line in header.splitlines() if line.startswith("Name:")), "")
-        names[id(dist)] = name or dist.name
-    return names[id(dist)]
+@dataclass(frozen=True)
+class EntryPoint:
+    """A line `name = module[:attribute] [extras]` of a distribution's entry_points.txt."""
+    name: str
+    value: str
+
+    def load(self):
+        module, _, attribute = self.value.split("[", 1)[0].partition(":")
+        found = importlib.import_module(module.strip())
+        for part in filter(None, attribute.strip().split(".")):
+            found = getattr(found, part)
+        return found
 
 
-def _group(eps):
-    if hasattr(eps, "select"):
-        return eps.select(group=ENTRY_POINT_GROUP)
-    return eps.get(ENTRY_POINT_GROUP, [])  # Python 3.9
+def entry_points() -> List[Tuple[str, EntryPoint]]:
+    """(distribution's name, entry point) for each entry point in ENTRY_POINT_GROUP, read as importlib.metadata
+    reads entry_points.txt, from the distributions it would walk (collector.installed_distributions)."""
+    from preflight.collector import distribution_file, installed_distributions, name_and_version
+
+    found = []
+    for folder in installed_distributions():
+        text = distribution_file(folder, "entry_points.txt")
+        if not text or f"[{ENTRY_POINT_GROUP}]" not in text:
+            continue
+        dist, section = name_and_version(folder)[0] or os.path.basename(folder), None
+        for line in (line.strip() for line in text.splitlines()):
+            if line.startswith("[") and line.endswith("]"):
+                section = line[1:-1].strip()
+            elif section == ENTRY_POINT_GROUP and "=" in line and not line.startswith("#"):
+                name, value = line.split("=", 1)
+                found.append((dist, EntryPoint(name.strip(), value.strip())))
+    return found
 
 
 class SelectionError(ValueError):
