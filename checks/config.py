@@ -57,6 +57,12 @@ data_efficiency dataloader_drop_last hybrid_engine compile tensor_parallel exper
 use_data_before_expert_parallelism datastates_ckpt weight_quantization timers vocabulary_size checkpoint
 data_types sequence_parallel_size
 """.split())
+# Those of them whose value is a block (a mapping), not a number, text or switch.
+DS_TOP_BLOCKS = frozenset("""
+zero_optimization optimizer scheduler fp16 bf16 bfloat16 torch_autocast flops_profiler comms_logger tensorboard
+wandb csv_monitor comet activation_checkpointing aio autotuning pipeline data_efficiency hybrid_engine compile
+tensor_parallel expert_parallel datastates_ckpt weight_quantization timers checkpoint data_types
+""".split())
 # Accepted by older DeepSpeed releases, rejected since 0.19.8.
 DS_REMOVED_KEYS = frozenset("""
 nebula compression_training amp quantize_training sparse_gradients eigenvalue sparse_attention elasticity
@@ -628,8 +634,10 @@ def deepspeed_config_file(ctx) -> Iterator[Finding]:
                    f"but the DeepSpeed config checked is {plan.deepspeed.doc.path}",
                    "lint the file the job will use: drop --deepspeed, or point deepspeed_config_file at it",
                    **at(doc, "deepspeed_config", "deepspeed_config_file"))
-    conflicting = [k for k in ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE if k in section.data]
-    if doc.data.get("mixed_precision") is not None:
+    # accelerate raises for the keys the config file writes (a flag over one does not hide it), and for its
+    # mixed_precision unless a flag gives that (commands/launch.py, launch_command); flags alone never
+    conflicting = [k for k in ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE if section.in_file(k)]
+    if doc.data.get("mixed_precision") is not None and not doc.given_by_flag("mixed_precision"):
         conflicting.append("mixed_precision")
     for key in conflicting:
         keys = ("mixed_precision",) if key == "mixed_precision" else ("deepspeed_config", key)
@@ -1416,12 +1424,13 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
                        f"delete {key!r} (or pin an older DeepSpeed on every node)", key=key, **at(ds, key))
     first, rest = unknown((k for k in ds.data if k not in DS_REMOVED_KEYS), DS_TOP_KEYS)
     for key in first:
-        hint = did_you_mean(key, sorted(DS_TOP_KEYS))
-        # A misspelling fails; a name that only resembles a key (LLaMA-Factory's comms_config, say) warns.
-        typo = any(key.lower() == k.lower() or difflib.SequenceMatcher(None, key, k).ratio() >= 0.8
-                   for k in DS_TOP_KEYS)
-        make = fail if typo else warn
-        yield make(f"{ds.where(key)}: unknown key {key!r}{hint}; DeepSpeed ignores it",
+        # A block is no misspelt number: VideoX-Fun's "sequence_parallel": {"enabled": true} is its own setting.
+        like = sorted(k for k in DS_TOP_KEYS if isinstance(ds.data[key], dict) == (k in DS_TOP_BLOCKS))
+        typo = any(key.lower() == k.lower() or difflib.SequenceMatcher(None, key, k).ratio() >= 0.8 for k in like)
+        # A warning even for a misspelling: the job runs, without the setting (--strict makes it refuse).
+        yield warn(f"{ds.where(key)}: unknown key {key!r}"
+                   + (f"{did_you_mean(key, like)}; DeepSpeed ignores it, so the setting has no effect" if typo else
+                      "; DeepSpeed ignores it"),
                    "correct the spelling" if typo else f"delete {key!r} if it is not for another tool",
                    key=key, **at(ds, key))
     if rest:

@@ -73,6 +73,19 @@ class Document:
         """The name a fix tells the user to set for keys: the key path here (a launch flag in FlagDocument)."""
         return ".".join(str(k) for k in keys)
 
+    def given_by_flag(self, *keys: Any) -> bool:
+        """Whether a launch flag gives the value at keys (FlagDocument); never in a file's own document."""
+        return False
+
+    def in_file(self, *keys: Any) -> bool:
+        """Whether the file itself writes keys, whether or not a launch flag gives a value over it."""
+        value: Any = self.data
+        for key in keys:
+            if not isinstance(value, Mapping) or key not in value:
+                return False
+            value = value[key]
+        return True
+
     def section(self, *keys: Any) -> Optional["Document"]:
         value = self.data
         for key in keys:

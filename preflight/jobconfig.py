@@ -666,6 +666,12 @@ class FlagDocument(Document):
             return source[len("flag "):]
         return f"--{keys[-1]}" if self.kind == "flags" else super().setting(*keys)
 
+    def given_by_flag(self, *keys: Any) -> bool:
+        return self.prefix + keys in (self.flags or {})
+
+    def in_file(self, *keys: Any) -> bool:
+        return self.prefix + keys in self.lines if self.given_by_flag(*keys) else super().in_file(*keys)
+
     def section(self, *keys: Any) -> Optional[Document]:
         inner = super().section(*keys)
         if inner is None:

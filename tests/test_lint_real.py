@@ -880,6 +880,51 @@ def test_real_switch_given_a_value_from_accelerate_issue_1489(capsys, monkeypatc
         assert args.training_script == "false" and args.training_script_args == ["distrib.py"]
 
 
+def videox_fun_command():
+    """VideoX-Fun's ZeRO-3 launch line, expanded by bash as the README has it run."""
+    text = (REAL / "launch-flags/videox-fun/command.sh").read_text()
+    env = {"MODEL_NAME": "models/Diffusion_Transformer/Wan2.1-T2V-1.3B", "DATASET_NAME": "datasets/internal_datasets/",
+           "DATASET_META_NAME": "datasets/internal_datasets/metadata.json", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["bash", "-c", "printf '%s\\0' " + text.replace("\\\n", " ")], env=env,
+                          capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
+
+
+def test_real_deepspeed_flags_beside_a_json_from_videox_fun(capsys, monkeypatch):
+    """VideoX-Fun gives --zero_stage, --zero3_save_16bit_model and --zero3_init_flag as flags beside
+    --deepspeed_config_file, with no accelerate config. accelerate raises only for the keys its config file writes
+    (ACCELERATE_CONFIG_DS_FIELDS), so the job starts: no CFG005 failure. The JSON's own "sequence_parallel" block is
+    VideoX-Fun's, not a misspelt sequence_parallel_size (a number), and DeepSpeed ignores it: no failure either."""
+    argv = videox_fun_command()
+    monkeypatch.chdir(REAL / "launch-flags/videox-fun")  # the JSON's path is relative to where the job starts
+    script = argv.index("scripts/wan2.1/train.py")
+    assert argv[:2] == ["accelerate", "launch"] and "--zero_stage" in argv[:script]
+    if importlib.util.find_spec("accelerate") is not None:
+        assert launch_refusal(None, argv[2:script]) is None
+    code, doc = lint(capsys, "--", *argv)
+    assert code == 0 and not of(doc, "CFG005", "fail") and of(doc, "CFG005"), shown(doc)
+    assert {r["status"] for r in of(doc, "CFG060")} == {"warn"}, shown(doc)
+    assert [r["message"].split(": ", 1)[1] for r in of(doc, "CFG060") if "'sequence_parallel'" in r["message"]] == \
+        ["unknown key 'sequence_parallel'; DeepSpeed ignores it"], shown(doc)
+
+
+def test_a_deepspeed_key_the_file_writes_fails_beside_a_json_even_under_its_flag(capsys, tmp_path):
+    """The other side of accelerate's rule: zero_stage in the config file stops the script even when --zero_stage
+    gives another value (the file's keys are listed, not the values launched)."""
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}')
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(BASE + DS + "  deepspeed_config_file: ds.json\nnum_processes: 2\n")
+    flags = ("--zero_stage", "3")
+    if importlib.util.find_spec("accelerate") is not None:
+        assert "When using `deepspeed_config_file`" in launch_refusal(path, flags)
+    code, doc = lint(capsys, "--config", path, "--", "accelerate", "launch", "--config_file", path, *flags, "t.py")
+    keys = sorted(r["evidence"].get("key") for r in of(doc, "CFG005", "fail"))
+    assert keys == ["deepspeed_config.zero_stage", "mixed_precision"], shown(doc)
+    code, doc = lint(capsys, "--config", path, "--", "accelerate", "launch", "--config_file", path,
+                     "--mixed_precision", "bf16", "t.py")  # a flag over the file's mixed_precision hides it
+    keys = sorted(r["evidence"].get("key") for r in of(doc, "CFG005", "fail"))
+    assert keys == ["deepspeed_config.zero_stage"], shown(doc)
+
+
 def test_launch_command_tables_are_the_parsers_own():
     """The option kinds CFG007 judges are those of the installed launchers' argument parsers."""
     from preflight import launchcmd
