@@ -385,9 +385,13 @@ def rdzv_backend_in_file(ctx, doc: Document, value: Any) -> Iterator[Finding]:
         return
     fix = f"pass --rdzv_backend {value} to accelerate launch" if value in RDZV_BACKENDS else \
         "delete rdzv_backend (or pass --rdzv_backend to accelerate launch)"
+    runner = ctx.plan.accelerate.runner is not None  # DeepSpeed's runner starts the job: no torchrun at all
     yield warn(f"{doc.where('rdzv_backend')}: rdzv_backend is {shorten(value)}, but accelerate launch never reads it "
-               "from the config (its --rdzv_backend flag defaults to 'static', and the flag wins), so torchrun uses "
-               "'static'", fix, value=value, **at(doc, "rdzv_backend"))
+               "from the config (its --rdzv_backend flag defaults to 'static', and the flag wins), so "
+               + ("DeepSpeed's runner starts the job and no rendezvous backend is used" if runner else
+                  "torchrun uses 'static'"),
+               "delete rdzv_backend: DeepSpeed's runner does not use it" if runner else fix, value=value,
+               **at(doc, "rdzv_backend"))
 
 
 def multinode_launcher(ctx, doc: Document, keys: Tuple[str, ...], value: str) -> Iterator[Finding]:
@@ -561,9 +565,9 @@ def deepspeed_section_keys(ctx) -> Iterator[Finding]:
         return
     if not ctx.plan.accelerate.uses_deepspeed:
         dtype = doc.data.get("distributed_type")
-        shown = yaml_word(dtype)
+        shown = f"is {yaml_word(dtype)}" if "distributed_type" in doc.data else "not set"
         named = isinstance(written, str)  # a JSON's path where the section belongs: DeepSpeed was meant
-        yield warn(f"{doc.where('deepspeed_config')}: distributed_type is {shown}, so accelerate never reads "
+        yield warn(f"{doc.where('deepspeed_config')}: distributed_type {shown}, so accelerate never reads "
                    + (f"deepspeed_config ({shorten(written)}): the job runs without DeepSpeed" if named else
                       "this deepspeed_config section: its settings are ignored")
                    + " (accelerate launch uses DeepSpeed only with distributed_type DEEPSPEED or --use_deepspeed)",
@@ -700,10 +704,13 @@ SWITCH_VALUE = re.compile(r"^(true|false|yes|no|on|off|[01])$", re.I)
 def launch_command(ctx) -> Iterator[Finding]:
     """The launch command after `--` reads as its launcher's argument parser reads it: a training script,
     option values of the right kind (a whole number where it takes int(), one of its choices in their
-    case), at most one of accelerate's type switches, --multi_gpu with two processes or more.
+    case), at most one of accelerate's type switches, --multi_gpu with two processes or more, options
+    the launcher takes together; and the file it opens first (accelerate's --config_file, DeepSpeed's
+    --hostfile) is there.
 
     The launcher stops with a usage error before anything starts; a value given to a switch
     (`--same_network false train.py`) is worse: the launcher runs a script named 'false' on every node.
+    torchrun's --standalone over several nodes leaves each node waiting alone.
 
     Write each option as the launcher's --help shows it: drop the value after a switch (give the switch
     for true, leave it out for false), and put the script after the launcher's options.
@@ -756,6 +763,32 @@ def launch_command(ctx) -> Iterator[Finding]:
             found.append(fail(f"flag --num_processes is {procs} with --multi_gpu; accelerate launch stops with 'You "
                               "need to use at least 2 processes to use `--multi_gpu`'",
                               "pass --num_processes 2 or more, or drop --multi_gpu", num_processes=procs))
+    if command.launcher == "deepspeed":  # the runner, before it starts anything (deepspeed/launcher/runner.py)
+        counts = [f"--{k}" for k in ("num_nodes", "num_gpus") if command.get(k) is not None]
+        filters = [f"--{k}" for k in ("include", "exclude") if command.get(k)]
+        if counts and filters:
+            found.append(fail(f"the launch command passes {' and '.join(counts)} with {' and '.join(filters)}; "
+                              "DeepSpeed's runner stops with 'Cannot specify num_nodes/gpus with include/exclude'",
+                              f"keep {' and '.join(filters)} (it names the GPUs), or drop it for "
+                              f"{' and '.join(counts)}", flags=counts + filters))
+    if command.launcher == "torchrun" and command.flag("standalone"):
+        nnodes = command.get("nnodes")
+        most = nnodes.split(":", 1)[-1] if isinstance(nnodes, str) else None
+        if most is not None and _reads_as(int, most) and int(most) > 1:
+            found.append(fail(f"the launch command passes --standalone with --nnodes {shorten(nnodes)}: torchrun "
+                              "then meets on localhost only (torch/distributed/run.py), so each node waits alone "
+                              "for the others until the rendezvous times out", "drop --standalone and give "
+                              "--rdzv_endpoint HEAD:PORT (or --master_addr and --master_port)", nnodes=nnodes))
+    # The files the launcher opens first, as named here (lint has no nodes to ask: they are this machine's).
+    named_file = {"accelerate": "config_file", "deepspeed": "hostfile"}.get(command.launcher)
+    named = command.get(named_file) if named_file else None
+    if isinstance(named, str) and named and "$" not in named and not ctx.plan.remote and not os.path.isfile(named):
+        stops = ("accelerate launch stops ('The passed configuration file ... does not exist')"
+                 if named_file == "config_file" else "DeepSpeed's runner warns 'Unable to find hostfile' and trains "
+                 "on this machine alone (with --num_nodes over 1 it stops)")
+        found.append(fail(f"flag --{named_file} names {shorten(named)}, which is not a file here (looked from "
+                          f"the working directory); {stops}", f"correct --{named_file}; the file must exist on every node",
+                          flag=named_file, path=named))
     at_script = len(command.argv) - len(command.script_args) - 1
     before = command.argv[at_script - 1] if command.script is not None and at_script >= 1 else ""
     if command.script is None and not command.problem:
@@ -793,9 +826,12 @@ def main_process_address(ctx) -> Iterator[Finding]:
     data = doc.data
     machines = text_number(data.get("num_machines", 1))
     launcher = "simple" if ctx.plan.accelerate.cpu else accelerate_launcher(data.get("distributed_type"))
+    # DeepSpeed's runner on the head is given no address for an empty one (utils/launch.py: `if main_process_ip:`)
+    runner_finds_ip = ctx.plan.accelerate.head_runner and data.get("main_process_ip") in (None, "")
     if is_int(machines) and machines > 1:
-        if data.get("main_process_ip") is None and ctx.plan.accelerate.head_runner:
-            yield warn(f"{doc.where('main_process_ip')}: num_machines is {machines} and main_process_ip is not set: "
+        if runner_finds_ip:
+            yield warn(f"{doc.where('main_process_ip')}: num_machines is {machines} and main_process_ip is "
+                       f"{'empty' if data.get('main_process_ip') == '' else 'not set'}: "
                        "DeepSpeed's runner meets at the first address `hostname -I` prints on the first host, "
                        "which may not be on the training network", f"set {doc.setting('main_process_ip')} to the "
                        "head node's address on the training network", **at(doc, "main_process_ip"))
@@ -834,7 +870,7 @@ def main_process_address(ctx) -> Iterator[Finding]:
                "the processes cannot reach the rendezvous address" if ip_read else unread),
             f"set {doc.setting('main_process_ip')} to the head node's (machine_rank 0) address as the workers resolve "
             "it: `hostname -I` on the head, or its host name", value=ip, **at(doc, "main_process_ip"))
-    elif isinstance(ip, str) and not _is_host(ip):
+    elif isinstance(ip, str) and not _is_host(ip) and not runner_finds_ip:
         yield (fail if ip_read else warn)(
             f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}, expected a host name or an IP address; "
             + ("accelerate passes it on unchecked, and the workers cannot reach the head at it" if ip_read else unread),
@@ -1002,6 +1038,14 @@ def process_counts(ctx) -> Iterator[Finding]:
     # an mpirun hostfile; GPUs are not theirs to need (accelerate/utils/launch.py prepare_simple_launcher_cmd_env).
     on_cpu = not simple and (ctx.plan.accelerate.cpu or accelerate_launcher(dtype) == "simple")
     mpirun = isinstance(data.get("mpirun_config"), Mapping) and data["mpirun_config"].get("mpirun_hostfile")
+    if procs % machines and not simple and (mpirun or not on_cpu) and ctx.plan.accelerate.runner is not None:
+        per = procs // machines  # accelerate's --num_gpus to DeepSpeed's runner, which keeps every slot for 0
+        yield warn(f"{doc.where('num_processes')}: num_processes {procs} does not divide by num_machines {machines}; "
+                   f"accelerate passes --num_gpus {per} to DeepSpeed's runner, which starts "
+                   + (f"{per} processes on each host" if per else "one on every slot of the hostfile"),
+                   f"set {doc.setting('num_processes')} to a multiple of {machines}, such as {max(per, 1) * machines}",
+                   num_processes=procs, num_machines=machines, **at(doc, "num_processes"))
+        return
     if procs % machines and not simple and (mpirun or not on_cpu):
         per = procs // machines
         yield fail(f"{doc.where('num_processes')}: num_processes {procs} does not divide by num_machines {machines}; "
@@ -1099,6 +1143,19 @@ def hostfile(ctx) -> Iterator[Finding]:
                        f"'Unable to find hostfile' and trains on the head alone, not over {machines} machines",
                        "correct the path; the hostfile must exist on the head node",
                        **at(doc, "deepspeed_config", "deepspeed_hostfile"))
+            return
+        accel = ctx.plan.accelerate
+        section = accel.deepspeed_section if accel is not None else None
+        if accel is not None and accel.runner is not None and section is not None and not named:
+            doc = accel_doc(ctx)
+            written = section.data.get("deepspeed_hostfile")
+            machines = accel.integer("num_machines", 1)
+            yield fail(f"{doc.where('deepspeed_config')}: deepspeed_hostfile is "
+                       f"{'not set' if written is None else shorten(written)}: accelerate passes `--hostfile "
+                       f"{str(written) or repr('')}` to DeepSpeed's runner, which warns 'Unable to find hostfile' and trains on the "
+                       f"head alone, not over {machines} machines", f"set {doc.setting('deepspeed_config')}"
+                       ".deepspeed_hostfile to a hostfile listing the machines (`host slots=GPUS` a line)",
+                       **at(doc, "deepspeed_config"))
             return
         yield skip("no hostfile given (--hostfile, or deepspeed_hostfile in the accelerate config)")
         return

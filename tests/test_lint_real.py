@@ -3,6 +3,7 @@ in its README.md), judged by what accelerate 1.15 and DeepSpeed 0.19.8 do with t
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import io
 import subprocess
@@ -1062,3 +1063,100 @@ def test_accumulation_auto_in_accelerates_section_warns_and_names_who_fills_it(c
     code, doc = lint(capsys, "--config", path)
     assert [r["status"] for r in of(doc, "CFG002")] == ["warn"], shown(doc)
     assert "transformers Trainer fills it in" in of(doc, "CFG002")[0]["message"]
+
+
+def test_a_config_file_the_command_names_must_be_here(capsys, tmp_path):
+    """sdiehl/tiny-r1 and 15 more real commands name an accelerate config by --config_file; where it is not a file,
+    accelerate launch stops (config_args.py), and lint, which then had no config to read, used to pass."""
+    if importlib.util.find_spec("accelerate") is not None:
+        assert "does not exist" in launch_refusal(tmp_path / "missing.yaml")
+    code, doc = lint(capsys, "--", "accelerate", "launch", "--config_file", "configs/deepspeed_zero3.yaml", "t.py")
+    assert code == 1 and "--config_file names 'configs/deepspeed_zero3.yaml', which is not a file here" in \
+        of(doc, "CFG007", "fail")[0]["message"], shown(doc)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs/deepspeed_zero3.yaml").write_text(BASE + DS + "num_processes: 2\n")
+    code, doc = lint(capsys, "--", "accelerate", "launch", "--config_file", "configs/deepspeed_zero3.yaml", "t.py")
+    assert code == 0 and [r["status"] for r in of(doc, "CFG007")] == ["pass"], shown(doc)
+
+
+def test_deepspeed_counts_with_a_host_filter_fail_as_the_runner_stops(capsys, monkeypatch):
+    """A real command (`deepspeed --num_gpus 1 --include localhost:0 fine_tuning.py`): DeepSpeed's runner refuses
+    counts beside a filter before it starts anything."""
+    if importlib.util.find_spec("deepspeed") is not None:
+        from deepspeed.launcher import runner
+
+        monkeypatch.setattr(runner, "fetch_hostfile", lambda path: None)  # this machine's /job/hostfile aside
+        with pytest.raises(ValueError, match="Cannot specify num_nodes/gpus with include/exclude"):
+            runner.main(["--num_gpus", "1", "--include", "localhost:0", "t.py"])
+        capsys.readouterr()  # what the runner printed
+    code, doc = lint(capsys, "--", "deepspeed", "--num_gpus", "1", "--include", "localhost:0", "t.py")
+    assert "Cannot specify num_nodes/gpus" in of(doc, "CFG007", "fail")[0]["message"], shown(doc)
+    code, doc = lint(capsys, "--", "deepspeed", "--include", "localhost:0", "t.py")
+    assert [r["status"] for r in of(doc, "CFG007")] == ["pass"], shown(doc)
+
+
+def test_torchrun_standalone_over_several_nodes_fails(capsys, monkeypatch):
+    """--standalone makes torchrun meet on localhost whatever --nnodes says: each of the nodes waits alone."""
+    import torch.distributed.run as distrib_run
+
+    started = []
+    monkeypatch.setattr(distrib_run, "elastic_launch", lambda config, entrypoint: started.append(config) or
+                        (lambda *args: None))
+    distrib_run.run(distrib_run.parse_args(["--standalone", "--nnodes", "2", "--nproc_per_node", "4", "--node_rank",
+                                            "1", "--master_addr", "node001", "t.py"]))
+    assert started[0].rdzv_endpoint == "localhost:0" and started[0].max_nodes == 2
+    argv = ["torchrun", "--standalone", "--nnodes", "2", "--nproc_per_node", "4", "--node_rank", "1", "--master_addr",
+            "node001", "--master_port", "7000", "t.py"]  # a real command from a code search (see the note)
+    code, doc = lint(capsys, "--", *argv)
+    assert "--standalone with --nnodes" in of(doc, "CFG007", "fail")[0]["message"], shown(doc)
+    code, doc = lint(capsys, "--", "torchrun", "--standalone", "--nnodes", "1", "--nproc_per_node", "4", "t.py")
+    assert [r["status"] for r in of(doc, "CFG007")] == ["pass"], shown(doc)
+
+
+def test_runner_without_a_hostfile_or_address_and_an_uneven_count(capsys, tmp_path):
+    """Ray's test config for DeepSpeed over pdsh (main_process_ip '', deepspeed_hostfile '', one process over two
+    machines), as accelerate hands it to DeepSpeed's runner: no --master_addr (the runner finds one), --num_gpus 0
+    (every slot), and a hostfile the runner cannot find (the head trains alone). The empty address and the uneven
+    count are warnings; the missing hostfile fails, as a missing path does, and so does no deepspeed_hostfile."""
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(BASE + DS + "  deepspeed_hostfile: ''\n  deepspeed_multinode_launcher: pdsh\nnum_machines: 2\n"
+                    "num_processes: 1\nmachine_rank: 0\nmain_process_ip: ''\nmain_process_port: 29500\n")
+    if importlib.util.find_spec("deepspeed") is not None:
+        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+        from accelerate.utils.launch import prepare_deepspeed_cmd_env
+        from deepspeed.launcher import runner
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            args = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "t.py"]))[0]
+            args.deepspeed_fields_from_accelerate_config = ""
+            cmd = prepare_deepspeed_cmd_env(args)[0]
+        assert cmd[cmd.index("--hostfile") + 1] == "" and "--master_addr" not in cmd
+        assert cmd[cmd.index("--num_gpus") + 1] == "0"
+        assert runner.fetch_hostfile("") is None  # "Unable to find hostfile": local resources only
+        pool = {"node01": [0, 1], "node02": [0, 1]}
+        assert runner.apply_num_nodes_and_gpus(copy.deepcopy(pool), -1, 0) == pool
+        capsys.readouterr()  # what the runner logged
+    code, doc = lint(capsys, "--config", path)
+    assert {r["id"]: r["status"] for r in doc["results"] if r["status"] not in ("pass", "skip")} == \
+        {"CFG010": "warn", "CFG020": "warn", "CFG021": "fail"}, shown(doc)
+    assert "trains on the head alone" in of(doc, "CFG021")[0]["message"]
+    path.write_text(path.read_text().replace("  deepspeed_hostfile: ''\n", ""))
+    code, doc = lint(capsys, "--config", path)
+    assert "deepspeed_hostfile is not set: accelerate passes `--hostfile None`" in of(doc, "CFG021", "fail")[0][
+        "message"], shown(doc)
+
+
+def test_messages_name_what_the_launch_runs(capsys, tmp_path):
+    """Two messages the real-config sweep found wrong: rdzv_backend under DeepSpeed's runner (no torchrun runs),
+    and a deepspeed_config section beside no distributed_type key (not set, rather than null)."""
+    path = tmp_path / "accelerate.yaml"
+    (tmp_path / "hostfile").write_text("node01 slots=2\nnode02 slots=2\n")
+    path.write_text(BASE + DS + "  deepspeed_hostfile: hostfile\nnum_machines: 2\nnum_processes: 4\nmachine_rank: 0\n"
+                    "main_process_ip: 10.0.0.1\nmain_process_port: 29500\nrdzv_backend: c10d\n")
+    code, doc = lint(capsys, "--config", path)
+    message = [r["message"] for r in of(doc, "CFG002", "warn") if "rdzv_backend" in r["message"]]
+    assert message and "DeepSpeed's runner starts the job" in message[0] and "torchrun" not in message[0], shown(doc)
+    path.write_text(BASE + "deepspeed_config:\n  zero_stage: 2\nnum_processes: 2\n")
+    code, doc = run_cli(capsys, "lint", "--config", str(path), "--json")[:2]
+    assert any("distributed_type not set, so accelerate never reads" in r["message"] for r in of(doc, "CFG004")), \
+        shown(doc)
