@@ -41,7 +41,7 @@ SHORT = {  # short options, by launcher: canonical name
 # in torch/distributed/run.py and deepspeed/launcher/runner.py): `--node_r 1` is --node_rank there.
 OPTIONS = {
     "torchrun": frozenset("""
-local_rank nnodes nproc_per_node rdzv_backend rdzv_endpoint rdzv_id rdzv_conf standalone max_restarts
+nnodes nproc_per_node rdzv_backend rdzv_endpoint rdzv_id rdzv_conf standalone max_restarts
 monitor_interval start_method event_log_handler role module no_python run_path log_dir redirects tee
 local_ranks_filter duplicate_stdout_filters duplicate_stderr_filters node_rank master_addr master_port local_addr
 logs_specs numa_binding signals_to_handle shutdown_timeout virtual_local_rank use_env help
@@ -215,13 +215,30 @@ def launcher_of(argv: Sequence[str]) -> Tuple[str, int]:
     return "other", i
 
 
-def _full_name(launcher: str, key: str) -> str:
-    """An abbreviated option as the launcher's argparse completes it (a unique prefix), else as given."""
+# Launchers whose parsers give each option of several words both spellings (`--nproc-per-node` and
+# `--nproc_per_node`); DeepSpeed's runner has the underscored ones only. Options under another dest.
+BOTH_SPELLINGS = frozenset(("accelerate", "torchrun"))
+DEST = {"deepspeed": {"num_accelerators": "num_gpus"}}
+LEGACY_LAUNCH_OPTIONS = frozenset(("use_env",))  # python -m torch.distributed.launch's, not torchrun's
+
+
+def _full_name(launcher: str, option: str, legacy_launch: bool = False) -> Optional[str]:
+    """The name (dest) of the option the launcher's argparse reads OPTION as (without its dashes): the option itself,
+    or the one option string it abbreviates, or None (unknown, or ambiguous: argparse counts both spellings of a
+    name, so `--nproc` could be --nproc-per-node or --nproc_per_node and stops the launch)."""
     known = OPTIONS.get(launcher)
-    if known is None or key in known:
-        return key
-    matches = [option for option in known if option.startswith(key)]
-    return matches[0] if len(matches) == 1 else key
+    if known is None:
+        return canonical(option)
+    if launcher == "torchrun" and not legacy_launch:
+        known = known - LEGACY_LAUNCH_OPTIONS
+    spellings = {name: name for name in known}
+    if launcher in BOTH_SPELLINGS:
+        spellings.update({name.replace("_", "-"): name for name in known})
+    dest = DEST.get(launcher, {})
+    if option in spellings:
+        return dest.get(spellings[option], spellings[option])
+    matches = [name for text, name in spellings.items() if text.startswith(option)]
+    return dest.get(matches[0], matches[0]) if len(matches) == 1 else None
 
 
 def parse(argv: Sequence[str]) -> LaunchCommand:
@@ -241,11 +258,12 @@ def parse(argv: Sequence[str]) -> LaunchCommand:
         script = argv[i] if i < len(argv) else None
         return LaunchCommand(argv, launcher, program, {}, script, argv[i + 1:], env)
     flags, short = FLAGS[launcher], SHORT[launcher]
+    legacy_launch = any(w.endswith("torch.distributed.launch") for w in argv[:i])  # python -m torch.distributed.launch
     options: Dict[str, Value] = {}
     given: List[Tuple[str, Value]] = []
     problem = None
     while i < len(argv):
-        word = argv[i]
+        word, full = argv[i], None
         if word == "--":
             i += 1
             break
@@ -253,15 +271,16 @@ def parse(argv: Sequence[str]) -> LaunchCommand:
             break
         if word.startswith("--"):
             name, has_value, value = word.partition("=")
-            key = _full_name(launcher, canonical(name))
+            full = _full_name(launcher, name[2:], legacy_launch)
+            key = full or canonical(name)
         elif word[:2] in short:
             key, has_value, value = short[word[:2]], bool(word[2:]), word[2:]
         else:
             problem = f"unknown option {word!r}"
             key, has_value, value = canonical(word), "", ""
         known = ACCELERATE_OPTIONS if launcher == "accelerate" else OPTIONS.get(launcher)
-        if word.startswith("--") and known is not None and (key not in known or word.startswith("---")) \
-                and problem is None:
+        if word.startswith("--") and known is not None and (full is None or key not in known or
+                                                             word.startswith("---")) and problem is None:
             kind = "unknown option" if launcher == "accelerate" else "unknown or ambiguous option"  # abbreviations
             problem = f"{kind} {word.split('=', 1)[0]!r}"
         if key in flags:

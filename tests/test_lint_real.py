@@ -956,8 +956,68 @@ def test_launch_command_tables_are_the_parsers_own():
         options = {o.lstrip("-").replace("-", "_") for a in parser._actions for o in a.option_strings
                    if o.startswith("--")}
         known = set(launchcmd.ACCELERATE_OPTIONS if launcher == "accelerate" else launchcmd.OPTIONS[launcher])
-        known -= {"local_rank", "use_env"} if launcher == "torchrun" else set()  # torch.distributed.launch's own
+        known -= {"use_env"} if launcher == "torchrun" else set()  # torch.distributed.launch's own
         assert options == known, (launcher, options ^ known)
+
+
+def parser_built_by(parse_args):
+    """The argparse parser a launcher's parse_args builds and reads its arguments with."""
+    import argparse
+    from unittest import mock
+
+    built = []
+
+    def keep(parser, args=None, namespace=None):
+        built.append(parser)
+        raise SystemExit(0)
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", keep), contextlib.suppress(SystemExit):
+        parse_args(["t.py"])
+    return built[0]
+
+
+def test_abbreviations_read_as_the_launchers_argparse_reads_them():
+    """Every prefix of every long option of torchrun and DeepSpeed's runner, in both spellings (a real command gave
+    `torchrun --nproc 8`): lint reads the command as argparse does, a usage error where argparse stops (an ambiguous
+    prefix, counting both spellings of one option; an unknown spelling) and the same option where it reads one."""
+    from preflight import launchcmd
+
+    parsers = {}
+    if importlib.util.find_spec("torch") is not None:
+        import torch.distributed.run as distrib_run
+
+        import torch.distributed.launch as legacy_launch
+
+        parsers["torchrun",] = distrib_run.get_args_parser()
+        parsers["python", "-m", "torch.distributed.launch"] = parser_built_by(legacy_launch.parse_args)  # --use-env
+    if importlib.util.find_spec("deepspeed") is not None:
+        from deepspeed.launcher import runner
+
+        parsers["deepspeed",] = parser_built_by(runner.parse_args)
+    if not parsers:
+        pytest.skip("neither torch nor deepspeed is installed (the 'train' extra)")
+    tried = 0
+    for launcher, parser in parsers.items():
+        actions = {o[2:]: a for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+        words = {w[:n] for w in list(actions) + [w.replace("_", "-") for w in actions] for n in range(1, len(w) + 1)}
+        for word in sorted(words):
+            exact = actions.get(word)
+            matches = {a for o, a in actions.items() if o.startswith(word)}
+            action = exact or (next(iter(matches)) if len(matches) == 1 else None)
+            value = () if action is not None and action.nargs == 0 else \
+                (str((action.choices or ["2"])[0]) if action is not None else "2",)
+            with contextlib.redirect_stderr(io.StringIO()):
+                try:
+                    namespace = parser.parse_args([f"--{word}", *value, "t.py"])
+                except SystemExit:
+                    namespace = None
+            command = launchcmd.parse([*launcher, f"--{word}", *value, "t.py"])
+            assert (command.problem is None) == (namespace is not None), (launcher, word, command.problem)
+            if namespace is not None and value:  # the same option, given the value
+                assert command.get(action.dest) == value[0] and getattr(namespace, action.dest) is not None, \
+                    (launcher, word)
+            tried += 1
+    assert tried > 500
 
 
 SEVERAL = ("--num_processes", "4", "--num_machines", "2", "--main_process_ip", "10.0.0.1", "--main_process_port",
