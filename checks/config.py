@@ -806,6 +806,35 @@ def launch_command(ctx) -> Iterator[Finding]:
         yield passed(f"{name} reads the command: script {shorten(command.script)}, {len(command.options)} options")
 
 
+@check("CFG008", "json-comments", "config", tags=["deepspeed", "json"])
+def json_comments(ctx) -> Iterator[Finding]:
+    """The DeepSpeed config is plain JSON, without comments, where a reader other than DeepSpeed opens it.
+
+    DeepSpeed reads a config file with hjson, which takes // # and /* */ comments. accelerate's
+    DeepSpeedPlugin and the transformers Trainer read the same file with json.load, which stops on the
+    first comment ('Expecting property name enclosed in double quotes') on every node as the script starts.
+
+    Delete the comments (keep the notes in a README beside the file), or keep the commented file only
+    for scripts that hand it to deepspeed.initialize themselves.
+    """
+    ds = ds_doc(ctx)
+    if ds is None:
+        yield skip("no DeepSpeed config given (--deepspeed, or deepspeed_config_file in the accelerate config)")
+        return
+    if not ds.commented:
+        yield passed(f"{ds.path} is plain JSON")
+        return
+    stops = ("accelerate's DeepSpeedPlugin and the transformers Trainer read it with json.load and stop on the first "
+             "comment ('Expecting property name enclosed in double quotes')")
+    if ds_usage(ctx) == "accelerate":
+        yield fail(f"{ds.path}: the DeepSpeed config holds comments, and accelerate launches the job: {stops}",
+                   "delete the comments", **at(ds))
+    else:
+        yield warn(f"{ds.path}: the DeepSpeed config holds comments: DeepSpeed reads it with hjson and takes them, "
+                   f"but {stops}", "delete the comments, unless the script hands the file to deepspeed.initialize "
+                   "itself", **at(ds))
+
+
 @check("CFG010", "main-process-address", "config", tags=["accelerate", "multinode", "network"])
 def main_process_address(ctx) -> Iterator[Finding]:
     """With several machines, main_process_ip and main_process_port are set, and are a host and a port.

@@ -56,6 +56,7 @@ class Document:
     plain_strings: FrozenSet[KeyPath] = frozenset()  # YAML plain scalars that resolved to strings
     duplicates: Tuple[Tuple[KeyPath, int], ...] = ()  # keys given twice: (path, line of the repeat)
     prefix: KeyPath = ()
+    commented: bool = False  # JSON read past // # /* */ comments (DeepSpeed's hjson takes them; json.load does not)
 
     def line(self, *keys: Any) -> Optional[int]:
         path = self.prefix + keys
@@ -130,11 +131,12 @@ def read_text(path: str, what: str) -> str:
     return text
 
 
-def load(path: str, what: str, kind: Optional[str] = None) -> Document:
-    """Read a YAML or JSON mapping; `kind` defaults to the file's extension (YAML unless .json)."""
+def load(path: str, what: str, kind: Optional[str] = None, comments: bool = False) -> Document:
+    """Read a YAML or JSON mapping; `kind` defaults to the file's extension (YAML unless .json); `comments`: JSON
+    may hold comments (Document.commented says whether it did)."""
     text = read_text(path, what)
     kind = kind or ("json" if path.lower().endswith(".json") else "yaml")
-    return parse_json(path, text, what) if kind == "json" else parse_yaml(path, text, what)
+    return parse_json(path, text, what, comments) if kind == "json" else parse_yaml(path, text, what)
 
 
 class _Loader(yaml.SafeLoader):
@@ -287,9 +289,45 @@ def _json_integer(text: str) -> int:
     return int(text)
 
 
-def parse_json(path: str, text: str, what: str) -> Document:
+# A JSON string (to its line's end if it is never closed), or a comment as hjson takes them. Wherever a string's
+# characters run out, one of its endings matches: a match never fails and is retried, so one pass over the text,
+# whatever it holds.
+JSON_STRING_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*(?:"|$|\\\Z)|//[^\n]*|#[^\n]*|/\*.*?(?:\*/|\Z)', re.S | re.M)
+
+
+def without_comments(text: str) -> Optional[str]:
+    """TEXT with its comments blanked (their newlines kept, so every key keeps its line), or None if it has none."""
+    found = []
+
+    def blank(match: "re.Match[str]") -> str:
+        if match.group(0).startswith('"'):
+            return match.group(0)
+        found.append(True)
+        return re.sub(r"[^\n]", " ", match.group(0))
+
+    blanked = JSON_STRING_OR_COMMENT.sub(blank, text)
+    return blanked if found else None
+
+
+def parse_json(path: str, text: str, what: str, comments: bool = False) -> Document:
+    commented = False
     try:
-        data = json.loads(text, parse_int=_json_integer)
+        data = _json_data(path, text)
+    except InputError:
+        blanked = without_comments(text) if comments else None
+        if blanked is None:
+            raise
+        data = _json_data(path, blanked)  # past the comments, the error of the text that is left
+        text, commented = blanked, True
+    lines, dups, too_deep = _json_positions(text)
+    if too_deep:
+        raise InputError(path, f"JSON nesting is deeper than {MAX_DEPTH} levels", too_deep)
+    return Document(path, _top_mapping(path, data, what, "JSON"), "json", lines, frozenset(), dups, commented=commented)
+
+
+def _json_data(path: str, text: str) -> Any:
+    try:
+        return json.loads(text, parse_int=_json_integer)
     except json.JSONDecodeError as exc:
         raise InputError(path, f"malformed JSON: {exc.msg} (column {exc.colno})", exc.lineno) from None
     except RecursionError:
@@ -298,10 +336,6 @@ def parse_json(path: str, text: str, what: str) -> Document:
         found, problem = exc.args
         at = re.search(r"(?<![\w.])" + re.escape(found), text)  # its line: the first place it is written
         raise InputError(path, f"malformed JSON: {problem}", text.count("\n", 0, at.start()) + 1 if at else None) from None
-    lines, dups, too_deep = _json_positions(text)
-    if too_deep:
-        raise InputError(path, f"JSON nesting is deeper than {MAX_DEPTH} levels", too_deep)
-    return Document(path, _top_mapping(path, data, what, "JSON"), "json", lines, frozenset(), dups)
 
 
 def _json_positions(text: str):

@@ -621,7 +621,9 @@ class DeepSpeedConfig:
 
 
 def load_deepspeed_config(path: str) -> DeepSpeedConfig:
-    doc = load(path, "DeepSpeed config", kind="json" if not path.lower().endswith((".yaml", ".yml")) else "yaml")
+    # DeepSpeed reads its config with hjson: comments are CFG008's to judge, by who else reads the file
+    doc = load(path, "DeepSpeed config", kind="json" if not path.lower().endswith((".yaml", ".yml")) else "yaml",
+               comments=True)
     for keys, types in DS_NUMERIC.items():
         section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
         if section is not None:
@@ -677,7 +679,7 @@ class FlagDocument(Document):
         if inner is None:
             return None
         return FlagDocument(inner.path, inner.data, inner.kind, inner.lines, inner.plain_strings, inner.duplicates,
-                            inner.prefix, self.flags)
+                            inner.prefix, flags=self.flags)
 
 
 def with_values(doc: Document, values: Mapping[Tuple[str, ...], Tuple[Any, str]]) -> Document:
@@ -691,4 +693,4 @@ def with_values(doc: Document, values: Mapping[Tuple[str, ...], Tuple[Any, str]]
             holder = holder[key]
         holder[keys[-1]] = value
     return FlagDocument(doc.path, data, doc.kind, doc.lines, doc.plain_strings, doc.duplicates, doc.prefix,
-                        {k: s for k, (_, s) in values.items()})
+                        doc.commented, flags={k: s for k, (_, s) in values.items()})

@@ -65,7 +65,7 @@ def _parse(path: str, text: str, kind: str) -> Document:
     json_syntax = path.lower().endswith(".json") if kind == "accelerate" else not path.lower().endswith((".yaml", ".yml"))
     # No type validation: accelerate builds its ClusterConfig from the mapping as it is; where a type
     # matters, the effective launch says so (launch()).
-    return parse_json(path, text, what) if json_syntax else parse_yaml(path, text, what)
+    return parse_json(path, text, what, comments=kind != "accelerate") if json_syntax else parse_yaml(path, text, what)
 
 
 def parsed(entry: Optional[dict], kind: str) -> Tuple[Optional[Document], Optional[str]]:

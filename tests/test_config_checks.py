@@ -111,6 +111,11 @@ CASES = [
      "--same_network takes no value: accelerate launch reads the 'false' after it as the training script", None),
     ("CFG007/ok-command", ["--", "accelerate", "launch", "--config_file", "{case}/accelerate.yaml", "--same_network",
                            "train.py"], "CFG007", "pass", "accelerate launch reads the command: script 'train.py'", None),
+    # CFG008 json-comments
+    ("CFG008/comments-under-accelerate", [], "CFG008", "fail",
+     "the DeepSpeed config holds comments, and accelerate launches the job", "ds.json"),
+    ("CFG008/comments-alone", [], "CFG008", "warn", "DeepSpeed reads it with hjson and takes them", "ds.json"),
+    ("CFG008/plain-json", [], "CFG008", "pass", "is plain JSON", None),
     ("CFG002/bad-multinode-launcher", [], "CFG002", "fail",
      "deepspeed_config.deepspeed_multinode_launcher is 'ssh' (did you mean 'nossh'?) over 2 machines: DeepSpeed's "
      "runner stops on the unknown launcher 'ssh'", "accelerate.yaml:3"),

@@ -1220,3 +1220,27 @@ def test_messages_name_what_the_launch_runs(capsys, tmp_path):
     code, doc = run_cli(capsys, "lint", "--config", str(path), "--json")[:2]
     assert any("distributed_type not set, so accelerate never reads" in r["message"] for r in of(doc, "CFG004")), \
         shown(doc)
+
+
+def test_real_commented_deepspeed_json_from_deepspeedexamples(capsys, tmp_path):
+    """DeepSpeedExamples' annotated ZeRO-3 config is JSON with // comments: DeepSpeed reads config files with hjson
+    and takes it; accelerate's plugin (and the transformers Trainer) read it with json.load and stop. Alone it is a
+    warning (it used to be bad input, exit 2); named by an accelerate config, a failure."""
+    path = REAL / "json-comments/deepspeedexamples-zero3_nvme_offload_annotated.json"
+    if importlib.util.find_spec("deepspeed") is not None:
+        import json
+
+        import hjson
+
+        assert hjson.load(path.open())["zero_optimization"]["stage"] == 3  # deepspeed/runtime/config.py's reader
+        with pytest.raises(json.JSONDecodeError):
+            from accelerate.utils.deepspeed import HfDeepSpeedConfig
+
+            HfDeepSpeedConfig(str(path))
+    code, doc = lint(capsys, "--deepspeed", path)
+    assert [r["status"] for r in of(doc, "CFG008")] == ["warn"] and code == 0, shown(doc)
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(BASE + f"distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: {path}\n"
+                      "num_processes: 1\n")
+    code, doc = lint(capsys, "--config", config)
+    assert [r["status"] for r in of(doc, "CFG008")] == ["fail"], shown(doc)
