@@ -1638,7 +1638,7 @@ def deepspeed_validator(ctx) -> Iterator[Finding]:
     dist.get_rank, dist.get_world_size = (lambda *a, **k: 0), (lambda *a, **k: world)
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            DeepSpeedConfig(config)
+            parsed = DeepSpeedConfig(config)
     except Exception as exc:
         yield fail(f"{ds.path}: DeepSpeed {deepspeed.__version__} rejects the config at world size {world}: "
                    f"{type(exc).__name__}: {_one_line(exc)}", "fix the key or value DeepSpeed names",
@@ -1646,6 +1646,20 @@ def deepspeed_validator(ctx) -> Iterator[Finding]:
         return
     finally:
         dist.get_rank, dist.get_world_size = saved
+    # The engine builds the optimizer block later, once the model is loaded: one of its own by name (in any case),
+    # else getattr(torch.optim, name) (deepspeed/runtime/engine.py, _configure_basic_optimizer).
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+    import torch
+
+    name = parsed.optimizer_name
+    if isinstance(name, str) and name not in DEEPSPEED_OPTIMIZERS and not hasattr(torch.optim, name):
+        yield fail(f"{ds.where('optimizer', 'type')}: optimizer {shorten(name)} is neither one of DeepSpeed "
+                   f"{deepspeed.__version__}'s own nor a torch.optim class: the engine stops with AttributeError on "
+                   "every node once the model has loaded", "use one DeepSpeed builds ("
+                   + ", ".join(sorted(DEEPSPEED_OPTIMIZERS)) + ") or a torch.optim class by its name, or create the "
+                   "optimizer in the script", optimizer=name, deepspeed=deepspeed.__version__,
+                   **at(ds, "optimizer", "type"))
+        return
     yield passed(f"DeepSpeed {deepspeed.__version__} accepts {ds.path} at world size {world}{stand_in}",
                  deepspeed=deepspeed.__version__, world_size=world)
 

@@ -1244,3 +1244,23 @@ def test_real_commented_deepspeed_json_from_deepspeedexamples(capsys, tmp_path):
                       "num_processes: 1\n")
     code, doc = lint(capsys, "--config", config)
     assert [r["status"] for r in of(doc, "CFG008")] == ["fail"], shown(doc)
+
+
+def test_real_optimizer_deepspeed_no_longer_builds(capsys):
+    """DeepSpeedExamples' 70B multi-node config (256 = 1 x 8 x 32 GPUs) names OneBitAdam, which DeepSpeed 0.19.8 has
+    no more: DeepSpeedConfig takes the name, and the engine's getattr(torch.optim, 'OneBitAdam') stops every rank
+    once the model has loaded. The deep validator asks the installed DeepSpeed and torch."""
+    for library in ("deepspeed", "torch"):
+        if importlib.util.find_spec(library) is None:
+            pytest.skip(f"{library} is not installed (the 'train' extra)")
+    import torch
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    assert "onebitadam" not in DEEPSPEED_OPTIMIZERS and not hasattr(torch.optim, "OneBitAdam")
+    path = REAL / "removed-optimizer/deepspeedexamples-llama_70b_multi_node.json"
+    code, doc = lint(capsys, "--deepspeed", path, "--world-size", "32", "--deep")
+    assert [r["status"] for r in of(doc, "CFG091")] == ["fail"], shown(doc)
+    assert "optimizer 'OneBitAdam' is neither one of DeepSpeed" in of(doc, "CFG091")[0]["message"]
+    code, doc = lint(capsys, "--deepspeed", REAL / "working/fastchat-deepspeed_config_s2.json", "--world-size", "32",
+                     "--deep")
+    assert [r["status"] for r in of(doc, "CFG091")] == ["pass"], shown(doc)
