@@ -36,6 +36,7 @@ from preflight.jobconfig import (
     accelerate_launcher,
     ds_text_number_stops,
     fsdp_problems,
+    host_filter_problem,
     is_int,
     is_numeric_string,
     multinode_launcher_problem,
@@ -1144,7 +1145,7 @@ def process_counts(ctx) -> Iterator[Finding]:
 @check("CFG021", "hostfile", "config", tags=["hostfile", "multinode", "deepspeed"])
 def hostfile(ctx) -> Iterator[Finding]:
     """The hostfile lists each host once, as many hosts as num_machines, each with the slots (GPUs) that
-    its processes need.
+    its processes need; a host filter (--include/--exclude) names only hosts and slots it lists.
 
     DeepSpeed's launcher refuses a hostfile with a host twice; a hostfile that disagrees with the
     accelerate config starts a different number of processes than the config and the batch arithmetic
@@ -1195,6 +1196,26 @@ def hostfile(ctx) -> Iterator[Finding]:
                        "DeepSpeed refuses 'multiple entries' for a host", f"delete line {entry.line}",
                        host=entry.host, file=hf.path, line=entry.line)
         seen.setdefault(entry.host, entry.line)
+    # The host filter DeepSpeed's runner applies to the hostfile: its own flags, or accelerate's keys under its runner
+    from preflight import launchcmd
+
+    command = launchcmd.parse(ctx.plan.command) if ctx.plan.command else None
+    accel = ctx.plan.accelerate
+    if command is not None and command.launcher == "deepspeed":
+        include, exclude, given = command.get("include"), command.get("exclude"), "flags --include/--exclude"
+    elif accel is not None and accel.runner is not None and accel.deepspeed_section is not None:
+        section = accel.deepspeed_section.data
+        include, exclude = section.get("deepspeed_inclusion_filter"), section.get("deepspeed_exclusion_filter")
+        given = "deepspeed_inclusion_filter/deepspeed_exclusion_filter"
+        include, exclude = (include, None) if include else (None, exclude)  # accelerate passes one, include first
+    else:
+        include = exclude = None
+    include, exclude = (v if isinstance(v, str) else "" for v in (include, exclude))
+    problem = host_filter_problem({e.host: e.slots for e in hf.entries}, include, exclude)
+    if problem:
+        yield fail(f"{hf.path}: the host filter ({given}: {shorten(include or exclude)}) does not match the hostfile; "
+                   f"DeepSpeed's runner stops with '{problem}'", "name hosts and slot numbers (0 to slots-1) that "
+                   "the hostfile lists", file=hf.path, line=None, filter=include or exclude)
     doc = accel_doc(ctx)
     if doc is None:
         return

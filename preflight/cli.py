@@ -337,13 +337,15 @@ def evaluate(reg, args, gather=None):
     named = command.get("deepspeed_config_file")
     if deepspeed is None and isinstance(named, str) and os.path.isfile(named):
         deepspeed = named
+    named = command.get("hostfile") if command.launcher == "deepspeed" else None
+    hostfile = args.hostfile or (named if isinstance(named, str) and os.path.isfile(named) else None)
     if config is None and not named_elsewhere and default_accelerate_config():
         config = default_accelerate_config()  # what `accelerate launch` uses without --config_file
         print(f"preflight: using accelerate's default config {config}", file=sys.stderr)
     plan = build_plan(
         config=config,
         deepspeed=deepspeed,
-        hostfile=args.hostfile,
+        hostfile=hostfile,
         world_size=args.world_size,
         deep=getattr(args, "deep", False) or args.command != "lint",
         nodes=None if args.command == "lint" else _target(args),

@@ -233,6 +233,25 @@ MAX_SLOTS = 65536  # processes on one node: more is a typo, and huge numbers wou
 HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots\s*=\s*(\d+)\s*(#.*)?$")
 
 
+def host_filter_problem(slots: Mapping[str, int], include: str, exclude: str) -> Optional[str]:
+    """Why DeepSpeed's runner refuses --include/--exclude (`host[:slot,slot][@host...]`) over a hostfile's hosts and
+    slot counts, as its parse_resource_filter reads them before it starts anything, or None."""
+    if include and exclude:
+        return "include_str and exclude_str are mutually exclusive"
+    for spec in (include or exclude).split("@") if include or exclude else ():
+        host, colon, listed = spec.partition(":")
+        if host not in slots:
+            return f"Hostname '{host}' not found in hostfile"
+        for slot in listed.split(",") if colon else ():
+            try:
+                number = int(slot)
+            except ValueError:
+                return f"invalid literal for int() with base 10: {shorten(slot)}"
+            if not 0 <= number < slots[host]:
+                return f"No slot '{number}' specified on host '{host}'"
+    return None
+
+
 def load_hostfile(path: str) -> Hostfile:
     """DeepSpeed's format: `host slots=N` a line; blank lines and `#` comments are ignored."""
     entries = []

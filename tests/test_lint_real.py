@@ -388,13 +388,22 @@ def test_real_no_batch_keys_from_lightning_docs(capsys):
     assert [r["status"] for r in of(doc, "CFG030")] == ["warn"] and code == 0, shown(doc)
 
 
-def test_deep_validator_does_not_refuse_what_the_framework_fills(capsys):
+def test_deep_validator_does_not_refuse_what_the_framework_fills(capsys, tmp_path):
     # Lightning sets the micro batch itself: with nothing saying who reads the file, DeepSpeed's validator gets
     # a stand-in for it, as the fast check only warns (CFG030); under DeepSpeed's runner it is a failure
     for library in ("accelerate", "deepspeed"):
         if importlib.util.find_spec(library) is None:
             pytest.skip(f"{library} is not installed (the 'train' extra)")
-    config = REAL / "no-batch-keys/lightning-docs-custom-config.json"
+    import json
+
+    real = REAL / "no-batch-keys/lightning-docs-custom-config.json"
+    code, doc = lint(capsys, "--deepspeed", real, "--deep")
+    # Its OneBitAdam is gone from DeepSpeed 0.19.8: the engine would stop on it (the docs predate that release).
+    assert "optimizer 'OneBitAdam' is neither" in of(doc, "CFG091", "fail")[0]["message"], shown(doc)
+    data = json.loads(real.read_text())
+    data["optimizer"]["type"] = "Adam"
+    config = tmp_path / "lightning.json"
+    config.write_text(json.dumps(data))
     code, doc = lint(capsys, "--deepspeed", config, "--deep")
     assert [r["status"] for r in of(doc, "CFG091")] == ["pass"], shown(doc)
     assert "stand" in of(doc, "CFG091")[0]["message"]
@@ -1264,3 +1273,44 @@ def test_real_optimizer_deepspeed_no_longer_builds(capsys):
     code, doc = lint(capsys, "--deepspeed", REAL / "working/fastchat-deepspeed_config_s2.json", "--world-size", "32",
                      "--deep")
     assert [r["status"] for r in of(doc, "CFG091")] == ["pass"], shown(doc)
+
+
+def test_real_host_filter_beyond_the_hostfile_from_deepspeed_issue_3625(capsys, monkeypatch):
+    """DeepSpeed#3625: two nodes of four GPUs, a hostfile of `slots=2` each (the two free GPUs), and
+    `--include=work1:2,3`; DeepSpeed's runner numbers a host's slots 0 to slots-1 and stops on slot 2 before it
+    starts anything. lint reads the hostfile the command names, and the filter against it, as the runner does."""
+    folder = REAL / "host-filter/deepspeed-issue-3625"
+    monkeypatch.chdir(folder)
+    argv = (folder / "command.sh").read_text().split()
+    hosts = {"work1": 2, "work2": 2}
+    if importlib.util.find_spec("deepspeed") is not None:
+        from deepspeed.launcher import runner
+
+        assert runner.fetch_hostfile("hostfile") == hosts
+        with pytest.raises(ValueError, match="No slot '2' specified on host 'work1'"):
+            runner.parse_inclusion_exclusion(hosts, "work1:2,3", "")
+        for include in ("work1:0,1", "work2@work1:1", "work1:0"):  # and what it takes
+            runner.parse_inclusion_exclusion(hosts, include, "")
+        capsys.readouterr()
+    code, doc = lint(capsys, "--", *argv)
+    assert "DeepSpeed's runner stops with 'No slot '2' specified on host 'work1''" in \
+        of(doc, "CFG021", "fail")[0]["message"], shown(doc)
+    for include in ("work1:0,1", "work2@work1:1", "work1:0"):
+        code, doc = lint(capsys, "--", "deepspeed", "--hostfile", "hostfile", f"--include={include}", "training.py")
+        assert not of(doc, "CFG021", "fail"), shown(doc)
+    code, doc = lint(capsys, "--", "deepspeed", "--hostfile", "hostfile", "--exclude=work3", "training.py")
+    assert "Hostname 'work3' not found in hostfile" in of(doc, "CFG021", "fail")[0]["message"], shown(doc)
+
+
+def test_accelerates_host_filter_is_judged_against_its_hostfile(capsys, tmp_path):
+    """accelerate hands deepspeed_inclusion_filter to DeepSpeed's runner as --include (utils/launch.py)."""
+    (tmp_path / "hostfile").write_text("work1 slots=2\nwork2 slots=2\n")
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(BASE + DS + "  deepspeed_hostfile: hostfile\n  deepspeed_inclusion_filter: work1:2,3\n"
+                    "num_machines: 2\nnum_processes: 4\nmachine_rank: 0\nmain_process_ip: 10.0.0.1\n"
+                    "main_process_port: 29500\n")
+    code, doc = lint(capsys, "--config", path)
+    assert "deepspeed_inclusion_filter" in of(doc, "CFG021", "fail")[0]["message"], shown(doc)
+    path.write_text(path.read_text().replace("work1:2,3", "work1:0,1@work2"))
+    code, doc = lint(capsys, "--config", path)
+    assert not of(doc, "CFG021", "fail"), shown(doc)
