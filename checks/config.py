@@ -788,8 +788,8 @@ def launch_command(ctx) -> Iterator[Finding]:
                  if named_file == "config_file" else "DeepSpeed's runner warns 'Unable to find hostfile' and trains "
                  "on this machine alone (with --num_nodes over 1 it stops)")
         found.append(fail(f"flag --{named_file} names {shorten(named)}, which is not a file here (looked from "
-                          f"the working directory); {stops}", f"correct --{named_file}; the file must exist on every node",
-                          flag=named_file, path=named))
+                          f"the working directory); {stops}",
+                          f"correct --{named_file}; the file must exist on every node", flag=named_file, path=named))
     at_script = len(command.argv) - len(command.script_args) - 1
     before = command.argv[at_script - 1] if command.script is not None and at_script >= 1 else ""
     if command.script is None and not command.problem:
@@ -1182,8 +1182,8 @@ def hostfile(ctx) -> Iterator[Finding]:
             machines = accel.integer("num_machines", 1)
             yield fail(f"{doc.where('deepspeed_config')}: deepspeed_hostfile is "
                        f"{'not set' if written is None else shorten(written)}: accelerate passes `--hostfile "
-                       f"{str(written) or repr('')}` to DeepSpeed's runner, which warns 'Unable to find hostfile' and trains on the "
-                       f"head alone, not over {machines} machines", f"set {doc.setting('deepspeed_config')}"
+                       f"{str(written) or repr('')}` to DeepSpeed's runner, which warns 'Unable to find hostfile' "
+                       f"and trains on the head alone, not over {machines} machines", f"set {doc.setting('deepspeed_config')}"
                        ".deepspeed_hostfile to a hostfile listing the machines (`host slots=GPUS` a line)",
                        **at(doc, "deepspeed_config"))
             return
@@ -1207,7 +1207,7 @@ def hostfile(ctx) -> Iterator[Finding]:
         section = accel.deepspeed_section.data
         include, exclude = section.get("deepspeed_inclusion_filter"), section.get("deepspeed_exclusion_filter")
         given = "deepspeed_inclusion_filter/deepspeed_exclusion_filter"
-        include, exclude = (include, None) if include else (None, exclude)  # accelerate passes one, include first
+        include, exclude = (None, exclude) if exclude is not None else (include, None)  # one, exclude first
     else:
         include = exclude = None
     include, exclude = (v if isinstance(v, str) else "" for v in (include, exclude))

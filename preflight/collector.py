@@ -95,6 +95,8 @@ def _packages():
 
 
 DIST_NAME_RUN = re.compile(r"[-_.]+")
+
+
 def installed_distributions():
     """The metadata folder of each installed distribution (.dist-info, .egg-info), the first of each name on
     sys.path as import finds it: the walk of importlib.metadata.distributions(), named and deduplicated by the

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight import launchcmd
 from preflight.documents import Document, InputError, parse_json, parse_yaml, shorten
-from preflight.jobconfig import accelerate_launcher, deepspeed_runner, is_int, is_numeric_string, text_number_stops_launch
+from preflight.jobconfig import (accelerate_launcher, deepspeed_runner, is_int, is_numeric_string,
+                                 text_number_stops_launch)
 
 DEFAULT_PORT = 29500
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner reads this one when none is named

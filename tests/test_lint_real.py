@@ -1314,3 +1314,18 @@ def test_accelerates_host_filter_is_judged_against_its_hostfile(capsys, tmp_path
     path.write_text(path.read_text().replace("work1:2,3", "work1:0,1@work2"))
     code, doc = lint(capsys, "--config", path)
     assert not of(doc, "CFG021", "fail"), shown(doc)
+    # with both keys accelerate passes the exclusion alone
+    path.write_text(path.read_text().replace("  deepspeed_hostfile:", "  deepspeed_exclusion_filter: work3\n"
+                                             "  deepspeed_hostfile:"))
+    if importlib.util.find_spec("accelerate") is not None:
+        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+        from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                contextlib.chdir(tmp_path):
+            args = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "t.py"]))[0]
+            args.deepspeed_fields_from_accelerate_config = ""
+            cmd = prepare_deepspeed_cmd_env(args)[0]
+        assert cmd[cmd.index("--exclude") + 1] == "work3" and "--include" not in cmd
+    code, doc = lint(capsys, "--config", path)
+    assert "Hostname 'work3' not found in hostfile" in of(doc, "CFG021", "fail")[0]["message"], shown(doc)
