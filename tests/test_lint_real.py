@@ -1175,7 +1175,7 @@ def test_torchrun_standalone_over_several_nodes_fails(capsys, monkeypatch):
                                             "1", "--master_addr", "node001", "t.py"]))
     assert started[0].rdzv_endpoint == "localhost:0" and started[0].max_nodes == 2
     argv = ["torchrun", "--standalone", "--nnodes", "2", "--nproc_per_node", "4", "--node_rank", "1", "--master_addr",
-            "node001", "--master_port", "7000", "t.py"]  # a real command from a code search (see the note)
+            "node001", "--master_port", "7000", "t.py"]  # as a launch script found by code search has it
     code, doc = lint(capsys, "--", *argv)
     assert "--standalone with --nnodes" in of(doc, "CFG007", "fail")[0]["message"], shown(doc)
     code, doc = lint(capsys, "--", "torchrun", "--standalone", "--nnodes", "1", "--nproc_per_node", "4", "t.py")
