@@ -36,10 +36,10 @@ from preflight.jobconfig import (
     accelerate_launcher,
     ds_text_number_stops,
     fsdp_problems,
-    host_filter_problem,
     is_int,
     is_numeric_string,
     multinode_launcher_problem,
+    runner_resources,
     text_number,
     text_number_stops_launch,
 )
@@ -1211,7 +1211,7 @@ def hostfile(ctx) -> Iterator[Finding]:
     else:
         include = exclude = None
     include, exclude = (v if isinstance(v, str) else "" for v in (include, exclude))
-    problem = host_filter_problem({e.host: e.slots for e in hf.entries}, include, exclude)
+    problem = runner_resources({e.host: e.slots for e in hf.entries}, include, exclude)[1]
     if problem:
         yield fail(f"{hf.path}: the host filter ({given}: {shorten(include or exclude)}) does not match the hostfile; "
                    f"DeepSpeed's runner stops with '{problem}'", "name hosts and slot numbers (0 to slots-1) that "

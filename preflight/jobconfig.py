@@ -9,7 +9,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from preflight.documents import Document, InputError, load, read_text, shorten
 
@@ -233,23 +233,42 @@ MAX_SLOTS = 65536  # processes on one node: more is a typo, and huge numbers wou
 HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots\s*=\s*(\d+)\s*(#.*)?$")
 
 
-def host_filter_problem(slots: Mapping[str, int], include: str, exclude: str) -> Optional[str]:
-    """Why DeepSpeed's runner refuses --include/--exclude (`host[:slot,slot][@host...]`) over a hostfile's hosts and
-    slot counts, as its parse_resource_filter reads them before it starts anything, or None."""
+def runner_resources(slots: Mapping[str, int], include: str = "", exclude: str = "", num_nodes: int = -1,
+                     num_gpus: int = -1) -> Tuple[Optional[Dict[str, int]], Optional[str]]:
+    """The processes DeepSpeed's runner starts on each host of a hostfile ({host: slots}), as its main() reads
+    --include/--exclude (`host[:slot,slot][@host...]`, parse_resource_filter) and then --num_nodes and --num_gpus
+    (apply_num_nodes_and_gpus) before it starts anything: ({host: processes}, None), or (None, why it stops)."""
+    if (num_nodes >= 0 or num_gpus >= 0) and (include or exclude):
+        return None, "Cannot specify num_nodes/gpus with include/exclude"
     if include and exclude:
-        return "include_str and exclude_str are mutually exclusive"
-    for spec in (include or exclude).split("@") if include or exclude else ():
-        host, colon, listed = spec.partition(":")
-        if host not in slots:
-            return f"Hostname '{host}' not found in hostfile"
-        for slot in listed.split(",") if colon else ():
+        return None, "include_str and exclude_str are mutually exclusive."
+    chosen = {host: list(range(count)) for host, count in slots.items()}
+    if include or exclude:
+        specs: Dict[str, List[int]] = {}  # by host, the slots of all its specs together (parse_node_config_list)
+        for spec in (include or exclude).split("@"):
+            host, colon, listed = spec.partition(":")
             try:
-                number = int(slot)
+                numbers = [int(slot) for slot in listed.split(",")] if colon else []
             except ValueError:
-                return f"invalid literal for int() with base 10: {shorten(slot)}"
-            if not 0 <= number < slots[host]:
-                return f"No slot '{number}' specified on host '{host}'"
-    return None
+                return None, f"invalid literal for int() with base 10 in {shorten(spec)}"
+            specs.setdefault(host, []).extend(numbers)
+        picked = {} if include else dict(chosen)
+        for host, numbers in specs.items():
+            if host not in chosen:
+                return None, f"Hostname '{host}' not found in hostfile"
+            missing = [n for n in sorted(set(numbers)) if n not in chosen[host]]
+            if missing:
+                return None, f"No slot '{missing[0]}' specified on host '{host}'"
+            if include:
+                picked[host] = sorted(set(numbers)) or chosen[host]
+            else:
+                picked[host] = [n for n in picked[host] if n not in numbers] if numbers else []
+        chosen = {host: picked[host] for host in slots if picked.get(host)}
+    if num_nodes > 0:
+        chosen = dict(list(chosen.items())[:num_nodes])
+    if num_gpus > 0:
+        chosen = {host: list(range(num_gpus)) for host in chosen}
+    return {host: len(listed) for host, listed in chosen.items()}, None
 
 
 def load_hostfile(path: str) -> Hostfile:

@@ -19,6 +19,7 @@ from preflight.jobconfig import (
     load_deepspeed_config,
     load_hostfile,
     resolve_beside,
+    runner_resources,
     with_values,
 )
 
@@ -103,8 +104,31 @@ class Plan:
             if procs is not None and procs > 0:
                 return procs, f"num_processes in {self.accelerate.doc.path}"
         if self.hostfile is not None:
-            return sum(e.slots for e in self.hostfile.entries), f"the slots of {self.hostfile.path}"
+            return self.runner_world(self.hostfile)
         return None, "unknown (give --world-size, an accelerate config or a hostfile)"
+
+
+    def runner_world(self, hostfile: Hostfile) -> Tuple[int, str]:
+        """The processes DeepSpeed's runner starts over the hostfile: every slot, or those a deepspeed command's
+        --include/--exclude/--num_nodes/--num_gpus leave (where the runner stops on them, CFG007/CFG021 say so)."""
+        every = sum(e.slots for e in hostfile.entries), f"the slots of {hostfile.path}"
+        from preflight import launchcmd
+
+        command = launchcmd.parse(self.command) if self.command else None
+        if command is None or command.launcher != "deepspeed":
+            return every
+        given = {k: command.get(k) for k in ("include", "exclude", "num_nodes", "num_gpus")
+                 if isinstance(command.get(k), str)}
+        counts = {k: command.integer(k) for k in ("num_nodes", "num_gpus") if k in given}
+        if not given or None in counts.values():
+            return every
+        resources, _ = runner_resources({e.host: e.slots for e in hostfile.entries}, given.get("include", ""),
+                                        given.get("exclude", ""), counts.get("num_nodes", -1),
+                                        counts.get("num_gpus", -1))
+        if resources is None:
+            return every
+        flags = " ".join(f"--{k} {v}" for k, v in given.items())
+        return sum(resources.values()), f"what DeepSpeed's runner starts over {hostfile.path} with {flags}"
 
 
 def default_accelerate_config() -> Optional[str]:

@@ -1329,3 +1329,46 @@ def test_accelerates_host_filter_is_judged_against_its_hostfile(capsys, tmp_path
         assert cmd[cmd.index("--exclude") + 1] == "work3" and "--include" not in cmd
     code, doc = lint(capsys, "--config", path)
     assert "Hostname 'work3' not found in hostfile" in of(doc, "CFG021", "fail")[0]["message"], shown(doc)
+
+
+def test_runner_resources_are_deepspeeds_own():
+    """What DeepSpeed's runner starts on each host (its world size) and where it stops, over a grid of
+    --include/--exclude/--num_nodes/--num_gpus and a hostfile, as its main() computes them."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (the 'train' extra)")
+    from deepspeed.launcher import runner
+
+    from preflight.jobconfig import runner_resources
+
+    slots = {"n1": 2, "n2": 4, "n3": 1}
+    filters = ["", "n1", "n2:1,3", "n1@n3", "n2:0@n2:2", "n2@n2:1", "n4", "n1:2", "n2:x", "n1:", "n3:0@n1:0,1"]
+    tried = 0
+    for include, exclude in [(f, "") for f in filters] + [("", f) for f in filters] + [("n1", "n2")]:
+        for num_nodes, num_gpus in ((-1, -1), (2, -1), (-1, 3), (1, 1), (0, -1)):
+            try:
+                if (num_nodes >= 0 or num_gpus >= 0) and (include or exclude):  # main() says so first
+                    raise ValueError("Cannot specify num_nodes/gpus with include/exclude")
+                active = runner.parse_inclusion_exclusion(dict(slots), include, exclude)
+                theirs = ({h: len(s) for h, s in runner.apply_num_nodes_and_gpus(active, num_nodes, num_gpus).items()},
+                          None)
+            except ValueError as exc:
+                theirs = (None, str(exc))
+            ours = runner_resources(slots, include, exclude, num_nodes, num_gpus)
+            assert (ours[0], ours[1] is None) == (theirs[0], theirs[1] is None), (include, exclude, num_nodes,
+                                                                                  num_gpus, ours, theirs)
+            if ours[1] and "invalid literal" not in ours[1]:
+                assert ours[1] == theirs[1], (include, exclude, ours, theirs)
+            tried += 1
+    assert tried > 100
+
+
+def test_the_world_is_what_deepspeeds_runner_starts_over_the_hostfile(capsys, tmp_path, monkeypatch):
+    """A batch that fits the processes --include/--num_nodes/--num_gpus leave is no CFG030 failure, though it does
+    not fit every slot of the hostfile (lint took every slot when the hostfile came with such a command)."""
+    monkeypatch.chdir(REAL / "host-filter/deepspeed-issue-3625")  # work1 slots=2, work2 slots=2
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}')
+    for flags, status in ((["--include=work1:0,1"], "pass"), (["--num_nodes", "1"], "pass"),
+                          (["--num_gpus", "1"], "pass"), (["--exclude=work2:1"], "fail"), ([], "fail")):
+        code, doc = lint(capsys, "--deepspeed", ds, "--", "deepspeed", "--hostfile", "hostfile", *flags, "t.py")
+        assert [r["status"] for r in of(doc, "CFG030")] == [status], (flags, shown(doc))
