@@ -242,7 +242,7 @@ def runner_resources(slots: Mapping[str, int], include: str = "", exclude: str =
         return None, "Cannot specify num_nodes/gpus with include/exclude"
     if include and exclude:
         return None, "include_str and exclude_str are mutually exclusive."
-    chosen = {host: list(range(count)) for host, count in slots.items()}
+    counts = dict(slots)  # counted, never listed: a hostfile may give 65,536 slots to each of many hosts
     if include or exclude:
         specs: Dict[str, List[int]] = {}  # by host, the slots of all its specs together (parse_node_config_list)
         for spec in (include or exclude).split("@"):
@@ -252,23 +252,24 @@ def runner_resources(slots: Mapping[str, int], include: str = "", exclude: str =
             except ValueError:
                 return None, f"invalid literal for int() with base 10 in {shorten(spec)}"
             specs.setdefault(host, []).extend(numbers)
-        picked = {} if include else dict(chosen)
+        picked = {} if include else dict(counts)
         for host, numbers in specs.items():
-            if host not in chosen:
+            if host not in counts:
                 return None, f"Hostname '{host}' not found in hostfile"
-            missing = [n for n in sorted(set(numbers)) if n not in chosen[host]]
+            wanted = set(numbers)
+            missing = sorted(n for n in wanted if not 0 <= n < counts[host])
             if missing:
                 return None, f"No slot '{missing[0]}' specified on host '{host}'"
             if include:
-                picked[host] = sorted(set(numbers)) or chosen[host]
+                picked[host] = len(wanted) or counts[host]
             else:
-                picked[host] = [n for n in picked[host] if n not in numbers] if numbers else []
-        chosen = {host: picked[host] for host in slots if picked.get(host)}
+                picked[host] = counts[host] - len(wanted) if wanted else 0
+        counts = {host: picked[host] for host in slots if picked.get(host)}
     if num_nodes > 0:
-        chosen = dict(list(chosen.items())[:num_nodes])
+        counts = dict(list(counts.items())[:num_nodes])
     if num_gpus > 0:
-        chosen = {host: list(range(num_gpus)) for host in chosen}
-    return {host: len(listed) for host, listed in chosen.items()}, None
+        counts = {host: num_gpus for host in counts}
+    return counts, None
 
 
 def load_hostfile(path: str) -> Hostfile:
