@@ -765,15 +765,20 @@ def launch_command(ctx) -> Iterator[Finding]:
                               "need to use at least 2 processes to use `--multi_gpu`'",
                               "pass --num_processes 2 or more, or drop --multi_gpu", num_processes=procs))
     if command.launcher == "deepspeed":  # the runner, before it starts anything (deepspeed/launcher/runner.py)
-        counts = [f"--{k}" for k in ("num_nodes", "num_gpus") if command.get(k) is not None]
+        counts = [f"--{k}" for k in ("num_nodes", "num_gpus") if (command.integer(k) or 0) >= 0 and command.get(k)]
         filters = [f"--{k}" for k in ("include", "exclude") if command.get(k)]
         if counts and filters:
             found.append(fail(f"the launch command passes {' and '.join(counts)} with {' and '.join(filters)}; "
                               "DeepSpeed's runner stops with 'Cannot specify num_nodes/gpus with include/exclude'",
                               f"keep {' and '.join(filters)} (it names the GPUs), or drop it for "
                               f"{' and '.join(counts)}", flags=counts + filters))
+    nnodes = command.get("nnodes") if command.launcher == "torchrun" else None
+    if isinstance(nnodes, str) and "$" not in nnodes and "`" not in nnodes and \
+            not (nnodes.count(":") <= 1 and all(_reads_as(int, part) for part in nnodes.split(":"))):
+        found.append(fail(f"flag --nnodes is {shorten(nnodes)}, expected N or MIN:MAX (whole numbers); torchrun stops "
+                          "on it (parse_min_max_nnodes)", "give --nnodes N, or MIN:MAX for an elastic job",
+                          flag="nnodes", value=nnodes))
     if command.launcher == "torchrun" and command.flag("standalone"):
-        nnodes = command.get("nnodes")
         most = nnodes.split(":", 1)[-1] if isinstance(nnodes, str) else None
         if most is not None and _reads_as(int, most) and int(most) > 1:
             found.append(fail(f"the launch command passes --standalone with --nnodes {shorten(nnodes)}: torchrun "
@@ -1211,7 +1216,8 @@ def hostfile(ctx) -> Iterator[Finding]:
     else:
         include = exclude = None
     include, exclude = (v if isinstance(v, str) else "" for v in (include, exclude))
-    problem = runner_resources({e.host: e.slots for e in hf.entries}, include, exclude)[1]
+    shell = any(c in include + exclude for c in "$`")  # the node's shell fills it in
+    problem = None if shell else runner_resources({e.host: e.slots for e in hf.entries}, include, exclude)[1]
     if problem:
         yield fail(f"{hf.path}: the host filter ({given}: {shorten(include or exclude)}) does not match the hostfile; "
                    f"DeepSpeed's runner stops with '{problem}'", "name hosts and slot numbers (0 to slots-1) that "
@@ -1673,10 +1679,13 @@ def deepspeed_validator(ctx) -> Iterator[Finding]:
     import torch
 
     name = parsed.optimizer_name
-    if isinstance(name, str) and name not in DEEPSPEED_OPTIMIZERS and not hasattr(torch.optim, name):
+    found = getattr(torch.optim, name, None) if isinstance(name, str) else None
+    optimizer_class = isinstance(found, type) and issubclass(found, torch.optim.Optimizer) and \
+        found is not torch.optim.Optimizer
+    if isinstance(name, str) and name not in DEEPSPEED_OPTIMIZERS and not optimizer_class:
         yield fail(f"{ds.where('optimizer', 'type')}: optimizer {shorten(name)} is neither one of DeepSpeed "
-                   f"{deepspeed.__version__}'s own nor a torch.optim class: the engine stops with AttributeError on "
-                   "every node once the model has loaded", "use one DeepSpeed builds ("
+                   f"{deepspeed.__version__}'s own nor a torch.optim optimizer: the engine stops on it on every node "
+                   "once the model has loaded", "use one DeepSpeed builds ("
                    + ", ".join(sorted(DEEPSPEED_OPTIMIZERS)) + ") or a torch.optim class by its name, or create the "
                    "optimizer in the script", optimizer=name, deepspeed=deepspeed.__version__,
                    **at(ds, "optimizer", "type"))

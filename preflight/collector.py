@@ -95,43 +95,51 @@ def _packages():
 
 
 DIST_NAME_RUN = re.compile(r"[-_.]+")
+DIST_FILE_BYTES = 1 << 20  # more than any METADATA header or entry_points.txt a package ships
 
 
 def installed_distributions():
-    """The metadata folder of each installed distribution (.dist-info, .egg-info), the first of each name on
-    sys.path as import finds it: the walk of importlib.metadata.distributions(), named and deduplicated by the
-    folder's name as it does, without its import and its pathlib per file: 40 ms less for every `preflight node`
-    in an environment with torch and DeepSpeed."""
-    seen = set()
+    """The metadata folder of each installed distribution (.dist-info, .egg-info) in sys.path order: the walk of
+    importlib.metadata.distributions(), without its import and its pathlib per file (40 ms less for every
+    `preflight node` in an environment with torch and DeepSpeed)."""
     for entry in sys.path:
         try:
             names = sorted(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
         except (OSError, TypeError, ValueError):  # a missing folder, a zip, a NUL in a name
             continue
         for name in names:
-            key = DIST_NAME_RUN.sub("_", name.rsplit(".", 1)[0].partition("-")[0]).lower()
-            if key not in seen:
-                seen.add(key)
-                yield os.path.join(entry or ".", name)
+            yield os.path.join(entry or ".", name)
 
 
-def distribution_file(folder, name, limit=65536):
-    """The text of file NAME of a distribution's metadata folder (an .egg-info may be the file itself), at most
-    LIMIT bytes, or None; regular files only, so a FIFO or a device there cannot stall the run."""
-    path = folder if os.path.isfile(folder) else os.path.join(folder, name)
-    if not os.path.isfile(path):
-        return None
+def distribution_key(folder):
+    """A metadata folder's distribution name as importlib.metadata compares them (from the folder's name)."""
+    return DIST_NAME_RUN.sub("_", os.path.basename(folder).rsplit(".", 1)[0].partition("-")[0]).lower()
+
+
+def distribution_file(folder, name, limit=DIST_FILE_BYTES):
+    """The text of file NAME of a distribution's metadata folder (a single-file .egg-info is its PKG-INFO), at most
+    LIMIT bytes, or None. Opened without blocking and read only when it is a regular file with a size, so a FIFO,
+    a device or a /proc file there (whatever it is swapped for) cannot stall the run."""
+    path = folder if os.path.isfile(folder) and name == "PKG-INFO" else os.path.join(folder, name)
     try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except (IOError, OSError):
         return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or not info.st_size:
+            return None
+        return os.read(fd, min(info.st_size, limit)).decode("utf-8", "replace")
+    except (IOError, OSError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def name_and_version(folder):
     """Name and Version from the metadata's header (the lines before the first blank one, at the top of the
     file): the e-mail parser only for a header these lines cannot read (folded)."""
-    text = distribution_file(folder, "METADATA", 16384) or distribution_file(folder, "PKG-INFO", 16384) or ""
+    text = distribution_file(folder, "METADATA", 65536) or distribution_file(folder, "PKG-INFO", 65536) or ""
     head = text.split("\n\n", 1)[0]
     header = dict(line.split(": ", 1) for line in head.splitlines() if ": " in line)
     if "Name" in header and "Version" in header:

@@ -296,17 +296,19 @@ JSON_STRING_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*(?:"|$|\\\Z)|//[^\n]*|#[
 
 
 def without_comments(text: str) -> Optional[str]:
-    """TEXT with its comments blanked (their newlines kept, so every key keeps its line), or None if it has none."""
+    """TEXT with its comments blanked (their newlines kept, so every key keeps its line), or None if it has none,
+    or a /* that is never closed (DeepSpeed's hjson stops on that too)."""
     found = []
 
     def blank(match: "re.Match[str]") -> str:
-        if match.group(0).startswith('"'):
-            return match.group(0)
-        found.append(True)
-        return re.sub(r"[^\n]", " ", match.group(0))
+        comment = match.group(0)
+        if comment.startswith('"'):
+            return comment
+        found.append(not comment.startswith("/*") or (len(comment) >= 4 and comment.endswith("*/")))
+        return re.sub(r"[^\n]", " ", comment)
 
     blanked = JSON_STRING_OR_COMMENT.sub(blank, text)
-    return blanked if found else None
+    return blanked if found and all(found) else None
 
 
 def parse_json(path: str, text: str, what: str, comments: bool = False) -> Document:

@@ -230,7 +230,11 @@ class Hostfile:
 
 
 MAX_SLOTS = 65536  # processes on one node: more is a typo, and huge numbers would flow into the world size
-HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots\s*=\s*(\d+)\s*(#.*)?$")
+# DeepSpeed's runner reads `host slots=N` at the start of a line (deepspeed/launcher/runner.py, _parse_hostfile) and
+# ignores the rest: other launchers' settings after it (OpenMPI's max_slots=8) and comments are taken; any other rest
+# is refused here, as the sign of a broken line (DeepSpeed would read its start and drop the rest).
+DEEPSPEED_HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")
+HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)(\s+[A-Za-z_]\w*=\S*)*\s*(#.*)?$")
 
 
 def runner_resources(slots: Mapping[str, int], include: str = "", exclude: str = "", num_nodes: int = -1,
@@ -255,16 +259,18 @@ def runner_resources(slots: Mapping[str, int], include: str = "", exclude: str =
         picked = {} if include else dict(counts)
         for host, numbers in specs.items():
             if host not in counts:
-                return None, f"Hostname '{host}' not found in hostfile"
+                return None, f"Hostname {shorten(host)} not found in hostfile"
             wanted = set(numbers)
             missing = sorted(n for n in wanted if not 0 <= n < counts[host])
             if missing:
-                return None, f"No slot '{missing[0]}' specified on host '{host}'"
+                return None, f"No slot {shorten(str(missing[0]))} specified on host {shorten(host)}"
             if include:
                 picked[host] = len(wanted) or counts[host]
             else:
                 picked[host] = counts[host] - len(wanted) if wanted else 0
         counts = {host: picked[host] for host in slots if picked.get(host)}
+        if not counts:  # the runner then indexes the first of no hosts
+            return None, f"the filter {shorten(include or exclude)} leaves no slot (IndexError)"
     if num_nodes > 0:
         counts = dict(list(counts.items())[:num_nodes])
     if num_gpus > 0:

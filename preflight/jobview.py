@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight import launchcmd
 from preflight.documents import Document, InputError, parse_json, parse_yaml, shorten
-from preflight.jobconfig import (accelerate_launcher, deepspeed_runner, is_int, is_numeric_string,
-                                 text_number_stops_launch)
+from preflight.jobconfig import (DEEPSPEED_HOSTFILE_LINE, accelerate_launcher, deepspeed_runner, is_int,
+                                 is_numeric_string, text_number_stops_launch)
 
 DEFAULT_PORT = 29500
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner reads this one when none is named
@@ -389,7 +389,6 @@ def _hosts(job: Mapping[str, Any], name: Any) -> Optional[dict]:
     return {"path": entry.get("path"), "hosts": [list(h) for h in hosts]}
 
 
-DEEPSPEED_HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")  # deepspeed/launcher/runner.py, _parse_hostfile
 
 
 def hostfile_hosts(text: str) -> Tuple[List[Tuple[str, int]], Optional[str]]:

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from preflight.documents import shorten
+
 # Options that take no value (argparse store_true / store_const), by launcher, canonical names.
 FLAGS = {
     # accelerate 1.x, accelerate/commands/launch.py
@@ -136,6 +138,8 @@ FILE_LIKE = re.compile(r"(/|\.(py|json|ya?ml|toml|cfg|ini|txt|sh|jsonl)$)", re.I
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 Value = Union[str, bool]
+# A word argparse takes for an option, not for the value before it: a dash and more, no space, no negative number.
+LOOKS_LIKE_AN_OPTION = re.compile(r"^-(?!\d+$|\d*\.\d+$)[^ ]+$")
 
 
 @dataclass(frozen=True)
@@ -293,6 +297,8 @@ def parse(argv: Sequence[str]) -> LaunchCommand:
             i += 1
         elif i + 1 < len(argv):
             options[key] = argv[i + 1]
+            if LOOKS_LIKE_AN_OPTION.match(argv[i + 1]) and problem is None:  # argparse will not take it as the value
+                problem = f"{word} expected one argument (argparse reads {shorten(argv[i + 1])} as an option)"
             i += 2
         else:
             problem = f"{word} needs a value"

@@ -115,9 +115,14 @@ def load() -> Registry:
     # Built-ins first, so that a plugin can never take over a built-in ID.
     for dist, ep in sorted(entry_points(), key=lambda pair: (pair[0] != "preflight", pair[1].value)):
         try:
-            modules.append((dist, ep.load()))
-        except Exception as exc:  # a broken plugin must not stop the run
+            module = ep.load()
+        except (Exception, SystemExit) as exc:  # a broken plugin must not stop the run, nor end it
             problems.append(f"plugin {ep.name!r} ({ep.value}) from {dist} failed to load: {type(exc).__name__}: {exc}")
+            continue
+        if inspect.ismodule(module):
+            modules.append((dist, module))
+        else:
+            problems.append(f"plugin {ep.name!r} ({ep.value}) from {dist} names {type(module).__name__}, not a module")
     registry = build(modules)
     return Registry(registry.checks, tuple(problems) + registry.problems)
 
@@ -139,10 +144,14 @@ class EntryPoint:
 def entry_points() -> List[Tuple[str, EntryPoint]]:
     """(distribution's name, entry point) for each entry point in ENTRY_POINT_GROUP, read as importlib.metadata
     reads entry_points.txt, from the distributions it would walk (collector.installed_distributions)."""
-    from preflight.collector import distribution_file, installed_distributions, name_and_version
+    from preflight.collector import distribution_file, distribution_key, installed_distributions, name_and_version
 
-    found = []
+    found, seen = [], set()
     for folder in installed_distributions():
+        name = distribution_key(folder)
+        if name in seen:  # the first of a name on sys.path, as import finds it (importlib.metadata's _unique)
+            continue
+        seen.add(name)
         text = distribution_file(folder, "entry_points.txt")
         if not text or f"[{ENTRY_POINT_GROUP}]" not in text:
             continue

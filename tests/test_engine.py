@@ -224,6 +224,40 @@ def test_a_fifo_in_a_distributions_metadata_does_not_stall_the_run(tmp_path, goo
         sys.path.remove(str(tmp_path))
 
 
+def test_hostile_distributions_on_the_path(tmp_path, good):
+    """Found by a hostile review: a broken torch-*.dist-info (no Name) earlier on the path does not hide the real
+    torch; a plugin past the first 64 KiB of entry_points.txt is found; a single-file .egg-info is no
+    entry_points.txt; an entry point that names no module, or a plugin that exits on import, is a plugin problem:
+    `list` still lists, exit 0."""
+    from preflight import collector
+
+    shadow = tmp_path / "shadow"
+    (shadow / "torch-9.9.dist-info").mkdir(parents=True)
+    (shadow / "torch-9.9.dist-info" / "METADATA").write_text("Summary: not a distribution\n")
+    sys.path.insert(0, str(shadow))
+    try:
+        assert collector._packages()["versions"]["torch"] not in (None, "9.9")
+    finally:
+        sys.path.remove(str(shadow))
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    make_plugin(plugins, "big-checks", "big_checks", PLUGIN)
+    entry = plugins / "big_checks-1.0.dist-info" / "entry_points.txt"
+    entry.write_text("[console_scripts]\n" + "".join(f"tool{i} = big_checks:main\n" for i in range(4000))
+                     + entry.read_text())
+    assert entry.stat().st_size > 65536
+    (plugins / "old_style.egg-info").write_text("Metadata-Version: 1.0\nName: old-style\nVersion: 0.3\n\n"
+                                                "[preflight.checks]\nmine = not_a_module\n")
+    make_plugin(plugins, "sep-checks", "sep_checks", "", entry="sep = os:sep")
+    (plugins / "sep_checks-1.0.dist-info" / "entry_points.txt").write_text("[preflight.checks]\nsep = os:sep\n")
+    make_plugin(plugins, "exit-checks", "exit_checks", "import sys\nsys.exit(0)\n")
+    proc = run_subprocess("list", "--json", env={"PYTHONPATH": str(plugins)})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "ACME001" in {c["id"] for c in json.loads(proc.stdout)}
+    assert "names str, not a module" in proc.stderr and "exit-checks" in proc.stderr and "SystemExit" in proc.stderr
+    assert "not_a_module" not in proc.stderr
+
+
 # --- selection -------------------------------------------------------------------------------------
 
 def specs():

@@ -1372,3 +1372,79 @@ def test_the_world_is_what_deepspeeds_runner_starts_over_the_hostfile(capsys, tm
                           (["--num_gpus", "1"], "pass"), (["--exclude=work2:1"], "fail"), ([], "fail")):
         code, doc = lint(capsys, "--deepspeed", ds, "--", "deepspeed", "--hostfile", "hostfile", *flags, "t.py")
         assert [r["status"] for r in of(doc, "CFG030")] == [status], (flags, shown(doc))
+
+
+@pytest.mark.parametrize("argv", [
+    ["torchrun", "--nnodes", "1:x", "t.py"], ["torchrun", "--nnodes=1:1:4", "t.py"],
+    ["torchrun", "--nnodes", "1:4", "t.py"],
+    ["torchrun", "--rdzv_conf", "--x", "t.py"], ["torchrun", "--master_port", "-1", "t.py"],
+    ["deepspeed", "--launcher_args", "--foo", "t.py"], ["deepspeed", "--launcher_args", "--foo bar", "t.py"],
+    ["deepspeed", "--num_nodes", "-1", "--include", "h1", "t.py"],
+    ["deepspeed", "--num_gpus", "0", "--exclude", "h1", "t.py"],
+], ids=lambda argv: " ".join(argv[1:-1]))
+def test_launcher_values_read_as_the_launchers_read_them(capsys, argv):
+    """Found by a hostile review: a value argparse takes for an option, torchrun's --nnodes format, and DeepSpeed's
+    test of counts beside a filter (>= 0): CFG007 fails exactly where the launcher stops before starting anything."""
+    for library in ("torch", "deepspeed"):
+        if importlib.util.find_spec(library) is None:
+            pytest.skip(f"{library} is not installed (the 'train' extra)")
+    import torch.distributed.run as distrib_run
+    from deepspeed.launcher import runner
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            if argv[0] == "torchrun":
+                distrib_run.parse_min_max_nnodes(distrib_run.parse_args(argv[1:]).nnodes)
+            else:
+                args = runner.parse_args(argv[1:])
+                if (args.num_nodes >= 0 or args.num_gpus >= 0) and (args.include or args.exclude):
+                    raise ValueError("Cannot specify num_nodes/gpus with include/exclude")  # main(), first
+        stops = False
+    except (SystemExit, ValueError, RuntimeError):
+        stops = True
+    capsys.readouterr()  # what the libraries printed
+    code, doc = lint(capsys, "--", *argv)
+    assert bool(of(doc, "CFG007", "fail")) == stops, shown(doc)
+
+
+def test_hostile_host_filters_and_hostfiles(capsys, tmp_path, monkeypatch):
+    """A filter that leaves no slot (DeepSpeed's runner then indexes no host), one the node's shell fills in, a
+    hostfile line with another launcher's setting after the slots (DeepSpeed reads the start), and host names too
+    long to quote whole."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hf").write_text("h1 slots=2 max_slots=8\nh2 slots=2  # the spare\n")
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}')
+    if importlib.util.find_spec("deepspeed") is not None:
+        from deepspeed.launcher import runner
+
+        assert runner._parse_hostfile((tmp_path / "hf").read_text().splitlines()) == {"h1": 2, "h2": 2}
+        assert runner.parse_inclusion_exclusion({"h1": 2, "h2": 2}, "", "h1@h2") == {}
+        with pytest.raises(ValueError, match="bad entry"):
+            runner._parse_hostfile(["h1 slots = 2"])
+        capsys.readouterr()
+    code, doc = lint(capsys, "--deepspeed", ds, "--", "deepspeed", "--hostfile", "hf", "t.py")
+    assert code == 0 and [r["status"] for r in of(doc, "CFG030")] == ["pass"], shown(doc)
+    code, doc = lint(capsys, "--deepspeed", ds, "--", "deepspeed", "--hostfile", "hf", "--exclude", "h1@h2", "t.py")
+    assert "leaves no slot" in of(doc, "CFG021", "fail")[0]["message"] and not of(doc, "CFG030", "error"), shown(doc)
+    code, doc = lint(capsys, "--deepspeed", ds, "--", "deepspeed", "--hostfile", "hf", "--include", "$HOSTS", "t.py")
+    assert not of(doc, "CFG021", "fail"), shown(doc)
+    code, doc = lint(capsys, "--deepspeed", ds, "--", "deepspeed", "--hostfile", "hf", "--include", "h" * 3000, "t.py")
+    assert len(of(doc, "CFG021", "fail")[0]["message"]) < 600, shown(doc)
+    (tmp_path / "hf").write_text("h1 slots = 2\n")  # DeepSpeed refuses the spaces: bad input here too
+    from preflight.cli import main
+
+    assert main(["lint", "--hostfile", str(tmp_path / "hf")]) == 2
+    assert "expected 'HOSTNAME slots=N'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["lr_scheduler", "Optimizer", "swa_utils", "OneBitAdam"])
+def test_deep_validator_wants_an_optimizer_class(capsys, tmp_path, kind):
+    """torch.optim holds more than optimizers: the engine's getattr(torch.optim, name)(params, ...) needs one."""
+    for library in ("deepspeed", "torch"):
+        if importlib.util.find_spec(library) is None:
+            pytest.skip(f"{library} is not installed (the 'train' extra)")
+    path = tmp_path / "ds.json"
+    path.write_text('{"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "%s"}}' % kind)
+    code, doc = lint(capsys, "--deepspeed", path, "--world-size", "1", "--deep")
+    assert [r["status"] for r in of(doc, "CFG091")] == ["fail"], shown(doc)
