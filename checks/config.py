@@ -186,12 +186,8 @@ def live_ds_section(ctx) -> Optional[Document]:
 
 def accelerate_command(ctx):
     """The launch command when it is `accelerate launch` (preflight.launchcmd.LaunchCommand), else None."""
-    if not ctx.plan.command:
-        return None
-    from preflight import launchcmd
-
-    command = launchcmd.parse(ctx.plan.command)
-    return command if command.launcher == "accelerate" else None
+    command = ctx.plan.launch
+    return command if command is not None and command.launcher == "accelerate" else None
 
 
 def dynamo_backend_read(ctx, doc: Document) -> Optional[Tuple[Tuple[str, ...], Any]]:
@@ -226,10 +222,8 @@ def ds_usage(ctx) -> str:
     plan = ctx.plan
     if plan.accelerate is not None and plan.accelerate.uses_deepspeed and plan.deepspeed_file_named:
         return "accelerate"
-    if plan.command:
-        from preflight import launchcmd
-
-        launcher = launchcmd.parse(plan.command).launcher
+    if plan.launch is not None:
+        launcher = plan.launch.launcher
         if launcher == "accelerate" and plan.accelerate is not None and plan.accelerate.uses_deepspeed:
             return "accelerate"
         if launcher == "deepspeed":
@@ -687,6 +681,11 @@ def duplicate_keys(ctx) -> Iterator[Finding]:
                            "delete one of the two", key=dotted(keys), file=doc.path, line=line)
 
 
+def from_shell(text: str) -> bool:
+    """Whether a value of the launch command is left for the node's shell to fill in ($VAR, `cmd`)."""
+    return "$" in text or "`" in text
+
+
 def _reads_as(kind: type, text: str) -> bool:
     """Whether argparse's type=int (or float) takes the text."""
     try:
@@ -716,12 +715,12 @@ def launch_command(ctx) -> Iterator[Finding]:
     Write each option as the launcher's --help shows it: drop the value after a switch (give the switch
     for true, leave it out for false), and put the script after the launcher's options.
     """
-    if not ctx.plan.command:
+    command = ctx.plan.launch
+    if command is None:
         yield skip("no launch command given (after `--`)")
         return
     from preflight import launchcmd
 
-    command = launchcmd.parse(ctx.plan.command)
     name = LAUNCHER_NAMES.get(command.launcher)
     if name is None:
         yield skip(f"{command.program or 'the command'} is not a launcher whose options preflight reads")
@@ -731,7 +730,7 @@ def launch_command(ctx) -> Iterator[Finding]:
         found.append(fail(f"the launch command cannot be read as {name} reads it: {command.problem}; it stops with "
                           "a usage error", f"write the option as `{command.program} --help` shows it"))
     for key, value in dict.fromkeys(command.given):  # argparse converts every value given, not only the last
-        if not isinstance(value, str) or "$" in value or "`" in value:  # a switch, or the node's shell fills it in
+        if not isinstance(value, str) or from_shell(value):  # a switch, or the node's shell fills it in
             continue
         choices = launchcmd.CHOICES[command.launcher].get(key)
         if key in launchcmd.INT_OPTIONS[command.launcher] and not _reads_as(int, value):
@@ -773,7 +772,7 @@ def launch_command(ctx) -> Iterator[Finding]:
                               f"keep {' and '.join(filters)} (it names the GPUs), or drop it for "
                               f"{' and '.join(counts)}", flags=counts + filters))
     nnodes = command.get("nnodes") if command.launcher == "torchrun" else None
-    if isinstance(nnodes, str) and "$" not in nnodes and "`" not in nnodes and \
+    if isinstance(nnodes, str) and not from_shell(nnodes) and \
             not (nnodes.count(":") <= 1 and all(_reads_as(int, part) for part in nnodes.split(":"))):
         found.append(fail(f"flag --nnodes is {shorten(nnodes)}, expected N or MIN:MAX (whole numbers); torchrun stops "
                           "on it (parse_min_max_nnodes)", "give --nnodes N, or MIN:MAX for an elastic job",
@@ -788,7 +787,7 @@ def launch_command(ctx) -> Iterator[Finding]:
     # The files the launcher opens first, as named here (lint has no nodes to ask: they are this machine's).
     named_file = {"accelerate": "config_file", "deepspeed": "hostfile"}.get(command.launcher)
     named = command.get(named_file) if named_file else None
-    if isinstance(named, str) and named and "$" not in named and not ctx.plan.remote and not os.path.isfile(named):
+    if isinstance(named, str) and named and not from_shell(named) and not ctx.plan.remote and not os.path.isfile(named):
         stops = ("accelerate launch stops ('The passed configuration file ... does not exist')"
                  if named_file == "config_file" else "DeepSpeed's runner warns 'Unable to find hostfile' and trains "
                  "on this machine alone (with --num_nodes over 1 it stops)")
@@ -1202,9 +1201,7 @@ def hostfile(ctx) -> Iterator[Finding]:
                        host=entry.host, file=hf.path, line=entry.line)
         seen.setdefault(entry.host, entry.line)
     # The host filter DeepSpeed's runner applies to the hostfile: its own flags, or accelerate's keys under its runner
-    from preflight import launchcmd
-
-    command = launchcmd.parse(ctx.plan.command) if ctx.plan.command else None
+    command = ctx.plan.launch
     accel = ctx.plan.accelerate
     if command is not None and command.launcher == "deepspeed":
         include, exclude, given = command.get("include"), command.get("exclude"), "flags --include/--exclude"
@@ -1216,8 +1213,7 @@ def hostfile(ctx) -> Iterator[Finding]:
     else:
         include = exclude = None
     include, exclude = (v if isinstance(v, str) else "" for v in (include, exclude))
-    shell = any(c in include + exclude for c in "$`")  # the node's shell fills it in
-    problem = None if shell else runner_resources({e.host: e.slots for e in hf.entries}, include, exclude)[1]
+    problem = None if from_shell(include + exclude) else runner_resources({e.host: e.slots for e in hf.entries}, include, exclude)[1]
     if problem:
         yield fail(f"{hf.path}: the host filter ({given}: {shorten(include or exclude)}) does not match the hostfile; "
                    f"DeepSpeed's runner stops with '{problem}'", "name hosts and slot numbers (0 to slots-1) that "

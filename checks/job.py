@@ -447,7 +447,7 @@ def same_files(ctx) -> Iterator[Finding]:
     if not names:
         yield skip("no file on the launch command (give it after `--`)")
         return
-    command = launchcmd.parse(ctx.plan.command) if ctx.plan.command else None
+    command = ctx.plan.launch
     # The script and the files the launcher reads must match; other arguments may be outputs, logs or
     # per-node shards: a difference there is only a warning.
     critical = {command.script} | {v for k, v in command.options.items() if k in launchcmd.FILE_OPTIONS} \

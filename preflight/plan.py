@@ -24,6 +24,7 @@ from preflight.jobconfig import (
 )
 
 if TYPE_CHECKING:
+    from preflight.launchcmd import LaunchCommand
     from preflight.profile import Profile
 
 
@@ -95,6 +96,13 @@ class Plan:
         return os.path.join(self.workdir, path) if self.workdir and not os.path.isabs(path) else path
 
     @property
+    def launch(self) -> Optional["LaunchCommand"]:
+        """The launch command after `--` as its launcher reads it (preflight.launchcmd), or None without one."""
+        from preflight import launchcmd
+
+        return launchcmd.parse(self.command) if self.command else None
+
+    @property
     def world_size(self) -> Tuple[Optional[int], str]:
         """The number of processes of the whole job, and where that number comes from."""
         if self.world_size_override:
@@ -112,9 +120,7 @@ class Plan:
         """The processes DeepSpeed's runner starts over the hostfile: every slot, or those a deepspeed command's
         --include/--exclude/--num_nodes/--num_gpus leave (where the runner stops on them, CFG007/CFG021 say so)."""
         every = sum(e.slots for e in hostfile.entries), f"the slots of {hostfile.path}"
-        from preflight import launchcmd
-
-        command = launchcmd.parse(self.command) if self.command else None
+        command = self.launch
         if command is None or command.launcher != "deepspeed":
             return every
         given = {k: command.get(k) for k in ("include", "exclude", "num_nodes", "num_gpus")

@@ -148,10 +148,10 @@ def entry_points() -> List[Tuple[str, EntryPoint]]:
 
     found, seen = [], set()
     for folder in installed_distributions():
-        name = distribution_key(folder)
-        if name in seen:  # the first of a name on sys.path, as import finds it (importlib.metadata's _unique)
+        key = distribution_key(folder)
+        if key in seen:  # the first of a name on sys.path, as import finds it (importlib.metadata's _unique)
             continue
-        seen.add(name)
+        seen.add(key)
         text = distribution_file(folder, "entry_points.txt")
         if not text or f"[{ENTRY_POINT_GROUP}]" not in text:
             continue
