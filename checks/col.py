@@ -1,13 +1,13 @@
-"""COL: the all-reduce smoke test across the nodes (probes["collective"], from preflight.collective)."""
+"""COL: the all-reduce smoke test across the nodes (probes["collective"], from preflight.collective.allreduce)."""
 from __future__ import annotations
 
 import re
 from typing import Iterator, Optional
 
 from preflight.checks.rdma import fabric_of, ib_disabled, selected_ports
-from preflight.coloptions import format_size
-from preflight.inventory import fold
-from preflight.nccllog import over_sockets
+from preflight.collective.options import format_size
+from preflight.inputs.inventory import fold
+from preflight.collective.nccllog import over_sockets
 from preflight.registry import check
 from preflight.result import Finding, Status, skip
 from preflight.runner import cause_of

@@ -15,8 +15,8 @@ import sys
 import re
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from preflight.documents import Document, shorten
-from preflight.jobconfig import (
+from preflight.inputs.documents import Document, shorten
+from preflight.inputs.configs import (
     ACCELERATE_DS_KEYS,
     ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE,
     ACCELERATE_KEYS,
@@ -185,7 +185,7 @@ def live_ds_section(ctx) -> Optional[Document]:
 
 
 def accelerate_command(ctx):
-    """The launch command when it is `accelerate launch` (preflight.launchcmd.LaunchCommand), else None."""
+    """The launch command when it is `accelerate launch` (preflight.inputs.launchcmd.LaunchCommand), else None."""
     command = ctx.plan.launch
     return command if command is not None and command.launcher == "accelerate" else None
 
@@ -719,7 +719,7 @@ def launch_command(ctx) -> Iterator[Finding]:
     if command is None:
         yield skip("no launch command given (after `--`)")
         return
-    from preflight import launchcmd
+    from preflight.inputs import launchcmd
 
     name = LAUNCHER_NAMES.get(command.launcher)
     if name is None:

@@ -1,7 +1,7 @@
 """JOB: the job as each node will launch it (its own accelerate config, DeepSpeed JSON and launcher flags),
 consistent across the nodes.
 
-The effective launch of every node comes from preflight.jobview (probes["job"]["nodes"]): what that node's
+The effective launch of every node comes from preflight.job.view (probes["job"]["nodes"]): what that node's
 files say, with the command's flags over them, each value with where it came from ("node02:/path:4").
 """
 from __future__ import annotations
@@ -12,11 +12,12 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
-from preflight import launchcmd, redact
+from preflight.inputs import launchcmd
+from preflight.report import redact
 from preflight.compare import grouped, holders, odd_ones_out
-from preflight.inventory import fold
-from preflight.jobconfig import deepspeed_runner
-from preflight.jobview import MUST_MATCH, NOT_READ_KEYS, PER_NODE_KEYS, plan_rows
+from preflight.inputs.inventory import fold
+from preflight.inputs.configs import deepspeed_runner
+from preflight.job.view import MUST_MATCH, NOT_READ_KEYS, PER_NODE_KEYS, plan_rows
 from preflight.registry import check
 from preflight.result import Finding, Status, passed, skip, warn
 

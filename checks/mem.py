@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator, List, Optional, Tuple
 
-from preflight import memory
+from preflight.inputs import models
+from preflight.job import memory
 from preflight.checks.config import is_int, processes_per_machine, zero_settings
 from preflight.checks.gpu import job_gpus
-from preflight.memory import Need, Setup, gib
+from preflight.job.memory import Need, Setup, gib
 from preflight.registry import check
 from preflight.result import Finding, fail, passed, skip, warn
 
@@ -18,7 +19,7 @@ NO_MODEL = ("no --model given (nor model in the profile's [memory]): the memory 
             "(--model 7B, a config.json or a cached model id)")
 
 
-def model_of(ctx) -> Optional[memory.Model]:
+def model_of(ctx) -> Optional[models.Model]:
     inputs = ctx.plan.memory
     return inputs.model if inputs is not None else None
 
@@ -79,19 +80,19 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
                   gpus_per_node=per, nodes=machines,
                   zero_init=init_flag not in (False, "false", "False"),  # at stage 3, and for a move there
                   weight_bytes=weight_bytes,
-                  micro_batch=micro if is_int(micro) and 0 < micro <= memory.MAX_MICRO_BATCH else None,
+                  micro_batch=micro if is_int(micro) and 0 < micro <= models.MAX_MICRO_BATCH else None,
                   seq_len=inputs.seq_len if inputs is not None else None)
     return setup, "; ".join(notes), unknown
 
 
-def figures(model: memory.Model, setup: Setup, need: Need) -> str:
+def figures(model: models.Model, setup: Setup, need: Need) -> str:
     count = memory.count_text(model.params) + (" (estimated)" if model.estimated else "")
     deepspeeds = f" ({gib(need.host)} by DeepSpeed's estimate)" if need.host > need.certain else ""
     return (f"{count} parameters, {setup.describe()}: {gib(need.gpu)} per GPU for the model states, "
             f"{gib(need.certain)} host RAM per node{deepspeeds}")
 
 
-def evidence(model: memory.Model, setup: Setup, need: Need, **more) -> dict:
+def evidence(model: models.Model, setup: Setup, need: Need, **more) -> dict:
     return dict(params=model.params, largest_layer_params=model.largest_layer, params_estimated=model.estimated,
                 stage=setup.stage, offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param,
                 gpus_per_node=setup.gpus_per_node, nodes=setup.nodes, gpu_bytes=need.gpu, host_bytes=need.host,
@@ -100,7 +101,7 @@ def evidence(model: memory.Model, setup: Setup, need: Need, **more) -> dict:
                 nvme_bytes=need.nvme_optimizer + need.nvme_param, activation_bytes=need.activations, **more)
 
 
-def short_at_any_count(model: memory.Model, setup: Setup, unknown: Tuple[str, ...], gpu_room: Optional[int],
+def short_at_any_count(model: models.Model, setup: Setup, unknown: Tuple[str, ...], gpu_room: Optional[int],
                        host_room: Optional[int]) -> bool:
     """Does the job miss `gpu_room` or `host_room` whatever the counts nothing gives? The GPUs judged at the
     most GPUs (the states spread thinnest), the host at 1 GPU per node (one copy to load) over the most nodes."""
@@ -120,7 +121,7 @@ def upper_bound(setup: Setup, need: Need) -> str:
     return "an fp32 copy per rank and its 1.5 buffer factor"
 
 
-def remedy(model: memory.Model, setup: Setup, gpu_room: Optional[int], host_room: Optional[int]) -> str:
+def remedy(model: models.Model, setup: Setup, gpu_room: Optional[int], host_room: Optional[int]) -> str:
     """The cheapest change that fits, with its figures; else what is left to try."""
     found = memory.cheapest(model, setup, gpu_room, host_room)
     if found is None:
@@ -208,7 +209,7 @@ def memory_estimate(ctx) -> Iterator[Finding]:
     yield passed(f"{text}{compared}", **facts)
 
 
-def _node_setup(ctx) -> Tuple[Optional[memory.Model], Optional[Setup], Optional[List[dict]], Optional[Finding]]:
+def _node_setup(ctx) -> Tuple[Optional[models.Model], Optional[Setup], Optional[List[dict]], Optional[Finding]]:
     """(model, setup, the job's GPUs here or None, why there are none); setup None: the last says why
     nothing can be checked."""
     model = model_of(ctx)

@@ -8,10 +8,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from preflight import launchcmd, redact
-from preflight.collector import PROGRAM_MARK
+from preflight.inputs import launchcmd
+from preflight.report import redact
+from preflight.node.agent import PROGRAM_MARK
 from preflight.compare import odd_ones_out
-from preflight.jobview import selected_interfaces
+from preflight.job.view import selected_interfaces
 from preflight.registry import check
 from preflight.result import Finding, Status, fail, passed, skip
 from preflight.runner import cause_of

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Iterator, Optional
 
-from preflight.collector import MIN_PYTHON, UNSUPPORTED
+from preflight.node import MIN_PYTHON, UNSUPPORTED
 from preflight.checks.rdma import fabric_of
 from preflight.compare import holders, odd_ones_out
 from preflight.registry import check

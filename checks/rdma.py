@@ -11,7 +11,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from preflight.checks.net import ib_hca_spec
 from preflight.compare import grouped
-from preflight.inventory import fold
+from preflight.inputs.inventory import fold
 from preflight.registry import check
 from preflight.result import Finding, Status, fail, passed, skip, warn
 
@@ -24,7 +24,7 @@ IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
 
 def fabric_of(facts: dict) -> Tuple[Optional[dict], Optional[Finding]]:
     """The node's fabric facts, or a skip that says why there are none. (Their shape is held to the
-    collector's when they arrive: preflight.shapes.)"""
+    collector's when they arrive: preflight.remote.shapes.)"""
     fabric = facts.get("fabric")
     if not isinstance(fabric, dict):
         return None, skip("these facts have no fabric section (a node running an older preflight)")

@@ -1,13 +1,13 @@
 """RUN: why a running job is stuck (`preflight doctor`), from the census of its launchers and ranks on
-every node (preflight.census on the nodes, preflight.jobcensus here)."""
+every node (preflight.node.census on the nodes, preflight.job.running here)."""
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from preflight.compare import grouped, odd_ones_out
-from preflight.inventory import fold
-from preflight.jobcensus import Census, Proc, node_of_address, table
+from preflight.inputs.inventory import fold
+from preflight.job.running import Census, Proc, node_of_address, table
 from preflight.registry import check
 from preflight.result import Finding, Status, skip
 

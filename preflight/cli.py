@@ -14,8 +14,8 @@ import time
 from typing import List, Optional, Sequence
 
 from preflight import __version__
-from preflight.documents import InputError
-from preflight.memory import inputs as memory_inputs
+from preflight.inputs.documents import InputError
+from preflight.inputs.models import inputs as memory_inputs
 from preflight.progress import for_stderr
 from preflight.result import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_READY, exit_code, verdict
 
@@ -197,7 +197,7 @@ def doctor_options(sub: argparse.ArgumentParser) -> None:
 
 
 def slurm_options(sub: argparse.ArgumentParser) -> None:
-    """`preflight node` in a SLURM prolog or HealthCheckProgram (preflight.slurm; scripts/slurm/)."""
+    """`preflight node` in a SLURM prolog or HealthCheckProgram (preflight.gate.slurm; scripts/slurm/)."""
     sub.add_argument("--budget", type=positive_float, metavar="S",
                      help="finish within S seconds: what does not fit is skipped (\"budget of S s spent\")")
     sub.add_argument("--drain", action="store_true",
@@ -207,8 +207,8 @@ def slurm_options(sub: argparse.ArgumentParser) -> None:
 
 
 def collective_options(sub: argparse.ArgumentParser) -> None:
-    """The all-reduce smoke test's options (the COL checks; preflight.collective)."""
-    from preflight.coloptions import BACKENDS, parse_sizes
+    """The all-reduce smoke test's options (the COL checks; preflight.collective.allreduce)."""
+    from preflight.collective.options import BACKENDS, parse_sizes
 
     sub.add_argument("--backend", choices=BACKENDS, default="auto",
                      help="all-reduce backend (default auto: nccl when every node has GPUs, else gloo)")
@@ -301,7 +301,9 @@ def evaluate(reg, args, gather=None):
     """Parsed arguments to Results: report paths, profile, selection, plan, facts, checks. gather(plan, args,
     specs) gives the CheckContext (default gather_for); scripts/bench_scale.py gives synthetic facts.
     Returns (plan, ctx, results, started: time.perf_counter() when the run began)."""
-    from preflight import redact, registry, reports, runner
+    from preflight import registry, runner
+    from preflight.report import redact
+    from preflight.report import files as reports
     from preflight.plan import build_plan, default_accelerate_config
 
     gather = gather or gather_for
@@ -320,11 +322,11 @@ def evaluate(reg, args, gather=None):
     budget = getattr(args, "budget", None)
     deadline = time.monotonic() + budget - min(1.0, budget * 0.1) if budget else None  # room to report/drain
     if (getattr(args, "drain", False) or getattr(args, "undrain", False)):
-        from preflight import slurm
+        from preflight.gate import slurm
 
         if slurm.scontrol_path() is None:
             raise UsageError("--drain/--undrain need SLURM's scontrol, which is not on PATH")
-    from preflight.launchcmd import parse as parse_command
+    from preflight.inputs.launchcmd import parse as parse_command
 
     command = parse_command(launch_command(args))
     config, deepspeed = args.config, args.deepspeed
@@ -362,7 +364,7 @@ def evaluate(reg, args, gather=None):
     )
     given = config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None)
     if args.command == "lint" and not given:
-        from preflight.collector import accelerate_default_config
+        from preflight.node.launchfiles import accelerate_default_config
 
         print("preflight: nothing to lint: no --config, --deepspeed, --hostfile or --model, and no accelerate default "
               f"config at {accelerate_default_config()}", file=sys.stderr)
@@ -373,7 +375,7 @@ def evaluate(reg, args, gather=None):
         else:
             ctx = _gather_bounded(plan, args, specs, deadline, budget, gather)
         gc.freeze()  # the facts live until exit: the collections that the checks and reports set off skip them
-    # Secrets out of every output (terminal, JSON, report files, a drain reason): preflight.redact.
+    # Secrets out of every output (terminal, JSON, report files, a drain reason): preflight.report.redact.
     return plan, ctx, redact.results(runner.run(specs, ctx, deadline, budget)), started
 
 
@@ -391,9 +393,10 @@ def _run(reg, args) -> int:
     if args.command == "launch" and code == 0:
         sys.stdout.flush()
         sys.stderr.flush()
-        from preflight import launcher
+        from preflight.gate import launcher
+        from preflight.inputs.launchcmd import is_accelerate_launch
 
-        if plan.remote and launcher.is_accelerate_launch(command):  # every node, with its rank (README)
+        if plan.remote and is_accelerate_launch(command):  # every node, with its rank (README)
             return launcher.run(plan.nodes, ctx.probes["head"]["address"], plan.port, command,
                                 ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, timeout=args.timeout,
                                 progress=for_stderr(args.json))
@@ -408,7 +411,11 @@ def _run(reg, args) -> int:
 
 def _doctor(reg, args) -> int:
     """`preflight doctor`: the census of the running job on every node, then the RUN checks; read only."""
-    from preflight import gather, jobcensus, redact, registry, reports, runner
+    from preflight import registry, runner
+    from preflight.remote import gather
+    from preflight.job import running as jobcensus
+    from preflight.report import redact
+    from preflight.report import files as reports
     from preflight.plan import build_plan
 
     if args.hostfile == "":
@@ -420,7 +427,7 @@ def _doctor(reg, args) -> int:
         raise UsageError(str(exc)) from None
     started = time.perf_counter()
     if args.slurm_job:
-        from preflight import slurm
+        from preflight.gate import slurm
 
         nodes, transport = tuple(slurm.job_nodes(args.slurm_job, args.timeout)), "srun"
     else:
@@ -440,7 +447,8 @@ def _doctor(reg, args) -> int:
 
 def _report(args, plan, results, elapsed: float) -> str:
     """The terminal report or the JSON document, then the report files asked for; the verdict."""
-    from preflight import render, reports
+    from preflight.report import render
+    from preflight.report import files as reports
 
     outcome = verdict(results)
     if args.json:
@@ -474,7 +482,8 @@ def launch_command(args) -> List[str]:
 
 def _profile(args, reg):
     """--profile FILE, else ./preflight.toml, else [tool.preflight] of ./pyproject.toml, else None."""
-    from preflight import profile, registry
+    from preflight import registry
+    from preflight.inputs import profile
 
     path = args.profile if args.profile is not None else profile.find()
     if path is None:
@@ -504,8 +513,8 @@ def _limits(args, profile):
 
 def _target(args) -> tuple:
     """The nodes: --hosts, --slurm, or (for check and launch) the hostfile; none means this machine."""
-    from preflight import inventory
-    from preflight.jobconfig import load_hostfile
+    from preflight.inputs import inventory
+    from preflight.inputs.configs import load_hostfile
 
     if getattr(args, "hosts", None) is not None:
         return tuple(inventory.validate(inventory.expand(args.hosts, "--hosts"), "--hosts"))
@@ -524,7 +533,7 @@ def _target(args) -> tuple:
 def _gather_bounded(plan, args, specs, deadline: float, budget: float, gather):
     """gather(plan, args, specs) within the budget: past it, no facts, and every node check is an error (a deadline)."""
     from preflight import runner
-    from preflight.transport import NodeError, run_with_deadline
+    from preflight.remote.ssh import NodeError, run_with_deadline
 
     try:
         return run_with_deadline(lambda: gather(plan, args, specs), max(0.0, deadline - time.monotonic()))
@@ -538,7 +547,7 @@ def _gather_bounded(plan, args, specs, deadline: float, budget: float, gather):
 
 def _slurm_state(args, results, outcome: str, started: float, budget) -> None:
     """--drain / --undrain: this node's SLURM state after the verdict (messages on stderr)."""
-    from preflight import slurm
+    from preflight.gate import slurm
 
     name = slurm.node_name()
     timeout = 10.0 if not budget else max(0.5, budget - (time.perf_counter() - started))
@@ -559,7 +568,7 @@ def _slurm_state(args, results, outcome: str, started: float, budget) -> None:
 def _transport(args) -> str:
     """`check --slurm` and `doctor --slurm` inside an allocation reach the nodes with srun job steps; everything else over SSH
     (`launch` too: it starts the launcher on each node over SSH)."""
-    from preflight import srun
+    from preflight.remote import srun
 
     return "srun" if args.command in ("check", "doctor") and getattr(args, "slurm", False) and srun.usable() else "ssh"
 
@@ -567,11 +576,13 @@ def _transport(args) -> str:
 def gather_for(plan, args, specs=()):
     """Facts and probes: over SSH for a target, in-process for this machine alone. The all-reduce (the slow
     part) runs only over SSH, and only when a COL check is selected."""
-    from preflight import gather, jobview, runner
+    from preflight import runner
+    from preflight.remote import gather
+    from preflight.job import view as jobview
 
     collective = None
     if plan.remote and any(s.family == "COL" for s in specs):  # its module (and transport) only then
-        from preflight.collective import options_from_args
+        from preflight.collective.allreduce import options_from_args
 
         collective = options_from_args(plan, args)
     options = gather.GatherOptions(

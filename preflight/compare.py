@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple
 
-from preflight.inventory import fold
+from preflight.inputs.inventory import fold
 from preflight.result import Finding
 
 

@@ -7,8 +7,9 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
-from preflight.inventory import head_first
-from preflight.jobconfig import (
+from preflight.inputs.inventory import head_first
+from preflight.inputs.launchcmd import RANK_FLAGS
+from preflight.inputs.configs import (
     AccelerateConfig,
     DISTRIBUTED_TYPES,
     SAGEMAKER_DISTRIBUTED_TYPES,
@@ -24,8 +25,8 @@ from preflight.jobconfig import (
 )
 
 if TYPE_CHECKING:
-    from preflight.launchcmd import LaunchCommand
-    from preflight.profile import Profile
+    from preflight.inputs.launchcmd import LaunchCommand
+    from preflight.inputs.profile import Profile
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Plan:
     deepspeed_path: Optional[str] = None  # --deepspeed as given
     workdir: Optional[str] = None  # the job's working directory on every node (this one's)
     expand_vars: bool = True  # $VAR in the command is each node's (check); `launch` quotes every word
-    sets_ranks: bool = False  # `launch` over SSH gives each node its rank flags (preflight.launcher)
+    sets_ranks: bool = False  # `launch` over SSH gives each node its rank flags (preflight.gate.launcher)
     python: Optional[str] = None  # --python: the interpreter whose versions the facts hold
     memory: Optional[Any] = None  # preflight.memory.Inputs: --model, --gpu-memory, --host-memory, --seq-len
 
@@ -97,8 +98,8 @@ class Plan:
 
     @property
     def launch(self) -> Optional["LaunchCommand"]:
-        """The launch command after `--` as its launcher reads it (preflight.launchcmd), or None without one."""
-        from preflight import launchcmd
+        """The launch command after `--` as its launcher reads it (preflight.inputs.launchcmd), or None without one."""
+        from preflight.inputs import launchcmd
 
         return launchcmd.parse(self.command) if self.command else None
 
@@ -139,7 +140,7 @@ class Plan:
 
 def default_accelerate_config() -> Optional[str]:
     """accelerate's default config file, as `accelerate launch` finds it, when it exists."""
-    from preflight.collector import accelerate_default_config
+    from preflight.node.launchfiles import accelerate_default_config
 
     path = accelerate_default_config()
     return path if os.path.isfile(path) else None
@@ -166,7 +167,7 @@ def build_plan(
 
     nodes None: a lint, no node at all; () : this machine alone; names: those nodes over SSH."""
     accel = load_accelerate_config(config) if config else None
-    # `launch` over SSH sets each node's rank, head and machine count itself (preflight.launcher).
+    # `launch` over SSH sets each node's rank, head and machine count itself (preflight.gate.launcher).
     ignored = RANK_FLAGS if launching and nodes else ()
     if accel is not None and command:  # -- COMMAND: its flags over the file, as accelerate merges them
         accel = with_launch_flags(accel, command, ignored)
@@ -215,7 +216,7 @@ def build_plan(
     )
 
 
-# The effective launch's fields (preflight.jobview.launch) that come from accelerate's config, by key path.
+# The effective launch's fields (preflight.job.view.launch) that come from accelerate's config, by key path.
 LAUNCH_FIELDS = {
     "num_processes": ("num_processes",), "num_machines": ("num_machines",), "machine_rank": ("machine_rank",),
     "main_ip": ("main_process_ip",), "main_port": ("main_process_port",), "mixed_precision": ("mixed_precision",),
@@ -234,7 +235,7 @@ def launch_flags_alone(command: Tuple[str, ...], ignored: Tuple[str, ...] = ()) 
     """`accelerate launch FLAGS` with no config file (none named, no default one here): its flags alone, which
     accelerate launches over its own defaults; None for another launcher, or a command naming a config file
     that only the nodes have."""
-    from preflight import launchcmd
+    from preflight.inputs import launchcmd
 
     cmd = launchcmd.parse(command)
     if cmd.launcher != "accelerate" or cmd.get("config_file") is not None:
@@ -243,15 +244,13 @@ def launch_flags_alone(command: Tuple[str, ...], ignored: Tuple[str, ...] = ()) 
     return dataclasses.replace(with_launch_flags(bare, command, ignored), from_command=True)
 
 
-RANK_FLAGS = ("machine_rank", "main_process_ip", "main_process_port", "num_machines")
-
-
 def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...], ignored: Tuple[str, ...] = ()) -> AccelerateConfig:
     """The accelerate config as `accelerate launch` COMMAND sees it: a flag wins where it is given.
 
-    The merge rules are preflight.jobview.launch's (one place for accelerate's _validate_launch_command);
+    The merge rules are preflight.job.view.launch's (one place for accelerate's _validate_launch_command);
     here only the values that came from a flag are written over the file's, each named by its flag."""
-    from preflight import jobview, launchcmd
+    from preflight.job import view as jobview
+    from preflight.inputs import launchcmd
 
     cmd = launchcmd.parse(command)
     if ignored:

@@ -144,7 +144,7 @@ class EntryPoint:
 def entry_points() -> List[Tuple[str, EntryPoint]]:
     """(distribution's name, entry point) for each entry point in ENTRY_POINT_GROUP, read as importlib.metadata
     reads entry_points.txt, from the distributions it would walk (collector.installed_distributions)."""
-    from preflight.collector import distribution_file, distribution_key, installed_distributions, name_and_version
+    from preflight.node.packages import distribution_file, distribution_key, installed_distributions, name_and_version
 
     found, seen = [], set()
     for folder in installed_distributions():

@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from preflight.collector import SECTION_FAILED
-from preflight.documents import one_line
+from preflight.node.collector import SECTION_FAILED
+from preflight.inputs.documents import one_line
 from preflight.registry import CheckSpec
 from preflight.result import Finding, Result, Status
 

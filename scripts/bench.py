@@ -339,7 +339,7 @@ PLAIN_ITERS = 5
 
 
 def bench_col(section: Section, repeat: int, cluster, folder: Path, **_):
-    from preflight.collective import DEFAULT_SIZES
+    from preflight.collective.allreduce import DEFAULT_SIZES
 
     hosts = cluster.nodes[:COL_HOSTS]
     script = folder / "plain_allreduce.py"

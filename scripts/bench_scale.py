@@ -125,9 +125,9 @@ def recorded_gpus(recording: str) -> dict:
         from nvml_fake import fake
     finally:
         sys.path.remove(os.path.join(ROOT, "tests"))
-    from preflight import collector
+    from preflight.node import gpus
 
-    return collector._gpus(fake(recording)())
+    return gpus.facts(fake(recording)())
 
 
 def write_inputs(n: int, folder: str) -> dict:
@@ -157,7 +157,8 @@ def write_inputs(n: int, folder: str) -> dict:
 
 def synthesize(n: int, folder: str) -> tuple:
     """(facts, probes) as gather_ssh returns them for n nodes, the planted variations included."""
-    from preflight import collector, gather
+    from preflight.remote import gather
+    from preflight.node import collector
 
     base = collector.collect({"head": address_of(0), "port": PORT, "paths": {"workdir": folder}})
     base["env"].update(JOB_ENV)
@@ -208,7 +209,9 @@ def run_once(n: int, folder: str) -> dict:
     """Imports, synthesis, then the checks and `preflight check`'s reports (terminal, JSON), then the opt-in
     report files, timed apart (seconds); peak RSS in MB after each stage."""
     started = time.perf_counter()
-    from preflight import cli, registry, render, reports, runner
+    from preflight import cli, registry, runner
+    from preflight.report import render
+    from preflight.report import files as reports
     from preflight.result import verdict
 
     reg = registry.load()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU and its driver: run the real NVML path once and keep what it saw.
 #  1. the collector as a node runs it (python3 preflight/collector.py): its gpus fact must be available;
-#  2. the real adapter (collector.Nvml) inside the recorder of tests/nvml_fake.py: every answer it gave
+#  2. the real adapter (gpus.Nvml) inside the recorder of tests/nvml_fake.py: every answer it gave
 #     is written to tests/fixtures/nvml/recorded-<model>.json, which the tests' fake adapter replays;
 #  3. where preflight is installed with its test extra, tests/test_gpu.py (its first test then takes
 #     the real path, and every recording is replayed).
@@ -41,12 +41,12 @@ echo "== 2. recording the real adapter's answers"
 "$PY" - "$WORK" <<'EOF'
 import datetime, json, os, re, sys
 sys.path[:0] = ["tests", "."]
-from preflight import collector
+from preflight.node import gpus
 from nvml_fake import FIXTURES, Recorder, fake
 
-adapter = fake(os.environ["NVML_FAKE"])() if os.environ.get("NVML_FAKE") else collector.Nvml()
+adapter = fake(os.environ["NVML_FAKE"])() if os.environ.get("NVML_FAKE") else gpus.Nvml()
 recorder = Recorder(adapter)
-facts = collector._gpus(recorder)
+facts = gpus.facts(recorder)
 try:
     from importlib.metadata import version
     binding = "nvidia-ml-py %s" % version("nvidia-ml-py")

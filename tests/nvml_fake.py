@@ -1,4 +1,4 @@
-"""Recorded NVML answers: a stand-in for preflight.collector.Nvml that replays them, and the recorder
+"""Recorded NVML answers: a stand-in for preflight.gpus.Nvml that replays them, and the recorder
 that makes a recording from the real adapter on a machine with GPUs (scripts/device_gpu_check.sh).
 
 A recording (tests/fixtures/nvml/*.json) holds what each method of the adapter answered:
@@ -14,7 +14,7 @@ import pathlib
 
 import pynvml
 
-from preflight import collector
+from preflight.node import gpus
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "nvml"
 NOT_SUPPORTED = "NotSupported"
@@ -47,7 +47,7 @@ def nvml_error(name):
 
 
 def fake(name):
-    """A class that stands where collector.Nvml stands, answering from the recording `name`."""
+    """A class that stands where gpus.Nvml stands, answering from the recording `name`."""
     record = load(name)
 
     class FakeNvml(object):
@@ -70,7 +70,7 @@ def fake(name):
                             break
                         value = value[key]
                 if value == NOT_SUPPORTED:
-                    raise collector.NvmlUnsupported(method)
+                    raise gpus.NvmlUnsupported(method)
                 if isinstance(value, dict) and "nvml_error" in value:
                     raise nvml_error(value["nvml_error"])
                 return copy.deepcopy(value)
@@ -96,7 +96,7 @@ class Recorder(object):
         def call(*args):
             try:
                 value = result = function(*args)
-            except collector.NvmlUnsupported:
+            except gpus.NvmlUnsupported:
                 value, result = NOT_SUPPORTED, None
             except pynvml.NVMLError as exc:
                 value, result = {"nvml_error": type(exc).__name__[len("NVMLError_"):]}, exc
@@ -110,7 +110,7 @@ class Recorder(object):
                     slot = slot.setdefault(key, {})
                 slot[keys[-1]] = value
             if value == NOT_SUPPORTED:
-                raise collector.NvmlUnsupported(method)
+                raise gpus.NvmlUnsupported(method)
             if isinstance(result, Exception):
                 raise result
             return result

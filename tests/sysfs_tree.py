@@ -1,5 +1,5 @@
 """Recorded sysfs / procfs trees (tests/fixtures/sysfs/*.json) laid out as files under a folder, for the
-collector's fabric facts (collector.SYSROOT stands where "/" stands on a node).
+collector's fabric facts (fabric.SYSROOT stands where "/" stands on a node).
 
 A recording: {"about": ..., "files": {PATH: TEXT}, "links": {PATH: TARGET}}, paths relative to the root
 (a link's target too). A change maps PATH to new text, or to None to remove that file.
@@ -9,7 +9,7 @@ import os
 import pathlib
 from unittest import mock
 
-from preflight import collector
+from preflight.node import fabric
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "sysfs"
 
@@ -34,5 +34,5 @@ def lay_out(root: pathlib.Path, recording: str, change=None) -> pathlib.Path:
 def fabric_facts(root: pathlib.Path, recording: str, change=None) -> dict:
     """The fabric fact a node with this tree sends: built by the collector, through JSON."""
     lay_out(root, recording, change)
-    with mock.patch.object(collector, "SYSROOT", str(root)):
-        return json.loads(json.dumps(collector._fabric()))
+    with mock.patch.object(fabric, "SYSROOT", str(root)):
+        return json.loads(json.dumps(fabric.facts()))

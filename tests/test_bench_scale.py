@@ -92,7 +92,7 @@ def test_the_json_document_has_one_result_per_line(run):
 
 
 def test_facts_are_decoded_as_gather_decodes_them_with_strings_shared_across_nodes():
-    from preflight.gather import facts_decoder
+    from preflight.remote.gather import facts_decoder
 
     line = json.dumps({"env": {"NCCL_DEBUG": "WARN"}, "versions": ["2.13.0", {"cuda": "12.8"}], "n": 1, "x": None})
     decode = facts_decoder()

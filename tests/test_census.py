@@ -1,4 +1,4 @@
-"""The census of a running job (preflight.census, node side) and its model (preflight.jobcensus), without a
+"""The census of a running job (preflight.node.census, node side) and its model (preflight.job.running), without a
 cluster: a real process on this machine, /proc's formats, stacks as py-spy reports them, hostile census facts."""
 import os
 import signal
@@ -8,17 +8,19 @@ import time
 
 import pytest
 
-from preflight import census, jobcensus, registry, runner
+from preflight import registry, runner
+from preflight.node import census, procfs
+from preflight.job import running as jobcensus
 from preflight.plan import build_plan
 from preflight.result import Status
 
 
 def test_proc_net_tcp_addresses():
-    assert census._address("0100007F:1F90") == ("127.0.0.1", 8080)
-    assert census._address("0B004D0A:7149") == ("10.77.0.11", 29001)
-    assert census._address("00000000000000000000000001000000:0016") == ("::1", 22)
-    assert census._address("0000000000000000FFFF00000B004D0A:7149") == ("10.77.0.11", 29001)
-    assert census._address("nonsense") == ("nonsense", None)
+    assert procfs.address("0100007F:1F90") == ("127.0.0.1", 8080)
+    assert procfs.address("0B004D0A:7149") == ("10.77.0.11", 29001)
+    assert procfs.address("00000000000000000000000001000000:0016") == ("::1", 22)
+    assert procfs.address("0000000000000000FFFF00000B004D0A:7149") == ("10.77.0.11", 29001)
+    assert procfs.address("nonsense") == ("nonsense", None)
 
 
 def frames(*names, user=("train.py", 12)):

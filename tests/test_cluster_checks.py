@@ -9,7 +9,7 @@ import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from conftest import preflight_json, results
-from preflight import collector
+from preflight.node import collector, host
 
 pytestmark = pytest.mark.cluster
 
@@ -46,7 +46,7 @@ def test_a_healthy_cluster_passes_five_times_in_a_row(cluster):
 
 def test_clock_sync_reports_what_the_kernel_says(cluster):
     doc, _ = check(cluster, "--only", "CLK002", skip=None)
-    expected = "pass" if collector._clock()["synchronised"] else "warn"
+    expected = "pass" if host.clock()["synchronised"] else "warn"
     assert {r["status"] for r in results(doc, "CLK002").values()} == {expected}
 
 

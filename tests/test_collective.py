@@ -13,8 +13,10 @@ import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from conftest import preflight_json, results
-from preflight import cli, collective, colworker, registry, runner
-from preflight.collective import (
+from preflight import cli, registry, runner
+from preflight.collective import allreduce as collective
+from preflight.node import allreduce as colworker
+from preflight.collective.allreduce import (
     CollectiveOptions,
     bisect,
     bus_factor,
@@ -23,10 +25,10 @@ from preflight.collective import (
     diagnose,
     local_processes,
 )
-from preflight.coloptions import parse_sizes
+from preflight.collective.options import parse_sizes
 from preflight.plan import Limits, Plan
 from preflight.result import Status
-from preflight.transport import shipped_command, shipped_input
+from preflight.remote.shipping import ALLREDUCE, shipped_command, shipped_input
 
 MIB = 1 << 20
 SPECS = {c.id: c for c in registry.load().checks}
@@ -181,7 +183,7 @@ def test_diagnose_names_a_node_still_importing_torch_or_leaves_it_to_the_timeout
 # --- the phase's decisions, over runs made up per group -----------------------------------------
 
 class FakePhase:
-    """What _drive needs of preflight.collective._Phase, with runs made up by `outcome(names)`."""
+    """What _drive needs of preflight.collective.allreduce._Phase, with runs made up by `outcome(names)`."""
 
     def __init__(self, outcome, min_busbw=None):
         self.col = CollectiveOptions(sizes=(MIB, 8 * MIB), min_busbw_gbps=min_busbw)
@@ -346,7 +348,7 @@ def test_below_the_threshold_names_the_bisected_node():
 
 def test_collective_runs_only_when_a_col_check_is_selected(monkeypatch):
     seen = []
-    monkeypatch.setattr("preflight.gather.gather_ssh", lambda names, options: (seen.append(options), ({}, {}))[1])
+    monkeypatch.setattr("preflight.remote.gather.gather_ssh", lambda names, options: (seen.append(options), ({}, {}))[1])
     args = cli.build_parser().parse_args(["check", "--hosts", "n1,n2", "--col-sizes", "1M,8M", "--min-busbw", "2"])
     plan = Plan(nodes=("n1", "n2"), remote=True, limits=Limits(min_busbw_gbps=2.0))
     cli.gather_for(plan, args, [SPECS["NET004"]])
@@ -366,11 +368,10 @@ def free_port():
 def start_worker(ranks, world, budget=20.0, env=None, sizes=(4096, MIB), **extra):
     options = {"master_addr": "127.0.0.1", "master_port": free_port(), "world_size": world, "ranks": ranks,
                "backend": "gloo", "sizes": list(sizes), "timeout_s": 30, "budget_s": budget, "env": {}, **extra}
-    source = open(colworker.__file__, encoding="utf-8").read()
     proc = subprocess.Popen(["bash", "-c", shipped_command(sys.executable)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, **(env or {})))
-    proc.stdin.write(shipped_input(source, options))
+    proc.stdin.write(shipped_input(ALLREDUCE, options))
     proc.stdin.flush()
     return proc
 
@@ -452,13 +453,13 @@ def node_reader(command, payload=None):
     import threading
     from types import SimpleNamespace
 
-    from preflight.srun import StepProcess
+    from preflight.remote.srun import StepProcess
 
     proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     step = StepProcess(proc)
     if payload is not None:
-        step.send_raw(shipped_input(open(colworker.__file__, encoding="utf-8").read(), payload).encode())
+        step.send_raw(shipped_input(ALLREDUCE, payload).encode())
     phase = collective._Phase([SimpleNamespace(name="n01", facts={})], "127.0.0.1", SimpleNamespace(
         collective=CollectiveOptions(), port=0, timeout=30, python=sys.executable), "gloo", 2)
     seen = []

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from preflight.documents import load
-from preflight.jobconfig import AccelerateConfig, DeepSpeedConfig
+from preflight.inputs.documents import load
+from preflight.inputs.configs import AccelerateConfig, DeepSpeedConfig
 from preflight.plan import Plan
 from preflight.runner import CheckContext
 

@@ -18,7 +18,7 @@ else:
 def imported_and_said():
     """The top-level modules that preflight/ and checks/ import, and their whole source text."""
     modules, text = set(), []
-    for path in sorted((ROOT / "preflight").glob("*.py")) + sorted((ROOT / "checks").glob("*.py")):
+    for path in sorted((ROOT / "preflight").rglob("*.py")) + sorted((ROOT / "checks").glob("*.py")):
         source = path.read_text()
         text.append(source)
         for node in ast.walk(ast.parse(source)):

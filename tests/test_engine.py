@@ -10,7 +10,8 @@ import types
 import pytest
 
 from conftest import run_cli, run_subprocess
-from preflight import registry, render, runner
+from preflight import registry, runner
+from preflight.report import render
 from preflight.plan import Plan
 from preflight.registry import CheckDefinitionError, check
 from preflight.result import Result, Status, exit_code, passed, verdict
@@ -187,7 +188,7 @@ def test_installed_distributions_are_those_importlib_metadata_finds(tmp_path, mo
     and entry points importlib.metadata does, the first of a name on sys.path winning as for import."""
     from importlib import metadata
 
-    from preflight import collector
+    from preflight.node import packages
 
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir(), second.mkdir()
@@ -199,7 +200,7 @@ def test_installed_distributions_are_those_importlib_metadata_finds(tmp_path, mo
     theirs = {}
     for dist in metadata.distributions():
         theirs.setdefault(dist.metadata["Name"].lower().replace("_", "-"), dist.version)
-    assert collector._packages()["distributions"] == theirs
+    assert packages.facts()["distributions"] == theirs
     assert theirs["acme-checks"] == "1.0" and theirs["old-style"] == "0.3" and len(theirs) > 20
     ours = [(ep.name, ep.value) for _, ep in registry.entry_points()]
     assert sorted(ours) == sorted((ep.name, ep.value) for ep in metadata.entry_points(group=registry.ENTRY_POINT_GROUP))
@@ -217,9 +218,9 @@ def test_a_fifo_in_a_distributions_metadata_does_not_stall_the_run(tmp_path, goo
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     sys.path.insert(0, str(tmp_path))
     try:
-        from preflight import collector
+        from preflight.node import packages
 
-        assert "stalled" not in collector._packages()["distributions"]
+        assert "stalled" not in packages.facts()["distributions"]
     finally:
         sys.path.remove(str(tmp_path))
 
@@ -229,14 +230,14 @@ def test_hostile_distributions_on_the_path(tmp_path, good):
     torch; a plugin past the first 64 KiB of entry_points.txt is found; a single-file .egg-info is no
     entry_points.txt; an entry point that names no module, or a plugin that exits on import, is a plugin problem:
     `list` still lists, exit 0."""
-    from preflight import collector
+    from preflight.node import packages
 
     shadow = tmp_path / "shadow"
     (shadow / "torch-9.9.dist-info").mkdir(parents=True)
     (shadow / "torch-9.9.dist-info" / "METADATA").write_text("Summary: not a distribution\n")
     sys.path.insert(0, str(shadow))
     try:
-        assert collector._packages()["versions"]["torch"] not in (None, "9.9")
+        assert packages.facts()["versions"]["torch"] not in (None, "9.9")
     finally:
         sys.path.remove(str(shadow))
     plugins = tmp_path / "plugins"

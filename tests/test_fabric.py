@@ -9,7 +9,10 @@ import pytest
 
 from conftest import run_cli
 from nvml_fake import fake
-from preflight import collector, gather, registry, runner
+from preflight import registry, runner
+from preflight.remote import gather
+from preflight.node import collector, fabric
+from preflight.node import gpus as gpu_facts
 from preflight.plan import build_plan
 from preflight.result import Status
 from sysfs_tree import FIXTURES, fabric_facts
@@ -21,8 +24,8 @@ IB1 = "sys/class/infiniband/mlx5_1/ports/1/"
 
 
 def gpus(recording="h100x8.json"):
-    with mock.patch.object(collector, "Nvml", fake(recording)):
-        return json.loads(json.dumps(collector._gpus()))
+    with mock.patch.object(gpu_facts, "Nvml", fake(recording)):
+        return json.loads(json.dumps(gpu_facts.facts()))
 
 
 def node(tmp_path, name, recording, change=None, env=None, nvml="h100x8.json", versions=None):
@@ -286,7 +289,7 @@ def test_xid_unreadable_kernel_log_skips_with_the_reason(tmp_path):
 
 
 def test_the_real_kernel_log_is_read_without_blocking():
-    xid = collector._xid_events("/")
+    xid = fabric.xid_events("/")
     assert xid["readable"] is True or "kmsg" in xid["reason"]
 
 

@@ -1,4 +1,4 @@
-"""The shape of each facts section (preflight.shapes), held when a node's facts arrive (gather.checked_facts).
+"""The shape of each facts section (preflight.remote.shapes), held when a node's facts arrive (gather.checked_facts).
 
 Two sides: what the collector really writes (this machine, every NVML recording, every sysfs tree, the census
 of a real rank process) is never refused, since a refused section is a node's checks not run; and a value of
@@ -20,7 +20,14 @@ from nvml_fake import FIXTURES as NVML_FIXTURES
 from nvml_fake import fake
 from sysfs_tree import FIXTURES as SYSFS_FIXTURES
 from sysfs_tree import fabric_facts
-from preflight import collector, gather, jobcensus, jobview, memory, registry, runner, shapes
+from preflight import registry, runner
+from preflight.remote import gather
+from preflight.job import running as jobcensus
+from preflight.job import view as jobview
+from preflight.remote import shapes
+from preflight.inputs import models
+from preflight.node import collector, host, launchfiles
+from preflight.node import gpus as gpu_facts
 from preflight.plan import build_plan
 from preflight.result import Status
 
@@ -33,8 +40,8 @@ def trip(doc):
 
 
 def gpus(recording):
-    with mock.patch.object(collector, "Nvml", fake(recording)):
-        return trip(collector._gpus())
+    with mock.patch.object(gpu_facts, "Nvml", fake(recording)):
+        return trip(gpu_facts.facts())
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +55,7 @@ def census():
     try:
         time.sleep(1.0)
         with mock.patch.dict(os.environ, {"PATH": env["PATH"]}):
-            found = trip(collector._census({"port": PORT, "stacks": True, "deadline_s": 10}))
+            found = trip(collector.census({"port": PORT, "stacks": True, "deadline_s": 10}))
     finally:
         rank.kill()
         rank.wait()
@@ -75,8 +82,8 @@ def job(tmp_path_factory):
     (tmp / "train.py").write_text("print('train')\n")
     command = ("accelerate", "launch", "--config_file", str(tmp / "acc.yaml"), str(tmp / "train.py"))
     plan = build_plan(config=str(tmp / "acc.yaml"), nodes=("n01", "n02"), command=command, checkpoint_dir=str(tmp),
-                      memory=memory.Inputs(model=memory.resolve("7B")))
-    return plan, trip(collector._job(jobview.request(plan))), tmp
+                      memory=models.Inputs(model=models.resolve("7B")))
+    return plan, trip(launchfiles.facts(jobview.request(plan))), tmp
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +127,7 @@ def test_this_machines_facts_a_job_and_a_real_census_are_of_their_shape(node_fac
 def test_an_interpreter_that_does_not_know_its_own_path_is_of_its_shape(node_facts):
     """sys.executable is None where Python cannot tell its own path (documented): the python section holds it."""
     with mock.patch.object(sys, "executable", None):
-        python = trip(collector._python())
+        python = trip(host.python())
     assert python["executable"] is None
     untouched(dict(copy.deepcopy(node_facts), python=python))
 
@@ -183,7 +190,7 @@ def test_a_value_of_another_shape_is_the_nodes_failed_section_never_a_defect(job
             defects += [(path, value, r.id, r.message) for r in results
                         if (r.remediation or "").startswith("this is a defect in the check") or "raised" in r.message]
     assert not defects, defects[:5]
-    if section in shapes.SECTIONS:  # (the job section is read key by key where it is used: preflight.jobview)
+    if section in shapes.SECTIONS:  # (the job section is read key by key where it is used: preflight.job.view)
         assert refused, "no value of another shape was refused: the shapes do not cover this section"
 
 

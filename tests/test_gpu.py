@@ -1,5 +1,5 @@
 """GPU facts and checks over recorded NVML answers: a fake adapter built from a recording
-(tests/fixtures/nvml) stands where collector.Nvml stands; the collector's _gpus, the JSON trip from
+(tests/fixtures/nvml) stands where gpus.Nvml stands; the collector's _gpus, the JSON trip from
 the node, the checks, the runner and the CLI run for real."""
 import ctypes.util
 import copy
@@ -16,7 +16,9 @@ import yaml
 
 from conftest import run_cli
 from nvml_fake import FIXTURES, Recorder, fake, load
-from preflight import collector, registry, runner
+from preflight import registry, runner
+from preflight.node import collector, fabric, gpus
+from preflight.remote import shipping
 from preflight.plan import build_plan
 from preflight.result import Status
 from sysfs_tree import lay_out
@@ -29,8 +31,8 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 def gpu_facts(recording):
     """The gpus fact as a node sends it: built by the collector from the recording, through JSON."""
-    with mock.patch.object(collector, "Nvml", fake(recording)):
-        return json.loads(json.dumps(collector._gpus()))
+    with mock.patch.object(gpus, "Nvml", fake(recording)):
+        return json.loads(json.dumps(gpus.facts()))
 
 
 def node(recording, env=None, change=None):
@@ -72,7 +74,7 @@ def statuses(results, name="n01"):
 # --- the facts ----------------------------------------------------------------------------------
 
 def test_the_real_adapter_on_this_machine_never_raises():
-    facts = collector._gpus()
+    facts = gpus.facts()
     if ctypes.util.find_library("nvidia-ml") or os.path.exists("/proc/driver/nvidia/version"):
         assert facts["available"] is True and facts["count"] == len(facts["devices"]) > 0
     else:  # no driver here: the fact says so
@@ -80,25 +82,27 @@ def test_the_real_adapter_on_this_machine_never_raises():
     assert BASE["gpus"] == json.loads(json.dumps(facts)) and BASE["memory"]["total_bytes"] > 0
 
 
-def test_the_shipped_collector_runs_without_pynvml():
+def test_the_shipped_collector_runs_without_pynvml(tmp_path):
     """The node's interpreter may lack nvidia-ml-py: the collector, stdlib only, says so and goes on."""
-    code = ("import sys; sys.modules['pynvml'] = None; source = open(sys.argv[1]).read(); "
-            "exec(compile(source, 'collector', 'exec'), {'__name__': '__main__', 'OPTIONS': {}})")
-    proc = subprocess.run([sys.executable, "-c", code, collector.__file__], input="done\n", capture_output=True,
-                          text=True, timeout=60)
+    python = tmp_path / "python"  # the training interpreter, with pynvml made unimportable; "$@" is -u -c BOOTSTRAP
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import sys; sys.modules['pynvml'] = None; "
+                      "exec(sys.argv[1])\" \"$3\"\n")
+    python.chmod(0o755)
+    proc = subprocess.run(["sh", "-c", shipping.shipped_command(str(python))], capture_output=True, text=True,
+                          input=shipping.shipped_input(shipping.AGENT, {}) + "done\n", timeout=60)
     facts = json.loads(proc.stdout.splitlines()[0])
     assert facts["gpus"]["available"] is False and "install nvidia-ml-py" in facts["gpus"]["reason"]
     assert facts["python"]["executable"] == sys.executable and "error" not in facts["memory"]
 
 
 def test_collect_asks_the_adapter_class(monkeypatch):
-    monkeypatch.setattr(collector, "Nvml", fake("v100.json"))
+    monkeypatch.setattr(gpus, "Nvml", fake("v100.json"))
     facts = collector.collect({})
     assert facts["gpus"]["count"] == 4 and facts["gpus"]["devices"][3]["name"] == "Tesla V100-PCIE-32GB"
 
 
 def test_recordings_answer_exactly_the_adapters_methods():
-    methods = {m for m in vars(collector.Nvml) if not m.startswith("_")} - {"close"}
+    methods = {m for m in vars(gpus.Nvml) if not m.startswith("_")} - {"close"}
     system = {"driver_version", "cuda_driver_version", "count"}
     for path in FIXTURES.glob("*.json"):
         record = load(path.name)
@@ -184,11 +188,11 @@ def test_the_real_adapter_maps_nvml_answers():
         nvmlDeviceGetCurrentClocksEventReasons=raises(pynvml.NVMLError_FunctionNotFound),
         nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x41,
         nvmlDeviceGetName=lambda h: b"Tesla V100-PCIE-32GB")
-    adapter = collector.Nvml.__new__(collector.Nvml)
+    adapter = gpus.Nvml.__new__(gpus.Nvml)
     adapter.nv, adapter.handles = nv, {}
-    with pytest.raises(collector.NvmlUnsupported):
+    with pytest.raises(gpus.NvmlUnsupported):
         adapter.mig_mode(0)
-    with pytest.raises(collector.NvmlUnsupported):
+    with pytest.raises(gpus.NvmlUnsupported):
         adapter.persistence_mode(0)  # a function this pynvml does not have
     assert adapter.processes(0, "compute") == [[7, 2**30]]
     assert adapter.nvlink_states(0) == [True] * 7 + [False] + [True] * 10
@@ -197,10 +201,10 @@ def test_the_real_adapter_maps_nvml_answers():
 
 def test_the_recorder_writes_what_the_fake_replays():
     recorder = Recorder(fake("v100.json")())
-    facts = collector._gpus(recorder)
+    facts = gpus.facts(recorder)
     record = json.loads(json.dumps(recorder.record))
     assert record["gpus"][0]["nvlink_states"] == "NotSupported"
-    assert record["gpus"] == load("v100.json")["gpus"] and facts == collector._gpus(fake("v100.json")())
+    assert record["gpus"] == load("v100.json")["gpus"] and facts == gpus.facts(fake("v100.json")())
 
 
 # --- GPU001: enough GPUs, gpu_ids and CUDA_VISIBLE_DEVICES ----------------------------------------
@@ -424,15 +428,15 @@ def test_check_reports_gpu_findings(tmp_path, capsys, monkeypatch):
     config.write_text(yaml.safe_dump({"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU",
                                       "num_machines": 1, "num_processes": 8, "mixed_precision": "bf16"}))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(collector, "Nvml", fake("h100x8.json"))
-    monkeypatch.setattr(collector, "SYSROOT", str(lay_out(tmp_path / "root", "ib-node")))  # its kernel log for GPU008
+    monkeypatch.setattr(gpus, "Nvml", fake("h100x8.json"))
+    monkeypatch.setattr(fabric, "SYSROOT", str(lay_out(tmp_path / "root", "ib-node")))  # its kernel log for GPU008
     code, doc, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU", "--json")
     assert code == 0 and {r["id"]: r["status"] for r in doc["results"]} == {
         "GPU001": "pass", "GPU002": "skip", "GPU003": "pass", "GPU004": "pass", "GPU005": "pass", "GPU006": "pass",
         "GPU007": "skip", "GPU008": "pass"}
-    monkeypatch.setattr(collector, "Nvml", fake("busy.json"))
+    monkeypatch.setattr(gpus, "Nvml", fake("busy.json"))
     code, doc, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU004", "--json")
     assert code == 1 and doc["verdict"] == "fail" and "pid 48214" in doc["results"][1]["message"]
-    monkeypatch.setattr(collector, "Nvml", fake("v100.json"))
+    monkeypatch.setattr(gpus, "Nvml", fake("v100.json"))
     code, text, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU")
     assert code == 1 and "FAIL  GPU001" in text and "FAIL  GPU003" in text and "compute capability 7.0" in text

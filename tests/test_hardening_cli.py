@@ -127,7 +127,7 @@ builtins.open = open
 
 def preflight_processes(cluster) -> list:
     """The processes preflight started on the nodes (the shipped bootstrap), by their namespaces' lists."""
-    from preflight.transport import BOOTSTRAP
+    from preflight.remote.shipping import BOOTSTRAP
 
     found = []
     for node in cluster.nodes:

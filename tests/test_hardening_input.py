@@ -15,7 +15,7 @@ import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from conftest import run_cli
-from preflight import reports
+from preflight.report import files as reports
 from test_reports import bad_config  # noqa: F401  (a fixture: pytest finds it by module attribute)
 
 # --- report files: written into what the path is ------------------------------------------------------
@@ -179,7 +179,7 @@ def test_a_pyproject_we_cannot_read_is_not_a_profile(tmp_path, content):
 def test_host_patterns_match_without_expanding(tmp_path):
     import tracemalloc
 
-    from preflight import profile
+    from preflight.inputs import profile
 
     path = tmp_path / "preflight.toml"
     path.write_text('[[hosts]]\nhosts = "node[0-99999999],login[001-100]x*"\ngpus = 8\n'
@@ -252,7 +252,7 @@ def test_a_nul_byte_in_a_named_path_is_a_finding_not_an_internal_error(tmp_path,
 
 
 def test_unit_redaction_by_name_parts():
-    from preflight import redact
+    from preflight.report import redact
 
     secret = ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWD", "NCCL_AUTH", "AWS_SECRET_ACCESS_KEY", "--api-key", "--password",
               "GOOGLE_APPLICATION_CREDENTIALS", "trainer.hf_token"]
@@ -266,13 +266,13 @@ def test_unit_redaction_by_name_parts():
 def test_the_node_keeps_secret_values_by_the_same_rule(monkeypatch):
     """The collector redacts on the node what the head would: a secret never leaves the node, and a name that
     only contains a secret word (TORCH_KEYBOARD_LAYOUT, HF_HUB_TOKENIZERS_DIR) keeps its value to be compared."""
-    from preflight import collector
+    from preflight.node import host
 
     secret = {"HF_TOKEN": HF, "TORCH_DB_PASSWD": "p1", "NCCL_AUTH_FILE": "p2", "HF_API_KEY": "p3"}
     plain = {"TORCH_KEYBOARD_LAYOUT": "us", "HF_HUB_TOKENIZERS_DIR": "/t", "HF_HUB_ENABLE_HF_TRANSFER": "1"}
     for name, value in {**secret, **plain}.items():
         monkeypatch.setenv(name, value)
-    env = collector._environment()
+    env = host.environment()
     assert {n: env[n] for n in secret} == dict.fromkeys(secret, "<redacted>")
     assert {n: env[n] for n in plain} == plain
 

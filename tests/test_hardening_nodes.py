@@ -15,12 +15,13 @@ import pytest
 
 from cluster import cluster, cluster_up, testcluster  # noqa: F401  (fixtures)
 from conftest import preflight_json, results
-from preflight import launcher, transport
-from preflight.transport import MAX_LINE, LineReader, NodeError
+from preflight.gate import launcher
+from preflight.remote import shipping
+from preflight.remote.ssh import MAX_LINE, LineReader, NodeError
 
 STUB = Path(__file__).with_name("stub_sshd.py")
 
-# A stand-in for the training interpreter: it reads what preflight ships (as transport.BOOTSTRAP does), runs
+# A stand-in for the training interpreter: it reads what preflight ships (as shipping.BOOTSTRAP does), runs
 # the real collector's code, and on the node named HOSTILE_ON does what the test appends instead.
 PREAMBLE = '''#!{python}
 import json, os, signal, socket, sys, tempfile, time
@@ -43,8 +44,10 @@ _src = b""
 while len(_src) < _n:
     _src += os.read(0, _n - len(_src))
 OPTIONS = json.loads(_line())
-real = {{"__name__": "shipped"}}
-exec(compile(_src, "shipped", "exec"), real)
+assert json.loads(_src)["main"] == "preflight.node.agent"
+from preflight.node.agent import Agent  # the shipped modules are those of this interpreter's preflight
+from preflight.node.collector import collect
+real = {{"collect": collect, "Agent": Agent}}
 
 
 def say(text):
@@ -333,7 +336,7 @@ def test_a_keeper_told_to_stop_kills_its_program_and_removes_its_folder(tmp_path
         program = tmp_path / "hostile-python"
         program.write_text(f"#!/bin/sh\ntrap '' HUP TERM INT\nexec sleep {marker}\n")  # ignores its input too
         program.chmod(0o755)
-        keeper = subprocess.Popen(transport.shipped_command(str(program)), shell=True, stdin=subprocess.PIPE,
+        keeper = subprocess.Popen(shipping.shipped_command(str(program)), shell=True, stdin=subprocess.PIPE,
                                   env=dict(os.environ, TMPDIR=str(tmp_path)), start_new_session=True)
         deadline = time.monotonic() + 10
         while not (list(tmp_path.glob("preflight.*")) and sleeping(marker)) and time.monotonic() < deadline:

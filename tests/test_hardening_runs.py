@@ -14,8 +14,7 @@ import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from conftest import results
-from preflight import colworker
-from preflight.transport import shipped_command, shipped_input
+from preflight.remote.shipping import AGENT, ALLREDUCE, shipped_command, shipped_input
 
 MIB = 1 << 20
 
@@ -33,7 +32,7 @@ def start_worker(port, ranks, world, run, budget):
                "backend": "gloo", "sizes": [4096], "timeout_s": 30, "budget_s": budget, "env": {}, "run": run}
     proc = subprocess.Popen(["bash", "-c", shipped_command(sys.executable)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    proc.stdin.write(shipped_input(open(colworker.__file__, encoding="utf-8").read(), options))
+    proc.stdin.write(shipped_input(ALLREDUCE, options))
     proc.stdin.flush()
     return proc
 
@@ -92,7 +91,8 @@ def test_the_main_port_held_by_another_preflight_run_is_a_port_clash_not_a_failu
     """Run a's all-reduce holds the main port (its real rank 0, under the real keeper); run b's probe of the port
     (the collector's answer from /proc) makes NET003 say port clash, naming no node; a process that is not
     preflight's on the same port is still a failure of the head."""
-    from preflight import collector, registry, runner
+    from preflight import registry, runner
+    from preflight.node import agent
     from preflight.plan import build_plan
 
     net003 = {c.id: c for c in registry.load().checks}["NET003"]
@@ -100,7 +100,7 @@ def test_the_main_port_held_by_another_preflight_run_is_a_port_clash_not_a_failu
     port = plan.port
 
     def probed():
-        listen = collector.bindable(port)
+        listen = agent.bindable(port)
         assert isinstance(listen, dict), "the port is free"
         ctx = runner.CheckContext(plan, {}, {"port": {"head": "n01", "listen": listen, "workers": {}}})
         return runner.run_check(net003, ctx)
@@ -235,18 +235,16 @@ def old_python(version):
 def test_an_old_interpreter_says_what_it_is_instead_of_facts(version):
     """The collector compiles with Python 2.7 and every Python 3 up to the gate, which then names the
     interpreter and its version (and sends no facts that would be misread)."""
-    from preflight.gather import shipped_source
-
     python = old_python(version)
     proc = subprocess.run(["bash", "-c", shipped_command(python)], capture_output=True, text=True, timeout=60,
-                          input=shipped_input(shipped_source(), {"head": "x", "port": 29500}) + "done\n")
+                          input=shipped_input(AGENT, {"head": "x", "port": 29500}) + "done\n")
     assert proc.returncode == 3 and proc.stdout == "", (proc.stdout, proc.stderr)
     assert proc.stderr == (f"preflight: unsupported interpreter: {python} is Python {version}; preflight needs "
                            "Python 3.9 or newer\n")
 
 
 def test_the_minimum_is_pyprojects():
-    from preflight.collector import MIN_PYTHON
+    from preflight.node import MIN_PYTHON
 
     pyproject = open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), encoding="utf-8").read()
     assert 'requires-python = ">=%d.%d"' % MIN_PYTHON in pyproject

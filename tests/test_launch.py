@@ -1,4 +1,4 @@
-"""preflight launch: the gate, and `accelerate launch` started on every node with its rank (preflight.launcher)."""
+"""preflight launch: the gate, and `accelerate launch` started on every node with its rank (preflight.gate.launcher)."""
 import json
 import re
 import signal
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
-from preflight import launcher
+from preflight.gate import launcher
+from preflight.inputs import launchcmd
 
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 SKIP = "deep,CLK002,COL"
@@ -23,7 +24,7 @@ QUIET = ["--mixed_precision", "no", "--dynamo_backend", "no", "--num_cpu_threads
 def test_rank_flags_are_inserted_and_the_users_own_are_replaced():
     command = ["/x/bin/accelerate", "launch", "--machine_rank", "7", "--num-machines=9", "--cpu",
                "--main_process_ip", "1.2.3.4", "--config_file", "a.yaml", "train.py", "--machine_rank", "5", "--cpu"]
-    assert launcher.rank_command(command, 2, "10.0.0.1", 29500, 3) == [
+    assert launchcmd.rank_command(command, 2, "10.0.0.1", 29500, 3) == [
         "/x/bin/accelerate", "launch", "--machine_rank", "2", "--main_process_ip", "10.0.0.1",
         "--main_process_port", "29500", "--num_machines", "3", "--cpu", "--config_file", "a.yaml",
         # the script's own arguments are the script's: left alone
@@ -31,11 +32,11 @@ def test_rank_flags_are_inserted_and_the_users_own_are_replaced():
 
 
 def test_which_commands_are_started_on_every_node():
-    assert launcher.is_accelerate_launch(["accelerate", "launch", "t.py"])
-    assert launcher.is_accelerate_launch(["/venv/bin/accelerate", "launch", "t.py"])
-    assert not launcher.is_accelerate_launch(["deepspeed", "--hostfile", "h", "t.py"])
-    assert not launcher.is_accelerate_launch(["accelerate", "config"])
-    assert not launcher.is_accelerate_launch(["python", "t.py"])
+    assert launchcmd.is_accelerate_launch(["accelerate", "launch", "t.py"])
+    assert launchcmd.is_accelerate_launch(["/venv/bin/accelerate", "launch", "t.py"])
+    assert not launchcmd.is_accelerate_launch(["deepspeed", "--hostfile", "h", "t.py"])
+    assert not launchcmd.is_accelerate_launch(["accelerate", "config"])
+    assert not launchcmd.is_accelerate_launch(["python", "t.py"])
 
 
 def test_the_remote_line_quotes_every_word():

@@ -5,7 +5,8 @@ import re
 import time
 from html.parser import HTMLParser
 
-from preflight import render, reports
+from preflight.report import render
+from preflight.report import files as reports
 from preflight.result import Result, Status
 
 HOSTILE = "<script>alert(1)</script>"

@@ -1,8 +1,10 @@
-"""The launch command's flags (preflight.launchcmd) and each node's effective launch (preflight.jobview),
+"""The launch command's flags (preflight.inputs.launchcmd) and each node's effective launch (preflight.job.view),
 from recorded facts: the launchers' own parsing rules, and nodes that send nonsense."""
 import pytest
 
-from preflight import launchcmd, jobview, registry, runner
+from preflight import registry, runner
+from preflight.inputs import launchcmd
+from preflight.job import view as jobview
 from preflight.plan import build_plan
 from preflight.result import Status
 

@@ -642,7 +642,7 @@ def test_numbers_as_text_in_the_deepspeed_json_fail_where_deepspeed_refuses_them
     import json
 
     from preflight.cli import main
-    from preflight.jobconfig import DS_NUMERIC
+    from preflight.inputs.configs import DS_NUMERIC
 
     base = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
             "gradient_clipping": 1, "steps_per_print": 10,  # integers all: the forms add a fraction, an exponent
@@ -937,7 +937,7 @@ def test_a_deepspeed_key_the_file_writes_fails_beside_a_json_even_under_its_flag
 
 def test_launch_command_tables_are_the_parsers_own():
     """The option kinds CFG007 judges are those of the installed launchers' argument parsers."""
-    from preflight import launchcmd
+    from preflight.inputs import launchcmd
 
     parsers = {}
     if importlib.util.find_spec("accelerate") is not None:
@@ -989,7 +989,7 @@ def test_abbreviations_read_as_the_launchers_argparse_reads_them():
     """Every prefix of every long option of torchrun and DeepSpeed's runner, in both spellings (a real command gave
     `torchrun --nproc 8`): lint reads the command as argparse does, a usage error where argparse stops (an ambiguous
     prefix, counting both spellings of one option; an unknown spelling) and the same option where it reads one."""
-    from preflight import launchcmd
+    from preflight.inputs import launchcmd
 
     parsers = {}
     if importlib.util.find_spec("torch") is not None:
@@ -1338,7 +1338,7 @@ def test_runner_resources_are_deepspeeds_own():
         pytest.skip("deepspeed is not installed (the 'train' extra)")
     from deepspeed.launcher import runner
 
-    from preflight.jobconfig import runner_resources
+    from preflight.inputs.configs import runner_resources
 
     slots = {"n1": 2, "n2": 4, "n3": 1}
     filters = ["", "n1", "n2:1,3", "n1@n3", "n2:0@n2:2", "n2@n2:1", "n4", "n1:2", "n2:x", "n1:", "n3:0@n1:0,1"]

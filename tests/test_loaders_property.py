@@ -17,8 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
 
-from preflight import documents, jobconfig, registry, render, runner
-from preflight.documents import InputError
+from preflight import registry, runner
+from preflight.inputs import documents
+from preflight.inputs import configs as jobconfig
+from preflight.report import render
+from preflight.inputs.documents import InputError
 from preflight.plan import build_plan
 from preflight.result import Result, Status, verdict
 

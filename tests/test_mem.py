@@ -13,9 +13,11 @@ from hypothesis import given, settings, strategies as st
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from conftest import preflight_json, results, run_cli, run_subprocess
-from preflight import memory, runner
-from preflight.documents import InputError
-from preflight.memory import Setup
+from preflight import runner
+from preflight.inputs import models
+from preflight.job import memory
+from preflight.inputs.documents import InputError
+from preflight.job.memory import Setup
 from preflight.plan import build_plan
 from test_gpu import SPECS, node
 
@@ -46,7 +48,7 @@ def test_stages_2_and_3_equal_deepspeeds_estimators(deepspeed_estimators, params
                                                      zero_init):
     zero2, zero3 = deepspeed_estimators
     largest = int(params * share)
-    model = memory.Model(params, largest, "given", "given")
+    model = models.Model(params, largest, "given", "given")
     offload = opt != "none"
     need = memory.estimate(model, Setup(2, opt, "none", gpn, nodes))
     assert (need.states_host, need.gpu) == zero2(params, gpn, nodes, cpu_offload=offload)
@@ -68,7 +70,7 @@ def test_stages_0_and_1_as_documented(deepspeed_estimators, params, gpn, nodes, 
     keeps the 16-bit weights and gradients whole and shards the 16 bytes of fp32 states; with optimizer offload
     it is stage 2's figure. Between stage 2 and stage 0, always."""
     zero2, _ = deepspeed_estimators
-    model = memory.Model(params, params // 20, "given", "given")
+    model = models.Model(params, params // 20, "given", "given")
     stage0 = memory.estimate(model, Setup(0, "none", "none", gpn, nodes))
     assert stage0.gpu == zero2(params, 1, 1, cpu_offload=False)[1] == 20 * params
     assert stage0.states_host == zero2(params, 1, 1, cpu_offload=False)[0] * gpn
@@ -82,7 +84,7 @@ def test_stages_0_and_1_as_documented(deepspeed_estimators, params, gpn, nodes, 
 
 
 def test_nvme_offload_moves_the_states_from_host_ram_to_the_drive():
-    model = memory.Model(10**10, 5 * 10**8, "10B", "given")
+    model = models.Model(10**10, 5 * 10**8, "10B", "given")
     cpu = memory.estimate(model, Setup(3, "cpu", "cpu", 8, 2, zero_init=True))
     nvme = memory.estimate(model, Setup(3, "nvme", "nvme", 8, 2, zero_init=True))
     assert nvme.gpu == cpu.gpu and (nvme.nvme_optimizer, nvme.nvme_param) == (16 * 10**10 // 2, 2 * 10**10 // 2)
@@ -90,14 +92,14 @@ def test_nvme_offload_moves_the_states_from_host_ram_to_the_drive():
 
 
 def test_loading_costs_every_rank_a_copy_unless_zero3_builds_it_partitioned():
-    model = memory.Model(13 * 10**9, 10**9, "13B", "given")
+    model = models.Model(13 * 10**9, 10**9, "13B", "given")
     assert memory.estimate(model, Setup(2, "cpu", "none", 8, 1)).load == 8 * 13 * 10**9 * 2
     assert memory.estimate(model, Setup(3, "cpu", "none", 8, 1, zero_init=True)).load == 13 * 10**9 * 2
     assert memory.estimate(model, Setup(2, gpus_per_node=8, weight_bytes=4)).load == 8 * 13 * 10**9 * 4
 
 
 def test_activations_are_a_margin_only_when_batch_and_length_are_known():
-    model = memory.Model(8 * 10**9, 5 * 10**8, "m", "x", layers=32, hidden=4096)
+    model = models.Model(8 * 10**9, 5 * 10**8, "m", "x", layers=32, hidden=4096)
     assert memory.estimate(model, Setup(3, micro_batch=4)).activations is None
     need = memory.estimate(model, Setup(3, micro_batch=4, seq_len=2048))
     assert need.activations == 4 * 2048 * 32 * 4096 * 34 and need.checkpointed == 4 * 2048 * 32 * 4096 * 2
@@ -108,22 +110,22 @@ def test_activations_are_a_margin_only_when_batch_and_length_are_known():
 @pytest.mark.parametrize("text,count", [("7e9", 7 * 10**9), ("7B", 7 * 10**9), ("1.3b", 1_300_000_000),
                                         ("350M", 350 * 10**6), ("70000000000", 7 * 10**10), ("1.8T", 18 * 10**11)])
 def test_parameter_counts(text, count):
-    model = memory.resolve(text)
+    model = models.resolve(text)
     assert model.params == count and model.how == "given" and model.largest_layer == int(count * 0.05)
 
 
 @pytest.mark.parametrize("text", ["", "seven", "-7B", "0", "7 GB", "models/../x", "1e400B", "1e16", "inf"])
 def test_what_is_no_model_is_exit_2_material(text):
     with pytest.raises(InputError, match="never downloads"):
-        memory.resolve(text)
+        models.resolve(text)
 
 
 @pytest.mark.parametrize("name", sorted(COUNTS))
 def test_counts_from_the_shipped_configs(name):
     """From the config alone (no transformers import): the architecture's shapes."""
-    model = memory.resolve(os.path.join(MODELS, name))  # a model folder
+    model = models.resolve(os.path.join(MODELS, name))  # a model folder
     assert model.params == COUNTS[name] and not model.estimated and "shapes" in model.how
-    assert memory.resolve(os.path.join(MODELS, name, "config.json")).params == COUNTS[name]
+    assert models.resolve(os.path.join(MODELS, name, "config.json")).params == COUNTS[name]
     assert model.layers and model.hidden
 
 
@@ -139,18 +141,18 @@ def test_counts_equal_the_models_built_on_the_meta_device(name):
         built = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
     total = sum(p.numel() for p in built.parameters())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in built.modules())
-    assert (total, largest) == memory.count_params(config)[:2] == memory._on_meta_device(config)
+    assert (total, largest) == models.count_params(config)[:2] == models._on_meta_device(config)
     assert total == COUNTS[name]
 
 
 def test_an_unknown_family_is_built_on_the_meta_device_or_estimated(monkeypatch):
     with open(os.path.join(MODELS, "gpt2", "config.json")) as handle:
         config = dict(json.load(handle), model_type="gpt2-unknown")
-    monkeypatch.setattr(memory, "_on_meta_device", lambda c: None)  # as without transformers
-    params, largest, how, estimated = memory.count_params(dict(config, num_hidden_layers=12, hidden_size=768))
+    monkeypatch.setattr(models, "_on_meta_device", lambda c: None)  # as without transformers
+    params, largest, how, estimated = models.count_params(dict(config, num_hidden_layers=12, hidden_size=768))
     assert estimated and how.startswith("estimated") and params == 12 * 12 * 768**2 + 50257 * 768
     with pytest.raises(ValueError, match="not one preflight knows"):
-        memory.count_params({"model_type": "mystery"})
+        models.count_params({"model_type": "mystery"})
 
 
 @pytest.mark.parametrize("field,value", [("hidden_size", 1e308), ("num_hidden_layers", 10**9), ("vocab_size", "32000"),
@@ -160,7 +162,7 @@ def test_a_config_whose_shapes_no_model_has_is_one_line_naming_the_field(tmp_pat
         config = dict(json.load(handle), **{field: value})
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match=f"{field} is") as info:
-        memory.resolve(str(tmp_path))
+        models.resolve(str(tmp_path))
     assert "\n" not in str(info.value)
 
 
@@ -168,7 +170,7 @@ def test_a_family_transformers_does_not_know_is_estimated(tmp_path):
     """Built on the meta device only when transformers knows the model_type; else the estimate, not an error."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "not-a-family", "num_hidden_layers": 2,
                                                       "hidden_size": 64, "vocab_size": 100}))
-    model = memory.resolve(str(tmp_path))
+    model = models.resolve(str(tmp_path))
     assert model.estimated and model.params == 12 * 2 * 64**2 + 100 * 64
 
 
@@ -179,27 +181,27 @@ def test_a_model_id_from_the_local_cache_never_downloads(tmp_path, monkeypatch):
     shutil.copy(os.path.join(MODELS, "qwen2-0.5b", "config.json"), snapshot / "config.json")
     (tmp_path / "models--Qwen--Qwen2-0.5B" / "refs").mkdir()
     (tmp_path / "models--Qwen--Qwen2-0.5B" / "refs" / "main").write_text("abc123")  # no commit id: the newest
-    assert memory.resolve("Qwen/Qwen2-0.5B").params == COUNTS["qwen2-0.5b"]
+    assert models.resolve("Qwen/Qwen2-0.5B").params == COUNTS["qwen2-0.5b"]
     with pytest.raises(InputError, match=str(tmp_path)):
-        memory.resolve("Qwen/Qwen2-7B")  # not in the cache: said, not fetched
+        models.resolve("Qwen/Qwen2-7B")  # not in the cache: said, not fetched
 
 
 def test_a_broken_config_is_one_line_naming_the_file(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(InputError) as info:
-        memory.resolve(str(tmp_path))
+        models.resolve(str(tmp_path))
     assert "config.json" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_a_config_too_large_or_nested_too_deep_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(InputError, match="nesting") as info:
-        memory.resolve(str(tmp_path))
+        models.resolve(str(tmp_path))
     assert "config.json" in str(info.value)
     with open(tmp_path / "config.json", "wb") as handle:  # sparse: 300 MB of nothing, never read whole
         handle.truncate(300 * 2**20)
     with pytest.raises(InputError, match="larger than 16 MiB"):
-        memory.resolve(str(tmp_path / "config.json"))
+        models.resolve(str(tmp_path / "config.json"))
 
 
 def test_a_fifo_or_a_device_as_the_model_is_not_a_regular_file(tmp_path):
@@ -208,7 +210,7 @@ def test_a_fifo_or_a_device_as_the_model_is_not_a_regular_file(tmp_path):
     os.mkfifo(tmp_path / "folder" / "config.json")
     for given, named in ((tmp_path / "fifo", "fifo"), (tmp_path / "folder", "config.json"), ("/dev/null", "null")):
         with pytest.raises(InputError, match="is not a regular file") as info:
-            memory.resolve(str(given))
+            models.resolve(str(given))
         assert named in str(info.value)
 
 
@@ -257,7 +259,7 @@ def test_refs_main_names_the_snapshot(tmp_path, monkeypatch):
     newer.mkdir()
     (newer / "config.json").write_text(json.dumps({"model_type": "mystery", "num_hidden_layers": 2,
                                                    "hidden_size": 64, "vocab_size": 100}))
-    assert memory.resolve("Qwen/Qwen2-0.5B").params == COUNTS["qwen2-0.5b"]  # refs/main's, not the newest
+    assert models.resolve("Qwen/Qwen2-0.5B").params == COUNTS["qwen2-0.5b"]  # refs/main's, not the newest
 
 
 @pytest.mark.parametrize("text,size", [("80GB", 80 * 2**30), ("80GiB", 80 * 2**30), ("80", 80 * 2**30),
@@ -265,23 +267,23 @@ def test_refs_main_names_the_snapshot(tmp_path, monkeypatch):
                                        ("85520809984B", 85520809984), ("2TB", 2 * 2**40)])
 def test_sizes_are_binary_as_memory_is_sold(text, size):
     """An "80GB" GPU has 80 GiB (NVML: 79.6 usable), a "512GB" node 512 GiB: GB means GiB here."""
-    assert memory.parse_size(text, "--gpu-memory") == size
+    assert models.parse_size(text, "--gpu-memory") == size
 
 
 @pytest.mark.parametrize("text", ["9" * 400 + "GB", "2PB", "1025TB", "0GB", "1e9GB", "inf", "nan", "80 GB" * 20],
                          ids=["400-nines", "2PB", "1025TB", "0GB", "1e9GB", "inf", "nan", "long"])
 def test_no_size_past_a_petabyte_nor_a_non_number(text):
     with pytest.raises(ValueError, match="--gpu-memory"):
-        memory.parse_size(text, "--gpu-memory")
+        models.parse_size(text, "--gpu-memory")
 
 
 @pytest.mark.parametrize("seq", ["9" * 5000, str(2**24 + 1), "\u00b2", "0", "-3", "1.5", 10**5000, True],
                          ids=["5000-digits", "2^24+1", "superscript-2", "0", "-3", "1.5", "int-5000-digits", "True"])
 def test_sequence_lengths_past_16m_tokens_or_no_digits_are_refused(seq):
     with pytest.raises(InputError, match="sequence length") as info:
-        memory.parse_seq_len(seq, "--seq-len")
+        models.parse_seq_len(seq, "--seq-len")
     assert len(str(info.value)) < 200
-    assert memory.parse_seq_len(" 8192 ", "--seq-len") == 8192 == memory.parse_seq_len(8192, "x")
+    assert models.parse_seq_len(" 8192 ", "--seq-len") == 8192 == models.parse_seq_len(8192, "x")
 
 
 # --- the checks over recorded NVML answers -----------------------------------------------------------------
@@ -295,9 +297,9 @@ def job(tmp_path, stage, nodes=("n01", "n02"), offload="none", param="none", **d
     zero = {"stage": stage, "offload_optimizer": {"device": offload}, "offload_param": {"device": param}}
     (tmp_path / "ds.json").write_text(json.dumps(dict({"bf16": {"enabled": "auto"}, "zero_optimization": zero,
                                                        "train_micro_batch_size_per_gpu": 1}, **ds)))
-    model = memory.resolve(os.path.join(MODELS, "mistral-nemo-base-2407"))  # 12.2B
+    model = models.resolve(os.path.join(MODELS, "mistral-nemo-base-2407"))  # 12.2B
     return build_plan(config=str(tmp_path / "accelerate.yaml"), nodes=tuple(nodes),
-                      memory=memory.Inputs(model=model))
+                      memory=models.Inputs(model=model))
 
 
 def need_params(plan):
@@ -343,7 +345,7 @@ def test_the_activation_margin_warns_when_the_states_fit_but_the_batch_may_not(t
     states = {"n01": node("h100x8.json")}
     plan = job(tmp_path, 3, nodes=("n01",), train_micro_batch_size_per_gpu=16)
     plan = build_plan(config=plan.accelerate.doc.path, nodes=("n01",),
-                      memory=memory.Inputs(model=plan.memory.model, seq_len=8192))
+                      memory=models.Inputs(model=plan.memory.model, seq_len=8192))
     (result,) = run("MEM002", plan, states)
     assert result.status.value == "warn" and "activation" in result.message
     assert "train_micro_batch_size_per_gpu" in result.remediation
@@ -397,7 +399,7 @@ def plan_of(tmp_path, stage, nodes, offload="none", param="none", model="7B", in
         config["deepspeed_config"]["zero3_init_flag"] = init
     (tmp_path / "accelerate.yaml").write_text(yaml.safe_dump(config))
     return build_plan(config=plan.accelerate.doc.path, nodes=names,
-                      memory=memory.Inputs(model=memory.resolve(model), **inputs))
+                      memory=models.Inputs(model=models.resolve(model), **inputs))
 
 
 @pytest.mark.parametrize("nodes", [1, 2, 4, 8])
@@ -465,7 +467,7 @@ def test_mem003_suggests_what_fits_the_figure_it_fails_on(tmp_path):
 
 
 def test_stage0_advice_names_the_stage_offload_needs_and_one_gpu_gets_no_stage_that_shards_nothing():
-    model = memory.Model(10**9, 5 * 10**7, "1B", "given")
+    model = models.Model(10**9, 5 * 10**7, "1B", "given")
     names = [what for what, _ in memory.changes(Setup(0, gpus_per_node=8))]
     assert "ZeRO stage 2 with optimizer offload to the CPU" in names and "optimizer offload to the CPU" not in names
     offload = dict(memory.changes(Setup(0, gpus_per_node=8)))["ZeRO stage 2 with optimizer offload to the CPU"]
@@ -578,7 +580,7 @@ def test_explain_shows_the_arithmetic(capsys):
 def test_the_estimate_adds_under_50_ms():
     started = time.perf_counter()
     for _ in range(100):
-        model = memory.resolve(os.path.join(MODELS, "llama-3-8b-instruct"))
+        model = models.resolve(os.path.join(MODELS, "llama-3-8b-instruct"))
         memory.estimate(model, Setup(3, "cpu", "cpu", 8, 4, zero_init=True))
     assert (time.perf_counter() - started) / 100 < 0.05
     assert "transformers" not in sys.modules or "torch" in sys.modules  # the known families import nothing

@@ -1,12 +1,16 @@
-"""COL003: which transport NCCL chose, from its INFO lines (preflight.nccllog on the recorded logs in
+"""COL003: which transport NCCL chose, from its INFO lines (preflight.collective.nccllog on the recorded logs in
 tests/fixtures/nccl), the worker's part that runs without a GPU (its NCCL_DEBUG, its line filter, the lines it
 sends, with a stand-in torch that prints as NCCL does), and the check over probe documents built as
-preflight.collective builds them, with the nodes' fabric facts from recorded sysfs trees."""
+preflight.collective.allreduce builds them, with the nodes' fabric facts from recorded sysfs trees."""
 import pathlib
 
 import pytest
 
-from preflight import collective, colworker, nccllog, runner
+from preflight import runner
+from preflight.collective import allreduce as collective
+from preflight.node import allreduce as colworker
+from preflight.node import gpus as gpu_facts
+from preflight.collective import nccllog
 from preflight.plan import Plan
 from preflight.result import Status
 from test_collective import MIB, RESULT, SPECS, drive, finish, probe, rank, start_worker
@@ -125,7 +129,7 @@ def test_a_report_with_wrong_nccl_lines_is_the_nodes_protocol_failure(nccl):
     assert "'nccl' is not an object" in collective.shape_error(report, [0])
 
 
-# --- COL003 over probe documents built as preflight.collective builds them --------------------------
+# --- COL003 over probe documents built as preflight.collective.allreduce builds them --------------------------
 
 def nccl_probe(logs, debug=None):
     """The all-reduce's probe after a passing NCCL run whose local ranks 0 printed these logs."""

@@ -8,8 +8,11 @@ import sys
 
 import pytest
 
-from preflight import collector, inventory, registry, runner, transport
-from preflight.documents import InputError
+from preflight import registry, runner
+from preflight.inputs import inventory
+from preflight.remote import shipping
+from preflight.node import collector
+from preflight.inputs.documents import InputError
 from preflight.plan import Limits, Plan
 from preflight.result import Status
 
@@ -133,7 +136,7 @@ def test_main_port_unreachable_from_a_worker_is_named():
     ("eth1,ib0", False, ["eth1", "ib0"]),
 ])
 def test_socket_ifname_selection_rules(spec, nccl, expected):
-    from preflight.jobview import selected_interfaces
+    from preflight.job.view import selected_interfaces
 
     assert selected_interfaces(spec, ["lo", "eth0", "eth1", "ib0"], nccl) == expected
 
@@ -270,7 +273,7 @@ def test_limits_and_memory():
 
 def test_collector_redacts_secrets_and_never_imports_torch():
     env = dict(os.environ, HF_TOKEN="hf_secret_value", NCCL_DEBUG="INFO", WANDB_API_KEY="k")
-    code = ("import json, sys; from preflight import collector; f = collector.collect({});"
+    code = ("import json, sys; from preflight.node import collector; f = collector.collect({});"
             "print(json.dumps({'env': f['env'], 'torch_imported': 'torch' in sys.modules,"
             "'versions': f['packages']['versions']}))")
     out = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -282,9 +285,8 @@ def test_collector_redacts_secrets_and_never_imports_torch():
 
 
 def test_the_shipped_agent_runs_from_stdin_and_answers_requests():
-    source = open(collector.__file__).read()
-    stdin = transport.shipped_input(source, {"head": "127.0.0.1", "port": 29500}) + "{\"op\": \"time\"}\n{\"op\": \"time\"}\n{\"op\": \"nope\"}\ndone\n"
-    command = transport.shipped_command(sys.executable)
+    stdin = shipping.shipped_input(shipping.AGENT, {"head": "127.0.0.1", "port": 29500}) + "{\"op\": \"time\"}\n{\"op\": \"time\"}\n{\"op\": \"nope\"}\ndone\n"
+    command = shipping.shipped_command(sys.executable)
     proc = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True, text=True, timeout=60)
     lines = proc.stdout.splitlines()
     facts_doc = json.loads(lines[0])
@@ -296,7 +298,7 @@ def test_the_shipped_agent_runs_from_stdin_and_answers_requests():
 
 def test_the_remote_command_quotes_the_interpreter_path():
     hostile = "/opt/py; touch /tmp/pwned"
-    words = shlex.split(transport.shipped_command(hostile))
+    words = shlex.split(shipping.shipped_command(hostile))
     # the keeper wrapper gets it as one argument ($1) and runs it only as "$1" / "$2" (quoted in its script)
     assert words[:3] == ["exec", "/bin/sh", "-c"] and words[4:6] == ["preflight", hostile]
     assert '"$1" -u -c "$2"' in words[3] and '"$2" -u -c "$3"' in words[7]

@@ -14,7 +14,9 @@ import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from conftest import preflight_json, results
-from preflight import collector, registry, runner
+from preflight import registry, runner
+from preflight.node import agent, collector
+from preflight.node import gpus as gpu_facts
 from preflight.checks.net import classify_holder, ib_hca_spec, launch_of, redact_argv
 from preflight.plan import Plan
 from preflight.result import Status
@@ -105,8 +107,8 @@ def test_cuda_visible_devices_may_differ_and_gpu001_checks_what_each_names():
     from nvml_fake import fake  # the recorded 8 x H100 of tests/fixtures/nvml
     from unittest import mock
 
-    with mock.patch.object(collector, "Nvml", fake("h100x8.json")):
-        gpus = json.loads(json.dumps(collector._gpus()))
+    with mock.patch.object(gpu_facts, "Nvml", fake("h100x8.json")):
+        gpus = json.loads(json.dumps(gpu_facts.facts()))
 
     def with_gpus(visible):
         def change(state):
@@ -403,7 +405,7 @@ def test_holders_gives_argv_parent_children_and_only_the_job_variables():
                             env=child_env)
     try:
         port = int(proc.stdout.readline())
-        [found] = collector.holders(port)
+        [found] = agent.holders(port)
     finally:
         proc.kill()
         proc.wait(timeout=10)

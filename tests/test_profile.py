@@ -9,8 +9,11 @@ import pytest
 
 from conftest import run_cli
 from nvml_fake import fake
-from preflight import cli, collector, profile, registry, runner
-from preflight.documents import InputError
+from preflight import cli, registry, runner
+from preflight.inputs import profile
+from preflight.node import collector
+from preflight.node import gpus as gpu_facts
+from preflight.inputs.documents import InputError
 from preflight.plan import Limits, Plan
 from preflight.result import Status
 
@@ -60,8 +63,8 @@ def load(tmp_path, text, name="preflight.toml"):
 def state(gpus=None, change=None):
     doc = copy.deepcopy(BASE)
     if gpus is not None:
-        with mock.patch.object(collector, "Nvml", fake(gpus)):
-            doc["gpus"] = json.loads(json.dumps(collector._gpus()))
+        with mock.patch.object(gpu_facts, "Nvml", fake(gpus)):
+            doc["gpus"] = json.loads(json.dumps(gpu_facts.facts()))
     if change:
         change(doc)
     return {"facts": doc, "error": None, "clock": {"offset_s": 0.0, "bound_s": 0.0005, "rtt_s": 0.001}}

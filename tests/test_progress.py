@@ -19,7 +19,8 @@ import time
 import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
-from preflight import launcher, progress
+from preflight import progress
+from preflight.gate import launcher
 
 ERASE = "\r\x1b[2K"
 SPINNER = set(progress.FRAMES)

@@ -9,7 +9,7 @@ import sys
 
 from conftest import run_cli
 from test_engine import run_on_a_terminal
-from preflight import render
+from preflight.report import render
 from preflight.result import Result, Status
 
 NODES = [f"n{i:02d}" for i in range(1, 65)]

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import run_cli
-from preflight import cli, reports
+from preflight import cli
+from preflight.report import files as reports
 from preflight.result import Result, Status
 
 HOSTILE = "<script>alert(1)</script>"

@@ -1,0 +1,277 @@
+"""The model a memory estimate is for, and the sizes it is compared with: --model, --gpu-memory, --host-memory,
+--seq-len (else the profile's [memory] table). The only I/O is reading a model's config.json: a file, a model
+folder, or a model found in the local Hugging Face cache (never downloaded)."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import stat
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Optional, Tuple
+
+from preflight.inputs import documents
+from preflight.inputs.documents import InputError
+
+# A parameter count alone does not say how large the largest layer is (ZeRO-3 gathers one at a time on the
+# GPU): 5% of the model, about the embedding of a 7-13B decoder with a 128k vocabulary.
+LARGEST_LAYER_SHARE = 0.05
+
+COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*$", re.I)
+COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+SIZE = re.compile(r"^\s*(\d{1,20}(?:\.\d{1,20})?)\s*([kmgt]i?b?|b)?\s*$", re.I)
+MAX_SIZE = 2 ** 50  # 1 PiB: no GPU or node has more; past it, the text is a typo
+MAX_SEQ_LEN = 2 ** 24  # tokens per sample: 16M, far past any model's context
+MAX_MICRO_BATCH = 2 ** 24
+
+
+# --- the model's size -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Model:
+    params: int
+    largest_layer: int  # parameters of the largest module (its own, not its children's)
+    source: str  # what was given: "7B", a path, a model id
+    how: str  # how the count was made: "given", "from the config (llama)", "built on the meta device", ...
+    estimated: bool = False  # True when the count (or the largest layer) is an estimate
+    layers: Optional[int] = None  # for the activation margin
+    hidden: Optional[int] = None
+
+
+MAX_PARAMS = 10 ** 15  # a thousand times the largest models trained: past it, the text is a typo, not a model
+# The largest value of each shape field that a real model config holds, by orders of magnitude: a config
+# past them (hidden_size 1e308, a million layers) is refused before any arithmetic or meta-device build.
+SHAPE_LIMITS = {"hidden_size": 1 << 20, "n_embd": 1 << 20, "d_model": 1 << 20, "num_hidden_layers": 1 << 12,
+                "n_layer": 1 << 12, "num_layers": 1 << 12, "intermediate_size": 1 << 23, "n_inner": 1 << 23,
+                "vocab_size": 1 << 25, "n_positions": 1 << 24, "num_attention_heads": 1 << 14,
+                "num_key_value_heads": 1 << 14, "head_dim": 1 << 16}
+
+
+def parse_count(text: str) -> Optional[int]:
+    """'7e9', '7B', '1.3b', '350M' -> a number of parameters; None when the text is no count."""
+    match = COUNT.match(str(text))
+    if not match:
+        return None
+    value = float(match.group(1)) * COUNT_UNITS[match.group(2).lower()]
+    if not 1 <= value <= MAX_PARAMS:  # inf included
+        return None
+    return int(round(value))
+
+
+def check_shapes(config: Mapping[str, Any]) -> None:
+    """ValueError naming the first shape field of a config (or its text_config) that is no positive integer
+    within SHAPE_LIMITS."""
+    for part in (config, config.get("text_config")):
+        if not isinstance(part, Mapping):
+            continue
+        for key, limit in SHAPE_LIMITS.items():
+            value = part.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+                raise ValueError(f"{key} is {value!r}; a model config holds a positive integer up to {limit} there")
+
+
+def parse_size(text: Any, what: str) -> int:
+    """A memory size -> bytes; ValueError naming `what` otherwise. Memory is sold in binary units (an "80GB"
+    GPU has 80 GiB, NVML says 79.6 usable; a "512GB" node has 512 GiB of DIMMs), so K, M, G, T are KiB, MiB,
+    GiB, TiB with or without the i, a bare number is GiB, and B alone is bytes."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(text)
+    match = SIZE.match(text) if isinstance(text, str) and len(text) <= 64 else None
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{what} {str(text)[:64]!r} is not a size such as 80GB (GiB, as memory is sold), 512G "
+                         "or 85520809984B")
+    unit = (match.group(2) or "g").lower()
+    value = float(match.group(1)) * 2 ** (10 * "bkmgt".index(unit[0]))
+    if value > MAX_SIZE:
+        raise ValueError(f"{what} {text!r} is past 1 PiB: no GPU or node has that much memory")
+    return int(value)
+
+
+def hf_cache() -> str:
+    """The Hugging Face hub cache, as huggingface_hub finds it."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return os.path.join(os.path.expanduser(home), "hub")
+
+
+def _mtime_if_regular(path: str) -> Optional[float]:
+    """The file's mtime when it is a regular file (links followed); None for a FIFO, a device, a dangling link."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_mtime if stat.S_ISREG(st.st_mode) else None
+
+
+def cached_config(model_id: str) -> Optional[str]:
+    """config.json of `model_id` in the local cache: the snapshot refs/main names (a commit id, never a path),
+    else the newest one. Only regular files: a FIFO would hang the read, a dangling link has no time."""
+    folder = os.path.join(hf_cache(), "models--" + model_id.replace("/", "--"))
+    ref = os.path.join(folder, "refs", "main")
+    if _mtime_if_regular(ref) is not None:
+        try:
+            commit = documents.read_text(ref, "refs/main").strip()
+        except InputError:
+            commit = ""
+        path = os.path.join(folder, "snapshots", commit, "config.json")
+        if re.fullmatch(r"[0-9a-f]{40}", commit) and _mtime_if_regular(path) is not None:
+            return path
+    found = [(t, p) for p in glob.glob(os.path.join(glob.escape(folder), "snapshots", "*", "config.json"))
+             for t in [_mtime_if_regular(p)] if t is not None]
+    return max(found)[1] if found else None
+
+
+def resolve(text: str, where: str = "--model") -> Model:
+    """--model: a count, a config.json, a model folder or a cached model id; InputError (exit 2) otherwise."""
+    text = str(text).strip()
+    count = parse_count(text)
+    if count is not None:
+        return Model(count, int(count * LARGEST_LAYER_SHARE), text, "given", estimated=True)
+    path = os.path.join(text, "config.json") if os.path.isdir(text) else text
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would hang the read, a device never end
+        raise InputError(path, "is not a regular file; --model takes a config.json, a model folder, a count or a "
+                         "cached model id")
+    if not os.path.isfile(path):
+        path = cached_config(text) if re.match(r"^[\w.-]+(/[\w.-]+)?$", text) else None
+        if path is None:
+            raise InputError(where, f"{text!r} is no parameter count (7B, 7e9), no config.json or model folder, and "
+                             f"no model in the local Hugging Face cache ({hf_cache()}); preflight never downloads")
+    # The configs' reader: a size cap, nesting and digit limits, one line naming the file.
+    config = dict(documents.load(path, "the model config", "json").data)
+    try:
+        params, largest, how, estimated = count_params(config)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(path, f"cannot count the parameters: {exc}") from None
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers, hidden = _shape(text_config)
+    return Model(params, largest, text, how, estimated, layers, hidden)
+
+
+def _shape(config: Mapping[str, Any]) -> Tuple[Optional[int], Optional[int]]:
+    layers = next((config[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if isinstance(config.get(k), int)), None)
+    hidden = next((config[k] for k in ("hidden_size", "n_embd", "d_model") if isinstance(config.get(k), int)), None)
+    return layers, hidden
+
+
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "gemma2")
+
+
+def count_params(config: Mapping[str, Any]) -> Tuple[int, int, str, bool]:
+    """(parameters, largest layer, how, estimated) from a config: the architecture's own shapes for the
+    common decoder families (equal to the model built on the meta device: tests/test_mem.py), else the model
+    built on the meta device when transformers is installed, else 12·L·h² + V·h (an estimate)."""
+    check_shapes(config)
+    kind = config.get("model_type")
+    if kind in LLAMA_LIKE:
+        return (*_llama_like(config), f"from the config ({kind} shapes)", False)
+    if kind == "gpt2":
+        return (*_gpt2(config), "from the config (gpt2 shapes)", False)
+    built = _on_meta_device(config)
+    if built is not None:
+        return (*built, "built on the meta device (transformers)", False)
+    layers, hidden = _shape(config)
+    vocab = config.get("vocab_size")
+    if not (isinstance(layers, int) and isinstance(hidden, int) and isinstance(vocab, int)):
+        raise ValueError(f"model_type {kind!r} is not one preflight knows, transformers is not installed, and the "
+                         "config has no num_hidden_layers / hidden_size / vocab_size to estimate from")
+    return 12 * layers * hidden ** 2 + vocab * hidden, vocab * hidden, "estimated as 12·L·h² + V·h", True
+
+
+def _llama_like(c: Mapping[str, Any]) -> Tuple[int, int]:
+    h, layers, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
+    heads = c["num_attention_heads"]
+    kv = c.get("num_key_value_heads") or heads
+    head_dim = c.get("head_dim") or h // heads
+    q, k = heads * head_dim, kv * head_dim
+    attention = h * q + 2 * h * k + q * h
+    if c["model_type"] == "qwen2" or c.get("attention_bias"):
+        attention += q + 2 * k + (h if c.get("attention_bias") else 0)  # qwen2: q, k, v biases, not o
+    mlp = 3 * h * inter + (2 * inter + h if c.get("mlp_bias") else 0)
+    norms = (4 if c["model_type"] == "gemma2" else 2) * h
+    tied = c.get("tie_word_embeddings", c["model_type"] == "gemma2")
+    embedding = vocab * h
+    total = layers * (attention + mlp + norms) + h + embedding * (1 if tied else 2)
+    largest = max(embedding, h * q, h * inter)
+    return total, largest
+
+
+def _gpt2(c: Mapping[str, Any]) -> Tuple[int, int]:
+    h, layers, vocab, positions = c["n_embd"], c["n_layer"], c["vocab_size"], c["n_positions"]
+    inner = c.get("n_inner") or 4 * h
+    block = (h * 3 * h + 3 * h) + (h * h + h) + (h * inner + inner) + (inner * h + h) + 4 * h  # c_attn, c_proj, mlp, ln
+    return vocab * h + positions * h + layers * block + 2 * h, vocab * h
+
+
+def _on_meta_device(config: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
+    """The model built on the meta device, as accelerate's estimate-memory does; None without transformers."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    try:
+        cfg = transformers.AutoConfig.for_model(**dict(config))
+        with torch.device("meta"):  # (accelerate's init_empty_weights leaves tied embeddings untied here)
+            try:
+                model = transformers.AutoModelForCausalLM.from_config(cfg)
+            except ValueError:
+                model = transformers.AutoModel.from_config(cfg)
+    except Exception:  # a model_type this transformers does not know, or a config it cannot build: estimate
+        return None
+    total = sum(p.numel() for p in model.parameters())  # a shared parameter is listed once
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    return int(total), int(largest)
+
+
+# --- the inputs: flags, else the profile ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Inputs:
+    model: Optional[Model] = None
+    gpu_bytes: Optional[int] = None  # --gpu-memory: what lint compares against (each GPU)
+    host_bytes: Optional[int] = None  # --host-memory: per node
+    seq_len: Optional[int] = None
+
+
+PROFILE_KEYS = ("model", "gpu_memory", "host_memory", "seq_len")
+
+
+def inputs(args, profile=None) -> Inputs:
+    """--model, --gpu-memory, --host-memory, --seq-len, each else the profile's [memory] key."""
+    kept = dict(profile.memory) if profile is not None and getattr(profile, "memory", None) else {}
+
+    def value(flag: str, key: str):
+        given = getattr(args, flag, None)
+        if given is not None:
+            return given, f"--{flag.replace('_', '-')}"
+        return kept.get(key), f"{profile.path if profile is not None else ''} [memory] {key}"
+
+    model, where = value("model", "model")
+    found = Inputs(model=resolve(str(model), where) if model is not None else None)
+    for flag, key, field in (("gpu_memory", "gpu_memory", "gpu_bytes"), ("host_memory", "host_memory", "host_bytes")):
+        given, where = value(flag, key)
+        if given is not None:
+            try:
+                found = replace(found, **{field: parse_size(given, where)})
+            except ValueError as exc:
+                raise InputError(where, str(exc)[len(where) + 1:]) from None
+    seq, where = value("seq_len", "seq_len")
+    if seq is not None:
+        return replace(found, seq_len=parse_seq_len(seq, where))
+    return found
+
+
+def parse_seq_len(seq: Any, where: str) -> int:
+    """A whole number of tokens up to MAX_SEQ_LEN (the text's length checked before int() reads it)."""
+    if isinstance(seq, str) and re.fullmatch(r"\s*[0-9]{1,9}\s*", seq):
+        seq = int(seq)
+    if isinstance(seq, int) and not isinstance(seq, bool) and 1 <= seq <= MAX_SEQ_LEN:
+        return seq
+    if isinstance(seq, int) and not -10**18 < seq < 10**18:
+        shown = "a number that large"  # (repr of an int past 4300 digits raises)
+    else:
+        shown = repr(seq[:32] if isinstance(seq, str) else seq)[:40]
+    raise InputError(where, f"{shown} is not a sequence length (a whole number of tokens, 1 to {MAX_SEQ_LEN})")

@@ -1,0 +1,291 @@
+"""A running job across its nodes, from each node's census (preflight.node.census): for `preflight doctor`.
+
+Each process the nodes found becomes a `Proc` with what its launcher flags or its job variables say
+(node rank, number of nodes, master address and port, rank, world size) and where its Python stack
+stands (rendezvous, init_process_group, a collective and the user's line, data loading, idle or busy
+elsewhere). The RUN checks read this model; no I/O here.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from preflight.inputs import launchcmd
+
+COLLECTIVES = frozenset("""all_reduce broadcast barrier monitored_barrier all_gather all_gather_into_tensor
+all_gather_object reduce_scatter reduce_scatter_tensor all_to_all all_to_all_single reduce gather scatter send
+recv isend irecv broadcast_object_list""".split())
+RENDEZVOUS = frozenset("""_rendezvous next_rendezvous _assign_worker_ranks _share_and_gather _store_based_barrier
+_barrier_nonblocking _create_c10d_store _wait_for_workers""".split())
+DATA = frozenset("_next_data _get_data __next__ _try_get_data fetch".split())
+LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen|^<)")
+NAMES = {  # launcher -> (node rank, number of nodes, master address, master port) among its flags
+    "torchrun": ("node_rank", "nnodes", "master_addr", "master_port"),
+    "accelerate": ("machine_rank", "num_machines", "main_process_ip", "main_process_port"),
+    "deepspeed": ("node_rank", "num_nodes", "master_addr", "master_port"),
+}
+
+
+@dataclass
+class Where:
+    """Where a process's stack stands."""
+
+    phase: str  # rendezvous, init_process_group, collective, data, idle, busy, unknown
+    op: Optional[str] = None  # the collective
+    at: Optional[str] = None  # the innermost frame of the user's code: file:line (function)
+
+    def text(self) -> str:
+        what = {"collective": f"in {self.op}", "rendezvous": "in the rendezvous",
+                "init_process_group": "in init_process_group", "data": "loading data",
+                "idle": "idle", "busy": "running", "unknown": "stack not read"}[self.phase]
+        return what + (f" at {self.at}" if self.at else "")
+
+
+@dataclass
+class Proc:
+    node: str
+    pid: int
+    kind: str  # launcher or rank
+    argv: List[str]
+    state: str
+    age_s: Optional[float]
+    cpu_percent: Optional[float]
+    env: Mapping[str, str]
+    sockets: List[Mapping[str, Any]]
+    children: List[int]
+    where: Where
+    stable: Optional[bool] = None  # at the same place in both stack samples (None: one sample, or none)
+    launcher: Optional[str] = None  # torchrun, accelerate, deepspeed (for a launcher agent)
+    node_rank: Optional[int] = None
+    nnodes: Optional[str] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    nproc: Optional[int] = None  # a launcher's processes per node
+    run_id: Optional[str] = None
+    rdzv: str = "static"
+    gpu: Optional[str] = None  # the GPU NVML sees it on, and the memory it holds there
+
+    @property
+    def listens(self) -> bool:
+        return any(s.get("state") == "LISTEN" and s.get("local_port") == self.master_port for s in self.sockets)
+
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+
+
+@dataclass
+class Census:
+    nodes: Sequence[str]
+    procs: List[Proc] = field(default_factory=list)
+    listeners: Dict[str, List[Mapping[str, Any]]] = field(default_factory=dict)  # node -> other holders of the port
+    stacks: Dict[str, Mapping[str, Any]] = field(default_factory=dict)  # node -> how the stacks were read
+    errors: Dict[str, str] = field(default_factory=dict)  # node -> why it has no census
+    port: Optional[int] = None
+    _by_node: Dict[str, List[Proc]] = field(default_factory=dict, repr=False)
+    _indexed: int = field(default=-1, repr=False)
+
+    def on(self, node: str, kind: Optional[str] = None) -> List[Proc]:
+        if self._indexed != len(self.procs):  # indexed once the processes are in: checks ask node by node
+            self._by_node = {}
+            for p in self.procs:
+                self._by_node.setdefault(p.node, []).append(p)
+            self._indexed = len(self.procs)
+        return [p for p in self._by_node.get(node, ()) if kind is None or p.kind == kind]
+
+    @property
+    def launchers(self) -> List[Proc]:
+        return [p for p in self.procs if p.kind == "launcher"]
+
+    @property
+    def ranks(self) -> List[Proc]:
+        return [p for p in self.procs if p.kind == "rank"]
+
+
+def _int(value: Any) -> Optional[int]:
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def where(threads: Any, launcher: bool = False) -> Where:
+    """The phase of a process from py-spy's threads (frames innermost first), the main thread first. A
+    launcher's own "user" frame is its console script: not worth naming."""
+    found = _where(threads)
+    return Where(found.phase, found.op, None) if launcher else found
+
+
+def _where(threads: Any) -> Where:
+    if not isinstance(threads, list) or not threads:
+        return Where("unknown")
+    ordered = sorted((t for t in threads if isinstance(t, dict)), key=lambda t: t.get("name") != "MainThread")
+    best = None
+    for thread in ordered:
+        frames = [f for f in thread.get("frames") or () if isinstance(f, list) and len(f) == 3]
+        user = next((f"{os.path.basename(str(f[1]))}:{f[2]} ({f[0]})" for f in frames
+                     if not LIBRARY.search(str(f[1]))), None)
+        names = [str(f[0]).rsplit(".", 1)[-1] for f in frames]
+        op = next((n for n in names if n in COLLECTIVES), None)
+        if op is not None:
+            return Where("collective", op, user)
+        if "init_process_group" in names:
+            found = Where("init_process_group", None, user)
+        elif any(n in RENDEZVOUS for n in names):
+            found = Where("rendezvous", None, user)
+        elif any(n in DATA for n in names) and "DataLoader" in " ".join(str(f[0]) for f in frames):
+            found = Where("data", None, user)
+        else:
+            found = Where("busy" if thread.get("active") else "idle", None, user)
+        if best is None:
+            best = found
+    return best or Where("unknown")
+
+
+def _launch(argv: List[str]) -> Tuple[Optional[str], Optional[launchcmd.LaunchCommand]]:
+    command = launchcmd.parse(argv)
+    if command.launcher == "python" and command.script and os.path.basename(command.script) in (
+            "torchrun", "accelerate", "deepspeed"):  # python .../bin/torchrun ARGS, as /proc shows a console script
+        command = launchcmd.parse([os.path.basename(command.script), *command.script_args])
+    return (command.launcher, command) if command.launcher in NAMES else (None, None)
+
+
+def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -> Census:
+    census = Census(list(nodes), port=port)
+    for node in nodes:
+        state = facts.get(node) or {}
+        node_facts = state.get("facts") if isinstance(state.get("facts"), dict) else None
+        raw = node_facts.get("census") if node_facts else None
+        if state.get("error"):
+            census.errors[node] = (state["error"] or {}).get("message") or "not reached"
+            continue
+        if not isinstance(raw, dict) or not isinstance(raw.get("processes"), list):
+            census.errors[node] = (raw or {}).get("error") if isinstance(raw, dict) else "no census came back"
+            continue
+        census.stacks[node] = raw.get("stacks") if isinstance(raw.get("stacks"), dict) else {}
+        census.listeners[node] = [h for h in raw.get("listeners") or () if isinstance(h, dict)]
+        on_gpu = _gpu_processes(node_facts)
+        for item in raw["processes"]:
+            proc = _proc(node, item)
+            if proc is not None:
+                proc.gpu = on_gpu.get(proc.pid)
+                census.procs.append(proc)
+    for launcher in census.launchers:  # what its flags do not say, its ranks' variables do
+        children = set(launcher.children)
+        ranks = [p for p in census.on(launcher.node, "rank") if p.pid in children]
+        if launcher.node_rank is None:
+            launcher.node_rank = next((p.node_rank for p in ranks if p.node_rank is not None), None)
+        if launcher.master_port is None:
+            launcher.master_port = next((p.master_port for p in ranks if p.master_port is not None), None)
+    if census.port is None:  # one job found: its port, for the checks that look at who holds it
+        ports = Counter(p.master_port for p in census.procs if p.master_port is not None)
+        census.port = ports.most_common(1)[0][0] if len(ports) == 1 else None
+    return census
+
+
+def _gpu_processes(node_facts: Mapping[str, Any]) -> Dict[int, str]:
+    """pid -> "GPU index (memory it holds)" from the node's NVML facts (a rank at 0 bytes while others
+    hold gigabytes never got as far as the model)."""
+    gpus = node_facts.get("gpus") if isinstance(node_facts.get("gpus"), dict) else {}
+    found: Dict[int, str] = {}
+    for device in gpus.get("devices") or () if isinstance(gpus.get("devices"), list) else ():
+        if not isinstance(device, dict):
+            continue
+        for process in device.get("processes") or () if isinstance(device.get("processes"), list) else ():
+            if isinstance(process, dict) and isinstance(process.get("pid"), int):
+                used = process.get("used_memory_bytes")
+                memory = f" ({used / 2**30:.1f} GiB)" if isinstance(used, (int, float)) else ""
+                found[process["pid"]] = f"{device.get('index')}{memory}"
+    return found
+
+
+def _proc(node: str, item: Any) -> Optional[Proc]:
+    if not isinstance(item, dict) or not isinstance(item.get("pid"), int):
+        return None
+    argv = [str(a) for a in item.get("argv") or () if a is not None]
+    env = item.get("env") if isinstance(item.get("env"), dict) else {}
+    proc = Proc(node=node, pid=item["pid"], kind="launcher" if item.get("kind") == "launcher" else "rank",
+                argv=argv, state=str(item.get("state") or "?"), age_s=item.get("age_s"),
+                cpu_percent=item.get("cpu_percent"), env=env,
+                sockets=[s for s in item.get("sockets") or () if isinstance(s, dict)],
+                children=[c for c in item.get("children") or () if isinstance(c, int)],
+                where=where(item.get("threads"), item.get("kind") == "launcher") if "threads" in item
+                else Where("unknown"),
+                stable=item.get("stable") if isinstance(item.get("stable"), bool) else None)
+    proc.run_id = env.get("TORCHELASTIC_RUN_ID")
+    if proc.kind == "launcher":
+        launcher, command = _launch(argv)
+        proc.launcher = launcher
+        if launcher == "accelerate" and isinstance(item.get("config"), dict):
+            _from_accelerate(proc, item["config"], command)
+        elif command is not None:
+            rank_key, nodes_key, addr_key, port_key = NAMES[launcher]
+            proc.node_rank = command.integer(rank_key) if command.get(rank_key) is not None else (
+                0 if launcher == "torchrun" else None)
+            proc.nnodes = command.get(nodes_key) if isinstance(command.get(nodes_key), str) else None
+            proc.master_addr = command.get(addr_key) if isinstance(command.get(addr_key), str) else None
+            proc.master_port = command.integer(port_key)
+            proc.nproc = command.integer("nproc_per_node") if launcher == "torchrun" else None
+            rdzv = command.get("rdzv_backend")
+            proc.rdzv = rdzv if isinstance(rdzv, str) else ("c10d" if command.flag("standalone") else "static")
+            endpoint = command.get("rdzv_endpoint")
+            if isinstance(endpoint, str) and ":" in endpoint and proc.rdzv != "static":
+                proc.master_addr, proc.master_port = endpoint.rsplit(":", 1)[0], _int(endpoint.rsplit(":", 1)[1])
+            if launcher == "torchrun" and proc.master_addr is None and proc.rdzv == "static":
+                proc.master_addr = "127.0.0.1"  # torchrun's default
+            if proc.master_port is None and launcher == "torchrun":
+                proc.master_port = 29500
+    else:
+        proc.rank, proc.world_size = _int(env.get("RANK")), _int(env.get("WORLD_SIZE"))
+        proc.node_rank = _int(env.get("GROUP_RANK"))
+        proc.master_addr, proc.master_port = env.get("MASTER_ADDR"), _int(env.get("MASTER_PORT"))
+    return proc
+
+
+def _from_accelerate(proc: Proc, config: dict, command: launchcmd.LaunchCommand) -> None:
+    """A running `accelerate launch`: its config file (read on the node, as it read it) with its flags over
+    it, as preflight.job.view works out a launch before the start."""
+    from preflight.job import view as jobview
+
+    view = jobview.launch(proc.node, {"config": config, "files": {}}, command)
+    proc.node_rank = view.get("machine_rank") if isinstance(view.get("machine_rank"), int) else None
+    proc.nnodes = str(view["num_machines"]) if view.get("num_machines") is not None else None
+    proc.master_addr = view.get("main_ip") if isinstance(view.get("main_ip"), str) else None
+    proc.master_port = view.get("main_port") if isinstance(view.get("main_port"), int) else None
+    proc.nproc = view.get("processes") if isinstance(view.get("processes"), int) else None
+    proc.rdzv = view.get("rdzv_backend") if isinstance(view.get("rdzv_backend"), str) else "static"
+
+
+def node_of_address(facts: Mapping[str, Any], address: str) -> Optional[str]:
+    """The node whose interfaces hold `address` (or whose name or hostname it is)."""
+    for node, state in facts.items():
+        node_facts = (state or {}).get("facts")
+        host = node_facts.get("host") if isinstance(node_facts, dict) else None
+        if not isinstance(host, dict):
+            continue
+        interfaces = host.get("interfaces") if isinstance(host.get("interfaces"), dict) else {}
+        if address in (node, host.get("hostname"), host.get("fqdn")) or any(
+                isinstance(a, list) and address in a for a in interfaces.values()):
+            return node
+    return None
+
+
+def table(census: Census) -> List[dict]:
+    """One row per process: what `doctor` shows (terminal, --json evidence, HTML)."""
+    rows, order = [], {node: i for i, node in enumerate(census.nodes)}
+    with_gpu = any(q.gpu for q in census.procs)
+    for p in sorted(census.procs, key=lambda p: (order.get(p.node, 0), p.kind != "launcher",
+                                                 p.rank if p.rank is not None else -1)):
+        rows.append({"node": p.node, "pid": p.pid, "kind": p.launcher or p.kind, "node_rank": p.node_rank,
+                     "rank": p.rank, "world": p.world_size if p.kind == "rank" else
+                     (f"{p.nnodes} nodes" if p.nnodes else None),
+                     "master": f"{p.master_addr}:{p.master_port}" if p.master_addr or p.master_port else None,
+                     "state": p.state, "cpu": f"{p.cpu_percent:g}%" if isinstance(p.cpu_percent, (int, float)) else None,
+                     "age": f"{p.age_s:.0f}s" if isinstance(p.age_s, (int, float)) else None,
+                     **({"gpu": p.gpu} if with_gpu else {}),
+                     "where": p.where.text()})
+    return rows

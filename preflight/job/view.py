@@ -1,0 +1,526 @@
+"""The job as each node will launch it: that node's own accelerate config and DeepSpeed JSON, with the
+launch command's flags over them (as `accelerate launch`, torchrun and DeepSpeed's runner merge them).
+
+The collector reads, on every node, the files that node's launch would read (preflight.collector._job);
+here, on this machine, they are parsed and merged into one effective launch per node, a plain dict that
+the JOB checks compare and the reports show as the launch plan. No I/O here: facts in, dicts out.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from preflight.inputs import launchcmd
+from preflight.inputs.documents import Document, InputError, parse_json, parse_yaml, shorten
+from preflight.inputs.configs import (DEEPSPEED_HOSTFILE_LINE, accelerate_launcher, deepspeed_runner, is_int,
+                                 is_numeric_string, text_number_stops_launch)
+
+DEFAULT_PORT = 29500
+DEEPSPEED_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner reads this one when none is named
+CONFIG_TEXT_LIMIT = 256 * 1024  # a config's text past this is not parsed (PyYAML takes seconds a megabyte)
+JOB_READ_S = 5.0  # a node's digests of the command's files stop here: the rest is said to be unread
+UNEXPANDED = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*")
+# Keys of an accelerate config that differ per node by design (each node's rank, its own GPUs), and keys
+# that `accelerate launch` never takes from the file (their flags' defaults are not None: launch.py).
+PER_NODE_KEYS = frozenset({"machine_rank", "gpu_ids", "main_training_function"})
+NOT_READ_KEYS = frozenset({"rdzv_backend", "same_network"})
+# Fields of the effective launch that must be the same on every node, with their names in the plan.
+MUST_MATCH = ("main_ip", "main_port", "num_machines", "world_size", "distributed_type", "mixed_precision",
+              "zero_stage", "gradient_accumulation_steps", "rdzv_backend")
+
+
+def request(plan) -> dict:
+    """What the collector reads on each node for the job (preflight.collector._job's argument)."""
+    cmd = launchcmd.parse(plan.command) if plan.command else None
+    accelerate = cmd is None or cmd.launcher == "accelerate"
+    # `accelerate launch` reads its --config_file, else each node's default: --config is for no command only.
+    config = plan.config_path if cmd is None else None
+    if cmd is not None and cmd.launcher == "accelerate" and isinstance(cmd.get("config_file"), str):
+        config = cmd.get("config_file")
+    files = list(cmd.files) if cmd is not None else []
+    text = [v for k, v in (cmd.options.items() if cmd else ()) if k in launchcmd.FILE_OPTIONS and isinstance(v, str)]
+    if plan.deepspeed_path:
+        files.append(plan.deepspeed_path)
+        text.append(plan.deepspeed_path)
+    if cmd is not None and cmd.launcher == "deepspeed" and not cmd.get("hostfile"):
+        files.append(DEEPSPEED_HOSTFILE)
+        text.append(DEEPSPEED_HOSTFILE)
+    programs = ["python3"]
+    if cmd is not None and cmd.from_program:
+        programs.insert(0, cmd.from_program[0])
+    return {"cwd": plan.workdir or os.getcwd(), "argv": list(plan.command), "config": config,
+            "default_config": accelerate and not (cmd is not None and cmd.flag("cpu")),
+            "files": list(dict.fromkeys(f for f in files if f)), "text": text, "programs": programs,
+            "expand": plan.expand_vars, "env": dict(cmd.env) if cmd is not None else {},
+            "deadline_s": JOB_READ_S}
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(path: str, text: str, kind: str) -> Document:
+    """A file's text as a Document (thousands of nodes usually send the same few texts: parsed once)."""
+    what = "accelerate config" if kind == "accelerate" else "DeepSpeed config"
+    json_syntax = path.lower().endswith(".json") if kind == "accelerate" else not path.lower().endswith((".yaml", ".yml"))
+    # No type validation: accelerate builds its ClusterConfig from the mapping as it is; where a type
+    # matters, the effective launch says so (launch()).
+    return parse_json(path, text, what, comments=kind != "accelerate") if json_syntax else parse_yaml(path, text, what)
+
+
+def parsed(entry: Optional[dict], kind: str) -> Tuple[Optional[Document], Optional[str]]:
+    """(the Document, None) or (None, why not) for a file the collector read (or one parsed already here)."""
+    if isinstance(entry, dict) and isinstance(entry.get("doc"), Document):
+        return entry["doc"], None
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        return None, "not read"
+    if entry.get("error"):
+        return None, str(entry["error"])
+    if not isinstance(entry.get("text"), str):
+        return None, "its text did not come back"
+    if len(entry["text"]) > CONFIG_TEXT_LIMIT:
+        return None, f"larger than {CONFIG_TEXT_LIMIT // 1024} KiB: not a configuration file"
+    try:
+        return _parse(entry["path"], entry["text"], kind), None
+    except InputError as exc:
+        return None, f"line {exc.line}: {exc.problem}" if exc.line else exc.problem
+    except (RecursionError, ValueError) as exc:  # ValueError: an integer past Python's digit limit
+        return None, "nested too deeply" if isinstance(exc, RecursionError) else f"cannot be read ({exc})"
+
+
+def named_files(job: Mapping[str, Any]) -> List[str]:
+    """The files a node's own accelerate config names (its DeepSpeed JSON, its hostfile), for a second
+    request to that node once its config is known; those the command line names were read already."""
+    if not isinstance(job.get("files"), dict):
+        return []
+    doc, _ = parsed(job.get("config"), "accelerate")
+    if doc is None:
+        return []
+    section = doc.data.get("deepspeed_config")
+    names = [section.get(k) for k in ("deepspeed_config_file", "deepspeed_hostfile")] if isinstance(section, dict) else []
+    return [n for n in names if isinstance(n, str) and n.strip() and n not in (job.get("files") or {})]
+
+
+def _file(job: Mapping[str, Any], name: str) -> Optional[dict]:
+    """A file the node read for its job: named on the command line, or by its own config."""
+    for group in (job.get("files"), job.get("named")):
+        if isinstance(group, dict) and isinstance(group.get(name), dict):
+            return group[name]
+    return None
+
+
+def settings_digest(data: Mapping[str, Any], leave_out=frozenset()) -> str:
+    """A digest of a config's settings, leaving out the keys that differ per node by design: configs that
+    differ only in machine_rank have the same one (the file's bytes would not)."""
+    kept = {k: v for k, v in data.items() if k not in leave_out}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def _short(digest: Any) -> Optional[str]:
+    return digest[:8] if isinstance(digest, str) else None
+
+
+class _Fields:
+    """The effective values of one node's launch, each with where it came from."""
+
+    def __init__(self, node: str):
+        self.node, self.values, self.sources = node, {}, {}
+
+    def set(self, key: str, value: Any, source: str) -> None:
+        self.values[key], self.sources[key] = value, source
+
+    def first(self, key: str, *candidates: Tuple[Any, Optional[str]], default: Any = None) -> None:
+        """The first candidate that is given (flag, then file), else the launcher's default."""
+        for value, source in candidates:
+            if value is not None and source is not None:
+                self.set(key, value, source)
+                return
+        self.set(key, default, "default")
+
+
+def _int(value: Any) -> Any:
+    """A flag's text as accelerate's argparse reads it (type=int); anything else stays as it is."""
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
+def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.LaunchCommand], gpus: int = 0) -> dict:
+    """One node's effective launch: {"launcher", "started_by", field: value..., "sources": {field: where},
+    "problems": [...], "files": {...}}. `command` is this node's launch command (its $VARs expanded);
+    `gpus`, the GPUs the node has (accelerate picks its launcher by them when nothing else says)."""
+    out = _Fields(node)
+    problems: List[str] = []
+    if command is not None:
+        unset = sorted({m.group(0) for word in command.argv for m in UNEXPANDED.finditer(word)})
+        if unset:
+            problems.append(f"{', '.join(unset)} in the command {'is' if len(unset) == 1 else 'are'} not set in this "
+                            "node's SSH session: the launcher would get the text itself")
+    warnings = [f"the command cannot be read as {command.launcher} reads it: {command.problem}"] \
+        if command is not None and command.problem else []
+    launcher = command.launcher if command is not None else "accelerate"
+    config_entry = job.get("config")
+    doc, why = parsed(config_entry, "accelerate") if config_entry else (None, "none")
+    config_path = config_entry.get("path") if isinstance(config_entry, dict) else None
+    if launcher == "accelerate" and doc is None and config_entry is not None:
+        if not (config_entry.get("default") and why == "missing"):
+            problems.append(f"accelerate config {config_path}: {why}")
+    if launcher != "accelerate":
+        doc = None  # torchrun and DeepSpeed's runner never read accelerate's config
+    data = doc.data if doc is not None else {}
+    section = data.get("deepspeed_config") if isinstance(data.get("deepspeed_config"), dict) else {}
+
+    def flag(name: str) -> Tuple[Any, Optional[str]]:
+        if command is None or name not in command.options:
+            return None, None
+        value = command.options[name]  # argparse gives --gpu_ids no type: '0' stays text
+        return (value if name == "gpu_ids" else _int(value)), f"flag --{name}"
+
+    def in_file(key: str, *inner: str) -> Tuple[Any, Optional[str]]:
+        """The file's value of key, or of key's section's inner[0] (deepspeed_config, fsdp_config)."""
+        holder = (data.get(key) if isinstance(data.get(key), dict) else {}) if inner else data
+        name = inner[0] if inner else key
+        if doc is None or name not in holder:
+            return None, None
+        line = doc.line(*((key, name) if inner else (key,)))
+        return holder[name], f"{config_path}:{line}" if line else config_path
+
+    def number_in_file(key: str, *inner: str) -> Tuple[Any, Optional[str]]:
+        value, source = in_file(key, *inner)
+        return _int(value), source
+
+    ds_doc = None
+    if launcher == "accelerate":
+        # accelerate takes int() of it: "1" in the file works
+        out.first("machine_rank", flag("machine_rank"), number_in_file("machine_rank"), default=0)
+        out.first("num_machines", flag("num_machines"), in_file("num_machines"), default=1)
+        out.first("num_processes", flag("num_processes"), in_file("num_processes"))
+        out.first("main_ip", flag("main_process_ip"), in_file("main_process_ip"))
+        out.first("main_port", flag("main_process_port"), in_file("main_process_port"), default=DEFAULT_PORT)
+        out.first("mixed_precision", flag("mixed_precision"), in_file("mixed_precision"), default="no")
+        # Not from the file: the flag's default ("static") is not None, so accelerate never copies the file's.
+        out.first("rdzv_backend", flag("rdzv_backend"), default="static")
+        out.first("gpu_ids", flag("gpu_ids"), in_file("gpu_ids"), default="all")
+        chosen = next(((f, t) for f, t in (("use_deepspeed", "DEEPSPEED"), ("multi_gpu", "MULTI_GPU"),
+                                          ("use_fsdp", "FSDP"), ("use_megatron_lm", "MEGATRON_LM"), ("tpu", "XLA"))
+                       if command is not None and command.flag(f)), (None, None))
+        # Without a config or a flag, accelerate turns on multi_gpu when the node has more than one GPU.
+        out.first("distributed_type", (chosen[1], f"flag --{chosen[0]}" if chosen[0] else None),
+                  in_file("distributed_type"), ("MULTI_GPU", f"{gpus} GPUs" if doc is None and gpus > 1 else None),
+                  default="NO")
+        # Which of accelerate's launchers runs (accelerate/commands/launch.py, launch_command): --cpu (the
+        # flag, not use_cpu in the file) makes it the simple one, which starts one process and no rendezvous.
+        cpu = command is not None and command.flag("cpu")
+        dtype = out.values["distributed_type"]
+        path = accelerate_launcher(dtype) if not cpu else "simple"
+        out.set("accelerate_launcher", path, "flag --cpu" if cpu else out.sources["distributed_type"])
+        for key, keys in (("num_machines", ("num_machines",)), ("num_processes", ("num_processes",)),
+                          ("main_port", ("main_process_port",)), ("machine_rank", ("machine_rank",))):
+            value = out.values[key]
+            if not isinstance(value, str):
+                continue
+            launch_values = {"distributed_type": dtype, "cpu": cpu, "use_cpu": data.get("use_cpu"),
+                             "num_cpu_threads_per_process": data.get("num_cpu_threads_per_process"),
+                             "num_machines": out.values["num_machines"], "machine_rank": out.values["machine_rank"],
+                             "deepspeed_config": {k: flag(k)[0] if flag(k)[1] else section.get(k) for k in
+                                                  ("deepspeed_multinode_launcher", "deepspeed_exclusion_filter",
+                                                   "deepspeed_inclusion_filter")}}
+            stop = text_number_stops_launch(keys, value, launch_values) if is_numeric_string(value) else \
+                "neither accelerate nor its launchers read it as a number"
+            if stop:
+                problems.append(f"{keys[0]} is the text {shorten(value)} ({out.sources[key]}): {stop}; write it as a "
+                                "number")
+            else:  # passed on as text to a launcher that reads it as its number
+                out.set(key, _int(value), out.sources[key])
+        deepspeed = path == "deepspeed"
+        out.first("deepspeed_config_file", flag("deepspeed_config_file"),
+                  in_file("deepspeed_config", "deepspeed_config_file") if deepspeed else (None, None))
+        ds_name = out.values["deepspeed_config_file"]
+        if isinstance(ds_name, str) and ds_name:
+            ds_doc, ds_why = parsed(_file(job, ds_name), "deepspeed")
+            if ds_doc is None:
+                problems.append(f"DeepSpeed config {ds_name}: {ds_why}")
+        if ds_doc is not None:
+            stage = (ds_doc.data.get("zero_optimization") or {}).get("stage") \
+                if isinstance(ds_doc.data.get("zero_optimization"), dict) else None
+            where = f"{(_file(job, ds_name) or {}).get('path')}:{ds_doc.line('zero_optimization', 'stage') or 1}"
+            out.set("zero_stage", stage, where if stage is not None else "default")
+            accumulation = ds_doc.data.get("gradient_accumulation_steps")
+            out.set("gradient_accumulation_steps", accumulation,
+                    f"{(_file(job, ds_name) or {}).get('path')}:{ds_doc.line('gradient_accumulation_steps')}"
+                    if accumulation is not None else "default")
+        elif deepspeed:
+            # As text, both reach the script in the environment and are read back with int() there.
+            out.first("zero_stage", flag("zero_stage"), number_in_file("deepspeed_config", "zero_stage"))
+            out.first("gradient_accumulation_steps", flag("gradient_accumulation_steps"),
+                      number_in_file("deepspeed_config", "gradient_accumulation_steps"), default=1)
+        else:
+            out.set("zero_stage", None, "default")
+            out.first("gradient_accumulation_steps", flag("gradient_accumulation_steps"), default=1)
+        out.first("multinode_launcher", flag("deepspeed_multinode_launcher"),
+                  in_file("deepspeed_config", "deepspeed_multinode_launcher"), default="pdsh")
+        for key in ("fsdp_auto_wrap_policy", "fsdp_min_num_params"):  # a flag wins over fsdp_config's key
+            out.first(key, flag(key), in_file("fsdp_config", key))
+        procs, machines = out.values["num_processes"], out.values["num_machines"]
+        if path in ("torchrun", "deepspeed"):  # num_processes is the total: each node starts its share
+            # accelerate divides only for several machines (utils/launch.py): below that, one machine runs all
+            per_node = (procs // machines if machines > 1 else procs) if is_int(procs) and is_int(machines) \
+                else None
+            out.set("processes", per_node, out.sources["num_processes"])
+            out.set("world_size", procs, out.sources["num_processes"])
+        else:  # one process per node, and no rendezvous of the launcher's own: machine_rank is not read
+            out.set("processes", 1, f"accelerate's {path} launcher")
+            out.set("world_size", None, f"accelerate's {path} launcher")
+            out.set("rdzv_backend", "none", f"accelerate's {path} launcher")
+        # nossh: every node runs DeepSpeed's runner itself with --node_rank (utils/launch.py).
+        head_starts = deepspeed_runner(path, machines, out.values["multinode_launcher"]) == "head"
+        started_by = "head" if head_starts else "self"
+        if head_starts:  # accelerate passes --hostfile str(deepspeed_hostfile): "None" when it is not set
+            out.first("hostfile", flag("deepspeed_hostfile"), in_file("deepspeed_config", "deepspeed_hostfile"),
+                      default="None")
+            out.first("host_filter", flag("deepspeed_inclusion_filter"), flag("deepspeed_exclusion_filter"),
+                      in_file("deepspeed_config", "deepspeed_inclusion_filter"),
+                      in_file("deepspeed_config", "deepspeed_exclusion_filter"))
+    elif launcher == "torchrun":
+        standalone = command.flag("standalone")
+        nnodes = command.get("nnodes")
+        out.first("num_machines", (1, "flag --standalone") if standalone else (None, None),
+                  (_nnodes(nnodes), "flag --nnodes" if nnodes is not None else None), default=1)
+        out.first("machine_rank", flag("node_rank"), default=0)
+        out.first("processes", flag("nproc_per_node"), default=1)
+        out.first("rdzv_backend", ("c10d", "flag --standalone") if standalone else (None, None), flag("rdzv_backend"),
+                  default="static")
+        if isinstance(nnodes, str) and ":" in nnodes:
+            low, high = (_int(x) for x in nnodes.split(":", 1))
+            out.set("nnodes_range", [low, high], "flag --nnodes")
+        endpoint = command.get("rdzv_endpoint")
+        if isinstance(endpoint, str) and endpoint:  # torch's get_rdzv_endpoint: the endpoint wins when given
+            host, sep, port = endpoint.rpartition(":")
+            if not sep or "]" in port:  # no port ("host", "[::1]")
+                host, port = endpoint, ""
+            default = DEFAULT_PORT if out.values["rdzv_backend"] == "static" else 29400  # c10d's own default
+            out.set("main_ip", host.strip("[]") or endpoint, "flag --rdzv_endpoint")
+            out.set("main_port", _int(port) if port else default, "flag --rdzv_endpoint")
+        else:
+            out.first("main_ip", flag("master_addr"), default="127.0.0.1")
+            out.first("main_port", flag("master_port"), default=DEFAULT_PORT)
+        machines, procs = out.values["num_machines"], out.values["processes"]
+        world = machines * procs if is_int(machines) and is_int(procs) else None
+        out.set("world_size", world, "--nnodes x --nproc-per-node")
+        started_by = "self"
+    elif launcher == "deepspeed":
+        out.first("main_ip", flag("master_addr"))
+        out.first("main_port", flag("master_port"), default=DEFAULT_PORT)
+        if command.flag("no_ssh"):  # every node runs the runner itself, with its --node_rank
+            started_by = "self"
+            out.first("machine_rank", flag("node_rank"), default=0)
+            out.first("num_machines", flag("num_nodes"))
+            out.set("rdzv_backend", "static", "DeepSpeed's runner")
+        else:
+            started_by = "head"  # the runner on the first node starts every node (pdsh by default)
+        out.first("hostfile", flag("hostfile"), default=DEEPSPEED_HOSTFILE)
+        out.first("host_filter", flag("include"), flag("exclude"), flag("num_nodes"))
+    else:
+        started_by = "self"
+    facts = {
+        # Without a command or a config, nothing says how this node launches: not compared.
+        "known": command is not None or doc is not None or bool(problems),
+        "launcher": launcher, "started_by": started_by, **out.values, "sources": out.sources, "problems": problems,
+        "warnings": warnings,
+        "config": config_path if doc is not None or (config_entry and not config_entry.get("error")) else None,
+        "config_sha": settings_digest(data, PER_NODE_KEYS) if doc is not None else None,
+        "deepspeed_settings": dict(_leaves(ds_doc)) if ds_doc is not None else None,
+        "deepspeed_path": (_file(job, out.values.get("deepspeed_config_file") or "") or {}).get("path") if ds_doc else None,
+        "deepspeed_sha": _short((_file(job, out.values.get("deepspeed_config_file") or "") or {}).get("sha256"))
+        if ds_doc is not None else None,
+        "accelerate_settings": {k: (v, doc.line(k)) for k, v in data.items()} if doc is not None else None,
+        "script": command.script if command is not None else None,
+        "hosts": _hosts(job, out.values.get("hostfile")),
+        "files": {name: _clean_file(entry) for name, entry in
+                  ((job.get("files") if isinstance(job.get("files"), dict) else {}).items()) if isinstance(entry, dict)},
+    }
+    return facts
+
+
+def _clean_file(entry: Mapping[str, Any]) -> dict:
+    """A file entry a node sent, with only the fields and types the checks read."""
+    kept = {k: entry.get(k) for k in ("path", "sha256", "error") if isinstance(entry.get(k), str)}
+    if isinstance(entry.get("size"), int) and not isinstance(entry.get("size"), bool):
+        kept["size"] = entry["size"]
+    return kept
+
+
+def _leaves(doc: Document, keys: Tuple[str, ...] = ()) -> List[Tuple[str, Tuple[Any, Optional[int]]]]:
+    """Every setting of a DeepSpeed config as (dotted key, (value, line)): what two nodes' files are compared by."""
+    value = doc.data
+    for key in keys:
+        value = value[key]
+    if isinstance(value, dict) and value:
+        return [leaf for key in value for leaf in _leaves(doc, keys + (key,))]
+    return [(".".join(map(str, keys)), (value, doc.line(*keys)))]
+
+
+def _nnodes(text: Any) -> Any:
+    """torchrun's --nnodes: N, or MIN:MAX for an elastic job (its maximum is what may join)."""
+    if isinstance(text, str) and ":" in text:
+        return _int(text.split(":", 1)[1])
+    return _int(text)
+
+
+def _hosts(job: Mapping[str, Any], name: Any) -> Optional[dict]:
+    """The hostfile DeepSpeed's runner reads on this node: {"path", "hosts": [[host, slots]]} or {"path", "error"}."""
+    if not isinstance(name, str):
+        return None
+    if name == "None":
+        return {"path": None, "error": "no deepspeed_hostfile is set: accelerate passes `--hostfile None`, and "
+                                       "DeepSpeed's runner then trains on the head alone"}
+    entry = _file(job, name)
+    if entry is None:
+        return None
+    if entry.get("error") or not isinstance(entry.get("text"), str):
+        return {"path": entry.get("path"), "error": entry.get("error") or "its text did not come back"}
+    hosts, problem = hostfile_hosts(entry["text"])
+    if problem:
+        return {"path": entry.get("path"), "error": problem}
+    return {"path": entry.get("path"), "hosts": [list(h) for h in hosts]}
+
+
+
+
+def hostfile_hosts(text: str) -> Tuple[List[Tuple[str, int]], Optional[str]]:
+    """DeepSpeed's hostfile text as its runner reads it: ([(host, slots)], None), or ([], why it stops)."""
+    found: List[Tuple[str, int]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = DEEPSPEED_HOSTFILE_LINE.search(line)
+        if match is None:
+            return [], f"a bad entry {line[:60]!r}: the runner stops ('Hostfile contains a bad entry')"
+        if any(h == match.group(1) for h, _ in found):
+            return [], f"{match.group(1)} is listed twice: the runner stops"
+        found.append((match.group(1), int(match.group(2))))
+    if not found:
+        return [], "it is empty: the runner stops"
+    return found, None
+
+
+def socket_interface(facts: Mapping[str, Any]) -> Optional[str]:
+    """The interface NCCL's socket transport (with GPUs) or gloo (without) binds on this node, as they pick
+    it: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME when set, else NCCL's default (an ib* interface first, then
+    any but lo and docker*), else gloo's (the address the hostname resolves to)."""
+    host, env = facts.get("host") or {}, facts.get("env") or {}
+    interfaces = host.get("interfaces") or {}
+    if not isinstance(interfaces, dict):
+        return None
+    usable = [n for n, addrs in interfaces.items() if isinstance(addrs, list) and addrs]
+    gpus = (facts.get("gpus") or {}).get("available")
+    spec = env.get("NCCL_SOCKET_IFNAME") if gpus else env.get("GLOO_SOCKET_IFNAME")
+    if isinstance(spec, str) and spec.strip():
+        chosen = selected_interfaces(spec, usable, bool(gpus))
+        return f"{chosen[0]} {interfaces[chosen[0]][0]}" if chosen else f"none matches {spec}"
+    if gpus:
+        ordered = [n for n in usable if n.startswith("ib")] + [n for n in usable if not n.startswith(("ib", "lo", "docker"))]
+        return f"{ordered[0]} {interfaces[ordered[0]][0]}" if ordered else None
+    resolved = host.get("resolves_to")
+    if isinstance(resolved, list) and resolved:
+        owner = next((n for n in usable if resolved[0] in interfaces[n]), None)
+        return f"{owner or '?'} {resolved[0]}"
+    return None
+
+
+def selected_interfaces(spec: str, names: List[str], nccl: bool) -> List[str]:
+    """The interfaces NCCL (prefixes; `=` exact; `^` excludes) or gloo (exact names) would use."""
+    spec = spec.strip()
+    exclude = nccl and spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = not nccl or spec.startswith("=")
+    spec = spec[1:] if nccl and spec.startswith("=") else spec
+    patterns = [p.strip() for p in spec.split(",") if p.strip()]
+
+    def matches(name: str) -> bool:
+        return any(name == p if exact else name.startswith(p) for p in patterns)
+
+    return [n for n in names if matches(n) != exclude]
+
+
+def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dict[str, Any]:
+    """Every reached node's effective launch, in node order: probes["job"] for the JOB checks.
+    With `preflight launch` over SSH, each node's command is the one preflight will run there (its
+    rank flags inserted by preflight.gate.launcher). When the head's launcher starts every node (DeepSpeed's
+    runner), the other nodes' own configs are never read: their views keep only what they run."""
+    nodes = [n for n in plan.nodes if (facts.get(n) or {}).get("facts")]
+    result: Dict[str, Any] = {"command": list(plan.command), "nodes": {}}
+    sets_ranks = plan.sets_ranks and plan.command and launchcmd.is_accelerate_launch(plan.command)
+    raw = launchcmd.parse(plan.command) if plan.command else None
+    names = {"program": raw.from_program[0] if raw is not None and raw.from_program else None,
+             "script": raw.script if raw is not None else None}  # the collector's keys: the words as typed
+    for index, node in enumerate(plan.nodes):
+        if (facts.get(node) or {}).get("error") is not None:
+            continue  # not reached, or stopped answering half-way: SSH001 says so, its facts are not the job's
+        node_facts = (facts.get(node) or {}).get("facts")
+        job = node_facts.get("job") if isinstance(node_facts, dict) else None
+        if not isinstance(job, dict):
+            continue
+        try:
+            argv = [str(a) for a in job["argv"]] if isinstance(job.get("argv"), list) else list(plan.command)
+            if sets_ranks:
+                argv = launchcmd.rank_command(argv, index, head_address or plan.head, plan.port, len(plan.nodes))
+            result["nodes"][node] = _node_view(node, node_facts, job, argv, names)
+        except Exception as exc:  # what a node sent is not to be trusted: its launch is unknown, said so
+            result["nodes"][node] = {"known": True, "launcher": "other", "started_by": "self", "sources": {},
+                                     "problems": [f"its job facts cannot be read ({type(exc).__name__}: {exc})"]}
+    head = result["nodes"].get(plan.head) or {}
+    if head.get("started_by") == "head":
+        for node, view in result["nodes"].items():
+            if node != plan.head:
+                result["nodes"][node] = {k: view.get(k) for k in ("known", "launcher", "files", "script", "program",
+                                                                  "python", "interface", "session_stdout")}
+                result["nodes"][node].update(started_by="head", sources={}, problems=[])
+    result["reached"] = nodes
+    return result
+
+
+def _node_view(node: str, node_facts: dict, job: dict, argv: List[str], names: Mapping[str, Optional[str]]) -> dict:
+    command = launchcmd.parse(argv) if argv else None
+    devices = (node_facts.get("gpus") or {}).get("devices") if isinstance(node_facts.get("gpus"), dict) else None
+    view = launch(node, job, command, len(devices) if isinstance(devices, list) else 0)
+    view["script"] = names["script"] if names["script"] in view["files"] else view.get("script")
+    view["interface"] = socket_interface(node_facts)
+    programs = job.get("programs") if isinstance(job.get("programs"), dict) else {}
+    view["program"] = _clean_program(programs.get(names["program"])) if names["program"] else None
+    view["python"] = _clean_program(programs.get("python3"))
+    session = node_facts.get("session")
+    view["session_stdout"] = session.get("stdout") if isinstance(session, dict) else None
+    return view
+
+
+def _clean_program(entry: Any) -> Optional[dict]:
+    """A program a node resolved, with string fields only."""
+    if not isinstance(entry, dict):
+        return None
+    return {k: entry.get(k) if isinstance(entry.get(k), str) else None for k in ("name", "path", "real", "interpreter")}
+
+
+def plan_rows(job: Mapping[str, Any]) -> List[dict]:
+    """The launch plan table: one row per node, the columns a user compares by hand."""
+    rows = []
+    for node, v in (job.get("nodes") or {}).items():
+        program = v.get("program") or {}
+        main = f"{v.get('main_ip') or '?'}:{v.get('main_port') or '?'}" if v.get("main_ip") or v.get("main_port") else None
+        rows.append({
+            "node": node, "machine_rank": v.get("machine_rank") if v.get("started_by") == "self" else "by head",
+            "main": main, "num_machines": v.get("num_machines"), "processes": v.get("processes"),
+            "world_size": v.get("world_size"), "distributed_type": v.get("distributed_type"),
+            "precision": v.get("mixed_precision"), "zero_stage": v.get("zero_stage"), "config": v.get("config"),
+            "config_sha": v.get("config_sha"), "deepspeed_sha": v.get("deepspeed_sha"),
+            "script_sha": _short(((v.get("files") or {}).get(v.get("script") or "") or {}).get("sha256")),
+            "python": program.get("interpreter") or (v.get("python") or {}).get("path"),
+            "launcher": program.get("path") if program else None,
+            "interface": v.get("interface").split()[0] if isinstance(v.get("interface"), str) else None,
+        })
+    return rows

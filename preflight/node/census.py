@@ -1,0 +1,294 @@
+"""The census of a running job on this node, for `preflight doctor`: its launchers and ranks, their job
+variables, state, age and CPU time, their sockets, and their Python stacks.
+
+Read only (the rules of preflight.node). /proc gives the processes and sockets; py-spy, run
+as a program with --nonblocking, gives the stacks without stopping the process. Nothing is signalled,
+written to or left behind: py-spy runs under a deadline and is killed past it.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+from preflight.node import procfs
+from preflight.node.launchfiles import accelerate_default_config, read_file
+from preflight.node.secret import REDACTED, secret_name
+
+CENSUS_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+              "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+              "TORCHELASTIC_MAX_RESTARTS", "CUDA_VISIBLE_DEVICES", "ACCELERATE_MIXED_PRECISION")
+CENSUS_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
+# Words of a command line that make it a launcher agent of a torch job.
+LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
+             "deepspeed.launcher.launch", "deepspeed.launcher.runner")
+MAX_ARGS, MAX_ARG, MAX_SOCKETS, MAX_PROCESSES = 64, 200, 64, 256
+
+
+def take_census(options):
+    """{"processes": [...], "listeners": [...], "stacks": how they were read, ...} of the job processes on
+    this node. options: port (the master port, to pick one job and its listeners), pids (only these and
+    their children), stacks (run py-spy), py_spy (its path, else found on PATH or beside this python),
+    deadline_s (for the whole census)."""
+    started = time.monotonic()
+    deadline = started + float(options.get("deadline_s") or 10)
+    port = options.get("port")
+    own_net = procfs.namespace("self", "net")
+    ticks = os.sysconf("SC_CLK_TCK")
+    boot = procfs.boot_time()
+    sockets = procfs.tcp_sockets()
+    table, elsewhere = {}, 0
+    for pid in procfs.pids():
+        info = _process(pid, ticks, boot)
+        if info is None:
+            continue
+        if own_net is not None and procfs.namespace(pid, "net") not in (own_net, None):
+            elsewhere += 1  # another network namespace: a container, or another test host
+            continue
+        table[pid] = info
+    chosen = _job_processes(table, options.get("pids"), port)
+    processes = []
+    for pid in chosen[:MAX_PROCESSES]:
+        info = table[pid]
+        info["sockets"] = _sockets_of(pid, sockets)
+        info["children"] = [p for p, other in table.items() if other["ppid"] == pid]
+        if info["kind"] == "launcher" and "accelerate" in " ".join(info["argv"][:4]):
+            info["config"] = _accelerate_config(pid, info["argv"])
+        processes.append(info)
+    listeners = []
+    if port:
+        for pid, info in table.items():
+            if pid in chosen:
+                continue
+            held = [s for s in _sockets_of(pid, sockets) if s["state"] == "LISTEN" and s["local_port"] == port]
+            if held:
+                listeners.append({"pid": pid, "argv": info["argv"], "age_s": info["age_s"], "env": _job_env(pid)})
+    stacks = _stacks(processes, options, deadline) if options.get("stacks", True) else {"skipped": "not asked"}
+    cpu_before = {p["pid"]: p["cpu_s"] for p in processes}
+    time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+    for p in processes:  # CPU use over the census: a rank spinning in NCCL against one at 0%
+        again = _process(p["pid"], ticks, boot)
+        p["cpu_percent"] = None if again is None else round(
+            100.0 * (again["cpu_s"] - cpu_before[p["pid"]]) / max(0.05, time.monotonic() - started), 1)
+    return {"processes": processes, "listeners": listeners, "stacks": stacks, "elsewhere": elsewhere,
+            "port": port, "seconds": round(time.monotonic() - started, 3), "ptrace_scope": _ptrace_scope(),
+            "uid": os.getuid()}
+
+
+def _process(pid, ticks, boot):
+    """argv, state, parent, age and CPU seconds of one process (None when it is gone or unreadable)."""
+    words = procfs.argv(pid)
+    fields = procfs.stat_fields(pid)
+    if not words or not fields:
+        return None
+    argv = [a[:MAX_ARG] for a in words[:MAX_ARGS] if a]
+    try:
+        state, ppid = fields[0].decode(), int(fields[1])
+        cpu = (int(fields[11]) + int(fields[12])) / float(ticks)
+        start = int(fields[19]) / float(ticks)
+    except (IndexError, ValueError):
+        return None
+    age = round(time.time() - (boot + start), 1) if boot else None
+    return {"pid": pid, "ppid": ppid, "argv": argv, "state": state, "cpu_s": round(cpu, 2), "age_s": age}
+
+
+def _job_env(pid):
+    """The job's variables of a process (None when /proc/PID/environ cannot be read); secrets redacted."""
+    environ = procfs.environ(pid)
+    if environ is None:
+        return None
+    return dict((name, REDACTED if secret_name(name) else value[:MAX_ARG]) for name, value in environ.items()
+                if name in CENSUS_ENV or name.startswith(CENSUS_PREFIXES))
+
+
+def _accelerate_config(pid, argv):
+    """The accelerate config a running `accelerate launch` read: its --config_file (from its working
+    directory), else the default under its own HF_HOME / XDG_CACHE_HOME / HOME."""
+    cwd = procfs.link("/proc/%d/cwd" % pid) or "/"
+    named = None
+    for i, word in enumerate(argv):
+        if word in ("--config_file", "--config-file") and i + 1 < len(argv):
+            named = argv[i + 1]
+        elif word.startswith(("--config_file=", "--config-file=")):
+            named = word.split("=", 1)[1]
+    if named:
+        return read_file(named, cwd, True)
+    path = accelerate_default_config(procfs.environ(pid) or {})
+    return dict(read_file(path, cwd, True), default=True)
+
+
+def _is_launcher(argv):
+    words = [os.path.basename(a) for a in argv[:4]]
+    if any(w in ("torchrun", "deepspeed") for w in words):
+        return True
+    if "accelerate" in words and "launch" in argv[:4]:
+        return True
+    return any(a in LAUNCHERS for a in argv[:4])
+
+
+def _job_processes(table, pids, port):
+    """The pids of the job's launchers and ranks: a launcher agent, or a process with a rank's variables
+    or a launcher for parent; with `pids`, only those and their descendants; with `port`, only the job
+    whose MASTER_PORT (or launcher flags) name it."""
+    chosen = []
+    for pid, info in table.items():
+        launcher = _is_launcher(info["argv"])
+        env = _job_env(pid) if not launcher or port else None
+        parent = table.get(info["ppid"])
+        rank = bool(env) and ("RANK" in env or "TORCHELASTIC_RUN_ID" in env) or \
+            (parent is not None and _is_launcher(parent["argv"]) and not launcher)
+        if not (launcher or rank):
+            continue
+        info["kind"] = "launcher" if launcher else "rank"
+        info["env"] = env if env is not None else _job_env(pid)
+        chosen.append(pid)
+    if pids:
+        wanted = set(int(p) for p in pids)
+        chosen = [p for p in chosen if p in wanted or _descends(p, wanted, table)]
+    if port:
+        ranks = [p for p in chosen if table[p]["kind"] == "rank" and _rank_on_port(table[p], port, table)]
+        parents = {table[p]["ppid"] for p in ranks}
+        launchers = [p for p in chosen if table[p]["kind"] == "launcher"
+                     and _launcher_on_port(table[p], port, p in parents)]
+        chosen = sorted(ranks + launchers)
+    return chosen
+
+
+def _descends(pid, ancestors, table):
+    seen = 0
+    while pid in table and seen < 64:
+        pid, seen = table[pid]["ppid"], seen + 1
+        if pid in ancestors:
+            return True
+    return False
+
+
+PORT_FLAGS = re.compile(r"--(master[-_]port|main[-_]process[-_]port)[= ](\d+)|--rdzv[-_]endpoint[= ]\S*:(\d+)")
+
+
+def _launcher_on_port(info, port, has_ranks_on_port):
+    """A launcher belongs to the job on `port` when its flags name the port, or its ranks use it, or
+    nothing on its command line names a port (accelerate reads it from its config file)."""
+    named = [int(m.group(2) or m.group(3)) for m in PORT_FLAGS.finditer(" ".join(info["argv"]))]
+    return port in named or has_ranks_on_port or not named
+
+
+def _rank_on_port(info, port, table):
+    env = info.get("env") or {}
+    if env.get("MASTER_PORT"):
+        return env["MASTER_PORT"] == str(port)
+    parent = table.get(info["ppid"])
+    return parent is not None and _launcher_on_port(parent, port, False)
+
+
+def _sockets_of(pid, sockets):
+    found = [sockets[inode] for inode in procfs.socket_inodes(pid) if inode in sockets]
+    return found[:MAX_SOCKETS]
+
+
+def _ptrace_scope():
+    raw = procfs.read("/proc/sys/kernel/yama/ptrace_scope")
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _py_spy(options):
+    import shutil
+
+    for candidate in (options.get("py_spy"), shutil.which("py-spy"),
+                      os.path.join(os.path.dirname(os.path.realpath(sys.executable)), "py-spy"),
+                      os.path.join(os.path.dirname(sys.executable), "py-spy")):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _stacks(processes, options, deadline):
+    """Each process's Python stack through `py-spy dump --json --nonblocking`, in parallel, bounded; taken
+    twice, `interval_s` apart, so that a process seen at the same place both times is `stable` (stuck there,
+    not passing through)."""
+    tool = _py_spy(options)
+    if tool is None:
+        return {"error": "py-spy is not installed on this node (pip install py-spy in the training environment)"}
+    samples = max(1, int(options.get("samples", 2)))
+    results = {}
+    for sample in range(samples):
+        if sample:
+            time.sleep(max(0.0, min(float(options.get("interval_s", 1.0)), deadline - time.monotonic() - 1.0)))
+        _sample(tool, processes, deadline, results, first=sample == 0)
+    for info in processes:
+        info.pop("_waits", None)  # the first sample's count: compared, not reported
+    failed = [r["error"] for r in results.values() if "error" in r]
+    return {"tool": tool, "read": sum(1 for r in results.values() if r.get("ok")), "failed": len(failed),
+            "error": failed[0] if failed else None, "samples": samples}
+
+
+def _sample(tool, processes, deadline, results, first):
+    def dump(info):
+        left = deadline - time.monotonic()
+        if left <= 0.2:
+            results.setdefault(info["pid"], {"error": "no time left for py-spy"})
+            return
+        try:
+            proc = subprocess.Popen([tool, "dump", "--json", "--nonblocking", "--pid", str(info["pid"])],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            results[info["pid"]] = {"error": "py-spy cannot run: %s" % exc}
+            return
+        try:
+            out, err = proc.communicate(timeout=min(left, 8.0))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            results.setdefault(info["pid"], {"error": "py-spy did not answer in time"})
+            return
+        if proc.returncode != 0:
+            if first:
+                results[info["pid"]] = {"error": err.decode("utf-8", "replace").strip()[-300:] or
+                                        "exit %d" % proc.returncode}
+            return
+        try:
+            threads = json.loads(out.decode("utf-8", "replace"))
+        except ValueError:
+            results.setdefault(info["pid"], {"error": "py-spy's answer is not JSON"})
+            return
+        threads = [{"name": t.get("thread_name"), "active": t.get("active"),
+                    "frames": [[f.get("name"), f.get("filename"), f.get("line")] for f in (t.get("frames") or [])[:48]]}
+                   for t in (threads if isinstance(threads, list) else [])[:16] if isinstance(t, dict)]
+        if first:
+            info["threads"] = threads
+            info["stable"] = None
+            info["_waits"] = _waits(info["pid"])
+            results[info["pid"]] = {"ok": True}
+        elif "threads" in info:
+            # Still: the same frames both times, and its main thread neither blocked nor woke in between (a
+            # loop that sleeps or waits between steps wakes many times a second and may show the same frames).
+            waits = _waits(info["pid"])
+            info["stable"] = _main_frames(info["threads"]) == _main_frames(threads) and \
+                waits is not None and waits == info.pop("_waits", None)
+            info["threads"] = threads
+
+    workers = [threading.Thread(target=dump, args=(p,)) for p in processes if p["state"] not in ("Z", "X")]
+    for worker in workers:
+        worker.daemon = True
+        worker.start()
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+
+
+def _waits(pid):
+    """How often the process's main thread has blocked and been woken (voluntary context switches)."""
+    raw = procfs.read("/proc/%d/task/%d/status" % (pid, pid))
+    for line in (raw or b"").decode("ascii", "replace").splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    return None
+
+
+def _main_frames(threads):
+    main = [t for t in threads if t.get("name") == "MainThread"] or threads[:1]
+    return main[0]["frames"] if main else None

@@ -1,0 +1,179 @@
+"""The machine as the job meets it: the interpreter, names and interfaces, the route to the head, the job's
+environment variables, storage, limits, memory and the clock's discipline."""
+import ctypes
+import os
+import platform
+import resource
+import socket
+import struct
+import sys
+import time
+
+from preflight.node.secret import REDACTED, secret_name
+
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_", "ACCELERATE_", "DEEPSPEED_", "DS_", "OMP_",
+                "FI_", "UCX_", "HF_", "TRANSFORMERS_", "PYTORCH_")
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "LOCAL_RANK", "PYTHONPATH", "LD_LIBRARY_PATH",
+             "LD_PRELOAD", "PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
+
+
+def python():
+    return {"executable": sys.executable, "version": platform.python_version(), "cwd": os.getcwd()}
+
+
+def host(options):
+    hostname = socket.gethostname()
+    links = {}
+    interfaces = _interfaces(links)
+    own = {a for addrs in interfaces.values() for a in addrs}
+    facts = {"hostname": hostname, "fqdn": socket.getfqdn(), "interfaces": interfaces, "links": links,
+             "resolves_to": _resolve(hostname), "kernel": platform.release(),
+             "rdma_devices": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []}
+    facts["resolves_to_own_interface"] = any(a in own for a in facts["resolves_to"] if not a.startswith("127."))
+    head = options.get("head")
+    if head:
+        facts["head_resolves_to"] = _resolve(head)
+        facts["route_to_head"] = _route(facts["head_resolves_to"], options.get("port") or 29500, interfaces)
+    return facts
+
+
+def _resolve(name):
+    try:
+        infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return {"error": str(exc)}
+    seen = []
+    for info in infos:
+        if info[4][0] not in seen:
+            seen.append(info[4][0])
+    return seen
+
+
+def _interfaces(links=None):
+    """Interface name -> addresses (IPv4 through an ioctl, IPv6 from /proc). When `links` is a dict, it is
+    filled with name -> {"up": IFF_UP, "running": IFF_RUNNING (carrier), "ipv4": ["10.0.0.2/24"] (the
+    interface's primary address and its netmask), "ipv6": ["fe80::1/64", ...]} from the same probe
+    socket (SIOCGIFFLAGS, SIOCGIFNETMASK); an ioctl that fails leaves its field None."""
+    import fcntl
+
+    result = {}
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name[:15].encode())
+            ipv4 = None
+            try:
+                packed = fcntl.ioctl(probe.fileno(), 0x8915, request)  # SIOCGIFADDR
+                result[name] = [socket.inet_ntoa(packed[20:24])]
+            except OSError as exc:
+                result[name] = []
+                ipv4 = [] if exc.errno == 99 else None  # EADDRNOTAVAIL: no IPv4 address
+            if links is None:
+                continue
+            link = links[name] = {"up": None, "running": None, "ipv4": ipv4, "ipv6": []}
+            try:
+                flags = struct.unpack("H", fcntl.ioctl(probe.fileno(), 0x8913, request)[16:18])[0]  # SIOCGIFFLAGS
+                link["up"], link["running"] = bool(flags & 0x1), bool(flags & 0x40)  # IFF_UP, IFF_RUNNING
+            except (OSError, struct.error):
+                pass
+            if result[name]:
+                try:
+                    mask = fcntl.ioctl(probe.fileno(), 0x891B, request)[20:24]  # SIOCGIFNETMASK
+                    link["ipv4"] = ["%s/%d" % (result[name][0], bin(struct.unpack("!I", mask)[0]).count("1"))]
+                except (OSError, struct.error):
+                    pass
+    finally:
+        probe.close()
+    try:
+        for line in open("/proc/net/if_inet6"):
+            hexaddr, _, prefix, _, _, name = line.split()
+            address = socket.inet_ntop(socket.AF_INET6, bytes.fromhex(hexaddr))
+            result.setdefault(name, []).append(address)
+            if links is not None:
+                links.setdefault(name, {"up": None, "running": None, "ipv4": None, "ipv6": []})["ipv6"].append(
+                    "%s/%d" % (address, int(prefix, 16)))
+    except (OSError, ValueError):
+        pass
+    return result
+
+
+def _route(head_addresses, port, interfaces):
+    """Which local address and interface the kernel picks to reach the head (a UDP connect sends nothing)."""
+    if not isinstance(head_addresses, list) or not head_addresses:
+        return None
+    target = head_addresses[0]
+    family = socket.AF_INET6 if ":" in target else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.connect((target, int(port)))
+        source = sock.getsockname()[0]
+    except OSError as exc:
+        return {"error": str(exc), "head": target}
+    finally:
+        sock.close()
+    interface = next((name for name, addrs in interfaces.items() if source in addrs), None)
+    return {"head": target, "source": source, "interface": interface}
+
+
+def environment():
+    env = {}
+    for name, value in os.environ.items():
+        if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
+            continue
+        env[name] = REDACTED if secret_name(name) else value
+    return env
+
+
+def storage(paths):
+    result = {}
+    for name, path in dict(paths, shm="/dev/shm").items():
+        entry = {"path": path, "exists": os.path.exists(path)}
+        if entry["exists"]:
+            st = os.statvfs(path)
+            entry.update(total_bytes=st.f_blocks * st.f_frsize, free_bytes=st.f_bavail * st.f_frsize,
+                         writable=os.access(path, os.W_OK))
+        result[name] = entry
+    return result
+
+
+def limits():
+    def limit(which):
+        soft, hard = resource.getrlimit(which)
+        return [None if soft == resource.RLIM_INFINITY else soft, None if hard == resource.RLIM_INFINITY else hard]
+
+    return {"nofile": limit(resource.RLIMIT_NOFILE), "memlock": limit(resource.RLIMIT_MEMLOCK),
+            "nproc": limit(resource.RLIMIT_NPROC), "stack": limit(resource.RLIMIT_STACK)}
+
+
+def memory():
+    info = {}
+    for line in open("/proc/meminfo"):
+        key, value = line.split(":", 1)
+        if key in ("MemTotal", "MemAvailable", "SwapTotal"):
+            info[key] = int(value.split()[0]) * 1024
+    return {"total_bytes": info.get("MemTotal"), "available_bytes": info.get("MemAvailable"),
+            "swap_bytes": info.get("SwapTotal"), "cpus": os.cpu_count()}
+
+
+class _Timex(ctypes.Structure):
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
+                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long), ("status", ctypes.c_int),
+                ("constant", ctypes.c_long), ("precision", ctypes.c_long), ("tolerance", ctypes.c_long),
+                ("time_sec", ctypes.c_long), ("time_usec", ctypes.c_long), ("tick", ctypes.c_long),
+                ("ppsfreq", ctypes.c_long), ("jitter", ctypes.c_long), ("shift", ctypes.c_int),
+                ("stabil", ctypes.c_long), ("jitcnt", ctypes.c_long), ("calcnt", ctypes.c_long),
+                ("errcnt", ctypes.c_long), ("stbcnt", ctypes.c_long), ("tai", ctypes.c_int),
+                ("padding", ctypes.c_int * 11)]
+
+
+def clock():
+    """The kernel's view of clock discipline (adjtimex with no changes): synchronised or not."""
+    timex = _Timex()
+    state = ctypes.CDLL(None, use_errno=True).adjtimex(ctypes.byref(timex))
+    if state < 0:
+        return {"error": os.strerror(ctypes.get_errno())}
+    unsync = bool(timex.status & 0x0040) or state == 5  # STA_UNSYNC, TIME_ERROR
+    return {"synchronised": not unsync, "maxerror_s": timex.maxerror / 1e6, "esterror_s": timex.esterror / 1e6,
+            "time": time.time()}
+
+

@@ -1,0 +1,548 @@
+"""Facts from every node, in parallel, then the coordinated probes: what the checks read.
+
+Each node runs one agent process (preflight.collector) for the whole run: it sends its facts, then
+answers the probes' requests (clock samples, the main port, the shared folder). Every step has a
+deadline: the program's start, its facts and the clock samples share one (--timeout), each probe
+request has its own. A node's answers are never trusted: one that is late, of the wrong shape, not
+JSON or nested too deeply is that node's failure, with the reason, and the others go on. Connections
+and agents are closed at the end, also on Ctrl-C, which removes the temporary listener.
+"""
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, List, Optional
+
+from preflight import progress
+from preflight.node import agent, collector, launchfiles
+from preflight.runner import is_failed
+from preflight.remote.shapes import FILE, NONE, NUMBER, SECTIONS, kind as _kind, problem, typed as _typed
+from preflight.remote.ssh import (
+    NodeError,
+    RemoteProcess,
+    SSHConnection,
+    load_ssh_settings,
+    run_with_deadline,
+)
+from preflight.remote.shipping import AGENT, shipped_command, shipped_input
+
+CLOCK_SAMPLES = 8
+
+
+@dataclass
+class GatherOptions:
+    python: str
+    timeout: float = 30.0
+    fanout: int = 64
+    ssh_config: Optional[str] = None
+    accept_new: bool = False
+    port: int = 29500
+    main_address: Optional[str] = None  # main_process_ip from the config: what workers connect to
+    paths: Dict[str, str] = field(default_factory=dict)  # name -> path whose space each node reports
+    shared_dir: Optional[str] = None  # a folder every node should see the same (a shared filesystem)
+    ntp_server: Optional[str] = None
+    progress: object = True  # a preflight.progress.Progress; True: its plain lines only, False: nothing
+    collective: Optional[object] = None  # preflight.collective.allreduce.CollectiveOptions: run the all-reduce (COL)
+    transport: str = "ssh"  # or "srun": job steps inside a SLURM allocation (preflight.remote.srun)
+    job: Optional[dict] = None  # what each node's launch would read (preflight.launchfiles.facts; jobview.request)
+    job_files: Optional[Callable[[dict], List[str]]] = None  # the files a node's own config names (jobview.named_files)
+    slurm_job: Optional[str] = None  # srun into this job from outside it (`doctor --slurm-job`)
+    census: Optional[dict] = None  # `doctor`: the census of the running job (preflight.node.census); no probes then
+
+
+BY_HAND = "run the training interpreter (--python) there by hand: does it start, and does anything else write on its output?"
+
+
+def _whole_int(text: str) -> int:
+    if len(text) > 21:  # past 64 bits: no fact is that big, and float() of it would overflow in a check
+        raise ValueError(f"a number of {len(text)} digits")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is past a float's range")
+    return value
+
+
+def _no_constant(text: str):
+    raise ValueError(f"{text} is not a number")
+
+
+def node_json(line: str, what: str, **hooks):
+    """A line from a node as JSON, the numbers as the collector writes them (finite floats, integers of
+    at most 64 bits); NodeError("protocol") that names `what` otherwise, nesting past the recursion
+    limit included."""
+    try:
+        return json.loads(line, parse_int=_whole_int, parse_float=_finite_float, parse_constant=_no_constant, **hooks)
+    except RecursionError:
+        raise NodeError("protocol", f"{what} is JSON nested too deeply", BY_HAND) from None
+    except ValueError as exc:
+        raise NodeError("protocol", f"{what} is not JSON as preflight's programs write it: {str(exc)[:200]}",
+                        BY_HAND) from None
+
+
+# The facts' sections and their types, checked once when a facts line is decoded, so that the checks can
+# read each as what it is (a section that failed on the node is an object with its "error"); then what is
+# inside each, against preflight.remote.shapes. REQUIRED are always sent by the collector; the others may be null
+# or missing.
+REQUIRED_SECTIONS = {"schema": int, "python": dict, "packages": dict, "host": dict, "env": dict, "storage": dict,
+                     "limits": dict, "memory": dict, "clock": dict, "gpus": dict}
+OTHER_SECTIONS = {"collected_at": NUMBER, "job": (dict, NONE), "fabric": (dict, NONE), "census": (dict, NONE)}
+# Each request's answer: the keys it must have, and the types of the keys it may have.
+ANSWER_KEYS = {"time": {"time": NUMBER}, "listen": {"bound": bool}, "unlisten": {}, "connect": {"ok": bool},
+               "write": {"ok": bool}, "read": {"ok": bool}, "remove": {"ok": bool}, "files": {}}
+ANSWER_OPTIONAL = {"error": (str, NONE), "holders": list, "seconds": NUMBER, "path": (str, NONE),
+                   "source": (str, NONE), "peers": list}
+
+
+def _shape(value: dict, required: dict, optional: dict) -> Optional[str]:
+    """What is wrong with an object's keys (None: nothing)."""
+    for key, types in required.items():
+        if key not in value:
+            return f"there is no {key!r}"
+        if not _typed(value[key], types):
+            return f"{key!r} is {_kind(value[key])}"
+    for key, types in optional.items():
+        if key in value and not _typed(value[key], types):
+            return f"{key!r} is {_kind(value[key])}"
+    return None
+
+
+def _answer_problem(op: str, answer) -> Optional[str]:
+    if not isinstance(answer, dict):
+        return f"it is {_kind(answer)}, not an object"
+    if op == "files":  # the paths asked for, each with its entry
+        return next(filter(None, (problem(entry, FILE, f"the entry for {path[:80]!r}")
+                                  for path, entry in answer.items())), None)
+    wrong = _shape(answer, ANSWER_KEYS.get(op, {}), ANSWER_OPTIONAL)
+    if wrong is None and any(not isinstance(h, dict) for h in answer.get("holders") or ()):
+        wrong = "'holders' are not objects"
+    return wrong
+
+
+@dataclass
+class NodeState:
+    name: str
+    facts: Optional[dict] = None
+    error: Optional[NodeError] = None
+    clock: Optional[dict] = None  # offset_s: node minus this machine, bound_s, rtt_s
+    connection: Optional[SSHConnection] = None
+    agent: Optional[RemoteProcess] = None
+    late: int = 0  # answers still owed to requests that timed out: they come first, and are skipped
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def ask(self, request: dict, timeout: float) -> dict:
+        """One request to the node's agent, one answer of the shape that request gets; NodeError naming the
+        node past the deadline, for an answer of another shape, or when the session breaks."""
+        op, agent, sent = request.get("op"), self.agent, False
+        if agent is None:
+            raise NodeError("protocol", f"the session with {self.name} is closed", BY_HAND)
+        deadline = time.monotonic() + timeout
+        try:
+            while self.late:
+                if agent.read_line(max(0.0, deadline - time.monotonic())) is None:
+                    break
+                self.late -= 1
+            agent.send_line(json.dumps(request), max(0.001, deadline - time.monotonic()))
+            sent = True
+            line = agent.read_line(max(0.0, deadline - time.monotonic()))
+        except NodeError as exc:
+            if exc.kind != "timeout":
+                raise NodeError(exc.kind, f"{self.name}: {exc.message}", exc.remediation) from None
+            self.late += sent
+            raise NodeError("timeout", f"{self.name} did not answer {op!r} within {timeout:g} s",
+                            "the node is overloaded or hung") from None
+        except Exception as exc:  # the session broke under us (closed from another thread, the network)
+            raise NodeError("protocol", f"the session with {self.name} broke: {type(exc).__name__}: {exc}",
+                            "check the node and the network") from None
+        if line is None:
+            raise NodeError("protocol", f"the agent on {self.name} stopped", BY_HAND)
+        answer = node_json(line, f"the answer of {self.name} to {op!r}")
+        problem = _answer_problem(op, answer)
+        if problem:
+            raise NodeError("protocol", f"the answer of {self.name} to {op!r} is not the agent's: {problem}", BY_HAND)
+        return answer
+
+    def fail(self, error: NodeError) -> None:
+        """This node is failed with `error` (the first reason stays)."""
+        if self.error is None:
+            self.error = error
+
+    def close(self) -> None:
+        """Ends the node's program and connection; idempotent, from any thread, never raises."""
+        with self._lock:
+            agent, connection, self.agent, self.connection = self.agent, self.connection, None, None
+        if agent is not None:
+            try:
+                agent.send_line("done", 1.0)
+            except Exception:
+                pass
+            try:
+                agent.close()
+            except Exception:
+                pass
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:
+                pass
+
+    def to_context(self) -> dict:
+        error = None
+        if self.error is not None:
+            error = {"kind": self.error.kind, "message": self.error.message, "remediation": self.error.remediation}
+        return {"facts": self.facts, "error": error, "clock": self.clock}
+
+
+def facts_decoder() -> Callable[[str], dict]:
+    """node_json for the nodes' facts lines, sharing identical strings (keys, versions, environment
+    values) across nodes: thousands of nodes send mostly the same ones, and each would otherwise be its
+    own copy in memory (peak RSS with 4,096 nodes' facts, scripts/bench_scale.py: 182 -> 106 MB). One decoder per run."""
+    strings: Dict[str, str] = {}
+    share = strings.setdefault
+
+    def shared(value):
+        if type(value) is str:
+            return share(value, value) if len(value) <= 200 else value  # long text is rarely repeated
+        if type(value) is list:  # objects inside were shared when they were decoded
+            return [shared(v) for v in value]
+        return value
+
+    def pairs(items: list) -> dict:
+        return {share(k, k): shared(v) for k, v in items}
+
+    return lambda line, what="the facts": node_json(line, what, object_pairs_hook=pairs)
+
+
+def checked_facts(facts, what: str = "the facts") -> dict:
+    """The facts as decoded from a node, if they are an object whose sections are of their types (what
+    every check reads them as); NodeError("protocol") otherwise."""
+    wrong = f"they are {_kind(facts)}" if not isinstance(facts, dict) else \
+        _shape(facts, REQUIRED_SECTIONS, OTHER_SECTIONS)
+    if wrong:
+        raise NodeError("protocol", f"{what} are not the collector's: {wrong}", BY_HAND)
+    for name, shape in SECTIONS.items():
+        section = facts.get(name)
+        if is_failed(section):
+            continue  # failed on the node: PKG003 says why, and no check reads it
+        wrong = problem(section, shape, name) if name in facts else None
+        if wrong:  # that section alone is unusable: the node's other facts are still read
+            facts[name] = {"error": collector.SECTION_FAILED % name + f"what the node sent is not the collector's: {wrong}"}
+    return facts
+
+
+def _say(options: GatherOptions, text: str) -> None:
+    progress.of(options.progress).say(text)
+
+
+def _parallel(func: Callable, nodes: List[NodeState], options: GatherOptions,
+              shown: Optional[progress.Activity] = None) -> list:
+    """func over the nodes, `fanout` at a time; func keeps a node's failure to that node (it never raises).
+    `shown`: the step on the status line, told when each node begins and ends (answered or failed)."""
+    if not nodes:
+        return []
+    pool = ThreadPoolExecutor(max_workers=max(1, min(options.fanout, len(nodes))))
+
+    def tracked(node: NodeState):
+        shown.start(node.name)
+        try:
+            return func(node)
+        finally:
+            shown.done(node.name, node.error is None)
+
+    try:
+        return list(pool.map(tracked if shown is not None else func, nodes))
+    finally:
+        # On Ctrl-C, return at once: the caller closes the connections, which ends what still waits.
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def gather(nodes: List[str], remote: bool, options: GatherOptions) -> tuple:
+    """(facts, probes): the nodes over SSH or srun, or this machine alone in-process."""
+    return gather_ssh(nodes, options) if remote else gather_local(nodes[0], options)
+
+
+# --- the local node -----------------------------------------------------------------------------
+
+def gather_local(name: str, options: GatherOptions) -> tuple:
+    """This machine alone, in-process: facts, a zero clock offset, and whether the port is free."""
+    facts = collector.collect({"head": options.main_address or name, "port": options.port, "paths": options.paths,
+                               "job": options.job, "census": options.census})
+    job = facts.get("job")
+    named = _named_files(job, options)
+    if named:
+        job["named"] = {p: launchfiles.read_file(p, job["cwd"], True) for p in named}
+    node = NodeState(name, facts=facts, clock={"offset_s": 0.0, "bound_s": 0.0, "rtt_s": 0.0})
+    if options.census:  # read only: the running job's port is left alone
+        return {name: node.to_context()}, {"head": {"name": name, "address": options.main_address or name}}
+    server = agent.bindable(options.port)
+    listen = server if isinstance(server, dict) else {"bound": True}
+    if not isinstance(server, dict):
+        server.close()
+    probes = {"port": {"head": name, "listen": listen, "workers": {}},
+              "head": {"name": name, "address": options.main_address or name}}
+    if options.ntp_server:
+        probes["ntp"] = measure_ntp(options.ntp_server, options.timeout)
+    return {name: node.to_context()}, probes
+
+
+# --- over SSH -----------------------------------------------------------------------------------
+
+def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
+    nodes = [NodeState(n) for n in names]
+    options = replace(options, progress=progress.of(options.progress))  # one Progress for every step of the run
+    started = time.monotonic()
+    how = "srun" if options.transport == "srun" else "SSH"
+    _say(options, f"reaching {len(nodes)} node(s) over {how} (fan-out {options.fanout}, timeout {options.timeout:g} s)")
+    # What the job uses as MASTER_ADDR: main_process_ip, else the head's address as SSH reaches it.
+    head_address = options.main_address or (names[0] if options.transport == "srun" else _ssh_hostname(names[0], options))
+    try:
+        decode = facts_decoder()
+        with options.progress.activity("census" if options.census else "facts", len(nodes)) as shown:
+            _parallel(lambda n: _collect(n, head_address, options, decode, shown), nodes, options, shown)
+        reached = [n for n in nodes if n.error is None]
+        _say(options, f"{'census' if options.census else 'facts'} from {len(reached)}/{len(nodes)} node(s) in "
+                      f"{time.monotonic() - started:.1f} s")
+        if options.census:  # read only: the running job's port, folders and network are left alone
+            return {n.name: n.to_context() for n in nodes}, {"head": {"name": names[0], "address": head_address}}
+        probes = {"port": _probe_port(nodes, options), "head": {"name": names[0], "address": head_address}}
+        if options.shared_dir:
+            probes["shared_dir"] = _probe_shared_dir(nodes, options)
+        if options.ntp_server:
+            probes["ntp"] = measure_ntp(options.ntp_server, options.timeout)
+        if options.collective is not None:  # after the port probe: the slow part, only when COL is selected
+            from preflight.collective.allreduce import run_collective
+
+            blocked = _not_reached(nodes) or _rendezvous_blocked(probes["port"], options)
+            if blocked:
+                probes["collective"] = {"not_run": blocked}
+            else:
+                _say(options, "all-reduce across the nodes (COL)")
+                probes["collective"] = run_collective(nodes, head_address, options)
+    finally:
+        options.progress.stop()  # the status line cleared, also on Ctrl-C
+        _parallel(NodeState.close, nodes, options)
+    return {n.name: n.to_context() for n in nodes}, probes
+
+
+def _not_reached(nodes: List[NodeState]) -> Optional[str]:
+    """The job cannot start without every node: running the all-reduce on the others would only hold
+    back the verdict (by torch's import and a rendezvous) to test a group the job never forms."""
+    missing = [n.name for n in nodes if n.error is not None]
+    if missing:
+        return f"not run: {', '.join(missing)} not reached (see SSH001); it runs once every node answers"
+    return None
+
+
+def _rendezvous_blocked(port_probe: dict, options: GatherOptions) -> Optional[str]:
+    """Why the all-reduce would only wait for its deadline: its rendezvous port is taken or unreachable."""
+    if options.collective.port not in (None, options.port):
+        return None  # another port: the port probe says nothing about it
+    listen = port_probe.get("listen") or {}
+    if not listen.get("bound"):
+        return f"not run: the main port {options.port} is not free on the head (see NET003)"
+    unreachable = sorted(n for n, answer in port_probe["workers"].items() if not answer.get("ok"))
+    if unreachable:
+        return (f"not run: {', '.join(unreachable)} cannot reach the head's main port {options.port} "
+                "(see NET004); the all-reduce would only wait for its deadline")
+    return None
+
+
+def _ssh_hostname(alias: str, options: GatherOptions) -> str:
+    try:
+        return load_ssh_settings(alias, options.ssh_config).hostname
+    except Exception:  # an unreadable ssh_config is reported per node by the connection itself
+        return alias
+
+
+def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callable[..., dict],
+             shown: Optional[progress.Activity] = None) -> None:
+    try:
+        def connect():
+            if options.transport == "srun":
+                from preflight.remote.srun import SrunConnection
+
+                return SrunConnection(node.name, options.timeout, options.slurm_job).connect()
+            settings = load_ssh_settings(node.name, options.ssh_config)
+            return SSHConnection(settings, options.timeout, options.accept_new, options.ssh_config).connect()
+
+        # The connection has its own deadlines; this one also bounds DNS and anything unforeseen.
+        node.connection = run_with_deadline(connect, options.timeout * 2 + 1)
+        if shown is not None:
+            shown.reach(node.name)
+        payload = {"head": head, "port": options.port, "paths": options.paths, "job": options.job,
+                   "census": options.census}
+        # One deadline for the start, the facts and the clock samples: a node that answers each request
+        # just in time must not cost many timeouts.
+        started = time.monotonic()
+        deadline = started + options.timeout
+        node.agent = node.connection.start(shipped_command(options.python), shipped_input(AGENT, payload),
+                                           options.timeout)
+        step, facts_s = "facts", 0.0
+        try:
+            line, printed = _facts_line(node, deadline)
+            if line is None:
+                status = node.agent.exit_status(2)
+                if status in (126, 127):
+                    raise NodeError("python-missing", f"the interpreter {options.python} does not exist or cannot "
+                                    f"run there (exit {status})",
+                                    "pass --python with the path of the training interpreter on the nodes")
+                said = node.agent.stderr_tail().strip()[-300:] or \
+                    (f"no facts line; it printed: {printed.strip()[:200]}" if printed else "no output")
+                raise NodeError("collector", f"the fact collector stopped (exit {status}): {said}", BY_HAND)
+            what = f"the facts from {node.name}"
+            node.facts = checked_facts(decode(line, what), what)
+            facts_s = time.monotonic() - started
+            node.facts["session"] = {"stdout": printed}
+            job = node.facts.get("job")
+            named = _named_files(job, options)
+            if named:
+                step = "the files its config names"
+                job["named"] = node.ask({"op": "files", "paths": named, "cwd": job.get("cwd")},
+                                        deadline - time.monotonic())
+            if not options.census:
+                step = "clock samples"
+                node.clock = _clock_samples(node, deadline)
+        except NodeError as exc:
+            if exc.kind == "protocol" and node.name not in exc.message:
+                raise NodeError(exc.kind, f"{node.name}: {exc.message}", exc.remediation) from None
+            if exc.kind != "timeout":
+                raise
+            got = f"its facts came after {facts_s:.1f} s; " if node.facts is not None else ""
+            raise NodeError("timeout", f"{node.name} is too slow: no {step} within --timeout {options.timeout:g} s "
+                            f"({got}the start, the facts and the clock samples share it)",
+                            "find what slows the node (load, a hung filesystem, DNS), or raise --timeout") from None
+    except NodeError as exc:
+        node.fail(exc)
+    except Exception as exc:  # anything else the node sent us: still a result, never a crash
+        node.fail(NodeError("protocol", f"{node.name}: {type(exc).__name__}: {exc}", BY_HAND))
+
+
+def _named_files(job, options: GatherOptions) -> List[str]:
+    """The files a node's own config names, to be read in a second step (options.job_files decides)."""
+    if not isinstance(job, dict) or options.job_files is None:
+        return []
+    try:
+        return options.job_files(job)
+    except Exception:  # a config no parser takes names nothing: JOB001 says what is wrong with it
+        return []
+
+
+PRINTED_LIMIT = 4096  # what a shell start-up file printed before the facts, kept for JOB009
+
+
+def _facts_line(node: NodeState, deadline: float) -> tuple:
+    """The collector's facts line, and what the session printed on stdout before it (a start-up file such
+    as ~/.bashrc that echoes in non-interactive sessions), by the deadline (time.monotonic())."""
+    printed = ""
+    while True:
+        line = node.agent.read_line(max(0.001, deadline - time.monotonic()))
+        if line is not None and '{"schema"' in line and not line.startswith('{"schema"'):
+            before, _, rest = line.partition('{"schema"')  # a banner without a newline before the facts
+            printed, line = printed + before + "\n", '{"schema"' + rest
+        if line is None or line.startswith('{"schema"'):
+            return line, printed[:PRINTED_LIMIT] or None
+        if len(printed) < PRINTED_LIMIT:
+            printed = (printed + line + "\n")[:PRINTED_LIMIT]
+
+
+
+def _clock_samples(node: NodeState, deadline: float) -> dict:
+    """Several NTP-style samples inside one remote process, by the deadline; the one with the smallest round
+    trip wins."""
+    best = None
+    for _ in range(CLOCK_SAMPLES):
+        sent = time.time()
+        remote = node.ask({"op": "time"}, deadline - time.monotonic())["time"]
+        received = time.time()
+        rtt = received - sent
+        if best is None or rtt < best["rtt_s"]:
+            best = {"offset_s": remote - (sent + received) / 2, "bound_s": rtt / 2, "rtt_s": rtt}
+    return best
+
+
+def _probe_ask(node: NodeState, request: dict, timeout: float) -> Optional[dict]:
+    """A probe's request: the node's answer, or None when it has none in time or of the right shape; that
+    node then fails with the reason (SSH001), and the probe leaves it out."""
+    try:
+        return node.ask(request, timeout)
+    except NodeError as exc:
+        node.fail(exc)
+        return None
+
+
+def _cleanup_ask(node: NodeState, request: dict, timeout: float) -> None:
+    """Undo what a probe did (the listener, the token); best effort: closing the session ends it too."""
+    try:
+        node.ask(request, timeout)
+    except NodeError:
+        pass
+
+
+def _probe_port(nodes: List[NodeState], options: GatherOptions) -> dict:
+    """A temporary listener on the head's main port, and a connection to it from every worker."""
+    head, workers = nodes[0], [n for n in nodes[1:] if n.error is None]
+    result = {"head": head.name, "listen": None, "workers": {}}
+    if head.error is not None:
+        return result
+    result["listen"] = _probe_ask(head, {"op": "listen", "port": options.port}, options.timeout)
+    if not (result["listen"] or {}).get("bound"):
+        return result
+    connect_timeout = min(options.timeout, 10.0)
+
+    def connect(worker: NodeState) -> Optional[dict]:
+        resolved = ((worker.facts or {}).get("host") or {}).get("head_resolves_to")
+        if not isinstance(resolved, list) or not resolved or not isinstance(resolved[0], str):
+            return {"ok": False, "error": f"cannot resolve the head {head.name}", "address": None}
+        request = {"op": "connect", "address": resolved[0], "port": options.port, "timeout_s": connect_timeout}
+        answer = _probe_ask(worker, request, connect_timeout + options.timeout)
+        return None if answer is None else dict(answer, address=resolved[0])
+
+    try:
+        with options.progress.activity(f"main port {options.port}: connecting to the head", len(workers),
+                                       reached="", answered="answered") as shown:
+            answers = dict(zip([w.name for w in workers], _parallel(connect, workers, options, shown)))
+        result["workers"] = {name: answer for name, answer in answers.items() if answer is not None}
+    finally:
+        _cleanup_ask(head, {"op": "unlisten"}, options.timeout)
+    return result
+
+
+def _probe_shared_dir(nodes: List[NodeState], options: GatherOptions) -> dict:
+    """The head writes a token into the shared folder; every other node must read the same token."""
+    head, others = nodes[0], [n for n in nodes[1:] if n.error is None]
+    request = {"folder": options.shared_dir, "name": f".preflight-{secrets.token_hex(8)}",
+               "token": secrets.token_hex(16)}
+    result = {"path": options.shared_dir, "head": head.name, "write": None, "nodes": {}}
+    if head.error is not None:
+        return result
+    result["write"] = _probe_ask(head, dict(request, op="write"), options.timeout)
+    if not (result["write"] or {}).get("ok"):
+        return result
+    try:
+        with options.progress.activity("shared folder", len(others), reached="", answered="read it") as shown:
+            answers = _parallel(lambda n: _probe_ask(n, dict(request, op="read"), options.timeout), others, options,
+                                shown)
+        result["nodes"] = {n.name: answer for n, answer in zip(others, answers) if answer is not None}
+    finally:
+        _cleanup_ask(head, dict(request, op="remove"), options.timeout)
+    return result
+
+
+def measure_ntp(server: str, timeout: float) -> dict:
+    """This machine's clock against an NTP server: offset_s is the server minus this machine."""
+    import ntplib
+
+    try:
+        response = ntplib.NTPClient().request(server, version=3, timeout=min(timeout, 5))
+    except (ntplib.NTPException, OSError) as exc:
+        return {"server": server, "error": str(exc) or type(exc).__name__}
+    return {"server": server, "offset_s": response.offset, "bound_s": response.delay / 2,
+            "stratum": response.stratum}

@@ -1,0 +1,247 @@
+"""The shape of each facts section as preflight.collector writes it. A node's facts are held to it once,
+when they arrive (gather.checked_facts): a section of another shape becomes that node's failed section
+(PKG003 reports it, the checks that read it say "not evaluated"), so no check ever reads a value of another
+type than the collector's and blames itself for what a node sent.
+
+A shape is a type or a tuple of types (bool is never a number here), or one of the classes below. The
+keys of an Obj are optional, because the collector leaves some out (a node without GPUs has no devices),
+unless their shape is a Need; a key it has must be of its shape. Keys no shape names are let through: the
+checks never read them."""
+from typing import Any, List, Optional, Tuple
+
+from preflight.node.census import MAX_PROCESSES
+
+NONE = type(None)
+NUMBER = (int, float)
+TEXT = (str, NONE)
+COUNT = (int, NONE)
+
+# What is wrong, from a shape's wrong(): (the path to it, innermost part first; what it is). The path is
+# joined only when something is wrong: the facts of thousands of nodes are held to these shapes.
+Wrong = Optional[Tuple[List[str], str]]
+
+
+def kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", NONE: "null", bool: "a boolean"}.get(
+        type(value), "a number")
+
+
+def typed(value: Any, types) -> bool:
+    types = types if isinstance(types, tuple) else (types,)
+    return isinstance(value, types) and (type(value) is not bool or bool in types)
+
+
+class Leaf:
+    """A value of one of these types (bool is never a number here)."""
+
+    def __init__(self, types):
+        self.types = types if isinstance(types, tuple) else (types,)
+        self.bool_ok = bool in self.types
+        # The exact classes of JSON's values it takes: a set lookup, where isinstance is the slow way.
+        self.classes = frozenset(c for c in (dict, list, str, int, float, bool, NONE)
+                                 if issubclass(c, self.types) and (c is not bool or self.bool_ok))
+
+    def all(self, values) -> bool:
+        """Whether every one of `values` is of these types."""
+        return set(map(type, values)) <= self.classes or all(map(self.outer, values))
+
+    def outer(self, value: Any) -> bool:
+        return isinstance(value, self.types) and (value.__class__ is not bool or self.bool_ok)
+
+    def wrong(self, value: Any) -> Wrong:
+        return None if self.outer(value) else ([], f"is {kind(value)}")
+
+
+def _shape(shape):
+    return shape if hasattr(shape, "wrong") else Leaf(shape)
+
+
+class Need:
+    """A key of an Obj that must be there (a check reads it with [key])."""
+
+    def __init__(self, shape):
+        self.shape = _shape(shape)
+
+
+_ABSENT = object()
+
+
+class Obj:
+    def __init__(self, **keys):
+        self.keys = []
+        for key, shape in keys.items():
+            needed = isinstance(shape, Need)
+            shape = shape.shape if needed else _shape(shape)
+            leaf = shape if isinstance(shape, Leaf) else None  # tested inline: most keys are plain values
+            self.keys.append((key, needed, shape, leaf.classes if leaf else ()))
+
+    def outer(self, value: Any) -> bool:
+        return isinstance(value, dict)
+
+    def wrong(self, value: Any) -> Wrong:
+        if not isinstance(value, dict):
+            return [], f"is {kind(value)}"
+        for key, needed, shape, classes in self.keys:
+            item = value.get(key, _ABSENT)
+            if item is _ABSENT:
+                if needed:
+                    return [], f"has no {key!r}"
+                continue
+            if item.__class__ in classes:
+                continue
+            found = shape.wrong(item)
+            if found:
+                found[0].append(f".{key}")
+                return found
+        return None
+
+
+class Is:
+    """Exactly this value (the branch of an Either: a path that does not exist has no sizes)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def outer(self, value: Any) -> bool:
+        return type(value) is type(self.value)
+
+    def wrong(self, value: Any) -> Wrong:
+        return None if self.outer(value) and value == self.value else ([], f"is not {self.value!r}")
+
+
+def _first_wrong(shape, items, values) -> Wrong:
+    """What is wrong with the first of `items` ((index or key, value)) that is not of `shape`; `values`, the
+    same values, tested at once where the shape is a Leaf (most lists and objects hold only plain values)."""
+    if isinstance(shape, Leaf) and shape.all(values):
+        return None
+    for where, item in items:
+        found = shape.wrong(item)
+        if found:
+            found[0].append(f"[{where!r}]")
+            return found
+    return None
+
+
+class Each:
+    """A list whose every item is of one shape; `length`: of exactly that many items; `most`: of at most that
+    many (the collector's own cap, where the checks' cost grows faster than the list)."""
+
+    def __init__(self, item, length: Optional[int] = None, most: Optional[int] = None):
+        self.item, self.length, self.most = _shape(item), length, most
+
+    def outer(self, value: Any) -> bool:
+        return isinstance(value, list)
+
+    def wrong(self, value: Any) -> Wrong:
+        if not isinstance(value, list):
+            return [], f"is {kind(value)}"
+        if self.length is not None and len(value) != self.length:
+            return [], f"has {len(value)} items, not {self.length}"
+        if self.most is not None and len(value) > self.most:
+            return [], f"has {len(value)} items, more than the {self.most} the collector sends"
+        return _first_wrong(self.item, enumerate(value), value)
+
+
+class Keyed:
+    """An object of any keys, whose every value is of one shape (interfaces, environment variables)."""
+
+    def __init__(self, value):
+        self.value = _shape(value)
+
+    def outer(self, value: Any) -> bool:
+        return isinstance(value, dict)
+
+    def wrong(self, value: Any) -> Wrong:
+        if not isinstance(value, dict):
+            return [], f"is {kind(value)}"
+        return _first_wrong(self.value, ((key[:40], item) for key, item in value.items()), value.values())
+
+
+class Either:
+    """One of these shapes. What is wrong is said by the first of the value's own kind: the richest first."""
+
+    def __init__(self, *shapes):
+        self.shapes = [_shape(s) for s in shapes]
+
+    def outer(self, value: Any) -> bool:
+        return any(s.outer(value) for s in self.shapes)
+
+    def wrong(self, value: Any) -> Wrong:
+        first = None
+        for shape in self.shapes:
+            if shape.outer(value):
+                found = shape.wrong(value)
+                if found is None:
+                    return None
+                first = first or found
+        return first or ([], f"is {kind(value)}")
+
+
+def problem(value: Any, shape, where: str) -> Optional[str]:
+    """What in `value` is not of `shape` ("gpus.devices[0].name is a number"), or None."""
+    found = _shape(shape).wrong(value)
+    return None if found is None else f"{where}{''.join(reversed(found[0]))} {found[1]}"
+
+
+ERROR = str  # {"error": why}: how the collector says that it could not read a fact
+RESOLVED = Either(Each(str), Obj(error=Need(ERROR)))
+GPU = Obj(
+    index=Need(int), name=TEXT, uuid=TEXT, pci_bus_id=TEXT, memory_total_bytes=COUNT, memory_used_bytes=COUNT,
+    compute_capability=Either(NONE, Each(int)), ecc_enabled=(bool, NONE), ecc_uncorrected_volatile=COUNT,
+    ecc_uncorrected_aggregate=COUNT, retired_pages_single_bit=COUNT, retired_pages_double_bit=COUNT,
+    retired_pages_pending=(bool, NONE), remapped_rows_uncorrectable=COUNT, remapped_rows_pending=(bool, NONE),
+    remapped_rows_failure=(bool, NONE), persistence_mode=(bool, NONE), mig_enabled=(bool, NONE),
+    mig_pending=(bool, NONE), compute_mode=TEXT, processes=Each(Obj(pid=int, used_memory_bytes=COUNT)),
+    pcie_generation=COUNT, pcie_max_generation=COUNT, pcie_width=COUNT, pcie_max_width=COUNT,
+    nvlink_active=Either(NONE, Each(bool)), clock_event_reasons=Either(NONE, Each(str)), errors=Keyed(str))
+RDMA_PORT = Obj(state=TEXT, phys_state=TEXT, rate=TEXT, rate_gbps=(int, float, NONE), link_layer=TEXT,
+                gids=Each(Obj(index=int, gid=str, type=TEXT, ndev=TEXT)), counters=Keyed(COUNT))
+FABRIC = Obj(
+    rdma=Keyed(Obj(fw_ver=TEXT, hca_type=TEXT, board_id=TEXT, node_guid=TEXT, node_type=TEXT, netdevs=Each(str),
+                   pci=TEXT, ports=Keyed(RDMA_PORT))),
+    modules=Either(NONE, Each(str)),
+    nccl=Obj(libraries=Each(str), plugins=Each(Obj(name=str, path=str, bytes=COUNT)), net_plugin=TEXT,
+             cuda_compat=Each(str)),
+    kernel=TEXT, nvidia_driver=TEXT,
+    xid=Obj(readable=bool, reason=str, count=int, cut=bool,
+            events=Each(Obj(pci=str, xid=int, text=str, uptime_s=(int, float, NONE)))),
+    error=ERROR)
+
+# A file as collector.read_file reports it (also the answer to the "files" request).
+FILE = Obj(path=str, sha256=str, size=int, text=str, error=str, default=bool)
+ENV = Either(NONE, Keyed(str))
+SECONDS = (int, float, NONE)
+PROCESS = Obj(pid=Need(int), ppid=COUNT, argv=Each(str), state=TEXT, cpu_s=SECONDS, age_s=SECONDS, kind=TEXT, env=ENV,
+              sockets=Each(Obj(local=TEXT, local_port=COUNT, remote=TEXT, remote_port=COUNT, state=TEXT)),
+              children=Each(int), stable=(bool, NONE), cpu_percent=SECONDS, config=FILE,
+              # py-spy's frames: [function, file, line]
+              threads=Each(Obj(name=TEXT, active=(bool, NONE), frames=Each(Each((str, int, NONE), length=3)))))
+CENSUS = Obj(
+    processes=Each(PROCESS, most=MAX_PROCESSES),  # the collector's cap: the RUN checks pair the processes up
+    listeners=Each(Obj(pid=int, argv=Each(str), age_s=SECONDS, env=ENV)),
+    stacks=Obj(tool=TEXT, read=int, failed=int, error=TEXT, samples=int, skipped=str),
+    elsewhere=int, port=COUNT, seconds=SECONDS, ptrace_scope=COUNT, uid=COUNT, error=ERROR)
+
+# Each section as the checks read it. "job" is read key by key with its types where it is used
+# (preflight.job.view): a node's launch is open-ended.
+SECTIONS = {
+    "python": Obj(executable=TEXT, version=str, cwd=str, error=ERROR),  # sys.executable: None where unknown
+    "packages": Obj(versions=Keyed(TEXT), distributions=Keyed(TEXT), error=ERROR),
+    "host": Obj(hostname=str, fqdn=str, interfaces=Keyed(Each(str)),
+                links=Keyed(Obj(up=(bool, NONE), running=(bool, NONE), ipv4=Either(NONE, Each(str)), ipv6=Each(str))),
+                resolves_to=RESOLVED, kernel=str, rdma_devices=Each(str), resolves_to_own_interface=bool,
+                head_resolves_to=RESOLVED,
+                route_to_head=Either(NONE, Obj(head=Need(str), source=Need(str), interface=Need(TEXT)),
+                                     Obj(head=str, error=Need(ERROR))), error=ERROR),
+    "env": Keyed(str),
+    "storage": Keyed(Either(Obj(path=Need(str), exists=Need(Is(True)), total_bytes=Need(int), free_bytes=Need(int),
+                                writable=Need(bool)),
+                            Obj(path=Need(str), exists=Need(Is(False))))),
+    "limits": Keyed(Each(COUNT, length=2)),  # [soft, hard], None for unlimited
+    "memory": Obj(total_bytes=COUNT, available_bytes=COUNT, swap_bytes=COUNT, cpus=COUNT, error=ERROR),
+    "clock": Obj(synchronised=bool, maxerror_s=NUMBER, esterror_s=NUMBER, time=NUMBER, error=ERROR),
+    "gpus": Obj(available=bool, reason=str, driver_version=TEXT, cuda_driver_version=TEXT, count=int,
+                devices=Each(GPU), error=ERROR),
+    "fabric": Either(NONE, FABRIC),
+    "census": Either(NONE, CENSUS),
+}

@@ -1,0 +1,524 @@
+"""Reaching nodes: an SSH connection per node (paramiko), with a deadline on every step.
+
+A node is asked to run a program of preflight.node, shipped over the connection (preflight.remote.shipping):
+the remote command is fixed, and the program and its options travel on stdin.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+# paramiko logs tracebacks of failed handshakes at ERROR: they are our results, not the user's terminal's.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
+logging.getLogger("paramiko").setLevel(logging.CRITICAL + 1)
+
+
+class NodeError(Exception):
+    """Why a node could not be reached or could not run the program: kind, message, remediation."""
+
+    def __init__(self, kind: str, message: str, remediation: str):
+        super().__init__(message)
+        self.kind, self.message, self.remediation = kind, message, remediation
+
+
+@dataclass
+class SSHSettings:
+    """One host's settings, from ssh_config and the command line."""
+
+    alias: str
+    hostname: str
+    port: int = 22
+    user: Optional[str] = None
+    identity_files: List[str] = field(default_factory=list)
+    known_hosts_files: List[str] = field(default_factory=list)
+    strict_host_key_checking: str = "yes"
+    proxy_jump: Optional[str] = None
+    connect_timeout: Optional[float] = None
+    identities_only: bool = False
+
+
+def load_ssh_settings(alias: str, config_path: Optional[str]) -> SSHSettings:
+    import paramiko
+
+    config = paramiko.SSHConfig()
+    path = config_path or os.path.expanduser("~/.ssh/config")
+    if os.path.isfile(path):
+        config = paramiko.SSHConfig.from_path(path)
+    entry = config.lookup(alias)
+    known = entry.get("userknownhostsfile")
+    known_files = (known.split() if isinstance(known, str) else list(known or [])) or ["~/.ssh/known_hosts"]
+    identities = entry.get("identityfile") or []
+    jump = str(entry.get("proxyjump") or "").strip()
+    return SSHSettings(
+        alias=alias,
+        hostname=entry.get("hostname", alias),
+        port=int(entry.get("port", 22)),
+        user=entry.get("user") or _current_user(),
+        identity_files=[os.path.expanduser(p) for p in identities],
+        known_hosts_files=[os.path.expanduser(p) for p in known_files],
+        strict_host_key_checking=str(entry.get("stricthostkeychecking", "yes")).lower(),
+        proxy_jump=jump if jump.lower() not in ("", "none") else None,
+        connect_timeout=float(entry["connecttimeout"]) if "connecttimeout" in entry else None,
+        identities_only=str(entry.get("identitiesonly", "no")).lower() == "yes",
+    )
+
+
+def _current_user() -> str:
+    import getpass
+
+    return getpass.getuser()
+
+
+def _public_blob(path: str) -> Optional[bytes]:
+    """The public half of an identity that cannot be read without its passphrase, to find its copy in the
+    agent: from path.pub, else from the private file (OpenSSH's format keeps the public key in clear)."""
+    import base64
+    import struct
+
+    import paramiko
+
+    try:
+        return paramiko.PublicBlob.from_file(path + ".pub").key_blob
+    except Exception:
+        pass
+    try:
+        with open(path) as handle:
+            data = base64.b64decode("".join(line.strip() for line in handle if not line.startswith("-----")))
+        if not data.startswith(b"openssh-key-v1\0"):
+            return None
+        at = len(b"openssh-key-v1\0")
+        for _ in range(3):  # cipher, KDF and its options; then the number of keys, then the first public key
+            at += 4 + struct.unpack(">I", data[at:at + 4])[0]
+        size = struct.unpack(">I", data[at + 4:at + 8])[0]
+        return data[at + 8:at + 8 + size]
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+MAX_JUMPS = 8
+
+
+def _jump_entry(entry: str):
+    """One ProxyJump entry as OpenSSH reads it: [user@]host[:port] or ssh://[user@]host[:port], IPv6 in []."""
+    text = entry[len("ssh://"):].rstrip("/") if entry.lower().startswith("ssh://") else entry
+    user, at, host = text.rpartition("@")
+    port = None
+    if host.startswith("[") and "]" in host:
+        host, _, rest = host[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else (rest or None)
+    elif host.count(":") == 1:
+        host, port = host.split(":")
+    if not host or (port is not None and not (port.isdigit() and 0 < int(port) < 65536)) or (at and not user) \
+            or any(c.isspace() for c in text):
+        raise NodeError("unresolved", f"ProxyJump entry {entry!r} is not [user@]host[:port]",
+                        "correct ProxyJump in ssh_config (several hops: ProxyJump first,second)")
+    return user or None, host, int(port) if port else None
+
+
+def _jump_chain(spec: str, ssh_config: Optional[str], seen: tuple = ()) -> list:
+    """The hops of a ProxyJump value, first to last, as (entry, SSHSettings), the way OpenSSH makes them:
+    `ProxyJump a,b` runs `ssh -J a -W host:port b`, so each hop is its own Host entry with the entry's
+    user and port over its own; the rest of the list replaces a hop's own ProxyJump, and only the first
+    hop's own ProxyJump still applies (a chain before it)."""
+    hops = []
+    for index, entry in enumerate(e.strip() for e in spec.split(",")):
+        user, host, port = _jump_entry(entry)
+        if host in seen or len(seen) + len(hops) >= MAX_JUMPS:
+            raise NodeError("unreachable", f"ProxyJump {spec} loops back to {host} (through {' -> '.join(seen)})"
+                            if host in seen else f"ProxyJump {spec}: more than {MAX_JUMPS} hops",
+                            f"exclude the jump host from the pattern that sets ProxyJump (Host * !{host})")
+        hop = load_ssh_settings(host, ssh_config)
+        hop.user, hop.port = user or hop.user, port or hop.port
+        own, hop.proxy_jump = hop.proxy_jump, None
+        if index == 0 and own:
+            hops.extend(_jump_chain(own, ssh_config, seen + (host,)))
+        hops.append((entry, hop))
+    return hops
+
+
+class SSHConnection:
+    """One authenticated SSH connection, reused for every phase of a run."""
+
+    def __init__(self, settings: SSHSettings, timeout: float, accept_new: bool = False,
+                 ssh_config: Optional[str] = None):
+        self.settings, self.timeout, self.accept_new, self.ssh_config = settings, timeout, accept_new, ssh_config
+        self.transport = None
+        self._jumps: List["SSHConnection"] = []  # the ProxyJump hops this connection runs through, first first
+
+    # -- connecting ------------------------------------------------------------------------------
+    def connect(self, sock=None) -> "SSHConnection":
+        """Connect and authenticate; `sock` is the channel a ProxyJump hop opened to this host, if any."""
+        import paramiko
+
+        s = self.settings
+        timeout = min(self.timeout, s.connect_timeout or self.timeout)
+        where = f"{s.hostname}:{s.port}"
+        try:
+            if sock is None:
+                sock = self._open_socket(timeout, where)
+            self.transport = transport = paramiko.Transport(sock)
+            transport.banner_timeout = transport.handshake_timeout = transport.auth_timeout = self.timeout
+            failure = None
+            try:
+                transport.start_client(timeout=self.timeout)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                failure = exc
+            # start_client fails, or returns quietly at its timeout: find out how far the handshake got.
+            if not transport.remote_version:
+                if failure is None or "banner" in str(failure).lower():
+                    raise NodeError("no-banner", f"{where} accepted the connection but sent no SSH banner within "
+                                    f"{self.timeout:g} s", "the sshd is hung or stopped (SIGSTOP), or the port is "
+                                    "not SSH: check `systemctl status ssh` on the node")
+                raise NodeError("no-banner", f"{where} closed or stalled the connection before the SSH banner "
+                                f"({type(failure).__name__})", "check the node's sshd and its logs")
+            # paramiko's own handshake timer ends a stalled handshake with an EOFError: that is silence too
+            if transport.host_key is None and (failure is None or transport.packetizer.handshake_timed_out()):
+                if transport.remote_kex_init is None:
+                    raise NodeError("handshake", f"{where} sent its SSH banner ({transport.remote_version[:60]}) and "
+                                    f"then nothing for {self.timeout:g} s: the key exchange never started",
+                                    "sshd is stuck after accepting (overloaded, or hung in DNS or PAM), or the path "
+                                    "drops larger packets (an MTU mismatch): check sshd's log and `ping -M do -s 1472`")
+                raise NodeError("handshake", f"the SSH key exchange with {where} did not finish within "
+                                f"{self.timeout:g} s", "check the node's sshd and its load")
+            if failure is not None:
+                raise NodeError("handshake", f"SSH handshake with {where} failed after its banner "
+                                f"({transport.remote_version[:60]}): {str(failure) or type(failure).__name__}",
+                                "check the node's sshd and its logs")
+            self._verify_host_key(transport.get_remote_server_key())
+            self._authenticate(transport)
+        except BaseException:
+            self.close()
+            if sock is not None:
+                sock.close()
+            raise
+        return self
+
+    def _open_socket(self, timeout: float, where: str):
+        s = self.settings
+        if s.proxy_jump:
+            return self._through_jumps(timeout)
+        try:
+            return socket.create_connection((s.hostname, s.port), timeout=timeout)
+        except socket.gaierror:
+            raise NodeError("unresolved", f"the name {s.hostname!r} does not resolve",
+                            "correct the host name, or add it to DNS, /etc/hosts or ~/.ssh/config (HostName)") from None
+        except ConnectionRefusedError:
+            raise NodeError("refused", f"{where} refused the connection",
+                            "start sshd on the node, or correct the port (Port in ~/.ssh/config)") from None
+        except (socket.timeout, TimeoutError):
+            raise NodeError("timeout", f"{where} did not answer within {timeout:g} s",
+                            "the node is down, or a firewall drops SSH; check the address and the network") from None
+        except OSError as exc:
+            raise NodeError("unreachable", f"{where}: {exc.strerror or exc}",
+                            "check the address and the network route to the node") from None
+
+    def _through_jumps(self, timeout: float):
+        """A channel to this host through its ProxyJump hops: connect to the first, through it to the next,
+        and through the last to this host, as `ssh -J` does. A failure names the hop."""
+        hops = _jump_chain(self.settings.proxy_jump, self.ssh_config, (self.settings.alias,))
+        sock = None
+        for index, (entry, hop) in enumerate(hops):
+            via = " -> ".join(e for e, _ in hops[:index + 1])
+            try:
+                self._jumps.append(SSHConnection(hop, self.timeout, self.accept_new, self.ssh_config))
+                self._jumps[-1].connect(sock)
+            except NodeError as exc:
+                raise NodeError(exc.kind, f"through ProxyJump {via}: {exc.message}", exc.remediation) from None
+            nxt = hops[index + 1][1] if index + 1 < len(hops) else self.settings
+            dest = f"{nxt.hostname}:{nxt.port}"
+            try:
+                sock = self._jumps[-1].transport.open_channel("direct-tcpip", (nxt.hostname, nxt.port), ("", 0),
+                                                              timeout=timeout)
+            except Exception as exc:
+                why = getattr(exc, "text", None) or str(exc) or type(exc).__name__
+                raise NodeError("unreachable", f"through ProxyJump {via}: {entry} could not connect to {dest} "
+                                f"({why})", f"check that {entry} can reach {dest} (and that its sshd allows "
+                                "TCP forwarding)") from None
+        return sock
+
+    def _verify_host_key(self, key) -> None:
+        import paramiko
+
+        s = self.settings
+        hosts = paramiko.HostKeys()
+        for path in s.known_hosts_files:
+            if os.path.isfile(path):
+                try:
+                    hosts.load(path)
+                except Exception as exc:
+                    raise NodeError("host-key", f"cannot read known_hosts file {path}: {exc}",
+                                    f"fix or remove {path}") from None
+        names = [s.hostname if s.port == 22 else f"[{s.hostname}]:{s.port}"]
+        if s.alias != s.hostname:
+            names.append(s.alias if s.port == 22 else f"[{s.alias}]:{s.port}")
+        known = [hosts.lookup(n) for n in names]
+        known = [k for k in known if k]
+        matching = [k for k in known if key.get_name() in k]
+        if any(k[key.get_name()] == key for k in matching):
+            return
+        fingerprint = key.fingerprint if hasattr(key, "fingerprint") else key.get_name()
+        if matching:
+            raise NodeError("host-key-changed", f"the host key of {names[0]} CHANGED (now {fingerprint}); "
+                            "this can be a man-in-the-middle or a reinstalled node",
+                            f"if the node was reinstalled: ssh-keygen -R {shlex.quote(names[0])}, then reconnect once")
+        if s.strict_host_key_checking == "no" or self.accept_new or s.strict_host_key_checking == "accept-new":
+            self._remember(names, key)
+            return
+        raise NodeError("host-key-unknown", f"the host key of {names[0]} is not in known_hosts ({fingerprint})",
+                        "connect once with `ssh` to verify and accept it, or pass --ssh-accept-new to trust new keys")
+
+    def _remember(self, names, key) -> None:
+        path = self.settings.known_hosts_files[0]
+        try:
+            folder = os.path.dirname(path)
+            if folder and not os.path.isdir(folder):
+                os.makedirs(folder, mode=0o700)  # as OpenSSH makes ~/.ssh: private to its owner
+            handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # 0600 when new, as OpenSSH
+            with os.fdopen(handle, "a") as out:
+                out.write(f"{names[0]} {key.get_name()} {key.get_base64()}\n")
+        except OSError:
+            pass  # trusting it for this run is what was asked; saving is a courtesy
+
+    def _authenticate(self, transport) -> None:
+        import paramiko
+
+        s = self.settings
+        tried = []
+        configured = []  # (path, the key or None when it cannot be read here, its public blob, why not)
+        files = s.identity_files or [os.path.expanduser(f"~/.ssh/{n}") for n in ("id_rsa", "id_ecdsa", "id_ed25519")]
+        for path in files:
+            if not os.path.isfile(path):
+                continue
+            key, problem = None, None
+            try:
+                key = paramiko.PKey.from_path(path)
+            except paramiko.PasswordRequiredException:
+                problem = "encrypted: load it into ssh-agent"
+            except Exception as exc:
+                problem = str(exc)
+            configured.append((path, key, key.asbytes() if key else _public_blob(path), problem))
+        agent, agent_keys = None, []
+        try:
+            agent = paramiko.Agent()
+            agent_keys = list(agent.get_keys())
+        except Exception:
+            pass
+        wanted = {blob for _, _, blob, _ in configured if blob}
+        in_agent = {key.asbytes() for key in agent_keys}
+        # OpenSSH's order: the agent's copies of the configured identities, then the agent's other keys (none
+        # with IdentitiesOnly: sshd's MaxAuthTries counts every key offered), then the configured files.
+        offers = [(f"{path} (agent)", key) for key in agent_keys for path, _, blob, _ in configured
+                  if blob == key.asbytes()]
+        if not s.identities_only:
+            offers += [(f"agent key {key.fingerprint}", key) for key in agent_keys if key.asbytes() not in wanted]
+        for path, key, blob, problem in configured:
+            if blob in in_agent:
+                continue  # offered above, as the agent's copy
+            if key is None:
+                tried.append(f"{path} ({problem})")
+            else:
+                offers.append((path, key))
+        try:
+            for label, key in offers:
+                try:
+                    transport.auth_publickey(s.user, key)
+                    if transport.is_authenticated():
+                        return
+                except paramiko.AuthenticationException:
+                    tried.append(label)
+                except paramiko.SSHException as exc:
+                    raise NodeError("auth", f"authentication as {s.user} stalled or failed after "
+                                    f"{len(tried)} key(s) ({', '.join(tried) or 'none'}): {exc}",
+                                    "check the node's sshd; if it closed after too many keys (MaxAuthTries), "
+                                    "set IdentitiesOnly yes and IdentityFile in ~/.ssh/config") from None
+        finally:
+            if agent is not None:
+                agent.close()
+        unoffered = len(in_agent - wanted) if s.identities_only else 0
+        if unoffered:
+            tried.append(f"not the agent's {unoffered} other key(s): IdentitiesOnly yes")
+        raise NodeError("auth", f"key authentication as {s.user!r} failed (tried: {', '.join(tried) or 'no keys'})",
+                        f"install your public key in ~{s.user}/.ssh/authorized_keys on the node, or set "
+                        "IdentityFile in ~/.ssh/config; preflight never prompts for a password")
+
+    # -- running ---------------------------------------------------------------------------------
+    def open_command(self, command: str, stdin_text: str = "", timeout: Optional[float] = None, pty: bool = False):
+        """A session channel running `command` with `stdin_text` sent, all within the timeout: paramiko waits
+        for the answer to the exec request without end, and a server that accepts the session but never
+        answers it must cost a node, not the run. Past the deadline the channel is closed (which wakes the
+        abandoned wait)."""
+        timeout = self.timeout if timeout is None else timeout
+        opened: list = []
+        abandoned = threading.Event()
+
+        def begin():
+            channel = self.transport.open_session(timeout=timeout)
+            opened.append(channel)
+            if abandoned.is_set():  # the deadline passed while the session opened
+                channel.close()
+            channel.settimeout(timeout)
+            if pty:
+                channel.get_pty(term="dumb", width=500)
+            channel.exec_command(command)
+            if stdin_text:
+                channel.sendall(stdin_text.encode())
+            return channel
+
+        try:
+            return run_with_deadline(begin, timeout)
+        except NodeError:
+            abandoned.set()
+            for channel in opened:
+                channel.close()
+            raise NodeError("timeout", f"the node's sshd did not start the program within {timeout:g} s (no answer "
+                            "to the session or exec request)", "the sshd or the machine is hung or overloaded: "
+                            "check the node's sshd and its logs") from None
+        except Exception as exc:  # refused or dropped: the session is the node's, not ours
+            for channel in opened:
+                channel.close()
+            raise NodeError("protocol", f"the node's sshd did not run the program: {type(exc).__name__}: {exc}",
+                            "check the node's sshd and its logs (MaxSessions, ForceCommand)") from None
+
+    def start(self, command: str, stdin_text: str, timeout: Optional[float] = None) -> "RemoteProcess":
+        return RemoteProcess(self.open_command(command, stdin_text, timeout))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+        while self._jumps:  # the last hop carries this connection: close it first
+            self._jumps.pop().close()
+
+
+# The longest line a node may send. The longest real one is the answer with the files a node's config names
+# (up to 16, each with its text up to the collector's 1 MiB, JSON-escaped); facts are about 4 KiB, 20 KiB
+# with the census of a job of 8 ranks (measured on the test cluster). Past it the node fails: memory stays
+# bounded whatever it sends.
+MAX_LINE = 64 << 20
+
+
+class LineReader:
+    """Lines out of a node's program, each read with a deadline. A subclass says how bytes arrive:
+    `_receive(seconds)` gives bytes, b"" at the end of output, or None when nothing came in time.
+    Reading a line costs time linear in its length (each byte is searched for the newline once)."""
+
+    def __init__(self):
+        self._buffer = bytearray()
+        self._searched = 0  # bytes of _buffer known to hold no newline
+        self._ended = False
+
+    def _receive(self, seconds: float) -> Optional[bytes]:
+        raise NotImplementedError
+
+    def read_line(self, timeout: float) -> Optional[str]:
+        """The next line, or None at end of output; NodeError past the deadline or past MAX_LINE bytes (the
+        output then counts as ended)."""
+        deadline = time.monotonic() + timeout
+        buffer = self._buffer
+        while True:
+            end = buffer.find(b"\n", self._searched)
+            if end >= 0 or self._ended:
+                break
+            self._searched = len(buffer)
+            if self._searched > MAX_LINE:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NodeError("timeout", f"no answer within {timeout:g} s", "the node is overloaded or hung")
+            chunk = self._receive(left)
+            if chunk is None:
+                continue
+            if not chunk:
+                self._ended = True
+                continue
+            buffer += chunk
+        if end < 0 and len(buffer) <= MAX_LINE:  # the end of output: what is left, if anything
+            line = bytes(buffer)
+            buffer.clear()
+            return line.decode(errors="replace") if line else None
+        if end > MAX_LINE or end < 0:
+            self._ended = True
+            buffer.clear()
+            raise NodeError("protocol", f"the node sent a line longer than {MAX_LINE >> 20} MiB, more than any "
+                            "answer of preflight's programs", "run the training interpreter there by hand: something "
+                            "else writes on its standard output")
+        line = bytes(buffer[:end])
+        del buffer[:end + 1]
+        self._searched = 0
+        return line.decode(errors="replace")
+
+
+class RemoteProcess(LineReader):
+    """A program running on a node over SSH: lines in, lines out."""
+
+    def __init__(self, channel):
+        super().__init__()
+        self.channel = channel
+
+    def send_line(self, text: str, timeout: float = 30.0) -> None:
+        self.channel.settimeout(timeout)
+        self.channel.sendall((text + "\n").encode())
+
+    def _receive(self, seconds: float) -> Optional[bytes]:
+        self.channel.settimeout(seconds)
+        try:
+            return self.channel.recv(65536)
+        except socket.timeout:
+            return None
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        """The end of what has come in on stderr; bounded, however much the node keeps sending."""
+        data = bytearray()
+        for _ in range(64):
+            if not self.channel.recv_stderr_ready():
+                break
+            data += self.channel.recv_stderr(65536)
+            del data[:-4 * limit]
+        return data.decode(errors="replace")[-limit:]
+
+    def exit_status(self, timeout: float) -> Optional[int]:
+        deadline = time.monotonic() + timeout
+        while not self.channel.exit_status_ready():
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+        return self.channel.recv_exit_status()
+
+    def close(self) -> None:
+        """The end of the program's input, then of the session (the node's keeper then ends the program);
+        idempotent, from any thread."""
+        try:
+            self.channel.shutdown_write()
+        except Exception:
+            pass
+        try:
+            self.channel.close()
+        except Exception:
+            pass
+
+
+def run_with_deadline(func, timeout: float):
+    """Run func() in a thread; NodeError if it has not returned in time (the thread is abandoned)."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = func()
+        except BaseException as exc:  # carried over to the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise NodeError("timeout", f"no answer within {timeout:g} s", "the node is hung or overloaded")
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")

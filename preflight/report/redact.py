@@ -1,0 +1,134 @@
+"""What a report may show of a command line, a setting or an environment: the values of names that look
+secret, the user:password@ of URLs and Hugging Face tokens, replaced by <redacted>. The one place for it:
+`results` is applied to every run's results before anything is printed or written (terminal, JSON, JUnit,
+HTML, Prometheus, a SLURM drain reason), and the checks that quote a setting use `value` and `argv`."""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import replace
+from typing import Any, Iterable, List, Sequence, Set
+
+# A name that looks secret (HF_TOKEN, --password=, --api-key, trainer.hf_token; not KEYBOARD): the node-side
+# collector's rule, so that a node and every output agree.
+from preflight.node.secret import secret_name
+
+REDACTED = "<redacted>"
+URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@:]*:[^/\s@]*@", re.I)
+HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")  # Hugging Face access tokens, wherever they stand
+# NAME=value as a shell, Hydra (trainer.hf_token=, +wandb.api_key=) or a launcher takes it.
+ASSIGNMENT = re.compile(r"^\+{0,2}[A-Za-z_][A-Za-z0-9_.-]*=")
+# What a text must hold to be worth a closer look (most messages hold none of it: they are returned as they are).
+SUSPECT = re.compile(r"token|secret|pass|pwd|auth|key|credential|@|hf_", re.I)
+# Evidence of a setting: {"variable" or "key" or "name": NAME, "value": ..., "expected": ...}.
+NAMING_KEYS = ("variable", "key", "name")
+
+
+@functools.lru_cache(maxsize=65536)  # the same messages come back for every node
+def text(value: str) -> str:
+    """A string with its secrets redacted: URL credentials, Hugging Face tokens, and the values of
+    `--token X`, `--password=X`, `NAME=X` written in it (as in a command line)."""
+    if not SUSPECT.search(value):
+        return value
+    pieces = re.split(r"(\s+)", value)  # words and the spaces between them, kept as they were
+    pieces[0::2] = argv(pieces[0::2])
+    return "".join(pieces)
+
+
+def _word(word: str) -> str:
+    return HF_TOKEN.sub(REDACTED, URL_CREDENTIALS.sub(lambda m: m.group(1) + REDACTED + "@", word))
+
+
+def value(name: str, found: Any) -> Any:
+    """A setting's value as a report may show it: redacted when its name looks secret."""
+    if secret_name(name.rsplit(".", 1)[-1]) and found not in (None, "", True, False):
+        return REDACTED
+    return text(found) if isinstance(found, str) else found
+
+
+def argv(words: Sequence[str]) -> List[str]:
+    """A command line as it may be shown: the value of an option or NAME=value whose name looks secret
+    (`--token X`, `--password=X`, `--hf_token X`, `--api-key X`, `HF_TOKEN=X`, `trainer.hf_token=X`), Hugging
+    Face tokens and the user:password@ of URLs replaced by <redacted>."""
+    shown: List[str] = []
+    hide_next = False
+    for word in words:
+        if hide_next and word and not word.startswith("-"):
+            shown.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = hide_next and not word  # the empty words of text()'s split do not count
+        name, has_value, _ = word.partition("=")
+        if secret_name(name) and (word.startswith("-") or (has_value and ASSIGNMENT.match(word))):
+            if has_value:
+                shown.append(f"{name}={REDACTED}")
+            else:
+                shown.append(word)
+                hide_next = word.startswith("-")
+            continue
+        shown.append(_word(word))
+    return shown
+
+
+def results(found: Iterable[Any]) -> List[Any]:
+    """Results (preflight.result.Result) as every output may show them: message, remediation and evidence
+    redacted. In evidence, a value under a secret name is redacted, and so is a setting's value when the
+    setting's name looks secret ({"variable": "HF_TOKEN", "value": ...}); such a value is then also taken out
+    of that result's message (`HF_TOKEN is X on n2`)."""
+    shown = []
+    for r in found:
+        hidden: Set[str] = set()
+        evidence = _evidence(r.evidence, hidden)
+        message, remediation = _scrub(r.message, hidden), _scrub(r.remediation, hidden)
+        if evidence is r.evidence and message is r.message and remediation is r.remediation:
+            shown.append(r)  # most results: nothing to hide, no copy
+        else:
+            shown.append(replace(r, message=message, remediation=remediation, evidence=evidence))
+    return shown
+
+
+def _scrub(said: Any, hidden: Set[str]) -> Any:
+    if not isinstance(said, str):
+        return said
+    for secret in sorted(hidden, key=len, reverse=True):
+        said = said.replace(secret, REDACTED)
+    return text(said)
+
+
+def _evidence(data: Any, hidden: Set[str]) -> Any:
+    """`data` with its secrets redacted (the same object when there are none); what was hidden goes in `hidden`."""
+    if isinstance(data, str):
+        return text(data)
+    if isinstance(data, (list, tuple)):
+        if all(isinstance(x, str) for x in data):
+            out = argv(data)
+            return data if out == list(data) else type(data)(out)
+        out = [_evidence(x, hidden) for x in data]
+        return data if all(a is b for a, b in zip(out, data)) else type(data)(out)
+    if not isinstance(data, dict):
+        return data
+    setting = any(isinstance(data.get(k), str) and secret_name(data[k].rsplit(".", 1)[-1]) for k in NAMING_KEYS)
+    out = {}
+    for key, item in data.items():
+        secret = key not in NAMING_KEYS and (setting or isinstance(key, str) and secret_name(key))
+        if secret and item not in (None, "", True, False, REDACTED):
+            _remember(item, hidden)
+            out[key] = REDACTED
+        else:
+            out[key] = _evidence(item, hidden)
+    return data if all(out[k] is data[k] for k in data) else out
+
+
+def _remember(item: Any, hidden: Set[str]) -> None:
+    """The strings of a redacted value, to take out of the result's message too (short ones would blank
+    ordinary words)."""
+    if isinstance(item, str) and len(item) >= 4:
+        hidden.add(item)
+    elif isinstance(item, (list, tuple)):
+        for x in item:
+            _remember(x, hidden)
+    elif isinstance(item, dict):
+        for x in item.values():
+            _remember(x, hidden)
+    elif isinstance(item, (int, float)) and len(str(item)) >= 4:
+        hidden.add(str(item))
