@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from preflight.registry import check
-from preflight.result import Finding, Status, skip, warn
-from preflight.runner import cause_of
+from preflight.api import Finding, Status, cause_of, check, skip, warn
 
 
 @check("CLK001", "clock-skew", "cluster", tags=["clock"])

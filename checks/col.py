@@ -4,13 +4,10 @@ from __future__ import annotations
 import re
 from typing import Iterator, Optional
 
-from preflight.checks.rdma import fabric_of, ib_disabled, selected_ports
+from preflight.api import Finding, Status, cause_of, check, fold, skip
+from preflight.job.nccl import rdma_devices_nccl_may_use
 from preflight.collective.options import format_size
-from preflight.inputs.inventory import fold
 from preflight.collective.nccllog import over_sockets
-from preflight.registry import check
-from preflight.result import Finding, Status, skip
-from preflight.runner import cause_of
 
 FIXES = {
     "import": "make `{python} -c 'import torch'` work on {node}: install torch there (the same version as on the "
@@ -274,7 +271,7 @@ def nccl_transport(ctx) -> Iterator[Finding]:
             yield Finding(Status.SKIP, why, nodes=(node,), evidence={"lines": found.get("lines") or []})
             continue
         evidence = {k: found.get(k) for k in ("network", "channels", "gdr", "ib_devices", "version", "lines")}
-        devices = _rdma_devices_nccl_may_use((ctx.facts.get(node) or {}).get("facts") or {})
+        devices = rdma_devices_nccl_may_use((ctx.facts.get(node) or {}).get("facts") or {})
         if over_sockets(found) and devices:
             yield Finding(Status.WARN, f"NCCL used TCP sockets between the nodes although {node} has RDMA devices "
                           f"NCCL may use ({', '.join(devices)}): its INFO lines say why (evidence)",
@@ -292,10 +289,3 @@ def nccl_transport(ctx) -> Iterator[Finding]:
         yield Finding(Status.PASS, said, nodes=tuple(nodes), evidence=evidence)
 
 
-def _rdma_devices_nccl_may_use(facts: dict) -> list:
-    """The node's HCAs with a port NCCL may use (NCCL_IB_HCA, NCCL_IB_DISABLE), from its fabric facts."""
-    fabric, missing = fabric_of(facts)
-    env = facts.get("env") or {}
-    if missing or ib_disabled(env):
-        return []
-    return sorted({device for device, _, _ in selected_ports(env, fabric.get("rdma") or {})})

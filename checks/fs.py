@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from preflight.registry import check
-from preflight.result import Finding, Status, fail, passed, skip, warn
-from preflight.runner import cause_of
+from preflight.api import Finding, Status, cause_of, check, fail, passed, skip, warn
 
 
 def gib(n: int) -> str:

@@ -12,14 +12,11 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
+from preflight.api import Finding, Status, check, fold, grouped, holders, odd_ones_out, passed, skip, warn
 from preflight.inputs import launchcmd
 from preflight.report import redact
-from preflight.compare import grouped, holders, odd_ones_out
-from preflight.inputs.inventory import fold
 from preflight.inputs.configs import deepspeed_runner
 from preflight.job.view import MUST_MATCH, NOT_READ_KEYS, PER_NODE_KEYS, plan_rows
-from preflight.registry import check
-from preflight.result import Finding, Status, passed, skip, warn
 
 FIELD_NAMES = {"main_ip": "main_process_ip", "main_port": "main_process_port", "world_size": "num_processes",
                "rdzv_backend": "rdzv_backend"}

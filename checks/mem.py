@@ -1,18 +1,18 @@
 """MEM: will the model fit the GPUs, the host memory and the NVMe of every node, at the job's ZeRO stage,
-offload and precision (preflight.memory has the arithmetic; the nodes' figures are facts already gathered:
+offload and precision (preflight.job.memory has the arithmetic; the nodes' figures are facts already gathered:
 NVML's GPU memory, MemAvailable, the free space of each nvme_path)."""
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Iterator, List, Optional, Tuple
 
+from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.inputs import models
+from preflight.inputs.numbers import is_int
+from preflight.inputs.settings import processes_per_machine, zero_settings
 from preflight.job import memory
-from preflight.checks.config import is_int, processes_per_machine, zero_settings
-from preflight.checks.gpu import job_gpus
+from preflight.job.gpus import job_gpus
 from preflight.job.memory import Need, Setup, gib
-from preflight.registry import check
-from preflight.result import Finding, fail, passed, skip, warn
 
 MAX_GPUS_PER_NODE, MAX_NODES = 1 << 16, 1 << 20  # past them a count is a typo, and the products overflow a float
 NO_MODEL = ("no --model given (nor model in the profile's [memory]): the memory estimate needs the model's size "
@@ -30,7 +30,7 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
     gpus_here: the job's GPUs on this node, when nothing else says how many processes a node runs."""
     plan, notes = ctx.plan, []
     stage, blocks = 0, {}
-    found = zero_settings(ctx)
+    found = zero_settings(ctx.plan)
     if found is not None:
         _, _, stage, blocks = found
         if stage == "auto" and plan.accelerate is not None and plan.accelerate.uses_deepspeed:

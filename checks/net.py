@@ -8,14 +8,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from preflight.api import Finding, Status, cause_of, check, fail, odd_ones_out, passed, skip
 from preflight.inputs import launchcmd
 from preflight.report import redact
 from preflight.node.agent import PROGRAM_MARK
-from preflight.compare import odd_ones_out
-from preflight.job.view import selected_interfaces
-from preflight.registry import check
-from preflight.result import Finding, Status, fail, passed, skip
-from preflight.runner import cause_of
+from preflight.job.nccl import ib_hca_spec, selected_interfaces
 
 
 def _is_loopback(address: str) -> bool:
@@ -391,23 +388,6 @@ def main_port_reachable(ctx) -> Iterator[Finding]:
         yield Finding(Status.PASS, f"connect to the head {head} on port {port}", nodes=tuple(ok), evidence={"port": port})
     elif not probe.get("workers"):
         yield skip("no worker node was reached")
-
-
-
-def ib_hca_spec(spec: str) -> Tuple[bool, bool, List[Tuple[str, Optional[str]]]]:
-    """NCCL_IB_HCA as NCCL reads it: (exclude `^`, exact `=`, [(device, port or None)]); without `=` each
-    name is a prefix (mlx5 selects mlx5_0, mlx5_1, ...)."""
-    spec = spec.strip()
-    exclude = spec.startswith("^")
-    spec = spec[1:] if exclude else spec
-    exact = spec.startswith("=")
-    spec = spec[1:] if exact else spec
-    entries = []
-    for item in (p.strip() for p in spec.split(",")):
-        if item:
-            name, _, port = item.partition(":")
-            entries.append((name.strip(), port.strip() or None))
-    return exclude, exact, entries
 
 
 def _network_to_head(host: Mapping, links: Optional[Mapping]):

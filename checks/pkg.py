@@ -4,12 +4,9 @@ from __future__ import annotations
 import re
 from typing import Iterator, Optional
 
+from preflight.api import Finding, Status, check, failed_sections, holders, odd_ones_out, skip
 from preflight.node import MIN_PYTHON, UNSUPPORTED
-from preflight.checks.rdma import fabric_of
-from preflight.compare import holders, odd_ones_out
-from preflight.registry import check
-from preflight.result import Finding, Status, skip
-from preflight.runner import failed_sections
+from preflight.job.nccl import fabric_of
 
 KEY_VERSIONS = ("python", "torch", "cuda", "nccl", "deepspeed", "accelerate", "transformers")
 # Variables that must be equal for collectives to agree; others are compared and only warned about.

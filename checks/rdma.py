@@ -1,4 +1,4 @@
-"""RDMA: the fabric NCCL uses between nodes, InfiniBand or RoCE, from each node's sysfs (collector._fabric).
+"""RDMA: the fabric NCCL uses between nodes, InfiniBand or RoCE, from each node's sysfs (preflight.node.fabric).
 
 NCCL uses every ACTIVE port of the HCAs that NCCL_IB_HCA selects (all of them when it is unset) and falls
 back to TCP sockets, silently and about ten times slower, when it finds none; RoCE needs a GID table entry
@@ -9,57 +9,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from preflight.checks.net import ib_hca_spec
-from preflight.compare import grouped
-from preflight.inputs.inventory import fold
-from preflight.registry import check
-from preflight.result import Finding, Status, fail, passed, skip, warn
+from preflight.api import Finding, Status, check, fail, fold, grouped, passed, skip, warn
+from preflight.job.nccl import fabric_of, gid_kind, ib_disabled, selected_ports, used_gid
 
 GPUDIRECT_MODULES = ("nvidia_peermem", "nv_peer_mem")
 # Counters that a healthy link keeps at zero (port_xmit_discards counts congestion too: evidence only).
 ERROR_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors",
                   "local_link_integrity_errors", "excessive_buffer_overrun_errors")
-IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
-
-
-def fabric_of(facts: dict) -> Tuple[Optional[dict], Optional[Finding]]:
-    """The node's fabric facts, or a skip that says why there are none. (Their shape is held to the
-    collector's when they arrive: preflight.remote.shapes.)"""
-    fabric = facts.get("fabric")
-    if not isinstance(fabric, dict):
-        return None, skip("these facts have no fabric section (a node running an older preflight)")
-    if "error" in fabric:
-        return None, skip(f"the fabric facts failed on the node: {fabric['error']}")
-    return fabric, None
-
-
-def selected_ports(env: dict, devices: dict) -> List[Tuple[str, str, dict]]:
-    """(device, port, facts) of the ports NCCL may use: those NCCL_IB_HCA selects, every port without it."""
-    spec = env.get("NCCL_IB_HCA")
-    ports = [(d, p, facts) for d in sorted(devices) for p, facts in sorted((devices[d].get("ports") or {}).items())]
-    if not spec:
-        return ports
-    exclude, exact, entries = ib_hca_spec(spec)
-
-    def named(device: str, port: str) -> bool:
-        return any((device == name if exact else device.startswith(name)) and (want is None or want == port)
-                   for name, want in entries)
-
-    return [(d, p, f) for d, p, f in ports if named(d, p) != exclude]
-
-
-def env_integer(env: dict, name: str) -> Optional[int]:
-    """An NCCL integer variable as NCCL reads it (strtoll): None when unset or not a number (NCCL then keeps
-    its default and says so in a WARN line)."""
-    text = str(env.get(name, "")).strip()
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def ib_disabled(env: dict) -> bool:
-    return bool(env_integer(env, "NCCL_IB_DISABLE"))
 
 
 def active(port: dict) -> bool:
@@ -165,30 +121,6 @@ def rdma_rate(ctx) -> Iterator[Finding]:
     yield from grouped(judge, sorted(ports))
 
 
-def gid_kind(entry: dict) -> Tuple[str, str]:
-    """(RoCE version, address family) of a GID table entry: ("RoCE v2", "IPv4"), ("IB/RoCE v1", "link-local")."""
-    gid = str(entry.get("gid", "")).lower()
-    family = "IPv4" if gid.startswith(IPV4_MAPPED) else "link-local" if gid.startswith("fe8") else "IPv6"
-    return str(entry.get("type") or "unknown type"), family
-
-
-def _used_gid(env: dict, port: dict) -> Tuple[Optional[int], Optional[dict], str]:
-    """(index, the entry NCCL uses on this port or None, how it was chosen). A negative or unset
-    NCCL_IB_GID_INDEX lets NCCL choose: the first entry of NCCL_IB_ROCE_VERSION_NUM (default 2) in
-    NCCL_IB_ADDR_FAMILY (default AF_INET), as NCCL 2.21 and newer do."""
-    gids = {g.get("index"): g for g in port.get("gids") or [] if isinstance(g, dict)}
-    index = env_integer(env, "NCCL_IB_GID_INDEX")
-    if index is not None and index >= 0:
-        return index, gids.get(index), f"NCCL_IB_GID_INDEX={index}"
-    version = "RoCE v2" if env_integer(env, "NCCL_IB_ROCE_VERSION_NUM") in (None, 2) else "IB/RoCE v1"
-    family = "IPv6" if str(env.get("NCCL_IB_ADDR_FAMILY", "")).strip() == "AF_INET6" else "IPv4"
-    for i in sorted(gids):
-        kind = gid_kind(gids[i])
-        if kind[0] == version and (kind[1] == family or (family == "IPv6" and kind[1] == "link-local")):
-            return i, gids[i], f"NCCL's choice ({version}, {family})"
-    return None, None, f"NCCL's choice ({version}, {family})"
-
-
 @check("RDMA003", "roce-gid", "cluster", tags=["rdma", "roce", "nccl"])
 def roce_gid(ctx) -> Iterator[Finding]:
     """On the RoCE ports NCCL uses, the GID table entry it uses (NCCL_IB_GID_INDEX, or NCCL's own choice of a
@@ -212,7 +144,7 @@ def roce_gid(ctx) -> Iterator[Finding]:
             continue
         for device, port, found in selected_ports(env, fabric.get("rdma") or {}):
             if found.get("link_layer") == "Ethernet" and active(found):
-                index, entry, how = _used_gid(env, found)
+                index, entry, how = used_gid(env, found)
                 usable = [g.get("index") for g in found.get("gids") or []
                           if isinstance(g, dict) and gid_kind(g) == ("RoCE v2", "IPv4")]
                 used.setdefault(node, {})[f"{device}:{port}"] = (index, entry, how, usable)

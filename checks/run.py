@@ -5,11 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
-from preflight.compare import grouped, odd_ones_out
-from preflight.inputs.inventory import fold
+from preflight.api import Finding, Status, check, fold, grouped, odd_ones_out, skip
 from preflight.job.running import Census, Proc, node_of_address, table
-from preflight.registry import check
-from preflight.result import Finding, Status, skip
 
 
 def _census(ctx) -> Optional[Census]:

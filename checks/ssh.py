@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from preflight.registry import check
-from preflight.result import Finding, Status, skip
-from preflight.runner import node_error_check
+from preflight.api import Finding, Status, check, node_error_check, skip
 
 TRANSPORT_KINDS = {
     "unresolved": "name not resolved",

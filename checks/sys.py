@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from preflight.registry import check
-from preflight.result import Finding, fail, passed, skip, warn
+from preflight.api import Finding, check, fail, passed, skip, warn
 
 
 @check("SYS001", "open-files", "node", tags=["limits"])

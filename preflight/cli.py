@@ -10,18 +10,12 @@ import os
 import signal
 import sys
 import threading
-import time
 from typing import List, Optional, Sequence
 
 from preflight import __version__
 from preflight.inputs.documents import InputError
-from preflight.inputs.models import inputs as memory_inputs
-from preflight.progress import for_stderr
-from preflight.result import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_READY, exit_code, verdict
-
-
-class UsageError(Exception):
-    """A bad invocation: printed as one line, exit 2."""
+from preflight.inputs.launchcmd import DEFAULT_PORT
+from preflight.result import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_READY, UsageError
 
 
 class Parser(argparse.ArgumentParser):
@@ -122,7 +116,7 @@ def build_parser() -> Parser:
         sub.add_argument("--clock-fail", type=positive_float, metavar="S",
                          help="clock offset from the head that fails (default 1 s)")
         sub.add_argument("--port", type=port_number, metavar="N",
-                         help="main process port (default: main_process_port of the config, else 29500)")
+                         help=f"main process port (default: main_process_port of the config, else {DEFAULT_PORT})")
         if name == "node":
             slurm_options(sub)
         if name != "node":
@@ -156,7 +150,7 @@ def build_parser() -> Parser:
 
 
 def memory_options(p: argparse.ArgumentParser) -> None:
-    """Will it fit (the MEM checks; preflight.memory)."""
+    """Will it fit (the MEM checks; preflight.job.memory)."""
     p.add_argument("--model", metavar="MODEL",
                    help="the model: a parameter count (7B, 7e9), a config.json or model folder, or a model id in "
                         "the local Hugging Face cache (never downloaded); enables the MEM checks")
@@ -290,322 +284,37 @@ def _main(argv: List[str]) -> int:
         print(f"preflight: warning: {problem}", file=sys.stderr)
     if args.command == "list":
         return _list(reg, args)
-    if args.command == "doctor":
-        return _doctor(reg, args)
     if args.command == "explain":
         return _explain(reg, args.id)
-    return _run(reg, args)
+    from preflight import engine  # the pipeline's imports cost only the commands that run checks
+
+    return engine.run(reg, args)
 
 
-def evaluate(reg, args, gather=None):
-    """Parsed arguments to Results: report paths, profile, selection, plan, facts, checks. gather(plan, args,
-    specs) gives the CheckContext (default gather_for); scripts/bench_scale.py gives synthetic facts.
-    Returns (plan, ctx, results, started: time.perf_counter() when the run began)."""
-    from preflight import registry, runner
-    from preflight.report import redact
-    from preflight.report import files as reports
-    from preflight.plan import build_plan, default_accelerate_config
-
-    gather = gather or gather_for
-    reports.check_paths(args)  # an unwritable report file is exit 2 before any check runs
-    profile = _profile(args, reg)
-    only, skip = selectors(args)
-    try:
-        scopes = ("config",) if args.command == "lint" else ("config", "node", "cluster")
-        # The RUN checks read a running job's census, which only `doctor` takes: elsewhere they would only add
-        # a skip each, unless asked for by name.
-        candidates = [c for c in reg.checks if c.scope in scopes and (only or c.family != "RUN")]
-        specs = registry.select(candidates, only, skip + list(profile.skip if profile else ()))
-    except registry.SelectionError as exc:
-        raise UsageError(str(exc)) from None
-    started = time.perf_counter()
-    budget = getattr(args, "budget", None)
-    deadline = time.monotonic() + budget - min(1.0, budget * 0.1) if budget else None  # room to report/drain
-    if (getattr(args, "drain", False) or getattr(args, "undrain", False)):
-        from preflight.gate import slurm
-
-        if slurm.scontrol_path() is None:
-            raise UsageError("--drain/--undrain need SLURM's scontrol, which is not on PATH")
-    from preflight.inputs.launchcmd import parse as parse_command
-
-    command = parse_command(launch_command(args))
-    config, deepspeed = args.config, args.deepspeed
-    # The files the command names, when this machine has them too, are the ones the CFG checks lint
-    # (each node reads its own for the JOB checks).
-    named = command.get("config_file") if command.launcher == "accelerate" else None
-    if config is None and isinstance(named, str) and os.path.isfile(named):
-        config = named
-    named_elsewhere = config is None and isinstance(named, str)  # only the nodes have it: not this default
-    named = command.get("deepspeed_config_file")
-    if deepspeed is None and isinstance(named, str) and os.path.isfile(named):
-        deepspeed = named
-    named = command.get("hostfile") if command.launcher == "deepspeed" else None
-    hostfile = args.hostfile or (named if isinstance(named, str) and os.path.isfile(named) else None)
-    if config is None and not named_elsewhere and default_accelerate_config():
-        config = default_accelerate_config()  # what `accelerate launch` uses without --config_file
-        print(f"preflight: using accelerate's default config {config}", file=sys.stderr)
-    plan = build_plan(
-        config=config,
-        deepspeed=deepspeed,
-        hostfile=hostfile,
-        world_size=args.world_size,
-        deep=getattr(args, "deep", False) or args.command != "lint",
-        nodes=None if args.command == "lint" else _target(args),
-        # The port the job will use: --port, else the command's own flag, else the config's.
-        port=getattr(args, "port", None) or command.integer("main_process_port") or command.integer("master_port"),
-        limits=_limits(args, profile),
-        checkpoint_dir=getattr(args, "checkpoint_dir", None),
-        profile=profile,
-        command=command.argv,
-        config_path=args.config,
-        launching=args.command == "launch",
-        python=getattr(args, "python", None),
-        memory=memory_inputs(args, profile),
-    )
-    given = config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None)
-    if args.command == "lint" and not given:
-        from preflight.node.launchfiles import accelerate_default_config
-
-        print("preflight: nothing to lint: no --config, --deepspeed, --hostfile or --model, and no accelerate default "
-              f"config at {accelerate_default_config()}", file=sys.stderr)
-    ctx = runner.CheckContext(plan)
-    if args.command != "lint":
-        if deadline is None:
-            ctx = gather(plan, args, specs)
-        else:
-            ctx = _gather_bounded(plan, args, specs, deadline, budget, gather)
-        gc.freeze()  # the facts live until exit: the collections that the checks and reports set off skip them
-    # Secrets out of every output (terminal, JSON, report files, a drain reason): preflight.report.redact.
-    return plan, ctx, redact.results(runner.run(specs, ctx, deadline, budget)), started
 
 
-def _run(reg, args) -> int:
-    command = launch_command(args)
-    if args.command == "launch":
-        if not command:
-            raise UsageError("launch needs the command to run after `--`, e.g. preflight launch -- accelerate launch train.py")
-    plan, ctx, results, started = evaluate(reg, args)
-    budget = getattr(args, "budget", None)
-    outcome = _report(args, plan, results, time.perf_counter() - started)
-    if getattr(args, "drain", False) or getattr(args, "undrain", False):
-        _slurm_state(args, results, outcome, started, budget)
-    code = exit_code(outcome, args.strict)
-    if args.command == "launch" and code == 0:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        from preflight.gate import launcher
-        from preflight.inputs.launchcmd import is_accelerate_launch
-
-        if plan.remote and is_accelerate_launch(command):  # every node, with its rank (README)
-            return launcher.run(plan.nodes, ctx.probes["head"]["address"], plan.port, command,
-                                ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, timeout=args.timeout,
-                                progress=for_stderr(args.json))
-        try:
-            os.execvp(command[0], command)  # the job keeps our PID, signals and exit code
-        except OSError as exc:
-            raise UsageError(f"cannot run {command[0]!r}: {exc.strerror}") from None
-    if args.command == "launch":
-        print("preflight: not launching: the job is not ready (see the report above)", file=sys.stderr)
-    return code if code == 0 else EXIT_NOT_READY
 
 
-def _doctor(reg, args) -> int:
-    """`preflight doctor`: the census of the running job on every node, then the RUN checks; read only."""
-    from preflight import registry, runner
-    from preflight.remote import gather
-    from preflight.job import running as jobcensus
-    from preflight.report import redact
-    from preflight.report import files as reports
-    from preflight.plan import build_plan
-
-    if args.hostfile == "":
-        raise UsageError("--hostfile is an empty path")
-    reports.check_paths(args)
-    try:
-        specs = registry.select([c for c in reg.checks if c.family in ("RUN", "SSH")], *selectors(args))
-    except registry.SelectionError as exc:
-        raise UsageError(str(exc)) from None
-    started = time.perf_counter()
-    if args.slurm_job:
-        from preflight.gate import slurm
-
-        nodes, transport = tuple(slurm.job_nodes(args.slurm_job, args.timeout)), "srun"
-    else:
-        nodes, transport = _target(args), _transport(args)
-    plan = build_plan(nodes=nodes, port=args.port)
-    census = {"port": args.port, "pids": args.pid, "stacks": not args.no_stacks, "deadline_s": args.timeout * 0.6}
-    options = gather.GatherOptions(python=args.python, timeout=args.timeout, fanout=args.fanout,
-                                   ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, port=plan.port,
-                                   progress=for_stderr(args.json), transport=transport,
-                                   census=census, slurm_job=args.slurm_job)
-    facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
-    # Without --port, the port of the one job found (several jobs: RUN001 says so and asks for --port).
-    probes["census"] = jobcensus.build(plan.nodes, facts, args.port)
-    results = redact.results(runner.run(specs, runner.CheckContext(plan, facts, probes)))  # as in evaluate
-    return exit_code(_report(args, plan, results, time.perf_counter() - started), args.strict)
 
 
-def _report(args, plan, results, elapsed: float) -> str:
-    """The terminal report or the JSON document, then the report files asked for; the verdict."""
-    from preflight.report import render
-    from preflight.report import files as reports
-
-    outcome = verdict(results)
-    if args.json:
-        print(render.to_json(results, outcome, plan.nodes, elapsed))
-    else:
-        render.terminal(results, outcome, elapsed, verbose=args.verbose)
-    reports.write_all(args, results, outcome, plan.nodes, elapsed)
-    return outcome
 
 
-def selectors(args) -> tuple:
-    """--only and --skip as lists; an empty one (`--only ','`, `--skip ''`: often an unset shell variable) is
-    exit 2, never read as "every check" or "none"."""
-    from preflight import registry
-
-    for option in ("only", "skip"):
-        text = getattr(args, option)
-        if text is not None and (not text.strip() or any(not part.strip() for part in text.split(","))):
-            raise UsageError(f"--{option} {text!r} has an empty selector: give check IDs, ID prefixes, names or "
-                             "tags, separated by commas")
-    return registry.parse_selectors(args.only), registry.parse_selectors(args.skip)
 
 
-def launch_command(args) -> List[str]:
-    """The words after `--` (the job's launch command), or none."""
-    words = list(getattr(args, "launch_command", None) or [])
-    if words and words[0] != "--":
-        raise UsageError(f"unexpected argument {words[0]!r}; put the launch command after `--`")
-    return words[1:]
 
 
-def _profile(args, reg):
-    """--profile FILE, else ./preflight.toml, else [tool.preflight] of ./pyproject.toml, else None."""
-    from preflight import registry
-    from preflight.inputs import profile
-
-    path = args.profile if args.profile is not None else profile.find()
-    if path is None:
-        return None
-    if path == "":
-        raise UsageError("--profile is an empty path")
-    loaded = profile.load(path)
-    try:
-        registry.select(reg.checks, (), loaded.skip)
-    except registry.SelectionError as exc:
-        raise InputError(path, f"checks.skip: {exc}", loaded.skip_line) from None
-    print(f"preflight: using profile {path}", file=sys.stderr)
-    return loaded
 
 
-def _limits(args, profile):
-    """Defaults, then the profile's [thresholds], then the flags given on the command line."""
-    from dataclasses import replace
-
-    from preflight.plan import Limits
-
-    limits = profile.limits(Limits()) if profile else Limits()
-    given = {"clock_warn_s": getattr(args, "clock_warn", None), "clock_fail_s": getattr(args, "clock_fail", None),
-             "min_busbw_gbps": getattr(args, "min_busbw", None)}
-    return replace(limits, **{k: v for k, v in given.items() if v is not None})
 
 
-def _target(args) -> tuple:
-    """The nodes: --hosts, --slurm, or (for check and launch) the hostfile; none means this machine."""
-    from preflight.inputs import inventory
-    from preflight.inputs.configs import load_hostfile
-
-    if getattr(args, "hosts", None) is not None:
-        return tuple(inventory.validate(inventory.expand(args.hosts, "--hosts"), "--hosts"))
-    if getattr(args, "slurm", False):
-        return tuple(inventory.from_slurm())
-    if args.command in ("check", "launch", "doctor") and args.hostfile:
-        entries, first = load_hostfile(args.hostfile).entries, {}
-        for entry in entries:
-            if first.setdefault(entry.host, entry.line) != entry.line:  # DeepSpeed refuses it: CFG021 fails it
-                print(f"preflight: warning: {args.hostfile}:{entry.line}: host {entry.host!r} is listed again (first "
-                      f"on line {first[entry.host]}); it is checked once", file=sys.stderr)
-        return tuple(inventory.validate(list(first), args.hostfile))
-    return ()
 
 
-def _gather_bounded(plan, args, specs, deadline: float, budget: float, gather):
-    """gather(plan, args, specs) within the budget: past it, no facts, and every node check is an error (a deadline)."""
-    from preflight import runner
-    from preflight.remote.ssh import NodeError, run_with_deadline
-
-    try:
-        return run_with_deadline(lambda: gather(plan, args, specs), max(0.0, deadline - time.monotonic()))
-    except NodeError:
-        print(f"preflight: gathering facts did not fit the budget of {budget:g} s", file=sys.stderr)
-        error = {"kind": "budget", "message": f"the facts were not gathered within the budget of {budget:g} s",
-                 "remediation": "find what hangs on this node (a stale NFS mount, DNS, the NTP server), or raise --budget"}
-        return runner.CheckContext(plan, {name: {"facts": None, "error": error, "clock": None}
-                                          for name in plan.nodes}, {})
 
 
-def _slurm_state(args, results, outcome: str, started: float, budget) -> None:
-    """--drain / --undrain: this node's SLURM state after the verdict (messages on stderr)."""
-    from preflight.gate import slurm
-
-    name = slurm.node_name()
-    timeout = 10.0 if not budget else max(0.5, budget - (time.perf_counter() - started))
-    try:
-        if outcome == "fail" and args.drain:
-            reason = slurm.drain_reason(slurm.first_failure(results))
-            slurm.drain(name, reason, timeout)
-            print(f"preflight: drained SLURM node {name}: {reason}", file=sys.stderr)
-        elif outcome == "fail" and args.undrain:
-            print(f"preflight: not returning SLURM node {name} to service: the verdict is fail", file=sys.stderr)
-        elif outcome != "fail" and args.undrain:
-            _, said = slurm.undrain(name, timeout)
-            print(f"preflight: {said}", file=sys.stderr)
-    except slurm.SlurmError as exc:
-        print(f"preflight: error: SLURM node {name}: {exc}", file=sys.stderr)
 
 
-def _transport(args) -> str:
-    """`check --slurm` and `doctor --slurm` inside an allocation reach the nodes with srun job steps; everything else over SSH
-    (`launch` too: it starts the launcher on each node over SSH)."""
-    from preflight.remote import srun
-
-    return "srun" if args.command in ("check", "doctor") and getattr(args, "slurm", False) and srun.usable() else "ssh"
 
 
-def gather_for(plan, args, specs=()):
-    """Facts and probes: over SSH for a target, in-process for this machine alone. The all-reduce (the slow
-    part) runs only over SSH, and only when a COL check is selected."""
-    from preflight import runner
-    from preflight.remote import gather
-    from preflight.job import view as jobview
-
-    collective = None
-    if plan.remote and any(s.family == "COL" for s in specs):  # its module (and transport) only then
-        from preflight.collective.allreduce import options_from_args
-
-        collective = options_from_args(plan, args)
-    options = gather.GatherOptions(
-        python=getattr(args, "python", sys.executable),
-        timeout=getattr(args, "timeout", 30.0),
-        fanout=getattr(args, "fanout", 64),
-        ssh_config=getattr(args, "ssh_config", None),
-        accept_new=getattr(args, "ssh_accept_new", False),
-        port=plan.port,
-        main_address=plan.main_address,
-        # The job starts in this directory on every node: each node says whether it has it.
-        paths=dict(plan.paths, workdir=plan.workdir) if plan.remote else plan.paths,
-        shared_dir=plan.job_path(args.shared_dir) if getattr(args, "shared_dir", None) else None,
-        ntp_server=getattr(args, "ntp_server", None),
-        progress=for_stderr(args.json),
-        collective=collective,
-        transport=_transport(args),
-        job=jobview.request(plan),
-        job_files=jobview.named_files,
-    )
-    facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
-    probes["job"] = jobview.launches(plan, facts, (probes.get("head") or {}).get("address"))
-    return runner.CheckContext(plan, facts, probes)
 
 
 def _list(reg, args) -> int:

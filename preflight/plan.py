@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from preflight.inputs.inventory import head_first
-from preflight.inputs.launchcmd import RANK_FLAGS
+from preflight.inputs.launchcmd import DEFAULT_PORT, RANK_FLAGS
 from preflight.inputs.configs import (
     AccelerateConfig,
     DISTRIBUTED_TYPES,
@@ -55,7 +55,7 @@ class Plan:
     deep: bool = False  # also run accelerate's and DeepSpeed's own validators
     nodes: Tuple[str, ...] = ()  # the first is the head; empty for lint
     remote: bool = False  # nodes are reached over SSH (else: this machine, in-process)
-    port: int = 29500
+    port: int = DEFAULT_PORT
     limits: Limits = Limits()
     checkpoint_dir: Optional[str] = None
     profile: Optional["Profile"] = None  # pins and per-host expectations (its thresholds are in limits)
@@ -66,7 +66,7 @@ class Plan:
     expand_vars: bool = True  # $VAR in the command is each node's (check); `launch` quotes every word
     sets_ranks: bool = False  # `launch` over SSH gives each node its rank flags (preflight.gate.launcher)
     python: Optional[str] = None  # --python: the interpreter whose versions the facts hold
-    memory: Optional[Any] = None  # preflight.memory.Inputs: --model, --gpu-memory, --host-memory, --seq-len
+    memory: Optional[Any] = None  # preflight.inputs.models.Inputs: --model, --gpu-memory, --host-memory, --seq-len
 
     @property
     def head(self) -> Optional[str]:
@@ -201,7 +201,7 @@ def build_plan(
         deep=deep,
         nodes=nodes or (),
         remote=remote,
-        port=port or config_port or 29500,
+        port=port or config_port or DEFAULT_PORT,
         limits=limits,
         checkpoint_dir=checkpoint_dir,
         profile=profile,
@@ -249,8 +249,8 @@ def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...], ignored
 
     The merge rules are preflight.job.view.launch's (one place for accelerate's _validate_launch_command);
     here only the values that came from a flag are written over the file's, each named by its flag."""
-    from preflight.job import view as jobview
     from preflight.inputs import launchcmd
+    from preflight.job import view
 
     cmd = launchcmd.parse(command)
     if ignored:
@@ -258,12 +258,12 @@ def with_launch_flags(accel: AccelerateConfig, command: Tuple[str, ...], ignored
     if cmd.launcher != "accelerate" or not cmd.options:
         return accel
     path = accel.doc.path
-    view = jobview.launch("lint", {"config": {"path": path, "doc": accel.doc}}, cmd)  # read once (a pipe too)
+    effective = view.launch("lint", {"config": {"path": path, "doc": accel.doc}}, cmd)  # read once (a pipe too)
     flags = {}
     for field, keys in LAUNCH_FIELDS.items():
-        source = view["sources"].get(field, "")
+        source = effective["sources"].get(field, "")
         if isinstance(source, str) and source.startswith("flag --"):
-            flags[keys] = (view.get(field), source)
+            flags[keys] = (effective.get(field), source)
     written = accel.data.get("distributed_type")
     if isinstance(written, str) and written not in DISTRIBUTED_TYPES + SAGEMAKER_DISTRIBUTED_TYPES:
         flags.pop(("distributed_type",), None)  # accelerate still loads the file, and stops on it (CFG002 says so)

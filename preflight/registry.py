@@ -9,7 +9,7 @@ import importlib
 import inspect
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 ENTRY_POINT_GROUP = "preflight.checks"
@@ -77,7 +77,23 @@ def _spec(func: Callable, id: str, name: str, scope: str, tags: Tuple[str, ...])
 
 
 def checks_in(module) -> List[CheckSpec]:
-    """The checks a module declares, in the order they appear in its source."""
+    """The checks a module declares, in the order they appear in its source. A package (a family split into
+    modules by topic) declares those of the modules it imports too, module by module in the order of their
+    names: they are the package's checks, registered under its name (the module its entry point names)."""
+    specs = _declared_in(module)
+    if hasattr(module, "__path__"):
+        found = {id(spec.func) for spec in specs}
+        prefix = module.__name__ + "."
+        inside = [m for m in vars(module).values() if inspect.ismodule(m) and m.__name__.startswith(prefix)]
+        for submodule in sorted(inside, key=lambda m: m.__name__):
+            for spec in _declared_in(submodule):
+                if id(spec.func) not in found:
+                    found.add(id(spec.func))
+                    specs.append(replace(spec, module=module.__name__))
+    return specs
+
+
+def _declared_in(module) -> List[CheckSpec]:
     specs = [getattr(obj, MARK) for obj in vars(module).values() if callable(obj) and hasattr(obj, MARK)]
     # The code object's line number, not inspect.getsourcelines: that tokenizes every file (0.1 s at start-up).
     return sorted(specs, key=lambda s: getattr(getattr(s.func, "__code__", None), "co_firstlineno", 0))

@@ -17,6 +17,11 @@ class Status(str, enum.Enum):
 # Reports list the worst first.
 SEVERITY = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.SKIP: 3, Status.PASS: 4}
 
+
+class UsageError(Exception):
+    """A bad invocation (options that do not go together, an empty selector): one line on stderr, exit 2."""
+
+
 EXIT_READY = 0
 EXIT_NOT_READY = 1
 EXIT_BAD_INPUT = 2

@@ -46,7 +46,7 @@ import testcluster  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PREFLIGHT = str(BIN / "preflight")
-COLLECTOR = ROOT / "preflight" / "collector.py"
+AGENT = "preflight.node.agent"  # the program preflight ships to each node: its facts, then its answers
 GOLDEN = ROOT / "tests" / "fixtures" / "config" / "golden" / "two-machines"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 PNG = ROOT / "BENCHMARKS-fanout.png"
@@ -172,9 +172,9 @@ def result(doc: dict, check_id: str) -> dict:
 # --- 2. fan-out -----------------------------------------------------------------------------------
 
 def fanout_contenders(cluster, hosts: Sequence[str]) -> Dict[str, Callable[[], float]]:
-    # The same fact collector preflight ships, here by path; after the facts it would serve requests
-    # until its input ends, and pdsh keeps ssh's input open.
-    collector = f"{shlex.quote(sys.executable)} {shlex.quote(str(COLLECTOR))} </dev/null"
+    # The same agent preflight ships, here from the installed package; after the facts it would serve
+    # requests until its input ends, and pdsh keeps ssh's input open.
+    collector = f"{shlex.quote(sys.executable)} -m {AGENT} </dev/null"
 
     def facts_from_every_host(stdout: str, tool: str):
         seen = {line.split(":", 1)[0].strip() for line in stdout.splitlines() if ": {" in line}
@@ -217,7 +217,7 @@ def bench_fanout(section: Section, repeat: int, cluster, sizes: Sequence[int], p
     section.targets.append(Target(f"fan-out at N = {largest} no slower than `pdsh -R ssh`",
                                   f"{ratio:.2f} of pdsh's time", ratio <= 1.0))
     section.notes.append("preflight also takes clock samples, probes the main port and runs every check; clush and "
-                         f"pdsh only run `{COLLECTOR.relative_to(ROOT)}` (the same facts, no verdict). Fan-out 64 "
+                         f"pdsh only run `python -m {AGENT}` (the same facts, no verdict). Fan-out 64 "
                          "for all three; each run is verified to bring back every host's facts.")
     plot_fanout(medians, png)
     section.notes.append(f"Scaling curve: [{png.name}]({png.name}).")
@@ -339,7 +339,7 @@ PLAIN_ITERS = 5
 
 
 def bench_col(section: Section, repeat: int, cluster, folder: Path, **_):
-    from preflight.collective.allreduce import DEFAULT_SIZES
+    from preflight.collective.options import DEFAULT_SIZES
 
     hosts = cluster.nodes[:COL_HOSTS]
     script = folder / "plain_allreduce.py"

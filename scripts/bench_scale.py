@@ -1,5 +1,5 @@
 """How the cost of `preflight check` grows with the cluster, without a network: synthetic facts for N nodes
-go through the same code as after a real gathering (cli.evaluate: selection, plan, every registered check)
+go through the same code as after a real gathering (engine.evaluate: selection, plan, every registered check)
 and then through the reports.
 
 What is timed (wall_s, peak_mb) is what `preflight check` itself produces: the checks, the terminal report
@@ -10,7 +10,7 @@ The facts are this machine's, from the real collector, sent through JSON once pe
 gather decodes them (gather.facts_decoder), with each node's own name and address (node0001, 10.1.0.1, ...).
 This machine has no GPU: the gpus fact is the collector's own, built from the recorded answers of an
 8 x H100 node (tests/fixtures/nvml). A few nodes are made odd (PLANTED) so that the checks find something:
-tests/test_bench_scale.py checks that they do. The all-reduce needs a network: no collective probe, so the
+tests/bench/test_bench_scale.py checks that they do. The all-reduce needs a network: no collective probe, so the
 COL checks skip as they do when it did not run. The libraries' validators (tag `deep`: importing accelerate
 and deepspeed, seconds, the same for any N) are left out, as `--skip deep` does.
 
@@ -37,7 +37,7 @@ GPUS_PER_NODE = 8
 PORT = 29500
 DESCRIPTION = (
     "Synthetic facts for N nodes go through what `preflight check` runs after gathering them: the real checks "
-    "(`cli.evaluate`, every registered check but the `deep` validators, which import accelerate and DeepSpeed "
+    "(`engine.evaluate`, every registered check but the `deep` validators, which import accelerate and DeepSpeed "
     "and cost the same for any N) and both of its reports, the terminal text and the `--json` document. "
     "*checks + report* and *peak RSS* are that path: wall time from the facts in memory to both reports "
     "written, and the process's peak RSS by then (VmHWM, facts included). The opt-in report files "
@@ -93,7 +93,7 @@ def _ssh_timeout(state, n):
                                                 "remediation": "check that the node is up and sshd runs"})
 
 
-# (what, how many nodes, change): the check that must notice it is in tests/test_bench_scale.py.
+# (what, how many nodes, change): the check that must notice it is in tests/bench/test_bench_scale.py.
 PLANTED = (
     ("older-torch", 3, _older_torch),
     ("clock-fail", 1, _clock_ahead(2.5)),
@@ -209,7 +209,7 @@ def run_once(n: int, folder: str) -> dict:
     """Imports, synthesis, then the checks and `preflight check`'s reports (terminal, JSON), then the opt-in
     report files, timed apart (seconds); peak RSS in MB after each stage."""
     started = time.perf_counter()
-    from preflight import cli, registry, runner
+    from preflight import cli, engine, registry, runner
     from preflight.report import render
     from preflight.report import files as reports
     from preflight.result import verdict
@@ -230,7 +230,7 @@ def run_once(n: int, folder: str) -> dict:
     stages, peaks = {}, {}  # seconds of each stage; the peak RSS once it is done (which stage raised it)
     mark = begun = time.perf_counter()  # the path timed: from here (the arguments parsed) to both reports
     synthetic = lambda plan, args, specs: runner.CheckContext(plan, facts, probes)  # noqa: E731  (gather_for's place)
-    plan, _, results, _ = cli.evaluate(reg, args, gather=synthetic)
+    plan, _, results, _ = engine.evaluate(reg, args, gather=synthetic)
     stages["checks_s"], peaks["checks"], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
     outcome, elapsed = verdict(results), time.perf_counter() - synthesized
     with open(paths["report.json"], "w") as f:

@@ -3,7 +3,7 @@
 #  1. the collector as a node runs it (python3 preflight/collector.py): its gpus fact must be available;
 #  2. the real adapter (gpus.Nvml) inside the recorder of tests/nvml_fake.py: every answer it gave
 #     is written to tests/fixtures/nvml/recorded-<model>.json, which the tests' fake adapter replays;
-#  3. where preflight is installed with its test extra, tests/test_gpu.py (its first test then takes
+#  3. where preflight is installed with its test extra, tests/checks/test_gpu.py (its first test then takes
 #     the real path, and every recording is replayed).
 # It needs python3 with nvidia-ml-py: the environment's own, or pynvml.py alone carried from .venv, as in
 #   run(command="scripts/device_gpu_check.sh", timeout_s=300,
@@ -68,10 +68,10 @@ print("wrote %s: %d GPU(s) %s; not supported: %s" % (FIXTURES / name, facts["cou
                                                       ", ".join(unsupported) or "nothing"))
 EOF
 
-echo "== 3. tests/test_gpu.py"
+echo "== 3. tests/checks/test_gpu.py"
 status=0
 if "$PY" -c "import pytest, yaml; from preflight import registry; assert 'GPU001' in {c.id for c in registry.load().checks}" 2>/dev/null; then
-    "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$WORK/pytest.log" || status=$?
+    "$PY" -m pytest -q -p no:cacheprovider tests/checks/test_gpu.py 2>&1 | tee "$WORK/pytest.log" || status=$?
 else
     echo "tests not run: $PY lacks pytest, pyyaml or preflight installed (pip install -e '.[test]')"
 fi

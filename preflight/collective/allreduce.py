@@ -17,10 +17,10 @@ controller closing every session at the run's end (outside; a closed session kil
 
 Each run has a token of its own that every rank must find in the store (preflight.node.allreduce): a run
 whose port another run (or another process) holds ends with doc["clash"], which blames no node.
-A node's report is checked for the shape colworker writes; any other answer is that node's failure. Before
+A node's report is checked for the shape the worker writes; any other answer is that node's failure. Before
 it, the worker says when its slowest rank reaches the rendezvous and each size (a few short lines): the status
 line shows the run at its slowest node's place and names the nodes that moved least recently first; such a
-line that is not of the shape colworker writes is ignored (it decides nothing).
+line that is not of the shape the worker writes is ignored (it decides nothing).
 
 run_collective returns a plain dict (probes["collective"]); the checks in checks/col.py read it.
 """
@@ -37,8 +37,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from preflight import progress
 from preflight.collective import nccllog
 from preflight.collective.options import DEFAULT_SIZES, format_size
+from preflight.inputs.numbers import is_int, is_number
+from preflight.remote.shapes import worker_report_problem
 from preflight.remote.shipping import ALLREDUCE, shipped_command, shipped_input
-from preflight.remote.ssh import NodeError
+from preflight.remote.session import NodeError
 
 PHASE_MARGIN_S = 4.0  # the phase ends within --timeout + this (and the sessions are closed within 1 s more)
 FULL_SHARE = 0.6  # of the phase, at most, for the first run; the rest is for a rerun or a bisect
@@ -64,9 +66,13 @@ class CollectiveOptions:
     port: Optional[int] = None  # None: the main port
     min_busbw_gbps: Optional[float] = None
 
+    def run(self, nodes, head_address: str, options) -> dict:
+        """The all-reduce phase, as gather runs a probe over the nodes' open sessions (run_collective)."""
+        return run_collective(nodes, head_address, options)
+
 
 def options_from_args(plan, args) -> CollectiveOptions:
-    """The collective's options from the command line and the plan (cli.gather_for)."""
+    """The collective's options from the command line and the plan (engine.gather_for)."""
     world, _ = plan.world_size
     nodes = len(plan.nodes) or 1
     planned = world // nodes if world and world % nodes == 0 and world >= nodes else None
@@ -300,7 +306,7 @@ class _Phase:
         world = len(names) * self.procs
         started = time.monotonic()
         deadline = started + budget
-        env: Dict[str, str] = {}  # NCCL_DEBUG is the worker's to set: it keeps the user's (colworker)
+        env: Dict[str, str] = {}  # NCCL_DEBUG is the worker's to set: it keeps the user's (preflight.node.allreduce)
         reports: Dict[str, dict] = {}
         sessions: Dict[str, object] = {}
         stop = threading.Event()
@@ -375,7 +381,7 @@ class _Phase:
 
     def _node_report(self, name: str, ranks: List[int], payload: dict, deadline: float, stop: threading.Event,
                      sessions: dict, lock: threading.Lock, moved: Callable[[Tuple[int, int]], None]) -> dict:
-        """Start the node's worker and read its report (checked: of the shape colworker writes)."""
+        """Start the node's worker and read its report (checked: of the shape the worker writes)."""
         try:
             proc = self.nodes[name].connection.start(shipped_command(self.options.python),
                                                      shipped_input(ALLREDUCE, payload))
@@ -428,14 +434,14 @@ class _Phase:
                 continue  # not ours (a shell's greeting); the worker's line follows
             except RecursionError:
                 return _protocol_failure("it is nested deeper than any report", _stderr(proc))
-            if isinstance(report, (int, float)) and not isinstance(report, bool):
+            if is_number(report):
                 continue  # a greeting that happens to be a number
             if isinstance(report, dict) and set(report) == {"progress"}:
                 position = progress_position(report["progress"], ranks, sizes)
                 if position is not None:
                     moved(position)
                 continue
-            wrong = shape_error(report, ranks)
+            wrong = worker_report_problem(report, ranks)
             if wrong:
                 return _protocol_failure(wrong, _stderr(proc))
             report.setdefault("kind", None)
@@ -444,11 +450,11 @@ class _Phase:
 
 def progress_position(line, ranks: Sequence[int], sizes: int) -> Optional[Tuple[int, int]]:
     """Where a line of progress puts its node: (1, 0) at the rendezvous, (2, n) at the n-th of `sizes`; None
-    when the line is not of the shape colworker writes (it is then ignored)."""
+    when the line is not of the shape the worker writes (it is then ignored)."""
     if not isinstance(line, dict) or line.get("rank") not in ranks or line.get("sizes") != sizes:
         return None
     size = line.get("size")
-    if not isinstance(size, int) or isinstance(size, bool) or isinstance(line.get("rank"), bool):
+    if not is_int(size) or isinstance(line.get("rank"), bool):
         return None
     if line.get("stage") == "rendezvous" and size == 0:
         return (1, 0)
@@ -460,79 +466,6 @@ def progress_position(line, ranks: Sequence[int], sizes: int) -> Optional[Tuple[
 def _protocol_failure(why: str, tail: Optional[str] = None) -> dict:
     return {"ok": False, "kind": "protocol", "stage": "report", "ranks": [], "tail": tail,
             "error": f"the all-reduce worker's report is not what preflight's worker writes: {why}"}
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _typed(obj: dict, keys: Sequence[str], test: Callable, what: str, where: str) -> Optional[str]:
-    for key in keys:
-        if not test(obj.get(key)):
-            return f"{where}{key!r} is {_kind(obj.get(key))}, not {what}"
-    return None
-
-
-JSON_TYPES = ((bool, "true or false"), (dict, "an object"), (list, "a list"), (str, "a string"),
-              ((int, float), "a number"))
-
-
-def _kind(value) -> str:
-    """What a JSON value is, in JSON's words."""
-    if value is None:
-        return "missing (null)"
-    return next((name for types, name in JSON_TYPES if isinstance(value, types)), type(value).__name__)
-
-
-def shape_error(report, ranks: Sequence[int]) -> Optional[str]:
-    """Why a node's report is not of the shape preflight.node.allreduce writes (None when it is): every field the
-    head reads, with its type, and one rank result per rank the node was given."""
-    from preflight.node.allreduce import NCCL_LINE_CHARS, NCCL_MAX_LINES  # the worker's module, only where reports come
-
-    if not isinstance(report, dict):
-        return f"it is {_kind(report)}, not an object"
-    optional_text = (lambda v: v is None or isinstance(v, str))
-    problem = (_typed(report, ("ok",), lambda v: isinstance(v, bool), "true or false", "")
-               or _typed(report, ("ranks",), lambda v: isinstance(v, list), "a list", "")
-               or _typed(report, ("kind", "stage", "error", "tail"), optional_text, "text", ""))
-    if problem:
-        return problem
-    if not all(isinstance(r, dict) for r in report["ranks"]):
-        return "a rank in 'ranks' is not an object"
-    got = [r.get("rank") for r in report["ranks"]]
-    if got != list(ranks):
-        return f"it reports ranks {got!r:.80}, not the ranks {list(ranks)} it was given"
-    for r in report["ranks"]:
-        where = f"rank {r['rank']}: "
-        problem = (_typed(r, ("ok",), lambda v: isinstance(v, bool), "true or false", where)
-                   or _typed(r, ("stage", "kind", "error", "tail"), optional_text, "text", where)
-                   or _typed(r, ("sizes", "skipped_sizes"), lambda v: v is None or isinstance(v, list), "a list", where)
-                   or _typed(r, ("check",), lambda v: v is None or isinstance(v, dict), "an object", where))
-        if problem:
-            return problem
-        if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in r.get("skipped_sizes") or []):
-            return f"{where}'skipped_sizes' holds something other than sizes in bytes"
-        for size in r.get("sizes") or []:
-            if not isinstance(size, dict):
-                return f"{where}an entry of 'sizes' is not an object"
-            problem = (_typed(size, ("bytes", "iters"), lambda v: isinstance(v, int) and not isinstance(v, bool)
-                              and v > 0, "a positive integer", f"{where}sizes: ")
-                       or _typed(size, ("time_s", "algbw_gbps", "busbw_gbps"), _number, "a number", f"{where}sizes: "))
-            if problem:
-                return problem
-        nccl = r.get("nccl")
-        if nccl is not None and not (isinstance(nccl, dict) and isinstance(nccl.get("lines"), list)
-                                     and len(nccl["lines"]) <= NCCL_MAX_LINES
-                                     and all(isinstance(line, str) and len(line) <= NCCL_LINE_CHARS
-                                             for line in nccl["lines"])
-                                     and (nccl.get("debug") is None or isinstance(nccl.get("debug"), str))):
-            # (the worker sends at most so many, so short: longer ones would only cost the head time to parse)
-            return f"{where}'nccl' is not an object with at most {NCCL_MAX_LINES} lines of {NCCL_LINE_CHARS} characters"
-        if r["ok"] and not r.get("sizes") and not r.get("skipped_sizes"):
-            return f"{where}it passed without measuring any size"
-    if report["ok"] and not all(r["ok"] for r in report["ranks"]):
-        return "it says ok while a rank failed"
-    return None
 
 
 def _stderr(proc) -> Optional[str]:

@@ -27,7 +27,8 @@ from typing import List, Optional, Sequence, TextIO
 
 from preflight.progress import Activity, Progress, for_stderr
 from preflight.inputs.launchcmd import rank_command
-from preflight.remote.ssh import NodeError, SSHConnection, load_ssh_settings, run_with_deadline
+from preflight.remote.ssh import SSHConnection, load_ssh_settings
+from preflight.remote.session import NodeError, run_with_deadline
 
 EXIT_LOST = 255  # a node whose session ended without an exit status (as ssh says it)
 

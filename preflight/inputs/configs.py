@@ -12,14 +12,12 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from preflight.inputs.documents import Document, InputError, load, read_text, shorten
+from preflight.inputs.numbers import is_int, is_numeric_string, reads_as, text_number
 
 NoneType = type(None)
 AUTO = "auto"  # in a type tuple: the string "auto" is accepted (filled in by accelerate / transformers)
 MAP = (dict, NoneType)
 ANY = (object,)  # in a schema: every value is taken (the checks judge it)
-# A number as Python's float() reads it (digits may be grouped by single underscores, as int() and pydantic take).
-# Written so that each character has one way to match: a long run of digits fails in linear time.
-NUMBER_RE = re.compile(r"^[+-]?(D(\.(D)?)?|\.D)([eE][+-]?D)?$".replace("D", r"\d+(_\d+)*"))
 
 # accelerate's ClusterConfig and BaseConfig fields (accelerate/commands/config/config_args.py).
 ACCELERATE_KEYS: Dict[str, tuple] = {
@@ -122,6 +120,12 @@ ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE = (
     "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
 )
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# Numbers in accelerate's own config (top level and its sections).
+ACCELERATE_NUMERIC = (
+    ("num_processes",), ("machine_rank",), ("num_machines",), ("main_process_port",),
+    ("deepspeed_config", "zero_stage"), ("deepspeed_config", "gradient_accumulation_steps"),
+    ("deepspeed_config", "gradient_clipping"), ("fsdp_config", "fsdp_min_num_params"),
+)
 # fsdp_config as accelerate 1.15 hands it to the script: launch exports each value as text (utils/launch.py
 # prepare_multi_gpu_env), and FullyShardedDataParallelPlugin reads it back when the script starts
 # (utils/dataclasses.py): enumerations by name in any case or by their torch enum's number, booleans by str_to_bool.
@@ -303,10 +307,9 @@ def load_hostfile(path: str) -> Hostfile:
     return Hostfile(path, tuple(entries))
 
 
-def is_numeric_string(value: Any) -> bool:
-    return isinstance(value, str) and bool(NUMBER_RE.match(value.strip()))
-
-
+# The types that make accelerate launch a multi-GPU job from the config file (commands/launch.py).
+MULTI_TYPES = ("MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU",
+               "MULTI_NEURON")
 # distributed_type values that accelerate starts with torchrun (its multi_gpu_launcher).
 TORCHRUN_TYPES = frozenset("""MULTI_GPU FSDP MEGATRON_LM MULTI_NPU MULTI_MLU MULTI_SDAA MULTI_MUSA MULTI_XPU MULTI_HPU
 MULTI_NEURON""".split())
@@ -324,11 +327,6 @@ def accelerate_launcher(distributed_type: Any) -> str:
     return "xla" if distributed_type == "XLA" else "simple"
 
 
-def is_int(value: Any) -> bool:
-    """An integer, and not a YAML boolean (bool is an int in Python)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def deepspeed_runner(launcher: str, machines: Any, multinode_launcher: Any) -> Optional[str]:
     """How DeepSpeed's runner starts an accelerate launch (utils/launch.py, prepare_deepspeed_cmd_env): "head" when
     the runner on the head starts every node (pdsh, the default, openmpi, ...), "each" when every node runs it
@@ -341,23 +339,7 @@ def deepspeed_runner(launcher: str, machines: Any, multinode_launcher: Any) -> O
     return "each" if multinode_launcher == "nossh" else "head"
 
 
-def text_number(value: Any) -> Any:
-    """A number written as text ('2', '5e8') as the number it says; any other value as it is."""
-    if not is_numeric_string(value):
-        return value
-    number = float(value)
-    return int(number) if number.is_integer() and math.isfinite(number) else number
-
-
 TORCHRUN_PORT = re.compile(r"^[0-9]{1,5}$")  # torchrun's rendezvous endpoint (elastic/rendezvous/utils.py)
-
-
-def _reads_as_int(text: str) -> bool:
-    try:
-        int(text)
-        return True
-    except ValueError:
-        return False
 
 
 def text_number_stops_launch(keys: Tuple[str, ...], text: str, launch: Mapping[str, Any]) -> Optional[str]:
@@ -372,7 +354,7 @@ def text_number_stops_launch(keys: Tuple[str, ...], text: str, launch: Mapping[s
     dtype = launch.get("distributed_type")
     launcher = "simple" if launch.get("cpu") else accelerate_launcher(dtype)
     machines, rank = text_number(launch.get("num_machines", 1)), text_number(launch.get("machine_rank", 0))
-    several = isinstance(machines, int) and not isinstance(machines, bool) and machines > 1
+    several = is_int(machines) and machines > 1
     section = launch.get("deepspeed_config") if isinstance(launch.get("deepspeed_config"), Mapping) else {}
     shown = shorten(text)
     if keys[0] == "deepspeed_config" and launcher != "deepspeed" or keys[0] == "fsdp_config" and (
@@ -402,7 +384,7 @@ def text_number_stops_launch(keys: Tuple[str, ...], text: str, launch: Mapping[s
     if keys in (("main_process_port",), ("machine_rank",)) and launcher == "simple":
         # Passed on as MASTER_PORT, which torch reads with int() where the processes meet (MULTI_CPU); 'NO'
         # starts one process that meets no other.
-        if keys == ("main_process_port",) and dtype == "MULTI_CPU" and not _reads_as_int(text):
+        if keys == ("main_process_port",) and dtype == "MULTI_CPU" and not reads_as(int, text):
             return (f"accelerate exports it as MASTER_PORT, and torch's rendezvous reads that with int(), which "
                     f"refuses {shown}")
         return None
@@ -418,7 +400,7 @@ def text_number_stops_launch(keys: Tuple[str, ...], text: str, launch: Mapping[s
     if keys[-1] == "gradient_accumulation_steps" and not text.isdigit():
         return (f"accelerate passes it to the script as text, where the Accelerator reads it with int(), which "
                 f"refuses {shown} (DeepSpeedPlugin keeps text that is not all digits)")
-    if not _reads_as_int(text):  # torchrun's --nproc_per_node, int(machine_rank), DeepSpeed's runner, the plugins
+    if not reads_as(int, text):  # torchrun's --nproc_per_node, int(machine_rank), DeepSpeed's runner, the plugins
         return f"accelerate passes it on as text, and it is read back with int(), which refuses {shown}"
     return None
 

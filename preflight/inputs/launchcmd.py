@@ -124,6 +124,8 @@ CHOICES = {
     "torchrun": {"start_method": ("spawn", "fork", "forkserver")},
     "deepspeed": {},
 }
+# accelerate launch's type switches: it takes one of them at most (commands/launch.py).
+TYPE_FLAGS = ("cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp")
 # `python -m MODULE` that is a launcher.
 LAUNCHER_MODULES = {
     "accelerate.commands.launch": "accelerate",
@@ -308,6 +310,10 @@ def parse(argv: Sequence[str]) -> LaunchCommand:
     script = argv[i] if i < len(argv) else None
     return LaunchCommand(argv, launcher, program, options, script, argv[i + 1:], env, problem, tuple(given))
 
+
+# The main process port of torchrun, accelerate and DeepSpeed's runner when nothing names one (torch.distributed's
+# MASTER_PORT default), and so preflight's.
+DEFAULT_PORT = 29500
 
 # The flags that tell a node of a multi-node accelerate launch who it is: `preflight launch` sets them on each
 # node (rank_command), and the plan leaves the user's own values of them out of what it judges.

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 from preflight.inputs import documents
 from preflight.inputs.documents import InputError
+from preflight.inputs.numbers import is_int, is_number
 
 # A parameter count alone does not say how large the largest layer is (ZeRO-3 gathers one at a time on the
 # GPU): 5% of the model, about the embedding of a 7-13B decoder with a 128k vocabulary.
@@ -68,7 +69,7 @@ def check_shapes(config: Mapping[str, Any]) -> None:
             value = part.get(key)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            if not is_int(value) or not 1 <= value <= limit:
                 raise ValueError(f"{key} is {value!r}; a model config holds a positive integer up to {limit} there")
 
 
@@ -76,7 +77,7 @@ def parse_size(text: Any, what: str) -> int:
     """A memory size -> bytes; ValueError naming `what` otherwise. Memory is sold in binary units (an "80GB"
     GPU has 80 GiB, NVML says 79.6 usable; a "512GB" node has 512 GiB of DIMMs), so K, M, G, T are KiB, MiB,
     GiB, TiB with or without the i, a bare number is GiB, and B alone is bytes."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
+    if is_number(text):
         text = str(text)
     match = SIZE.match(text) if isinstance(text, str) and len(text) <= 64 else None
     if not match or float(match.group(1)) <= 0:
@@ -268,7 +269,7 @@ def parse_seq_len(seq: Any, where: str) -> int:
     """A whole number of tokens up to MAX_SEQ_LEN (the text's length checked before int() reads it)."""
     if isinstance(seq, str) and re.fullmatch(r"\s*[0-9]{1,9}\s*", seq):
         seq = int(seq)
-    if isinstance(seq, int) and not isinstance(seq, bool) and 1 <= seq <= MAX_SEQ_LEN:
+    if is_int(seq) and 1 <= seq <= MAX_SEQ_LEN:
         return seq
     if isinstance(seq, int) and not -10**18 < seq < 10**18:
         shown = "a number that large"  # (repr of an int past 4300 digits raises)

@@ -126,7 +126,7 @@ class Profile:
     skip: Tuple[str, ...] = ()
     hosts: Tuple[HostExpectation, ...] = ()
     skip_line: Optional[int] = None  # where checks.skip is, for an error about one of its selectors
-    memory: Tuple[Tuple[str, Any], ...] = ()  # [memory]: model, gpu_memory, host_memory, seq_len (preflight.memory)
+    memory: Tuple[Tuple[str, Any], ...] = ()  # [memory]: model, gpu_memory, host_memory, seq_len (preflight.inputs.models)
 
     def limits(self, base):
         """`base` (a plan.Limits) with this profile's thresholds."""
@@ -297,7 +297,7 @@ class _Reader:
                        self.line_of(("checks", "skip")) if skip else None, self.memory(data.get("memory", {})))
 
     def memory(self, value: Any) -> Tuple[Tuple[str, Any], ...]:
-        """[memory]: strings or numbers, read by preflight.memory.inputs (which says what a bad one is)."""
+        """[memory]: strings or numbers, read by preflight.inputs.models.inputs (which says what a bad one is)."""
         from preflight.inputs.models import PROFILE_KEYS
 
         table = self.table(value, ("memory",), PROFILE_KEYS, "[memory]")

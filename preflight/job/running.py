@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.inputs import launchcmd
+from preflight.inputs.numbers import int_or_none
 
 COLLECTIVES = frozenset("""all_reduce broadcast barrier monitored_barrier all_gather all_gather_into_tensor
 all_gather_object reduce_scatter reduce_scatter_tensor all_to_all all_to_all_single reduce gather scatter send
@@ -104,13 +105,6 @@ class Census:
     @property
     def ranks(self) -> List[Proc]:
         return [p for p in self.procs if p.kind == "rank"]
-
-
-def _int(value: Any) -> Optional[int]:
-    try:
-        return int(str(value).strip())
-    except (TypeError, ValueError):
-        return None
 
 
 def where(threads: Any, launcher: bool = False) -> Where:
@@ -234,30 +228,31 @@ def _proc(node: str, item: Any) -> Optional[Proc]:
             proc.rdzv = rdzv if isinstance(rdzv, str) else ("c10d" if command.flag("standalone") else "static")
             endpoint = command.get("rdzv_endpoint")
             if isinstance(endpoint, str) and ":" in endpoint and proc.rdzv != "static":
-                proc.master_addr, proc.master_port = endpoint.rsplit(":", 1)[0], _int(endpoint.rsplit(":", 1)[1])
+                proc.master_addr = endpoint.rsplit(":", 1)[0]
+                proc.master_port = int_or_none(endpoint.rsplit(":", 1)[1])
             if launcher == "torchrun" and proc.master_addr is None and proc.rdzv == "static":
                 proc.master_addr = "127.0.0.1"  # torchrun's default
             if proc.master_port is None and launcher == "torchrun":
-                proc.master_port = 29500
+                proc.master_port = launchcmd.DEFAULT_PORT
     else:
-        proc.rank, proc.world_size = _int(env.get("RANK")), _int(env.get("WORLD_SIZE"))
-        proc.node_rank = _int(env.get("GROUP_RANK"))
-        proc.master_addr, proc.master_port = env.get("MASTER_ADDR"), _int(env.get("MASTER_PORT"))
+        proc.rank, proc.world_size = int_or_none(env.get("RANK")), int_or_none(env.get("WORLD_SIZE"))
+        proc.node_rank = int_or_none(env.get("GROUP_RANK"))
+        proc.master_addr, proc.master_port = env.get("MASTER_ADDR"), int_or_none(env.get("MASTER_PORT"))
     return proc
 
 
 def _from_accelerate(proc: Proc, config: dict, command: launchcmd.LaunchCommand) -> None:
     """A running `accelerate launch`: its config file (read on the node, as it read it) with its flags over
     it, as preflight.job.view works out a launch before the start."""
-    from preflight.job import view as jobview
+    from preflight.job import view
 
-    view = jobview.launch(proc.node, {"config": config, "files": {}}, command)
-    proc.node_rank = view.get("machine_rank") if isinstance(view.get("machine_rank"), int) else None
-    proc.nnodes = str(view["num_machines"]) if view.get("num_machines") is not None else None
-    proc.master_addr = view.get("main_ip") if isinstance(view.get("main_ip"), str) else None
-    proc.master_port = view.get("main_port") if isinstance(view.get("main_port"), int) else None
-    proc.nproc = view.get("processes") if isinstance(view.get("processes"), int) else None
-    proc.rdzv = view.get("rdzv_backend") if isinstance(view.get("rdzv_backend"), str) else "static"
+    effective = view.launch(proc.node, {"config": config, "files": {}}, command)
+    proc.node_rank = effective.get("machine_rank") if isinstance(effective.get("machine_rank"), int) else None
+    proc.nnodes = str(effective["num_machines"]) if effective.get("num_machines") is not None else None
+    proc.master_addr = effective.get("main_ip") if isinstance(effective.get("main_ip"), str) else None
+    proc.master_port = effective.get("main_port") if isinstance(effective.get("main_port"), int) else None
+    proc.nproc = effective.get("processes") if isinstance(effective.get("processes"), int) else None
+    proc.rdzv = effective.get("rdzv_backend") if isinstance(effective.get("rdzv_backend"), str) else "static"
 
 
 def node_of_address(facts: Mapping[str, Any], address: str) -> Optional[str]:

@@ -1,7 +1,7 @@
 """The job as each node will launch it: that node's own accelerate config and DeepSpeed JSON, with the
 launch command's flags over them (as `accelerate launch`, torchrun and DeepSpeed's runner merge them).
 
-The collector reads, on every node, the files that node's launch would read (preflight.collector._job);
+The collector reads, on every node, the files that node's launch would read (preflight.node.launchfiles.facts);
 here, on this machine, they are parsed and merged into one effective launch per node, a plain dict that
 the JOB checks compare and the reports show as the launch plan. No I/O here: facts in, dicts out.
 """
@@ -15,11 +15,13 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight.inputs import launchcmd
+from preflight.inputs.launchcmd import DEFAULT_PORT
 from preflight.inputs.documents import Document, InputError, parse_json, parse_yaml, shorten
-from preflight.inputs.configs import (DEEPSPEED_HOSTFILE_LINE, accelerate_launcher, deepspeed_runner, is_int,
-                                 is_numeric_string, text_number_stops_launch)
+from preflight.inputs.configs import (DEEPSPEED_HOSTFILE_LINE, accelerate_launcher, deepspeed_runner,
+                                      text_number_stops_launch)
+from preflight.inputs.numbers import flag_int, is_int, is_numeric_string
+from preflight.job.nccl import socket_interface
 
-DEFAULT_PORT = 29500
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner reads this one when none is named
 CONFIG_TEXT_LIMIT = 256 * 1024  # a config's text past this is not parsed (PyYAML takes seconds a megabyte)
 JOB_READ_S = 5.0  # a node's digests of the command's files stop here: the rest is said to be unread
@@ -34,7 +36,7 @@ MUST_MATCH = ("main_ip", "main_port", "num_machines", "world_size", "distributed
 
 
 def request(plan) -> dict:
-    """What the collector reads on each node for the job (preflight.collector._job's argument)."""
+    """What the collector reads on each node for the job (preflight.node.launchfiles.facts' argument)."""
     cmd = launchcmd.parse(plan.command) if plan.command else None
     accelerate = cmd is None or cmd.launcher == "accelerate"
     # `accelerate launch` reads its --config_file, else each node's default: --config is for no command only.
@@ -139,16 +141,6 @@ class _Fields:
         self.set(key, default, "default")
 
 
-def _int(value: Any) -> Any:
-    """A flag's text as accelerate's argparse reads it (type=int); anything else stays as it is."""
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return value
-    return value
-
-
 def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.LaunchCommand], gpus: int = 0) -> dict:
     """One node's effective launch: {"launcher", "started_by", field: value..., "sources": {field: where},
     "problems": [...], "files": {...}}. `command` is this node's launch command (its $VARs expanded);
@@ -178,7 +170,7 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         if command is None or name not in command.options:
             return None, None
         value = command.options[name]  # argparse gives --gpu_ids no type: '0' stays text
-        return (value if name == "gpu_ids" else _int(value)), f"flag --{name}"
+        return (value if name == "gpu_ids" else flag_int(value)), f"flag --{name}"
 
     def in_file(key: str, *inner: str) -> Tuple[Any, Optional[str]]:
         """The file's value of key, or of key's section's inner[0] (deepspeed_config, fsdp_config)."""
@@ -191,7 +183,7 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
 
     def number_in_file(key: str, *inner: str) -> Tuple[Any, Optional[str]]:
         value, source = in_file(key, *inner)
-        return _int(value), source
+        return flag_int(value), source
 
     ds_doc = None
     if launcher == "accelerate":
@@ -235,7 +227,7 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
                 problems.append(f"{keys[0]} is the text {shorten(value)} ({out.sources[key]}): {stop}; write it as a "
                                 "number")
             else:  # passed on as text to a launcher that reads it as its number
-                out.set(key, _int(value), out.sources[key])
+                out.set(key, flag_int(value), out.sources[key])
         deepspeed = path == "deepspeed"
         out.first("deepspeed_config_file", flag("deepspeed_config_file"),
                   in_file("deepspeed_config", "deepspeed_config_file") if deepspeed else (None, None))
@@ -295,7 +287,7 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         out.first("rdzv_backend", ("c10d", "flag --standalone") if standalone else (None, None), flag("rdzv_backend"),
                   default="static")
         if isinstance(nnodes, str) and ":" in nnodes:
-            low, high = (_int(x) for x in nnodes.split(":", 1))
+            low, high = (flag_int(x) for x in nnodes.split(":", 1))
             out.set("nnodes_range", [low, high], "flag --nnodes")
         endpoint = command.get("rdzv_endpoint")
         if isinstance(endpoint, str) and endpoint:  # torch's get_rdzv_endpoint: the endpoint wins when given
@@ -304,7 +296,7 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
                 host, port = endpoint, ""
             default = DEFAULT_PORT if out.values["rdzv_backend"] == "static" else 29400  # c10d's own default
             out.set("main_ip", host.strip("[]") or endpoint, "flag --rdzv_endpoint")
-            out.set("main_port", _int(port) if port else default, "flag --rdzv_endpoint")
+            out.set("main_port", flag_int(port) if port else default, "flag --rdzv_endpoint")
         else:
             out.first("main_ip", flag("master_addr"), default="127.0.0.1")
             out.first("main_port", flag("master_port"), default=DEFAULT_PORT)
@@ -367,8 +359,8 @@ def _leaves(doc: Document, keys: Tuple[str, ...] = ()) -> List[Tuple[str, Tuple[
 def _nnodes(text: Any) -> Any:
     """torchrun's --nnodes: N, or MIN:MAX for an elastic job (its maximum is what may join)."""
     if isinstance(text, str) and ":" in text:
-        return _int(text.split(":", 1)[1])
-    return _int(text)
+        return flag_int(text.split(":", 1)[1])
+    return flag_int(text)
 
 
 def _hosts(job: Mapping[str, Any], name: Any) -> Optional[dict]:
@@ -389,8 +381,6 @@ def _hosts(job: Mapping[str, Any], name: Any) -> Optional[dict]:
     return {"path": entry.get("path"), "hosts": [list(h) for h in hosts]}
 
 
-
-
 def hostfile_hosts(text: str) -> Tuple[List[Tuple[str, int]], Optional[str]]:
     """DeepSpeed's hostfile text as its runner reads it: ([(host, slots)], None), or ([], why it stops)."""
     found: List[Tuple[str, int]] = []
@@ -407,45 +397,6 @@ def hostfile_hosts(text: str) -> Tuple[List[Tuple[str, int]], Optional[str]]:
     if not found:
         return [], "it is empty: the runner stops"
     return found, None
-
-
-def socket_interface(facts: Mapping[str, Any]) -> Optional[str]:
-    """The interface NCCL's socket transport (with GPUs) or gloo (without) binds on this node, as they pick
-    it: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME when set, else NCCL's default (an ib* interface first, then
-    any but lo and docker*), else gloo's (the address the hostname resolves to)."""
-    host, env = facts.get("host") or {}, facts.get("env") or {}
-    interfaces = host.get("interfaces") or {}
-    if not isinstance(interfaces, dict):
-        return None
-    usable = [n for n, addrs in interfaces.items() if isinstance(addrs, list) and addrs]
-    gpus = (facts.get("gpus") or {}).get("available")
-    spec = env.get("NCCL_SOCKET_IFNAME") if gpus else env.get("GLOO_SOCKET_IFNAME")
-    if isinstance(spec, str) and spec.strip():
-        chosen = selected_interfaces(spec, usable, bool(gpus))
-        return f"{chosen[0]} {interfaces[chosen[0]][0]}" if chosen else f"none matches {spec}"
-    if gpus:
-        ordered = [n for n in usable if n.startswith("ib")] + [n for n in usable if not n.startswith(("ib", "lo", "docker"))]
-        return f"{ordered[0]} {interfaces[ordered[0]][0]}" if ordered else None
-    resolved = host.get("resolves_to")
-    if isinstance(resolved, list) and resolved:
-        owner = next((n for n in usable if resolved[0] in interfaces[n]), None)
-        return f"{owner or '?'} {resolved[0]}"
-    return None
-
-
-def selected_interfaces(spec: str, names: List[str], nccl: bool) -> List[str]:
-    """The interfaces NCCL (prefixes; `=` exact; `^` excludes) or gloo (exact names) would use."""
-    spec = spec.strip()
-    exclude = nccl and spec.startswith("^")
-    spec = spec[1:] if exclude else spec
-    exact = not nccl or spec.startswith("=")
-    spec = spec[1:] if nccl and spec.startswith("=") else spec
-    patterns = [p.strip() for p in spec.split(",") if p.strip()]
-
-    def matches(name: str) -> bool:
-        return any(name == p if exact else name.startswith(p) for p in patterns)
-
-    return [n for n in names if matches(n) != exclude]
 
 
 def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dict[str, Any]:

@@ -190,3 +190,7 @@ def main(options):
     sys.stdout.write(json.dumps(collector.collect(options)) + "\n")
     sys.stdout.flush()
     serve(Agent(), 0, sys.stdout)
+
+
+if __name__ == "__main__":  # by hand on a node, or under a fan-out tool: python -m preflight.node.agent
+    main({})

@@ -363,7 +363,7 @@ def _child(rank, local_rank, options, write_fd, log_path, deadline):
     except BaseException as exc:
         code = 1
         try:
-            sys.stderr.write("preflight colworker: %s: %s\n" % (type(exc).__name__, exc))
+            sys.stderr.write("preflight all-reduce worker: %s: %s\n" % (type(exc).__name__, exc))
             sys.stderr.flush()
         except Exception:
             pass

@@ -33,7 +33,7 @@ def host(options):
     head = options.get("head")
     if head:
         facts["head_resolves_to"] = _resolve(head)
-        facts["route_to_head"] = _route(facts["head_resolves_to"], options.get("port") or 29500, interfaces)
+        facts["route_to_head"] = _route(facts["head_resolves_to"], options.get("port") or 0, interfaces)  # the head sends its port
     return facts
 
 

@@ -1,6 +1,6 @@
 """Facts from every node, in parallel, then the coordinated probes: what the checks read.
 
-Each node runs one agent process (preflight.collector) for the whole run: it sends its facts, then
+Each node runs one agent process (preflight.node.agent) for the whole run: it sends its facts, then
 answers the probes' requests (clock samples, the main port, the shared folder). Every step has a
 deadline: the program's start, its facts and the clock samples share one (--timeout), each probe
 request has its own. A node's answers are never trusted: one that is late, of the wrong shape, not
@@ -10,7 +10,6 @@ and agents are closed at the end, also on Ctrl-C, which removes the temporary li
 from __future__ import annotations
 
 import json
-import math
 import secrets
 import threading
 import time
@@ -19,17 +18,15 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional
 
 from preflight import progress
+from preflight.inputs.launchcmd import DEFAULT_PORT
+from preflight.inputs.numbers import bounded_json_int, finite_json_float, refused_json_constant
 from preflight.node import agent, collector, launchfiles
 from preflight.runner import is_failed
 from preflight.remote.shapes import FILE, NONE, NUMBER, SECTIONS, kind as _kind, problem, typed as _typed
-from preflight.remote.ssh import (
-    NodeError,
-    RemoteProcess,
-    SSHConnection,
-    load_ssh_settings,
-    run_with_deadline,
-)
+from preflight.remote import transport
 from preflight.remote.shipping import AGENT, shipped_command, shipped_input
+from preflight.remote.ssh import load_ssh_settings
+from preflight.remote.session import NodeError, run_with_deadline
 
 CLOCK_SAMPLES = 8
 
@@ -41,16 +38,18 @@ class GatherOptions:
     fanout: int = 64
     ssh_config: Optional[str] = None
     accept_new: bool = False
-    port: int = 29500
+    port: int = DEFAULT_PORT
     main_address: Optional[str] = None  # main_process_ip from the config: what workers connect to
     paths: Dict[str, str] = field(default_factory=dict)  # name -> path whose space each node reports
     shared_dir: Optional[str] = None  # a folder every node should see the same (a shared filesystem)
     ntp_server: Optional[str] = None
     progress: object = True  # a preflight.progress.Progress; True: its plain lines only, False: nothing
-    collective: Optional[object] = None  # preflight.collective.allreduce.CollectiveOptions: run the all-reduce (COL)
-    transport: str = "ssh"  # or "srun": job steps inside a SLURM allocation (preflight.remote.srun)
-    job: Optional[dict] = None  # what each node's launch would read (preflight.launchfiles.facts; jobview.request)
-    job_files: Optional[Callable[[dict], List[str]]] = None  # the files a node's own config names (jobview.named_files)
+    # The all-reduce (COL), a probe over the nodes' open sessions after the port probe: an object with a port (None:
+    # the main port) and run(nodes, head_address, options) -> probes["collective"] (collective.CollectiveOptions).
+    collective: Optional[object] = None
+    transport: str = "ssh"  # a name of preflight.remote.transport: "srun" runs job steps inside a SLURM allocation
+    job: Optional[dict] = None  # what each node's launch would read (preflight.node.launchfiles.facts; job.view.request)
+    job_files: Optional[Callable[[dict], List[str]]] = None  # the files a node's own config names (job.view.named_files)
     slurm_job: Optional[str] = None  # srun into this job from outside it (`doctor --slurm-job`)
     census: Optional[dict] = None  # `doctor`: the census of the running job (preflight.node.census); no probes then
 
@@ -58,29 +57,13 @@ class GatherOptions:
 BY_HAND = "run the training interpreter (--python) there by hand: does it start, and does anything else write on its output?"
 
 
-def _whole_int(text: str) -> int:
-    if len(text) > 21:  # past 64 bits: no fact is that big, and float() of it would overflow in a check
-        raise ValueError(f"a number of {len(text)} digits")
-    return int(text)
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"the number {text[:40]} is past a float's range")
-    return value
-
-
-def _no_constant(text: str):
-    raise ValueError(f"{text} is not a number")
-
-
 def node_json(line: str, what: str, **hooks):
     """A line from a node as JSON, the numbers as the collector writes them (finite floats, integers of
     at most 64 bits); NodeError("protocol") that names `what` otherwise, nesting past the recursion
     limit included."""
     try:
-        return json.loads(line, parse_int=_whole_int, parse_float=_finite_float, parse_constant=_no_constant, **hooks)
+        return json.loads(line, parse_int=bounded_json_int, parse_float=finite_json_float,
+                          parse_constant=refused_json_constant, **hooks)
     except RecursionError:
         raise NodeError("protocol", f"{what} is JSON nested too deeply", BY_HAND) from None
     except ValueError as exc:
@@ -133,8 +116,8 @@ class NodeState:
     facts: Optional[dict] = None
     error: Optional[NodeError] = None
     clock: Optional[dict] = None  # offset_s: node minus this machine, bound_s, rtt_s
-    connection: Optional[SSHConnection] = None
-    agent: Optional[RemoteProcess] = None
+    connection: Optional[object] = None  # a connection of preflight.remote.transport
+    agent: Optional[object] = None  # the process of the agent on it
     late: int = 0  # answers still owed to requests that timed out: they come first, and are skipped
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -318,14 +301,12 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
         if options.ntp_server:
             probes["ntp"] = measure_ntp(options.ntp_server, options.timeout)
         if options.collective is not None:  # after the port probe: the slow part, only when COL is selected
-            from preflight.collective.allreduce import run_collective
-
             blocked = _not_reached(nodes) or _rendezvous_blocked(probes["port"], options)
             if blocked:
                 probes["collective"] = {"not_run": blocked}
             else:
                 _say(options, "all-reduce across the nodes (COL)")
-                probes["collective"] = run_collective(nodes, head_address, options)
+                probes["collective"] = options.collective.run(nodes, head_address, options)
     finally:
         options.progress.stop()  # the status line cleared, also on Ctrl-C
         _parallel(NodeState.close, nodes, options)
@@ -365,16 +346,9 @@ def _ssh_hostname(alias: str, options: GatherOptions) -> str:
 def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callable[..., dict],
              shown: Optional[progress.Activity] = None) -> None:
     try:
-        def connect():
-            if options.transport == "srun":
-                from preflight.remote.srun import SrunConnection
-
-                return SrunConnection(node.name, options.timeout, options.slurm_job).connect()
-            settings = load_ssh_settings(node.name, options.ssh_config)
-            return SSHConnection(settings, options.timeout, options.accept_new, options.ssh_config).connect()
-
         # The connection has its own deadlines; this one also bounds DNS and anything unforeseen.
-        node.connection = run_with_deadline(connect, options.timeout * 2 + 1)
+        node.connection = run_with_deadline(lambda: transport.connect(options.transport, node.name, options),
+                                            options.timeout * 2 + 1)
         if shown is not None:
             shown.reach(node.name)
         payload = {"head": head, "port": options.port, "paths": options.paths, "job": options.job,

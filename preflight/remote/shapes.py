@@ -1,14 +1,20 @@
-"""The shape of each facts section as preflight.collector writes it. A node's facts are held to it once,
-when they arrive (gather.checked_facts): a section of another shape becomes that node's failed section
-(PKG003 reports it, the checks that read it say "not evaluated"), so no check ever reads a value of another
-type than the collector's and blames itself for what a node sent.
+"""The shapes of what nodes send, the one place where a node's JSON is held to what preflight.node writes:
+each facts section (preflight.node.collector), and the all-reduce worker's report (preflight.node.allreduce).
+
+A node's facts are held to them once, when they arrive (gather.checked_facts): a section of another shape
+becomes that node's failed section (PKG003 reports it, the checks that read it say "not evaluated"), so no
+check ever reads a value of another type than the collector's and blames itself for what a node sent. A
+worker report of another shape is that node's failure of the all-reduce (worker_report_problem).
 
 A shape is a type or a tuple of types (bool is never a number here), or one of the classes below. The
 keys of an Obj are optional, because the collector leaves some out (a node without GPUs has no devices),
 unless their shape is a Need; a key it has must be of its shape. Keys no shape names are let through: the
 checks never read them."""
-from typing import Any, List, Optional, Tuple
+import math
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from preflight.inputs.numbers import is_int, is_number
+from preflight.node.allreduce import NCCL_LINE_CHARS, NCCL_MAX_LINES
 from preflight.node.census import MAX_PROCESSES
 
 NONE = type(None)
@@ -177,6 +183,19 @@ class Either:
         return first or ([], f"is {kind(value)}")
 
 
+class Test:
+    """A value for which `holds(value)` is true; `what` says what that is, for the message."""
+
+    def __init__(self, holds: Callable[[Any], bool], what: str):
+        self.holds, self.what = holds, what
+
+    def outer(self, value: Any) -> bool:
+        return self.holds(value)
+
+    def wrong(self, value: Any) -> Wrong:
+        return None if self.holds(value) else ([], f"is {kind(value)}, not {self.what}")
+
+
 def problem(value: Any, shape, where: str) -> Optional[str]:
     """What in `value` is not of `shape` ("gpus.devices[0].name is a number"), or None."""
     found = _shape(shape).wrong(value)
@@ -245,3 +264,50 @@ SECTIONS = {
     "fabric": Either(NONE, FABRIC),
     "census": Either(NONE, CENSUS),
 }
+
+
+def _positive_int(value: Any) -> bool:
+    return is_int(value) and value > 0
+
+
+def _finite(value: Any) -> bool:
+    return is_number(value) and math.isfinite(value)
+
+
+def _nccl_lines(value: Any) -> bool:
+    # The worker sends at most so many, so short: longer ones would only cost the head time to parse.
+    return (isinstance(value, dict) and isinstance(value.get("lines"), list) and len(value["lines"]) <= NCCL_MAX_LINES
+            and all(isinstance(line, str) and len(line) <= NCCL_LINE_CHARS for line in value["lines"])
+            and (value.get("debug") is None or isinstance(value.get("debug"), str)))
+
+
+# The all-reduce worker's report (preflight.node.allreduce's docstring): every field the head reads.
+WORKER_SIZE = Obj(bytes=Need(Test(_positive_int, "a positive integer")),
+                  iters=Need(Test(_positive_int, "a positive integer")),
+                  time_s=Need(Test(_finite, "a number")), algbw_gbps=Need(Test(_finite, "a number")),
+                  busbw_gbps=Need(Test(_finite, "a number")))
+WORKER_RANK = Obj(rank=Need(int), ok=Need(bool), stage=TEXT, kind=TEXT, error=TEXT, tail=TEXT,
+                  sizes=Either(NONE, Each(WORKER_SIZE)),
+                  skipped_sizes=Either(NONE, Each(Test(_positive_int, "a size in bytes"))),
+                  check=(dict, NONE),
+                  nccl=Test(lambda v: v is None or _nccl_lines(v), f"null or an object of lines (at most "
+                                                                    f"{NCCL_MAX_LINES}, of {NCCL_LINE_CHARS} characters "
+                                                                    "each) and a debug text"))
+WORKER_REPORT = Obj(ok=Need(bool), ranks=Need(Each(WORKER_RANK)), kind=TEXT, stage=TEXT, error=TEXT, tail=TEXT)
+
+
+def worker_report_problem(report: Any, ranks: Sequence[int]) -> Optional[str]:
+    """Why a node's all-reduce report is not what preflight.node.allreduce writes (None when it is): its shape,
+    one rank result per rank the node was given, and results that agree with each other."""
+    wrong = problem(report, WORKER_REPORT, "the report")
+    if wrong:
+        return wrong
+    got = [r["rank"] for r in report["ranks"]]
+    if got != list(ranks):
+        return f"it reports ranks {got!r:.80}, not the ranks {list(ranks)} it was given"
+    for r in report["ranks"]:
+        if r["ok"] and not r.get("sizes") and not r.get("skipped_sizes"):
+            return f"rank {r['rank']}: it passed without measuring any size"
+    if report["ok"] and not all(r["ok"] for r in report["ranks"]):
+        return "it says ok while a rank failed"
+    return None

@@ -12,6 +12,7 @@ line (preflight.node.unsupported), then calls the program module's main(options)
 """
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import os
@@ -61,17 +62,37 @@ BOOTSTRAP = PROGRAM_MARK + (
 
 @functools.lru_cache(maxsize=None)
 def bundle(program: str) -> str:
-    """The JSON text a node's bootstrap loads: every module of preflight.node, and the program to run."""
+    """The JSON text a node's bootstrap loads: the program's module of preflight.node and every module of it that
+    it imports, at any depth (a lazy import too: the census comes with the agent), and the program to run."""
     folder = os.path.dirname(preflight.node.__file__)
-    modules = {"preflight": ""}  # the head's package face is not needed on the node
+    sources = {}
     for name in sorted(os.listdir(folder)):
         if name.endswith(".py"):
-            module = "preflight.node" if name == "__init__.py" else "preflight.node." + name[:-3]
             with open(os.path.join(folder, name), encoding="utf-8") as handle:
-                modules[module] = handle.read()
-    if program not in modules:
+                sources["preflight.node" if name == "__init__.py" else "preflight.node." + name[:-3]] = handle.read()
+    if program not in sources:
         raise ValueError(f"{program} is not a module of preflight.node")
+    modules, pending = {"preflight": "", "preflight.node": sources["preflight.node"]}, [program]
+    while pending:  # the head's package face is not needed on the node: "preflight" is empty there
+        name = pending.pop()
+        if name not in modules:
+            modules[name] = sources[name]
+            pending.extend(_node_imports(sources[name], sources))
     return json.dumps({"main": program, "packages": ["preflight", "preflight.node"], "modules": modules})
+
+
+def _node_imports(source: str, sources: dict) -> list:
+    """The modules of preflight.node that a source imports (`from preflight.node import a, b`, `import
+    preflight.node.a`, `from preflight.node.a import x`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "preflight.node":
+            found += [f"preflight.node.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+    return [name for name in found if name in sources]
 
 
 # The program runs under a keeper, in plain sh, so that it ends with its session whatever the interpreter

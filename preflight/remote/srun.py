@@ -1,7 +1,7 @@
 """srun as the transport inside a SLURM allocation (`preflight check --slurm` with $SLURM_JOB_ID set): one
 job step per node (`srun --overlap -N1 -n1 -w NODE`), the same shipped program and line protocol as over
 SSH (preflight.remote.ssh), so the nodes need no SSH keys. srun is run with a list of arguments; the remote
-command is the fixed bootstrap of transport.shipped_command.
+command is the fixed bootstrap of shipping.shipped_command.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import threading
 import time
 from typing import List, Optional
 
-from preflight.remote.ssh import LineReader, NodeError
+from preflight.remote.session import LineReader, NodeError
 
 
 def usable() -> bool:

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from preflight.inputs.documents import InputError
+from preflight.inputs.numbers import float_or_none
 from preflight.result import SEVERITY, Result, Status
 
 CONFIG = "config"  # the node name of results that concern no node (config lint, cluster-wide skips)
@@ -268,12 +269,6 @@ def write_junit(path: str, results: Sequence[Result], verdict: str, nodes: Seque
 
 # --- Prometheus (node_exporter textfile collector) -----------------------------------------------
 
-def _number(value) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
 STATUS_METRIC = "preflight_check_status"
 STATUS_HELP = "1 for the check's status on the node, 0 for the other statuses"
 
@@ -331,15 +326,15 @@ def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence
     gpus: Dict[str, float] = {}
     for r, node in _per_node(results):
         if r.id.startswith("CLK"):
-            value = _number(r.evidence.get("offset_s"))
+            value = float_or_none(r.evidence.get("offset_s"))
             if value is not None and abs(value) >= abs(offsets.get((r.id, node), 0.0)):
                 offsets[(r.id, node)] = value
         elif r.id.startswith("COL"):
-            value = _number(r.evidence.get("busbw_gbps"))
+            value = float_or_none(r.evidence.get("busbw_gbps"))
             if value is not None and value < busbw.get((r.id, node), float("inf")):
                 busbw[(r.id, node)] = value
         elif r.id.startswith("GPU") and node != CONFIG:
-            value = _number(r.evidence.get("count"))
+            value = float_or_none(r.evidence.get("count"))
             if value is not None:
                 gpus[node] = value
     if offsets:

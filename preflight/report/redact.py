@@ -11,9 +11,8 @@ from typing import Any, Iterable, List, Sequence, Set
 
 # A name that looks secret (HF_TOKEN, --password=, --api-key, trainer.hf_token; not KEYBOARD): the node-side
 # collector's rule, so that a node and every output agree.
-from preflight.node.secret import secret_name
+from preflight.node.secret import REDACTED, secret_name
 
-REDACTED = "<redacted>"
 URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@:]*:[^/\s@]*@", re.I)
 HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")  # Hugging Face access tokens, wherever they stand
 # NAME=value as a shell, Hydra (trainer.hf_token=, +wandb.api_key=) or a launcher takes it.

@@ -1,0 +1,229 @@
+"""CFG keys: the accelerate config, its deepspeed_config section and the DeepSpeed JSON hold only keys their
+library knows, and the DeepSpeed JSON that deepspeed_config_file names is there with nothing beside it that
+accelerate refuses."""
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Iterator
+
+from preflight.api import Finding, check, fail, skip, warn
+from preflight.checks.config.common import (accel_doc, at, did_you_mean, dotted, ds_doc, live_ds_section, more_unknown,
+                                           unknown, yaml_word)
+from preflight.inputs.configs import (ACCELERATE_DS_KEYS, ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE, ACCELERATE_KEYS,
+                                      ACCELERATE_REMOVED_KEYS, SAGEMAKER_KEYS)
+from preflight.inputs.deepspeed_keys import (DS_DEPRECATED_ZERO_KEYS, DS_JSON_KEYS, DS_REMOVED_KEYS,
+                                             DS_REMOVED_ZERO_KEYS, DS_TOP_BLOCKS, DS_TOP_KEYS, STRICT_BLOCKS,
+                                             ZERO_ALIASES)
+from preflight.inputs.documents import shorten
+
+
+@check("CFG001", "accelerate-keys", "config", tags=["accelerate"])
+def accelerate_keys(ctx) -> Iterator[Finding]:
+    """The accelerate config has only keys that accelerate knows.
+
+    accelerate refuses to start with a ValueError naming the unknown keys, on every node, after the
+    job has been queued and the nodes allocated; a misspelt key never takes effect.
+
+    Remove the key, or correct its spelling to the one suggested; `accelerate config` writes a
+    correct file.
+    """
+    doc = accel_doc(ctx)
+    if doc is None:
+        yield skip("no accelerate config given (--config)")
+        return
+    schema = SAGEMAKER_KEYS if ctx.plan.accelerate.is_sagemaker else ACCELERATE_KEYS
+    first, rest = unknown(doc.data, schema)
+    for key in first:
+        if key in ACCELERATE_REMOVED_KEYS:
+            yield fail(f"{doc.where(key)}: key {key!r} is {ACCELERATE_REMOVED_KEYS[key]}; accelerate rejects the file",
+                       f"delete the line `{key}: ...`", key=key, **at(doc, key))
+        else:
+            yield fail(f"{doc.where(key)}: unknown key {key!r}{did_you_mean(key, list(schema))}; "
+                       "accelerate rejects the file with 'had unknown keys'",
+                       f"correct or delete {key!r}; the keys accelerate knows are listed by `preflight explain CFG001`",
+                       key=key, **at(doc, key))
+    if rest:
+        yield more_unknown(doc, (), rest, fail, "accelerate rejects the file with 'had unknown keys'")
+
+
+@check("CFG004", "deepspeed-section-keys", "config", tags=["accelerate", "deepspeed"])
+def deepspeed_section_keys(ctx) -> Iterator[Finding]:
+    """The `deepspeed_config` section of the accelerate config holds only accelerate's own DeepSpeed keys.
+
+    accelerate reads only its own keys there (zero_stage, offload_optimizer_device, ...). DeepSpeed-JSON
+    keys pasted into it (train_batch_size, zero_optimization, fp16, ...) are silently ignored: the job
+    runs with other settings than the file shows.
+
+    Move DeepSpeed-JSON settings into a JSON file named by `deepspeed_config_file`, or express them with
+    accelerate's keys (zero_stage, offload_optimizer_device, offload_param_device, gradient_clipping,
+    gradient_accumulation_steps).
+    """
+    doc = accel_doc(ctx)
+    written = doc.data.get("deepspeed_config") if doc is not None else None
+    if written is not None and not isinstance(written, dict) and ctx.plan.accelerate.uses_deepspeed:
+        # Only with --use_deepspeed over another type (under DEEPSPEED the file is refused as bad input):
+        # launch_command reads defaults.deepspeed_config.keys() before it starts DeepSpeed.
+        yield fail(f"{doc.where('deepspeed_config')}: deepspeed_config is {shorten(written)}, not a section, and the "
+                   "launch uses DeepSpeed: accelerate launch stops on it (AttributeError: no attribute 'keys')",
+                   f"write deepspeed_config: {{deepspeed_config_file: {written}}}" if isinstance(written, str) else
+                   "make deepspeed_config a section of accelerate's DeepSpeed keys (zero_stage, deepspeed_config_file, "
+                   "...), or delete it", **at(doc, "deepspeed_config"))
+        return
+    if not written:
+        yield skip("the accelerate config has no deepspeed_config section")
+        return
+    if not ctx.plan.accelerate.uses_deepspeed:
+        dtype = doc.data.get("distributed_type")
+        shown = f"is {yaml_word(dtype)}" if "distributed_type" in doc.data else "not set"
+        named = isinstance(written, str)  # a JSON's path where the section belongs: DeepSpeed was meant
+        yield warn(f"{doc.where('deepspeed_config')}: distributed_type {shown}, so accelerate never reads "
+                   + (f"deepspeed_config ({shorten(written)}): the job runs without DeepSpeed" if named else
+                      "this deepspeed_config section: its settings are ignored")
+                   + " (accelerate launch uses DeepSpeed only with distributed_type DEEPSPEED or --use_deepspeed)",
+                   f"to run with that DeepSpeed JSON, set distributed_type: DEEPSPEED and deepspeed_config: "
+                   f"{{deepspeed_config_file: {written}}}; else delete the deepspeed_config line" if named else
+                   "delete the deepspeed_config section, or set distributed_type: DEEPSPEED if the job is meant to "
+                   "use DeepSpeed", distributed_type=dtype, **at(doc, "deepspeed_config"))
+        return
+    section = doc.section("deepspeed_config")
+    ds_keys = [k for k in section.data if k in DS_JSON_KEYS]
+    if ds_keys:
+        first = ds_keys[0]
+        # The job runs (accelerate copies them into launch arguments no launcher reads): a warning, not a refusal.
+        yield warn(f"{doc.where('deepspeed_config', first)}: deepspeed_config holds DeepSpeed-JSON keys "
+                   f"({', '.join(ds_keys)}) that accelerate ignores; expected only accelerate's keys",
+                   "put these settings in a DeepSpeed JSON file and name it with deepspeed_config_file, or use "
+                   "accelerate's keys: zero_stage, offload_optimizer_device, offload_param_device, "
+                   "gradient_accumulation_steps, gradient_clipping", keys=ds_keys, **at(doc, "deepspeed_config", first))
+    for key in section.data:
+        if key not in ACCELERATE_DS_KEYS and key not in DS_JSON_KEYS:
+            yield warn(f"{doc.where('deepspeed_config', key)}: deepspeed_config.{key} is not a key accelerate "
+                       f"knows{did_you_mean(key, list(ACCELERATE_DS_KEYS))}; it has no effect",
+                       f"correct or delete deepspeed_config.{key}", key=key, **at(doc, "deepspeed_config", key))
+
+
+@check("CFG005", "deepspeed-config-file", "config", tags=["accelerate", "deepspeed"])
+def deepspeed_config_file(ctx) -> Iterator[Finding]:
+    """The DeepSpeed JSON named by `deepspeed_config_file` exists, and nothing beside it contradicts it.
+
+    With `deepspeed_config_file`, accelerate raises a ValueError on every node when the script starts if
+    the config also sets mixed_precision (any value, even 'no') or one of zero_stage, offload_*,
+    gradient_accumulation_steps, gradient_clipping, zero3_save_16bit_model; and it requires a
+    zero_optimization block in the file. A DeepSpeed config given with an accelerate config that does
+    not use DeepSpeed is not used at all.
+
+    Keep those settings in the DeepSpeed JSON only and delete them (and mixed_precision) from the
+    accelerate config; make deepspeed_config_file a path that exists on every node.
+    """
+    doc = accel_doc(ctx)
+    plan = ctx.plan
+    if doc is None:
+        yield skip("no accelerate config given (--config)")
+        return
+    section = live_ds_section(ctx)
+    named = section.data.get("deepspeed_config_file") if section is not None else None
+    if named is None:
+        if plan.deepspeed is not None and not ctx.plan.accelerate.uses_deepspeed:
+            yield warn(f"{doc.where('distributed_type')}: distributed_type is {doc.data.get('distributed_type')!r}, "
+                       f"so the DeepSpeed config {plan.deepspeed.doc.path} is not used by this accelerate config",
+                       "set distributed_type: DEEPSPEED and deepspeed_config.deepspeed_config_file to the JSON's path",
+                       **at(doc, "distributed_type"))
+        elif plan.deepspeed is not None:
+            yield warn(f"{doc.where('deepspeed_config')}: this accelerate config names no deepspeed_config_file: "
+                       f"accelerate builds the DeepSpeed settings from its own keys, and {plan.deepspeed.doc.path} "
+                       "is not used", "name the JSON in deepspeed_config.deepspeed_config_file (and remove "
+                       "accelerate's own zero_stage, offload_* and mixed_precision)", **at(doc, "deepspeed_config"))
+        elif plan.deepspeed is None:
+            yield skip("the accelerate config names no deepspeed_config_file")
+        return
+    where = doc.where("deepspeed_config", "deepspeed_config_file")
+    if plan.deepspeed is None or plan.deepspeed_file_named is None:
+        yield fail(f"{where}: deepspeed_config_file {named!r} does not exist (looked in the working directory "
+                   f"and beside {doc.path}); accelerate reads the config without opening it, then stops when the "
+                   "script starts and its DeepSpeedPlugin opens the file", "correct the path; it must exist on every node",
+                   **at(doc, "deepspeed_config", "deepspeed_config_file"))
+    elif not _same_path(plan.deepspeed.doc.path, plan.deepspeed_file_named):
+        yield warn(f"{where}: the accelerate config uses {plan.deepspeed_file_named}, "
+                   f"but the DeepSpeed config checked is {plan.deepspeed.doc.path}",
+                   "lint the file the job will use: drop --deepspeed, or point deepspeed_config_file at it",
+                   **at(doc, "deepspeed_config", "deepspeed_config_file"))
+    # accelerate raises for the keys the config file writes (a flag over one does not hide it), and for its
+    # mixed_precision unless a flag gives that (commands/launch.py, launch_command); flags alone never
+    conflicting = [k for k in ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE if section.in_file(k)]
+    if doc.data.get("mixed_precision") is not None and not doc.given_by_flag("mixed_precision"):
+        conflicting.append("mixed_precision")
+    for key in conflicting:
+        keys = ("mixed_precision",) if key == "mixed_precision" else ("deepspeed_config", key)
+        yield fail(f"{doc.where(*keys)}: {dotted(keys)} is set beside deepspeed_config_file; accelerate raises "
+                   "'When using `deepspeed_config_file`, the following accelerate config variables will be "
+                   "ignored' when the script starts", f"delete {dotted(keys)} and set it in the DeepSpeed JSON",
+                   key=dotted(keys), **at(doc, *keys))
+    ds = ds_doc(ctx)
+    if ds is not None and "zero_optimization" not in ds.data:
+        yield fail(f"{ds.path}: no zero_optimization block; accelerate requires one in the file it is given "
+                   "('Please specify the ZeRO optimization config in the DeepSpeed config')",
+                   'add "zero_optimization": {"stage": 0} (or the stage you want)', **at(ds))
+
+
+def _same_path(a: str, b: str) -> bool:
+    """The same file, however the two were spelt (./x, x, a/../x); no I/O."""
+    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
+
+
+@check("CFG060", "deepspeed-keys", "config", tags=["deepspeed"])
+def deepspeed_keys(ctx) -> Iterator[Finding]:
+    """The DeepSpeed config has only keys that DeepSpeed knows.
+
+    DeepSpeed rejects unknown keys inside zero_optimization, its offload blocks, fp16 and bf16 (and, since
+    0.19.8, several removed features such as amp and elasticity); elsewhere it ignores them, so a
+    misspelt setting silently keeps its default.
+
+    Correct the spelling to the one suggested, or delete the key.
+    """
+    ds = ds_doc(ctx)
+    if ds is None:
+        yield skip("no DeepSpeed config given (--deepspeed, or deepspeed_config_file in the accelerate config)")
+        return
+    for key in ds.data:
+        if key in DS_REMOVED_KEYS:
+            yield warn(f"{ds.where(key)}: {key!r} was removed from DeepSpeed; 0.19.8 and newer refuse the file",
+                       f"delete {key!r} (or pin an older DeepSpeed on every node)", key=key, **at(ds, key))
+    first, rest = unknown((k for k in ds.data if k not in DS_REMOVED_KEYS), DS_TOP_KEYS)
+    for key in first:
+        # A block is no misspelt number: VideoX-Fun's "sequence_parallel": {"enabled": true} is its own setting.
+        like = sorted(k for k in DS_TOP_KEYS if isinstance(ds.data[key], dict) == (k in DS_TOP_BLOCKS))
+        typo = any(key.lower() == k.lower() or difflib.SequenceMatcher(None, key, k).ratio() >= 0.8 for k in like)
+        # A warning even for a misspelling: the job runs, without the setting (--strict makes it refuse).
+        yield warn(f"{ds.where(key)}: unknown key {key!r}"
+                   + (f"{did_you_mean(key, like)}; DeepSpeed ignores it, so the setting has no effect" if typo else
+                      "; DeepSpeed ignores it"),
+                   "correct the spelling" if typo else f"delete {key!r} if it is not for another tool",
+                   key=key, **at(ds, key))
+    if rest:
+        yield more_unknown(ds, (), rest, warn, "DeepSpeed ignores them")
+    for block, known in STRICT_BLOCKS.items():
+        section = ds.section(*block)
+        if section is None:
+            continue
+        first, rest = unknown(section.data, known)
+        for key in first:
+            yield fail(f"{ds.where(*block, key)}: unknown key {dotted(block + (key,))!r}"
+                       f"{did_you_mean(key, sorted(known - DS_DEPRECATED_ZERO_KEYS))}; DeepSpeed refuses it "
+                       "('Extra inputs are not permitted')",
+                       f"correct or delete {dotted(block + (key,))}", key=dotted(block + (key,)),
+                       **at(ds, *block, key))
+        if rest:
+            yield more_unknown(ds, block, rest, fail, "DeepSpeed refuses them ('Extra inputs are not permitted')")
+    zero = ds.section("zero_optimization")
+    if zero is not None:
+        for key in zero.data:
+            if key in DS_REMOVED_ZERO_KEYS:
+                yield warn(f"{ds.where('zero_optimization', key)}: 'zero_optimization.{key}' was removed from DeepSpeed; "
+                           "0.19.8 and newer refuse the file", f"delete zero_optimization.{key} (or pin an older "
+                           "DeepSpeed on every node)", key=f"zero_optimization.{key}", **at(ds, "zero_optimization", key))
+        for field, alias in ZERO_ALIASES.items():
+            if field in zero.data and alias in zero.data:
+                yield fail(f"{ds.where('zero_optimization', field)}: zero_optimization sets both {field} and its "
+                           f"alias {alias}; DeepSpeed refuses the pair", f"keep one of {field} and {alias}",
+                           **at(ds, "zero_optimization", field))

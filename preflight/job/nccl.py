@@ -1,0 +1,142 @@
+"""NCCL's environment rules, as NCCL reads its variables on a node: which socket interfaces NCCL_SOCKET_IFNAME
+(and gloo's GLOO_SOCKET_IFNAME) select, which RDMA devices and ports NCCL_IB_HCA selects, NCCL_IB_DISABLE, the
+RoCE GID entry NCCL_IB_GID_INDEX (or NCCL itself) picks; and the node's fabric facts these rules read. The
+NET, RDMA, COL checks and the launch view all judge a node by these; no I/O here."""
+from __future__ import annotations
+
+from typing import Any, List, Mapping, Optional, Tuple
+
+from preflight.inputs.numbers import int_or_none
+from preflight.result import Finding, skip
+
+IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
+
+
+def fabric_of(facts: dict) -> Tuple[Optional[dict], Optional[Finding]]:
+    """The node's fabric facts, or a skip that says why there are none. (Their shape is held to the
+    collector's when they arrive: preflight.remote.shapes.)"""
+    fabric = facts.get("fabric")
+    if not isinstance(fabric, dict):
+        return None, skip("these facts have no fabric section (a node running an older preflight)")
+    if "error" in fabric:
+        return None, skip(f"the fabric facts failed on the node: {fabric['error']}")
+    return fabric, None
+
+
+def env_integer(env: dict, name: str) -> Optional[int]:
+    """An NCCL integer variable as NCCL reads it (strtoll): None when unset or not a number (NCCL then keeps
+    its default and says so in a WARN line)."""
+    return int_or_none(env.get(name, ""))
+
+
+# --- socket interfaces ---------------------------------------------------------------------------
+
+def selected_interfaces(spec: str, names: List[str], nccl: bool) -> List[str]:
+    """The interfaces NCCL (prefixes; `=` exact; `^` excludes) or gloo (exact names) would use."""
+    spec = spec.strip()
+    exclude = nccl and spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = not nccl or spec.startswith("=")
+    spec = spec[1:] if nccl and spec.startswith("=") else spec
+    patterns = [p.strip() for p in spec.split(",") if p.strip()]
+
+    def matches(name: str) -> bool:
+        return any(name == p if exact else name.startswith(p) for p in patterns)
+
+    return [n for n in names if matches(n) != exclude]
+
+
+def socket_interface(facts: Mapping[str, Any]) -> Optional[str]:
+    """The interface NCCL's socket transport (with GPUs) or gloo (without) binds on this node, as they pick
+    it: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME when set, else NCCL's default (an ib* interface first, then
+    any but lo and docker*), else gloo's (the address the hostname resolves to)."""
+    host, env = facts.get("host") or {}, facts.get("env") or {}
+    interfaces = host.get("interfaces") or {}
+    if not isinstance(interfaces, dict):
+        return None
+    usable = [n for n, addrs in interfaces.items() if isinstance(addrs, list) and addrs]
+    gpus = (facts.get("gpus") or {}).get("available")
+    spec = env.get("NCCL_SOCKET_IFNAME") if gpus else env.get("GLOO_SOCKET_IFNAME")
+    if isinstance(spec, str) and spec.strip():
+        chosen = selected_interfaces(spec, usable, bool(gpus))
+        return f"{chosen[0]} {interfaces[chosen[0]][0]}" if chosen else f"none matches {spec}"
+    if gpus:
+        ordered = [n for n in usable if n.startswith("ib")] + [n for n in usable if not n.startswith(("ib", "lo", "docker"))]
+        return f"{ordered[0]} {interfaces[ordered[0]][0]}" if ordered else None
+    resolved = host.get("resolves_to")
+    if isinstance(resolved, list) and resolved:
+        owner = next((n for n in usable if resolved[0] in interfaces[n]), None)
+        return f"{owner or '?'} {resolved[0]}"
+    return None
+
+
+# --- RDMA devices and ports ----------------------------------------------------------------------
+
+def ib_hca_spec(spec: str) -> Tuple[bool, bool, List[Tuple[str, Optional[str]]]]:
+    """NCCL_IB_HCA as NCCL reads it: (exclude `^`, exact `=`, [(device, port or None)]); without `=` each
+    name is a prefix (mlx5 selects mlx5_0, mlx5_1, ...)."""
+    spec = spec.strip()
+    exclude = spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = spec.startswith("=")
+    spec = spec[1:] if exact else spec
+    entries = []
+    for item in (p.strip() for p in spec.split(",")):
+        if item:
+            name, _, port = item.partition(":")
+            entries.append((name.strip(), port.strip() or None))
+    return exclude, exact, entries
+
+
+def ib_disabled(env: dict) -> bool:
+    return bool(env_integer(env, "NCCL_IB_DISABLE"))
+
+
+def selected_ports(env: dict, devices: dict) -> List[Tuple[str, str, dict]]:
+    """(device, port, facts) of the ports NCCL may use: those NCCL_IB_HCA selects, every port without it."""
+    spec = env.get("NCCL_IB_HCA")
+    ports = [(d, p, facts) for d in sorted(devices) for p, facts in sorted((devices[d].get("ports") or {}).items())]
+    if not spec:
+        return ports
+    exclude, exact, entries = ib_hca_spec(spec)
+
+    def named(device: str, port: str) -> bool:
+        return any((device == name if exact else device.startswith(name)) and (want is None or want == port)
+                   for name, want in entries)
+
+    return [(d, p, f) for d, p, f in ports if named(d, p) != exclude]
+
+
+def rdma_devices_nccl_may_use(facts: dict) -> list:
+    """The node's HCAs with a port NCCL may use (NCCL_IB_HCA, NCCL_IB_DISABLE), from its fabric facts."""
+    fabric, missing = fabric_of(facts)
+    env = facts.get("env") or {}
+    if missing or ib_disabled(env):
+        return []
+    return sorted({device for device, _, _ in selected_ports(env, fabric.get("rdma") or {})})
+
+
+# --- RoCE GIDs -----------------------------------------------------------------------------------
+
+def gid_kind(entry: dict) -> Tuple[str, str]:
+    """(RoCE version, address family) of a GID table entry: ("RoCE v2", "IPv4"), ("IB/RoCE v1", "link-local")."""
+    gid = str(entry.get("gid", "")).lower()
+    family = "IPv4" if gid.startswith(IPV4_MAPPED) else "link-local" if gid.startswith("fe8") else "IPv6"
+    return str(entry.get("type") or "unknown type"), family
+
+
+def used_gid(env: dict, port: dict) -> Tuple[Optional[int], Optional[dict], str]:
+    """(index, the entry NCCL uses on this port or None, how it was chosen). A negative or unset
+    NCCL_IB_GID_INDEX lets NCCL choose: the first entry of NCCL_IB_ROCE_VERSION_NUM (default 2) in
+    NCCL_IB_ADDR_FAMILY (default AF_INET), as NCCL 2.21 and newer do."""
+    gids = {g.get("index"): g for g in port.get("gids") or [] if isinstance(g, dict)}
+    index = env_integer(env, "NCCL_IB_GID_INDEX")
+    if index is not None and index >= 0:
+        return index, gids.get(index), f"NCCL_IB_GID_INDEX={index}"
+    version = "RoCE v2" if env_integer(env, "NCCL_IB_ROCE_VERSION_NUM") in (None, 2) else "IB/RoCE v1"
+    family = "IPv6" if str(env.get("NCCL_IB_ADDR_FAMILY", "")).strip() == "AF_INET6" else "IPv4"
+    for i in sorted(gids):
+        kind = gid_kind(gids[i])
+        if kind[0] == version and (kind[1] == family or (family == "IPv6" and kind[1] == "link-local")):
+            return i, gids[i], f"NCCL's choice ({version}, {family})"
+    return None, None, f"NCCL's choice ({version}, {family})"

@@ -1,0 +1,30 @@
+"""The transports that reach a node, chosen by name, behind one interface (as ClusterShell's workers are).
+
+    connection = transport.connect("ssh" | "srun", node, options)   # connected, or NodeError
+    process = connection.start(command, stdin_text, timeout)        # preflight.remote.shipping's command
+    process.read_line(timeout); process.send_line(text); process.stderr_tail(); process.exit_status(timeout)
+    process.close(); connection.close()
+
+"ssh" (preflight.remote.ssh) reaches any node; "srun" (preflight.remote.srun) runs a job step on a node of a
+SLURM allocation. This machine alone needs no transport: gather runs the collector in-process there.
+Everything a node does is bounded: a NodeError (preflight.remote.session) says why a node could not be reached, answered late, or sent
+what no program of preflight.node sends.
+"""
+from __future__ import annotations
+
+NAMES = ("ssh", "srun")
+
+
+def connect(name: str, node: str, options):
+    """A connection to `node` over the transport `name`, connected. options: timeout, and for ssh ssh_config and
+    accept_new, for srun slurm_job (a GatherOptions)."""
+    if name == "srun":
+        from preflight.remote.srun import SrunConnection
+
+        return SrunConnection(node, options.timeout, options.slurm_job).connect()
+    if name == "ssh":
+        from preflight.remote.ssh import SSHConnection, load_ssh_settings
+
+        settings = load_ssh_settings(node, options.ssh_config)
+        return SSHConnection(settings, options.timeout, options.accept_new, options.ssh_config).connect()
+    raise ValueError(f"no transport {name!r}: one of {', '.join(NAMES)}")
