@@ -1,3 +1,7 @@
+"""What every test shares: the CLI run in-process (run_cli) and as a user runs it (run_subprocess,
+preflight_json), a HF_HOME of the test's own, and the hooks of check_outcomes.py (the statuses each built-in
+check was shown to give, for checks/test_every_check_fails_and_passes.py). The helpers beside this file
+(cluster.py, node_facts.py, ...) are imported by bare name: pyproject's pytest `pythonpath` holds tests/."""
 import json
 import os
 import subprocess
@@ -5,6 +9,8 @@ import sys
 
 import pytest
 
+from check_outcomes import (  # noqa: F401  (hooks: the statuses each built-in check was shown to give)
+    pytest_collection_modifyitems, pytest_configure, pytest_runtest_logreport, pytest_runtest_protocol)
 from preflight.cli import main
 
 

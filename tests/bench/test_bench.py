@@ -1,0 +1,57 @@
+"""scripts/bench.py's harness: the interleaving, the BENCHMARKS.md block, and a real run of its two
+network-free sections (their figures are not asserted: timing belongs to the benchmark, not the tests)."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["bench"]
+
+
+def test_contenders_take_turns_after_one_warm_up_each(bench):
+    calls = []
+    contenders = {name: (lambda name=name: calls.append(name) or float(len(calls))) for name in "abc"}
+    times = bench.interleaved(contenders, repeat=3)
+    assert "".join(calls) == "abc" + "abc" + "bca" + "cab"  # no contender always first
+    assert times == {"a": [4.0, 9.0, 11.0], "b": [5.0, 7.0, 12.0], "c": [6.0, 8.0, 10.0]}
+
+
+def test_a_failing_contender_is_an_error_not_a_time(bench):
+    with pytest.raises(bench.BenchError, match="exit 3"):
+        bench.run([sys.executable, "-c", "import sys; sys.exit(3)"])
+
+
+def test_the_generated_block_is_replaced_and_the_rest_kept(bench, tmp_path, monkeypatch):
+    target = tmp_path / "BENCHMARKS.md"
+    target.write_text(f"# Benchmarks\n\nwritten by hand\n\n{bench.BEGIN}\nold run\n{bench.END}\n\n## History\nkept\n")
+    monkeypatch.setattr(bench, "BENCHMARKS", target)
+    bench.write_benchmarks(f"{bench.BEGIN}\nnew run\n{bench.END}\n")
+    assert target.read_text() == (f"# Benchmarks\n\nwritten by hand\n\n{bench.BEGIN}\nnew run\n{bench.END}\n\n"
+                                  "## History\nkept\n")
+
+
+def test_markdown_table(bench):
+    assert bench.markdown_table([["a", "b"], ["1", "2"]]) == "| a | b |\n|---|---|\n| 1 | 2 |"
+
+
+def test_local_and_startup_sections_run_for_real(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--only", "local", "startup",
+                           "--repeat", "1", "--no-write"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    for row in ("| `preflight lint` |", "| `preflight node` |", "| `ds_report` |", "| `accelerate env` |"):
+        assert row in out
+    assert "| torch, deepspeed and accelerate off the start-up path | none imported | yes |" in out
+    assert "Not measured" not in out and "## 2. Fan-out" not in out

@@ -1,0 +1,198 @@
+"""RDMA: InfiniBand and RoCE ports, rates, GIDs, GPUDirect RDMA, firmware and link errors (RDMA001-006)
+over recorded sysfs / procfs trees (tests/fixtures/sysfs) and recorded NVML answers: the collector reads the
+tree, its facts make the JSON trip from the node, and the checks, the runner and the CLI run for real."""
+import json
+
+import pytest
+
+from conftest import run_cli
+from fabric_nodes import IB0, IB1, SPECS, recorded_nodes, run_on, statuses_by_nodes
+from preflight import runner
+from preflight.plan import build_plan
+from preflight.remote import gather
+from preflight.result import Status
+from sysfs_tree import fabric_facts
+
+# --- healthy nodes: no false alarm -------------------------------------------------------------------
+
+def test_the_collector_reads_a_recorded_infiniband_node(tmp_path):
+    fabric = fabric_facts(tmp_path, "ib-node")
+    port = fabric["rdma"]["mlx5_0"]["ports"]["1"]
+    assert (port["state"], port["phys_state"], port["rate_gbps"], port["link_layer"]) == ("ACTIVE", "LinkUp", 400.0, "InfiniBand")
+    assert port["gids"] == [{"index": 0, "gid": "fe80:0000:0000:0000:a088:c203:0012:3456", "type": None, "ndev": None}]
+    assert port["counters"]["link_downed"] == 0
+    assert fabric["rdma"]["mlx5_0"]["fw_ver"] == "28.39.1002" and fabric["rdma"]["mlx5_0"]["netdevs"] == ["ibp24s0"]
+    assert fabric["rdma"]["mlx5_0"]["pci"] == "0000:18:00.0"
+    assert "nvidia_peermem" in fabric["modules"] and "ext4" not in fabric["modules"]
+    assert fabric["xid"] == {"readable": True, "events": [], "count": 0, "cut": False}
+
+
+def test_the_collector_reads_a_roce_gid_table_and_skips_empty_entries(tmp_path):
+    port = fabric_facts(tmp_path, "roce-node")["rdma"]["mlx5_0"]["ports"]["1"]
+    assert [(g["index"], g["type"]) for g in port["gids"]] == [(0, "IB/RoCE v1"), (1, "RoCE v2"), (2, "IB/RoCE v1"), (3, "RoCE v2")]
+    assert port["gids"][3]["gid"].endswith("ffff:0a00:010b") and port["gids"][3]["ndev"] == "ens1f0np0"
+
+
+@pytest.mark.parametrize("recording,env", [("ib-node", {}), ("roce-node", {"NCCL_IB_GID_INDEX": "3"}),
+                                           ("roce-node", {})])
+def test_healthy_nodes_give_no_false_alarm(tmp_path, recording, env):
+    states = recorded_nodes(tmp_path, recording, env=env)
+    for check_id in ("RDMA001", "RDMA002", "RDMA004", "RDMA005", "RDMA006", "GPU008", "PKG006"):
+        results = run_on(check_id, states, tmp_path)
+        assert {r.status for r in results} == {Status.PASS}, (check_id, [r.message for r in results])
+    roce = run_on("RDMA003", states, tmp_path)
+    assert {r.status for r in roce} == ({Status.PASS} if recording == "roce-node" else {Status.SKIP})
+
+
+def test_a_node_without_rdma_devices_skips_with_the_reason(tmp_path):
+    states = recorded_nodes(tmp_path, "no-rdma", nvml=None)
+    for check_id in ("RDMA001", "RDMA003", "RDMA004", "RDMA006"):
+        results = run_on(check_id, states, tmp_path)
+        assert {r.status for r in results} == {Status.SKIP}, check_id
+        assert "RDMA device" in results[0].message or "no RDMA" in results[0].message, results[0].message
+    assert [r.status for r in run_on("RDMA002", states, tmp_path)] == [Status.SKIP]
+    assert [r.status for r in run_on("RDMA005", states, tmp_path)] == [Status.SKIP]
+
+
+# --- each fault, planted in a tree, named with the node and the device ---------------------------------
+
+def test_a_port_down_on_one_node(tmp_path):
+    down = {IB1 + "state": "1: DOWN\n", IB1 + "phys_state": "3: Disabled\n"}
+    results = run_on("RDMA001", recorded_nodes(tmp_path, "ib-node", {"n02": down}), tmp_path)
+    bad = [r for r in results if r.status == Status.WARN]
+    assert [r.nodes for r in bad] == [("n02",)] and "mlx5_1:1 is DOWN, Disabled" in bad[0].message
+    every = dict(down, **{IB0 + "state": "1: DOWN\n", IB0 + "phys_state": "2: Polling\n"})
+    results = run_on("RDMA001", recorded_nodes(tmp_path / "all", "ib-node", {"n02": every}), tmp_path)
+    failed = [r for r in results if r.status == Status.FAIL]
+    assert [r.nodes for r in failed] == [("n02",)] and "falls back to TCP sockets" in failed[0].message
+
+
+def test_nccl_ib_hca_names_a_port_that_is_down(tmp_path):
+    down = {IB1 + "state": "1: DOWN\n", IB1 + "phys_state": "3: Disabled\n"}
+    states = recorded_nodes(tmp_path, "ib-node", {"n02": down}, env={"NCCL_IB_HCA": "=mlx5_1"})
+    failed = [r for r in run_on("RDMA001", states, tmp_path) if r.status == Status.FAIL]
+    assert [r.nodes for r in failed] == [("n02",)] and "mlx5_1:1" in failed[0].message
+
+
+def test_nccl_ib_hca_names_a_device_that_does_not_exist(tmp_path):
+    states = recorded_nodes(tmp_path, "ib-node", env={"NCCL_IB_HCA": "mlx5_7"})
+    results = run_on("NET005", states, tmp_path)
+    assert {r.status for r in results} == {Status.FAIL} and "mlx5_7" in results[0].message
+    assert [r.status for r in run_on("RDMA001", states, tmp_path)] == [Status.SKIP] * 2
+
+
+def test_a_port_at_the_wrong_rate(tmp_path):
+    results = run_on("RDMA002", recorded_nodes(tmp_path, "ib-node", {"n02": {IB0 + "rate": "200 Gb/sec (4X HDR)\n"}}), tmp_path)
+    assert statuses_by_nodes(results) == {(("n01",), Status.PASS), (("n02",), Status.WARN)}
+    warned = next(r for r in results if r.status == Status.WARN)
+    assert "mlx5_0:1 at 200 Gb/s (elsewhere 400)" in warned.message
+
+
+def test_hcas_at_different_rates_by_design_are_compared_port_by_port(tmp_path):
+    storage = {IB1 + "rate": "200 Gb/sec (4X HDR)\n"}  # on every node: a slower storage HCA beside the compute one
+    results = run_on("RDMA002", recorded_nodes(tmp_path, "ib-node", {"n01": storage, "n02": storage}), tmp_path)
+    assert {r.status for r in results} == {Status.PASS}
+    unread = run_on("RDMA002", recorded_nodes(tmp_path / "u", "ib-node", {"n01": {IB0 + "rate": "\n"}}), tmp_path)
+    warned = [r for r in unread if r.status == Status.WARN]
+    assert [r.nodes for r in warned] == [("n01",)] and "rate of mlx5_0:1 cannot be read" in warned[0].message
+
+
+def test_roce_gid_index_that_is_roce_v1_on_one_node(tmp_path):
+    swapped = {"sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/3": "IB/RoCE v1\n",
+               "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/2": "RoCE v2\n"}
+    states = recorded_nodes(tmp_path, "roce-node", {"n02": swapped}, env={"NCCL_IB_GID_INDEX": "3"})
+    results = run_on("RDMA003", states, tmp_path)
+    assert statuses_by_nodes(results) == {(("n01",), Status.PASS), (("n02",), Status.FAIL)}
+    failed = next(r for r in results if r.status == Status.FAIL)
+    assert "mlx5_0:1's GID 3 (NCCL_IB_GID_INDEX=3) is IB/RoCE v1 IPv4, where the other nodes use RoCE v2 IPv4" \
+        in failed.message and "NCCL_IB_GID_INDEX=2 on n02" in failed.remediation
+
+
+def test_roce_gid_index_past_the_table_and_differing_address_kinds(tmp_path):
+    states = recorded_nodes(tmp_path, "roce-node", env={"NCCL_IB_GID_INDEX": "5"})
+    results = run_on("RDMA003", states, tmp_path)
+    assert {r.status for r in results} == {Status.FAIL} and "no GID at index 5" in results[0].message
+    # Index 1 is link-local RoCE v2 on both: the same kind everywhere is no finding (one L2 network).
+    assert {r.status for r in run_on("RDMA003", recorded_nodes(tmp_path / "ll", "roce-node", env={"NCCL_IB_GID_INDEX": "1"}),
+                                  tmp_path)} == {Status.PASS}
+    ipv4_at_1 = {"sys/class/infiniband/mlx5_0/ports/1/gids/1": "0000:0000:0000:0000:0000:ffff:0a00:010c\n"}
+    results = run_on("RDMA003", recorded_nodes(tmp_path / "mixed", "roce-node", {"n02": ipv4_at_1, "n03": ipv4_at_1},
+                                     env={"NCCL_IB_GID_INDEX": "1"}, names=("n01", "n02", "n03")), tmp_path)
+    failed = [r for r in results if r.status == Status.FAIL]
+    assert [r.nodes for r in failed] == [("n01",)] and "link-local" in failed[0].message
+
+
+def test_nccl_chooses_the_gid_when_the_index_is_negative_or_unset(tmp_path):
+    """NCCL_IB_GID_INDEX=-1 is NCCL's own default: it chooses (ncclIbGetGidIndex)."""
+    results = run_on("RDMA003", recorded_nodes(tmp_path, "roce-node", env={"NCCL_IB_GID_INDEX": "-1"}), tmp_path)
+    assert {r.status for r in results} == {Status.PASS} and "GID 3" in results[0].message
+
+
+def test_ipv6_roce_v2_gids_with_nccl_ib_addr_family(tmp_path):
+    v6 = {"sys/class/infiniband/mlx5_0/ports/1/gids/4": "fd00:0000:0000:0000:0000:0000:0000:0011\n",
+          "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/4": "RoCE v2\n",
+          "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/4": "ens1f0np0\n"}
+    env = {"NCCL_IB_GID_INDEX": "4", "NCCL_IB_HCA": "=mlx5_0"}
+    assert {r.status for r in run_on("RDMA003", recorded_nodes(tmp_path, "roce-node", {"n01": v6, "n02": v6}, env=env),
+                                  tmp_path)} == {Status.PASS}
+
+
+def test_an_odd_gid_folder_entry_loses_nothing(tmp_path):
+    odd = {"sys/class/infiniband/mlx5_0/ports/1/gids/foo": "fe80::1\n"}
+    fabric = fabric_facts(tmp_path, "roce-node", odd)
+    assert [g["index"] for g in fabric["rdma"]["mlx5_0"]["ports"]["1"]["gids"]] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("value,used", [("1", False), ("0", True), ("false", True), ("00", True), ("2", False)])
+def test_nccl_ib_disable_as_nccl_reads_it(tmp_path, value, used):
+    results = run_on("RDMA001", recorded_nodes(tmp_path, "ib-node", env={"NCCL_IB_DISABLE": value}), tmp_path)
+    assert {r.status for r in results} == ({Status.PASS} if used else {Status.SKIP})
+
+
+def test_gpudirect_rdma_off_without_peermem(tmp_path):
+    no_peermem = {"proc/modules": "nvidia 56463360 0 - Live 0x0\nmlx5_ib 446464 0 - Live 0x0\n"}
+    results = run_on("RDMA004", recorded_nodes(tmp_path, "ib-node", {"n02": no_peermem}), tmp_path)
+    assert statuses_by_nodes(results) == {(("n01",), Status.PASS), (("n02",), Status.WARN)}
+    assert "modprobe nvidia_peermem on n02" in next(r for r in results if r.status == Status.WARN).remediation
+
+
+def test_hca_firmware_differs(tmp_path):
+    old = {"sys/class/infiniband/mlx5_0/fw_ver": "28.35.2000\n", "sys/class/infiniband/mlx5_1/fw_ver": "28.35.2000\n"}
+    results = run_on("RDMA005", recorded_nodes(tmp_path, "ib-node", {"n02": old}), tmp_path)
+    assert [(r.status, r.nodes) for r in results] == [(Status.WARN, ("n02",))]
+    assert "28.35.2000" in results[0].message and "28.39.1002" in results[0].remediation
+
+
+def test_link_error_counters(tmp_path):
+    errors = {IB0 + "counters/link_downed": "3\n", IB0 + "counters/symbol_error": "1187\n"}
+    results = run_on("RDMA006", recorded_nodes(tmp_path, "ib-node", {"n02": errors}), tmp_path)
+    assert statuses_by_nodes(results) == {(("n01",), Status.PASS), (("n02",), Status.WARN)}
+    assert "mlx5_0:1: link_downed 3, symbol_error 1187" in next(r for r in results if r.status == Status.WARN).message
+
+
+def test_explain_covers_the_fabric_and_driver_checks(capsys):
+    for check_id in ("RDMA001", "RDMA002", "RDMA003", "RDMA004", "RDMA005", "RDMA006", "PKG006", "PKG007",
+                     "PKG008", "GPU008"):
+        code, out, _ = run_cli(capsys, "explain", check_id)
+        spec = SPECS[check_id]
+        assert code == 0 and check_id in out and spec.name in out and len(out.split("\n\n")) >= 3, out
+
+
+@pytest.mark.parametrize("fabric", [
+    {"rdma": [], "modules": 5, "nccl": "x", "xid": []},
+    {"rdma": {"mlx5_0": "x"}, "nccl": {}},
+    {"rdma": {"mlx5_0": {"ports": {"1": {"gids": "x", "counters": [], "rate_gbps": "x"}}}}, "nccl": {}},
+    {"rdma": {}, "nccl": {}, "xid": {"readable": True, "events": ["x", {"pci": 5}]}},
+], ids=["lists-and-strings", "device-a-string", "port-fields", "xid-events"])
+def test_fabric_facts_of_the_wrong_shape_are_the_nodes_error_not_a_check_defect(tmp_path, fabric):
+    """A node (or what answers for it) that sends another shape: each fabric check says so, naming the node,
+    and the cluster checks still compare the other nodes."""
+    states = recorded_nodes(tmp_path, "ib-node", names=("n01", "n02", "n03"))
+    states["n02"]["facts"]["fabric"] = fabric
+    states["n02"]["facts"] = gather.checked_facts(json.loads(json.dumps(states["n02"]["facts"])))
+    for check_id in ("RDMA001", "RDMA004", "RDMA006", "GPU008", "PKG006", "RDMA002", "RDMA005"):  # (PKG007: no CUDA torch)
+        results = runner.run([SPECS[check_id]], runner.CheckContext(build_plan(nodes=tuple(states)), states, {}))
+        assert not [r for r in results if "raised" in r.message], (check_id, [r.message for r in results])
+        errors = [r for r in results if r.status == Status.ERROR]
+        assert [r.nodes for r in errors] == [("n02",)] and "not the collector's" in errors[0].message, check_id
+        assert {r.status for r in results} - {Status.ERROR} == {Status.PASS}, (check_id, [r.message for r in results])

@@ -1,0 +1,286 @@
+"""RUN: `preflight doctor` against REAL stuck jobs on the test cluster: torchrun and `accelerate launch` with gloo
+on the CPU, 3 nodes, each fault made the way users make it. Each diagnosis must name the right family,
+nodes and ranks within 10 s, a healthy running job must give no false alarm, and the job must be left
+running, untouched (the tests check its processes afterwards)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.cluster
+
+VENV = Path(sys.executable).parent
+SCRIPT = '''
+import datetime, os, pathlib, time
+rank = int(os.environ["RANK"])
+marks, mode = pathlib.Path(os.environ["PF_MARKS"]), os.environ.get("PF_MODE", "")
+(marks / f"{rank}.pid").write_text(str(os.getpid()))
+if mode == f"sleep-before-init:{rank}":
+    (marks / f"{rank}-sleeping").touch()
+    time.sleep(900)
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
+t = torch.ones(1)
+if mode == f"sleep:{rank}":
+    (marks / f"{rank}-sleeping").touch()
+    time.sleep(900)
+if mode == "loop":
+    (marks / f"{rank}-loop").touch()
+    while True:
+        dist.all_reduce(t)
+        time.sleep(0.02)
+if mode == "busy":
+    (marks / f"{rank}-busy").touch()
+    big = torch.ones(1 << 22)
+    while True:
+        dist.all_reduce(big)
+(marks / f"{rank}-collective").touch()
+dist.all_reduce(t)
+time.sleep(900)
+'''
+
+LINES = SCRIPT.splitlines()
+SLEEP_LINE = next(i for i, line in enumerate(LINES, 1) if "time.sleep(900)" in line and "sleep:" in LINES[i - 3])
+REDUCE_LINE = max(i for i, line in enumerate(LINES, 1) if line.strip() == "dist.all_reduce(t)")
+
+
+class Jobs:
+    """Jobs started on the nodes as a user's launch would run there; every process ended at the end."""
+
+    def __init__(self, cluster, tmp_path):
+        self.cluster, self.tmp = cluster, tmp_path
+        self.script = tmp_path / "train.py"
+        self.script.write_text(SCRIPT)
+        self.marks = tmp_path / "marks"
+        self.marks.mkdir()
+        self.started = []
+
+    def torchrun(self, node, node_rank, port, nnodes=3, master="node01", mode="", script=None):
+        argv = [str(VENV / "torchrun"), "--nnodes", str(nnodes), "--node_rank", str(node_rank), "--master_addr",
+                master, "--master_port", str(port), "--nproc-per-node", "1", "--max-restarts", "0",
+                str(script or self.script)]
+        return self._start(node, argv, mode)
+
+    def accelerate(self, node, port, machine_rank, mode=""):
+        """`accelerate launch` with this node's own default config (its HF_HOME), as after `accelerate config`."""
+        home = self.tmp / f"hf-{node}"
+        (home / "accelerate").mkdir(parents=True, exist_ok=True)
+        config = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU", "use_cpu": True,
+                  "num_machines": 3, "machine_rank": machine_rank, "num_processes": 3, "main_process_ip": "node01",
+                  "main_process_port": port, "mixed_precision": "no", "rdzv_backend": "static"}
+        (home / "accelerate" / "default_config.yaml").write_text(yaml.safe_dump(config))
+        return self._start(node, [str(VENV / "accelerate"), "launch", str(self.script)], mode, HF_HOME=str(home))
+
+    def _start(self, node, argv, mode, **env):
+        log = open(self.tmp / f"{node}-{len(self.started)}.log", "wb")
+        proc = self.cluster.node_popen(node, argv, stdout=log, stderr=subprocess.STDOUT,
+                                       env=dict(os.environ, PF_MARKS=str(self.marks), PF_MODE=mode, **env))
+        self.started.append(proc)
+        return proc
+
+    def wait_for(self, *names, timeout=120):
+        deadline = time.monotonic() + timeout
+        while not all((self.marks / n).exists() for n in names):
+            dead = [p for p in self.started if p.poll() is not None]
+            assert time.monotonic() < deadline, f"the job did not reach {names}: {self.logs()}"
+            assert not dead or len(dead) < len(self.started), f"every launcher exited: {self.logs()}"
+            time.sleep(0.2)
+        time.sleep(1.5)  # from the mark to the blocking call
+
+    def listening(self, node, port):
+        return f":{port} " in self.cluster.netns_exec(node, ["ss", "-Hltn"]).stdout
+
+    def wait_listening(self, node, port, timeout=60):
+        deadline = time.monotonic() + timeout
+        while not self.listening(node, port):
+            assert time.monotonic() < deadline, f"nothing listens on {node}:{port}: {self.logs()}"
+            time.sleep(0.2)
+
+    def rank_pids(self):
+        return {int(p.name.split(".")[0]): int(p.read_text()) for p in self.marks.glob("*.pid")}
+
+    def untouched(self, launchers, ranks):
+        """The launchers and ranks the test left running are alive and not stopped (doctor signals nothing)."""
+        for proc in launchers:
+            assert proc.poll() is None, f"a launcher exited: {self.logs()}"
+        for pid in ranks:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            assert state in ("S", "R", "D"), f"rank pid {pid} is in state {state}"
+
+    def logs(self):
+        return {p.name: p.read_bytes()[-600:].decode(errors="replace") for p in self.tmp.glob("*.log")}
+
+    def stop(self):
+        for proc in self.started:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in self.started:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        for pid in self.rank_pids().values():  # ranks that a killed launcher left behind: ours, by PID
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def jobs(cluster, tmp_path):
+    started = Jobs(cluster, tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def doctor(cluster, *extra):
+    """`preflight doctor` on the three nodes: (JSON document, seconds)."""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "preflight", "doctor", "--hosts", ",".join(cluster.nodes),
+                           "--ssh-config", str(cluster.ssh_config), "--python", sys.executable, "--json", *extra],
+                          capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - started
+    assert "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == (1 if doc["verdict"] == "fail" else 0)
+    assert elapsed < 10, f"doctor took {elapsed:.1f} s"
+    return doc, elapsed
+
+
+def found(doc, check_id, status="fail"):
+    return [r for r in doc["results"] if r["id"] == check_id and r["status"] == status]
+
+
+def problems(doc):
+    return sorted((r["id"], tuple(r["nodes"])) for r in doc["results"] if r["status"] in ("fail", "error", "warn"))
+
+
+def test_a_healthy_running_job_gives_no_false_alarm(cluster, jobs):
+    launchers = [jobs.torchrun(node, rank, 29651, mode="loop") for rank, node in enumerate(cluster.nodes)]
+    jobs.wait_for("0-loop", "1-loop", "2-loop")
+    doc, _ = doctor(cluster, "--port", "29651")
+    assert problems(doc) == [], [r["message"] for r in doc["results"] if r["status"] != "pass"]
+    [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
+    assert sorted(row["rank"] for row in census if row["kind"] == "rank") == [0, 1, 2]
+    jobs.untouched(launchers, jobs.rank_pids().values())
+
+
+def test_ranks_that_move_on_through_their_all_reduces_are_a_job_that_progresses(cluster, jobs):
+    """Every rank is in all_reduce at each look (16 MiB over gloo, one after the other), but each has blocked
+    and woken between the two stack samples: no straggler, the job progresses."""
+    launchers = [jobs.torchrun(node, rank, 29659, mode="busy") for rank, node in enumerate(cluster.nodes)]
+    jobs.wait_for("0-busy", "1-busy", "2-busy")
+    time.sleep(1)
+    doc, _ = doctor(cluster, "--port", "29659")
+    [result] = [r for r in doc["results"] if r["id"] == "RUN006"]
+    assert result["status"] == "pass" and "the job progresses" in result["message"], result
+    assert result["nodes"] == list(cluster.nodes)
+    jobs.untouched(launchers, jobs.rank_pids().values())
+
+
+def test_one_rank_sleeping_before_the_all_reduce_the_others_wait_in(cluster, jobs):
+    launchers = [jobs.torchrun(node, rank, 29652, mode="sleep:2") for rank, node in enumerate(cluster.nodes)]
+    jobs.wait_for("0-collective", "1-collective", "2-sleeping")
+    doc, _ = doctor(cluster)
+    [straggler] = found(doc, "RUN006")
+    assert straggler["nodes"] == ["node03"] and straggler["message"].startswith("rank 2 on node03")
+    assert f"idle at train.py:{SLEEP_LINE}" in straggler["message"]
+    assert f"2 rank(s) wait in all_reduce at train.py:{REDUCE_LINE}" in straggler["message"]
+    assert {i for i, _ in problems(doc)} == {"RUN006"}
+    jobs.untouched(launchers, jobs.rank_pids().values())
+
+
+def test_two_nodes_with_the_same_machine_rank_each_host_a_store(cluster, jobs):
+    """The guide's deadlock: `accelerate config` said machine_rank 0 on node01 and node02."""
+    launchers = [jobs.accelerate(node, 29653, rank) for node, rank in zip(cluster.nodes, (0, 0, 2))]
+    jobs.wait_listening("node01", 29653)
+    jobs.wait_listening("node02", 29653)
+    time.sleep(2)
+    doc, _ = doctor(cluster, "--port", "29653")
+    [duplicate] = found(doc, "RUN002")
+    assert duplicate["nodes"] == ["node01", "node02"] and "node rank 0 on 2 nodes" in duplicate["message"]
+    assert "each host a rendezvous store on port 29653" in duplicate["message"]
+    jobs.untouched(launchers, [])
+
+
+def test_a_node_never_started(cluster, jobs):
+    launchers = [jobs.torchrun(node, rank, 29654) for rank, node in enumerate(cluster.nodes[:2])]
+    jobs.wait_listening("node01", 29654)
+    time.sleep(3)
+    doc, _ = doctor(cluster, "--port", "29654")
+    [missing] = found(doc, "RUN001")
+    assert missing["nodes"] == ["node03"]
+    [store] = found(doc, "RUN005")
+    assert "2 of 3 nodes" in store["message"] and "node03 never joined" in store["message"]
+    jobs.untouched(launchers, [])
+
+
+def test_a_wrong_master_address_on_one_node(cluster, jobs):
+    launchers = [jobs.torchrun(node, rank, 29655, master="10.77.0.99" if node == "node03" else "node01")
+                 for rank, node in enumerate(cluster.nodes)]
+    jobs.wait_listening("node01", 29655)
+    time.sleep(3)
+    doc, _ = doctor(cluster, "--port", "29655")
+    [wrong] = found(doc, "RUN003")
+    assert wrong["nodes"] == ["node03"] and "master address is 10.77.0.99 on node03" in wrong["message"]
+    jobs.untouched(launchers, [])
+
+
+def test_the_master_port_dropped_for_one_node(cluster, jobs):
+    table = "pfc_doctor"
+    rules = (f"table inet {table} {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n"
+             f"    ip saddr {cluster.ip('node03')} tcp dport 29656 drop\n  }}\n}}\n")
+    subprocess.run(["ip", "netns", "exec", cluster.netns("node01"), "nft", "-f", "-"], input=rules, text=True, check=True)
+    try:
+        launchers = [jobs.torchrun(node, rank, 29656) for rank, node in enumerate(cluster.nodes)]
+        jobs.wait_listening("node01", 29656)
+        time.sleep(3)
+        doc, _ = doctor(cluster, "--port", "29656")
+    finally:
+        subprocess.run(["ip", "netns", "exec", cluster.netns("node01"), "nft", "delete", "table", "inet", table])
+    [blocked] = found(doc, "RUN004")
+    assert blocked["nodes"] == ["node03"] and f"{cluster.ip('node01')}:29656 (node01)" in blocked["message"]
+    [store] = found(doc, "RUN005")
+    assert "node03 never joined" in store["message"]
+    jobs.untouched(launchers, [])
+
+
+def test_a_rank_killed_while_the_others_wait(cluster, jobs):
+    launchers = [jobs.torchrun(node, rank, 29657, mode="sleep-before-init:2") for rank, node in enumerate(cluster.nodes)]
+    jobs.wait_for("2-sleeping", "0.pid", "1.pid")
+    time.sleep(8)  # ranks 0 and 1 import torch and wait in init_process_group for rank 2
+    os.kill(jobs.rank_pids()[2], signal.SIGKILL)  # our own rank's PID, from its mark
+    time.sleep(1)
+    doc, _ = doctor(cluster, "--port", "29657")
+    dead = found(doc, "RUN007") + found(doc, "RUN001")
+    assert dead, problems(doc)
+    assert any("rank 2" in r["message"] or r["nodes"] == ["node03"] for r in dead), [r["message"] for r in dead]
+    jobs.untouched(launchers[:2], [jobs.rank_pids()[0], jobs.rank_pids()[1]])
+
+
+def test_an_old_job_holding_the_port(cluster, jobs, tmp_path):
+    old = tmp_path / "old.py"
+    old.write_text("import time\ntime.sleep(900)\n")
+    stale = jobs.torchrun("node01", 0, 29658, nnodes=2, script=old)  # a job left waiting for its second node
+    jobs.wait_listening("node01", 29658)
+    time.sleep(2)
+    launchers = [jobs.torchrun(node, rank, 29658) for rank, node in enumerate(cluster.nodes) if node != "node01"]
+    time.sleep(6)
+    doc, _ = doctor(cluster, "--port", "29658")
+    [held] = found(doc, "RUN008")
+    assert held["nodes"] == ["node01"] and f"pid {stale.pid}" in held["message"] and "older job" in held["message"]
+    jobs.untouched([stale, *launchers], [])

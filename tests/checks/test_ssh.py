@@ -1,0 +1,398 @@
+"""SSH: reaching every node (SSH001), from recorded facts (each way a connection fails, an unreached node's
+other checks skipped) and on the real test cluster, side by side with the real OpenSSH `ssh`: a stopped and a
+frozen sshd, unknown and changed host keys, ProxyJump chains and `user@host:port` hops, IdentitiesOnly and
+the order keys are offered in, a server that sends its banner and then nothing, and the modes of a
+known_hosts file preflight creates."""
+import contextlib
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import cluster, cluster_up, testcluster  # noqa: F401  (fixtures)
+from cluster_check import check, not_passing
+from conftest import results
+from node_facts import by_node, facts, run
+from preflight.result import Status
+
+
+def ssh001(cluster, config, hosts, *extra, env=None):
+    """preflight's SSH001 for each host: {host: result}, after a real run of `preflight check`."""
+    args = [sys.executable, "-m", "preflight", "check", "--hosts", hosts, "--ssh-config", str(config),
+            "--python", sys.executable, "--json", "--only", "SSH001", *extra]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return results(json.loads(proc.stdout), "SSH001")
+
+
+def openssh(config, host, *extra, env=None, timeout=30):
+    """The real OpenSSH client with the same ssh_config: (exit code, stdout, stderr)."""
+    proc = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", *extra, host, "hostname"],
+                          capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    return proc.returncode, proc.stdout.strip(), proc.stderr
+
+
+@contextlib.contextmanager
+def ssh_only_from(cluster, node, source):
+    """The node's sshd refuses (TCP reset) every SSH connection but those from the address `source`: the
+    only way in is through that host."""
+    table = "pfx_ssh_only_from"
+    nft = ["ip", "netns", "exec", cluster.netns(node), "nft"]
+    subprocess.run(nft + ["-f", "-"], check=True, text=True, timeout=30, input=(
+        f"table inet {table} {{\n chain input {{\n  type filter hook input priority -1; policy accept;\n"
+        f"  tcp dport 22 ip saddr != {source} reject with tcp reset\n }}\n}}\n"))
+    try:
+        yield
+    finally:
+        subprocess.run(nft + ["delete", "table", "inet", table], timeout=30)
+
+
+def with_host_lines(config_text, host, *lines):
+    return config_text.replace(f"Host {host}\n", f"Host {host}\n" + "".join(f"    {line}\n" for line in lines), 1)
+
+
+# ---------------------------------------------------------------------------------------------- ProxyJump
+
+@pytest.mark.cluster
+def test_a_chain_of_two_jump_hosts_goes_through_both_and_a_failure_names_the_hop(cluster, tmp_path):
+    """node03 lets in only node02, node02 only node01: `ProxyJump node01,node02` is the only way."""
+    config = tmp_path / "ssh_config"
+    config.write_text(with_host_lines(cluster.ssh_config.read_text(), "node03", "ProxyJump node01,node02"))
+    g = subprocess.run(["ssh", "-G", "-F", str(config), "node03"], capture_output=True, text=True, timeout=30).stdout
+    assert "proxyjump node01,node02" in g.splitlines()
+    with ssh_only_from(cluster, "node03", cluster.ip("node02")), ssh_only_from(cluster, "node02", cluster.ip("node01")):
+        assert openssh(cluster.ssh_config, "node03", "-o", "ConnectTimeout=3")[0] != 0  # no direct way in
+        assert openssh(cluster.ssh_config, "node03", "-J", "node01")[0] != 0  # nor through node01 alone
+        assert openssh(config, "node03")[:2] == (0, "node03")
+        ssh = ssh001(cluster, config, "node03")["node03"]
+        assert ssh["status"] == "pass", ssh
+    # node02 lets nobody in: the chain breaks at the hop from node01 to node02, and the message says so
+    with ssh_only_from(cluster, "node02", "10.255.255.254"):
+        assert openssh(config, "node03")[0] != 0
+        ssh = ssh001(cluster, config, "node03")["node03"]
+    assert ssh["status"] == "fail", ssh
+    assert f"through ProxyJump node01: node01 could not connect to {cluster.ip('node02')}:22" in ssh["message"], ssh
+
+
+@pytest.mark.cluster
+def test_proxyjump_entries_with_user_and_port_override_the_hops_own(cluster, tmp_path):
+    """`user@host:port` and `ssh://user@host:port`: the user and port of the entry win over the hop's own
+    User and Port (OpenSSH runs `ssh -l user -p port HOP`); every other setting is the hop's Host entry."""
+    base = cluster.ssh_config.read_text()
+    jumpbox = base.split("Host node02\n", 1)[1].split("\n\n", 1)[0]
+    jumpbox = jumpbox.replace("User root", "User nobody").replace("Port 22", "Port 2200")
+    for entry in ("root@jumpbox:22", "ssh://root@jumpbox:22", "ssh://root@jumpbox:22/"):
+        config = tmp_path / "ssh_config"
+        config.write_text(with_host_lines(base, "node03", f"ProxyJump {entry}") + f"Host jumpbox\n{jumpbox}\n\n")
+        with ssh_only_from(cluster, "node03", cluster.ip("node02")):
+            assert openssh(config, "node03")[:2] == (0, "node03"), entry
+            ssh = ssh001(cluster, config, "node03")["node03"]
+        assert ssh["status"] == "pass", (entry, ssh)
+    # the hop's own Port, when the entry gives none: refused at 2200, and the message names the hop
+    config.write_text(with_host_lines(base, "node03", "ProxyJump root@jumpbox") + f"Host jumpbox\n{jumpbox}\n\n")
+    assert openssh(config, "node03")[0] != 0
+    ssh = ssh001(cluster, config, "node03")["node03"]
+    assert ssh["status"] == "fail" and "through ProxyJump root@jumpbox: " in ssh["message"], ssh
+    assert f"{cluster.ip('node02')}:2200 refused the connection" in ssh["message"], ssh
+
+
+@pytest.mark.cluster
+def test_proxyjump_none_and_a_jump_host_that_would_jump_through_itself(cluster, tmp_path):
+    """`Host *` with `ProxyJump node01` also matches node01: OpenSSH then starts ssh after ssh forever.
+    preflight names the loop; `ProxyJump none` (first value wins) and `Host * !node01` are the fixes."""
+    base = cluster.ssh_config.read_text()
+    config = tmp_path / "ssh_config"
+    config.write_text(base + "Host *\n    ProxyJump node01\n")
+    doc = ssh001(cluster, config, "node01,node02")
+    assert doc["node02"]["status"] == "fail" and "loops back to node01" in doc["node02"]["message"], doc
+    assert "Host * !node01" in doc["node02"]["remediation"]
+    config.write_text(with_host_lines(base, "node01", "ProxyJump none") + "Host *\n    ProxyJump node01\n")
+    with ssh_only_from(cluster, "node02", cluster.ip("node01")):
+        assert openssh(config, "node02")[:2] == (0, "node02")
+        doc = ssh001(cluster, config, "node01,node02")
+    assert {node: r["status"] for node, r in doc.items()} == {"node01": "pass", "node02": "pass"}, doc
+
+
+# ---------------------------------------------------------------------------------------------- keys
+
+@contextlib.contextmanager
+def sshd_with(cluster, node, port, *options):
+    """A second sshd on the node (its namespaces, its host key), on `port`, with extra sshd_config lines."""
+    conf = cluster.node_dir(node) / "sshd_config"
+    extra = cluster.node_dir(node).parent / f"{node}-sshd-{port}"
+    # sshd takes the first value of each keyword (ListenAddress adds up: it is replaced)
+    extra.write_text(f"PidFile {extra}.pid\n" + "".join(f"{o}\n" for o in options) + conf.read_text()
+                     .replace(f"ListenAddress {cluster.ip(node)}\n", f"ListenAddress {cluster.ip(node)}:{port}\n"))
+    proc = cluster.node_popen(node, [testcluster.SSHD, "-D", "-e", "-f", str(extra)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection((cluster.ip(node), port), timeout=1) as sock:
+                    if sock.recv(8).startswith(b"SSH-"):
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, f"the extra sshd on {node}:{port} did not start"
+            time.sleep(0.05)
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def ssh_agent(tmp_path, *keys):
+    """A real ssh-agent holding `keys`, in that order; yields the environment that points at it."""
+    sock = Path(tempfile.mkdtemp(dir=tmp_path)) / "agent.sock"
+    out = subprocess.run(["ssh-agent", "-s", "-a", str(sock)], capture_output=True, text=True, check=True,
+                         timeout=30).stdout
+    pid = int(out.split("SSH_AGENT_PID=")[1].split(";")[0])
+    env = dict(os.environ, SSH_AUTH_SOCK=str(sock))
+    try:
+        for key in keys:
+            subprocess.run(["ssh-add", str(key)], env=env, check=True, capture_output=True, timeout=30)
+        yield env
+    finally:
+        os.kill(pid, signal.SIGTERM)
+
+
+def new_key(tmp_path, name):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(tmp_path / name)],
+                   check=True, timeout=30)
+    return tmp_path / name
+
+
+@pytest.mark.cluster
+def test_identities_only_and_the_order_keys_are_offered_in(cluster, tmp_path):
+    """sshd with MaxAuthTries 2 (as on clusters where an agent full of keys ends in "Too many authentication
+    failures"), an ssh-agent holding two keys the node does not know. preflight offers what OpenSSH offers."""
+    known = tmp_path / "known_hosts"
+    hostkey = " ".join((cluster.node_dir("node02") / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+    known.write_text(f"[{cluster.ip('node02')}]:2202 {hostkey}\n")
+    node = cluster.ssh_config.read_text().split("Host node02\n", 1)[1].split("\n\n", 1)[0]
+    node = node.replace("Port 22", "Port 2202").replace(str(cluster.known_hosts), str(known))
+    only = tmp_path / "only"
+    only.write_text(f"Host node02\n{node}\n")  # the cluster's entry says IdentitiesOnly yes
+    agent_first = tmp_path / "agent_first"
+    agent_first.write_text(f"Host node02\n{node.replace('IdentitiesOnly yes', 'IdentitiesOnly no')}\n")
+    strangers = [new_key(tmp_path, "stranger1"), new_key(tmp_path, "stranger2")]
+    with sshd_with(cluster, "node02", 2202, "MaxAuthTries 2"):
+        # IdentitiesOnly yes: only the IdentityFile is offered, not the agent's keys ahead of it
+        with ssh_agent(tmp_path, *strangers) as env:
+            assert openssh(only, "node02", env=env)[:2] == (0, "node02")
+            assert ssh001(cluster, only, "node02", env=env)["node02"]["status"] == "pass"
+            # without it, OpenSSH offers the agent's keys before the file: both fail, the same way
+            code, _, err = openssh(agent_first, "node02", env=env)
+            assert code != 0 and "Too many authentication failures" in err, err
+            ssh = ssh001(cluster, agent_first, "node02", env=env)["node02"]
+            assert ssh["status"] == "fail" and "IdentitiesOnly yes" in ssh["remediation"], ssh
+        # the agent's copy of the configured identity goes first, ahead of its other keys (added before it)
+        with ssh_agent(tmp_path, *strangers, cluster.identity) as env:
+            assert openssh(agent_first, "node02", env=env)[:2] == (0, "node02")
+            assert ssh001(cluster, agent_first, "node02", env=env)["node02"]["status"] == "pass"
+        # an IdentityFile preflight cannot read (a passphrase, no .pub beside it) whose key the agent holds:
+        # with IdentitiesOnly, its agent copy is offered, as OpenSSH does
+        encrypted = tmp_path / "encrypted"
+        encrypted.write_bytes(cluster.identity.read_bytes())
+        encrypted.chmod(0o600)
+        subprocess.run(["ssh-keygen", "-q", "-p", "-P", "", "-N", "secret", "-f", str(encrypted)], check=True,
+                       capture_output=True, timeout=30)
+        only.write_text(only.read_text().replace(str(cluster.identity), str(encrypted)))
+        with ssh_agent(tmp_path, *strangers, cluster.identity) as env:
+            assert openssh(only, "node02", env=env)[:2] == (0, "node02")
+            assert ssh001(cluster, only, "node02", env=env)["node02"]["status"] == "pass"
+
+
+# ---------------------------------------------------------------------------------------------- handshake
+
+STUB = """
+import socket, sys
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind((sys.argv[1], int(sys.argv[2])))
+server.listen(16)
+held = []
+while True:
+    conn, _ = server.accept()
+    held.append(conn)
+    conn.sendall(sys.argv[3].encode())
+"""
+
+
+@contextlib.contextmanager
+def stub_server(cluster, node, port, greeting):
+    """A server on the node's address that accepts, sends `greeting` (maybe nothing) and then nothing more."""
+    proc = cluster.node_popen(node, [sys.executable, "-c", STUB, cluster.ip(node), str(port), greeting])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((cluster.ip(node), port), timeout=1):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+
+
+@pytest.mark.cluster
+def test_a_banner_and_then_silence_is_told_apart_from_no_banner(cluster, tmp_path):
+    base = cluster.ssh_config.read_text().split("Host node02\n", 1)[1].split("\n\n", 1)[0]
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host banner\n{base.replace('Port 22', 'Port 2203')}\n\n"
+                      f"Host silent\n{base.replace('Port 22', 'Port 2204')}\n\n")
+    with stub_server(cluster, "node02", 2203, "SSH-2.0-OpenSSH_9.2\r\n"), stub_server(cluster, "node02", 2204, ""):
+        code, _, err = openssh(config, "silent", "-o", "ConnectTimeout=2")
+        assert code == 255 and "timed out during banner exchange" in err, err
+        started = time.monotonic()
+        doc = ssh001(cluster, config, "banner,silent", "--timeout", "2")
+        assert time.monotonic() - started < 30
+    ip = cluster.ip("node02")
+    assert doc["banner"]["status"] == "fail" and doc["silent"]["status"] == "fail", doc
+    assert (f"{ip}:2203 sent its SSH banner (SSH-2.0-OpenSSH_9.2) and then nothing for 2 s: the key exchange "
+            "never started") in doc["banner"]["message"], doc["banner"]
+    assert f"{ip}:2204 accepted the connection but sent no SSH banner within 2 s" in doc["silent"]["message"], doc
+
+
+# ---------------------------------------------------------------------------------------------- known_hosts
+
+@pytest.mark.cluster
+def test_a_new_known_hosts_file_and_its_folder_are_private(cluster, tmp_path):
+    """Trusting a new host key writes ~/.ssh/known_hosts as OpenSSH does: the folder 0700, the file 0600,
+    whatever the umask lets through."""
+    home = tmp_path / "home"
+    home.mkdir()
+    node = cluster.ssh_config.read_text().split("Host node02\n", 1)[1].split("\n\n", 1)[0]
+    node = "\n".join(line for line in node.splitlines() if "UserKnownHostsFile" not in line)
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host node02\n{node.replace('StrictHostKeyChecking yes', 'StrictHostKeyChecking accept-new')}\n")
+    env = dict(os.environ, HOME=str(home))
+    proc = subprocess.run([sys.executable, "-m", "preflight", "check", "--hosts", "node02", "--ssh-config",
+                           str(config), "--python", sys.executable, "--json", "--only", "SSH001"],
+                          capture_output=True, text=True, timeout=120, env=env, preexec_fn=lambda: os.umask(0o022))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    folder, known = home / ".ssh", home / ".ssh" / "known_hosts"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(known.stat().st_mode) == 0o600
+    assert known.read_text().split()[0] == cluster.ip("node02")
+
+
+@pytest.mark.parametrize("kind,phrase", [("refused", "connection refused"), ("timeout", "timed out"),
+                                         ("no-banner", "no SSH banner"), ("auth", "authentication failed"),
+                                         ("host-key-unknown", "unknown host key"), ("unresolved", "name not resolved")])
+# --- SSH001 over recorded facts ------------------------------------------------------------------------------
+
+def test_ssh_failure_names_the_reason(kind, phrase):
+    def down(state):
+        state.update(facts=None, error={"kind": kind, "message": "m", "remediation": "r"})
+
+    results = by_node(run("SSH001", facts(n02=down)))
+    assert results["n02"].status == Status.FAIL and phrase in results["n02"].message
+    assert results["n01"].status == Status.PASS and results["n03"].status == Status.PASS
+
+
+def test_an_unreachable_node_skips_its_node_checks_with_the_reason():
+    def down(state):
+        state.update(facts=None, error={"kind": "refused", "message": "10.0.0.2:22 refused", "remediation": "r"})
+
+    results = by_node(run("FS001", facts(n02=down)))
+    assert results["n02"].status == Status.SKIP and "10.0.0.2:22 refused" in results["n02"].message
+    assert results["n01"].status == Status.PASS
+
+
+# --- preflight check over the real test cluster, one sshd fault at a time ------------------------------------
+
+@pytest.mark.cluster
+def test_stopped_sshd_fails_that_node_and_the_others_are_still_checked(cluster):
+    with cluster.stopped_sshd("node02"):
+        doc, _ = check(cluster)
+    ssh = results(doc, "SSH001")
+    assert ssh["node02"]["status"] == "fail" and "connection refused" in ssh["node02"]["message"]
+    assert ssh["node01"]["status"] == "pass" and ssh["node03"]["status"] == "pass"
+    shm = results(doc, "FS001")
+    assert shm["node02"]["status"] == "skip" and "refused" in shm["node02"]["message"]
+    assert shm["node03"]["status"] == "pass"
+    assert doc["verdict"] == "fail"
+
+
+@pytest.mark.cluster
+def test_frozen_sshd_gives_a_verdict_within_the_timeout(cluster):
+    with cluster.frozen_sshd("node03"):  # COL selected too: it must not hold the verdict back
+        doc, elapsed = check(cluster, "--timeout", "5", skip="deep,CLK002")
+    assert elapsed < 7, elapsed
+    ssh = results(doc, "SSH001")
+    assert ssh["node03"]["status"] == "fail" and "no SSH banner" in ssh["node03"]["message"]
+    [allreduce] = [r for r in doc["results"] if r["id"] == "COL001"]
+    assert allreduce["status"] == "skip" and "node03 not reached (see SSH001)" in allreduce["message"]
+    assert doc["verdict"] == "fail"
+
+
+@pytest.mark.cluster
+def test_unknown_host_key_is_refused_unless_accepted(cluster, tmp_path):
+    config = tmp_path / "ssh_config"
+    empty = tmp_path / "known_hosts"
+    config.write_text(cluster.ssh_config.read_text().replace(str(cluster.known_hosts), str(empty)))
+    base = [sys.executable, "-m", "preflight", "check", "--hosts", "node02", "--ssh-config", str(config),
+            "--python", sys.executable, "--json", "--only", "SSH001"]
+    doc = json.loads(subprocess.run(base, capture_output=True, text=True, timeout=120).stdout)
+    assert results(doc, "SSH001")["node02"]["status"] == "fail"
+    assert "unknown host key" in results(doc, "SSH001")["node02"]["message"]
+    doc = json.loads(subprocess.run(base + ["--ssh-accept-new"], capture_output=True, text=True, timeout=120).stdout)
+    assert results(doc, "SSH001")["node02"]["status"] == "pass"
+    assert "ssh-ed25519" in empty.read_text()  # remembered
+    doc = json.loads(subprocess.run(base, capture_output=True, text=True, timeout=120).stdout)
+    assert results(doc, "SSH001")["node02"]["status"] == "pass"
+
+
+@pytest.mark.cluster
+def test_proxy_jump_and_the_ssh_agent(cluster, tmp_path):
+    """node02 and node03 through node01 (ProxyJump), authenticated by a real ssh-agent, no IdentityFile."""
+    # Without IdentityFile, IdentitiesOnly would leave no key to offer (OpenSSH refuses such a config too).
+    lines = [line for line in cluster.ssh_config.read_text().splitlines()
+             if "IdentityFile" not in line and "IdentitiesOnly" not in line]
+    config = tmp_path / "ssh_config"
+    text = "\n".join(lines) + "\n"
+    for node in ("node02", "node03"):
+        text = text.replace(f"Host {node}\n", f"Host {node}\n  ProxyJump node01\n")
+    config.write_text(text)
+    agent = subprocess.run(["ssh-agent", "-s", "-a", str(tmp_path / "agent.sock")], capture_output=True, text=True,
+                           check=True, timeout=30).stdout
+    pid = int(agent.split("SSH_AGENT_PID=")[1].split(";")[0])
+    env = dict(os.environ, SSH_AUTH_SOCK=str(tmp_path / "agent.sock"), HOME=str(tmp_path))
+    try:
+        subprocess.run(["ssh-add", str(cluster.identity)], env=env, check=True, capture_output=True, timeout=30)
+        args = [sys.executable, "-m", "preflight", "check", "--hosts", ",".join(cluster.nodes), "--ssh-config",
+                str(config), "--python", sys.executable, "--json", "--only", "SSH001,PKG001"]
+        doc = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120, env=env).stdout)
+    finally:
+        os.kill(pid, 15)
+    assert doc["verdict"] == "pass", not_passing(doc)
+    assert set(results(doc, "SSH001")) == set(cluster.nodes)
+
+
+@pytest.mark.cluster
+def test_a_changed_host_key_is_refused_even_with_accept_new(cluster, tmp_path):
+    config = tmp_path / "ssh_config"
+    known = tmp_path / "known_hosts"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True,
+                   timeout=30)
+    impostor = (tmp_path / "impostor.pub").read_text().split()[:2]
+    known.write_text(f"{cluster.ip('node02')} {' '.join(impostor)}\nnode02 {' '.join(impostor)}\n")
+    config.write_text(cluster.ssh_config.read_text().replace(str(cluster.known_hosts), str(known)))
+    for extra in ([], ["--ssh-accept-new"]):
+        args = [sys.executable, "-m", "preflight", "check", "--hosts", "node02", "--ssh-config", str(config),
+                "--python", sys.executable, "--json", "--only", "SSH001", *extra]
+        doc = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120).stdout)
+        ssh = results(doc, "SSH001")["node02"]
+        assert ssh["status"] == "fail" and "changed host key" in ssh["message"] and "ssh-keygen -R" in ssh["remediation"]
