@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
 
@@ -132,8 +133,7 @@ def make_plugin(root, dist, module, source, entry=None):
 
 
 PLUGIN = '''
-from preflight.registry import check
-from preflight.result import warn
+from preflight.api import check, warn
 
 @check("ACME001", "acme-rule", "config", tags=["acme"])
 def acme(ctx):
@@ -157,6 +157,26 @@ def test_a_third_party_plugin_registers_and_runs(tmp_path, good):
     assert [(r["id"], r["status"], r["message"]) for r in doc["results"]] == [("ACME001", "warn", "acme says no")]
     assert proc.returncode == 0
     assert run_subprocess("lint", "--config", good, "--only", "acme", "--strict", env=env).returncode == 1
+
+
+def readme_plugin():
+    """The plugin example of the README, as a user copies it."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Add your own check"):]
+    return section[section.index("```python\n") + 10:section.index("```\n", section.index("```python\n") + 10)]
+
+
+def test_the_readmes_plugin_example_runs_as_written_on_the_public_api(tmp_path):
+    source = readme_plugin()
+    assert "from preflight.api import" in source
+    make_plugin(tmp_path, "acme-checks", "acme_checks", source, entry="acme")
+    env = {"PYTHONPATH": str(tmp_path)}
+    for nvme, status in (("/home/me/offload", "fail"), ("/scratch/offload", "pass")):
+        ds = tmp_path / f"ds-{status}.json"
+        ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+            "stage": 3, "offload_param": {"device": "nvme", "nvme_path": nvme}}}))
+        doc = json.loads(run_subprocess("lint", "--deepspeed", str(ds), "--only", "ACME001", "--json", env=env).stdout)
+        assert [(r["id"], r["status"]) for r in doc["results"]] == [("ACME001", status)], doc
 
 
 def test_a_broken_plugin_is_reported_and_the_run_goes_on(tmp_path, good):
