@@ -19,7 +19,6 @@ from preflight import registry, runner
 from preflight.inputs import inventory, launchcmd, models, profile
 from preflight.inputs.configs import load_hostfile
 from preflight.inputs.documents import InputError
-from preflight.job import running, view
 from preflight.node.launchfiles import accelerate_default_config
 from preflight.plan import Limits, build_plan, default_accelerate_config
 from preflight.progress import for_stderr
@@ -127,6 +126,7 @@ def _evaluate_running_job(reg, args, gather):
 
 def census_for(plan, args, specs=()):
     """The running job's census on every node (doctor's fact source), and the job it makes across them."""
+    from preflight.job import running
     from preflight.remote import gather
 
     census = {"port": args.port, "pids": args.pid, "stacks": not args.no_stacks, "deadline_s": args.timeout * 0.6}
@@ -286,6 +286,7 @@ def _transport(args) -> str:
 def gather_for(plan, args, specs=()):
     """Facts and probes: over SSH for a target, in-process for this machine alone. The all-reduce (the slow
     part) runs only over SSH, and only when a COL check is selected."""
+    from preflight.job import view
     from preflight.remote import gather
 
     collective = None

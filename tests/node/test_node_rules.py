@@ -52,6 +52,18 @@ def test_node_modules_import_only_the_standard_library_and_each_other(path):
         assert first in sys.stdlib_module_names, f"{path.name} imports {module}, not in the standard library"
 
 
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_the_shipping_reads_a_modules_node_imports_as_python_does(path):
+    """shipping reads imports as text (for speed): it must find what the syntax tree holds, neither less nor more."""
+    sources = {("preflight.node" if p.stem == "__init__" else f"preflight.node.{p.stem}"): "" for p in MODULES}
+    names = {m for m, _ in imports(path)}
+    expected = {m for m in names if m in sources} | {
+        f"preflight.node.{alias.name}" for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module == "preflight.node" for alias in node.names}
+    expected.discard("preflight.node")  # the package itself is always shipped
+    assert set(shipping._node_imports(path.read_text(), sources)) == expected & set(sources)
+
+
 def test_a_program_is_shipped_with_the_modules_it_imports_and_no_others():
     agent = json.loads(shipping.bundle(shipping.AGENT))
     assert set(agent["modules"]) == {"preflight", "preflight.node"} | {
