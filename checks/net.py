@@ -12,7 +12,7 @@ from preflight.api import Finding, Status, cause_of, check, fail, odd_ones_out, 
 from preflight.inputs import launchcmd
 from preflight.report import redact
 from preflight.node.agent import PROGRAM_MARK
-from preflight.job.nccl import ib_hca_spec, selected_interfaces
+from preflight.job.nccl import interface_spec, nccl_list, nccl_matches, selected_interfaces
 
 
 def _is_loopback(address: str) -> bool:
@@ -461,8 +461,8 @@ def socket_ifname(ctx) -> Iterator[Finding]:
     links = links if isinstance(links, dict) and "error" not in links else None
     found = False
     for var, nccl in (("NCCL_SOCKET_IFNAME", True), ("GLOO_SOCKET_IFNAME", False)):
-        spec = env.get(var)
-        if spec is None:
+        spec = interface_spec(env, var)
+        if spec is None:  # unset, or too short to select anything: NCCL and gloo use their default
             continue
         found = True
         chosen = selected_interfaces(spec, usable, nccl)
@@ -538,17 +538,17 @@ def _judge_ib_hca(ctx, spec: str, devices) -> Finding:
                        "(/sys/class/infiniband is empty): NCCL falls back to TCP sockets here",
                        f"load the RDMA driver on {ctx.node} (ibv_devices lists the HCAs), or unset NCCL_IB_HCA "
                        "there if the job is meant to run over TCP", evidence=evidence)
-    exclude, exact, entries = ib_hca_spec(spec)
-
-    def matches(device: str, name: str) -> bool:
-        return device == name if exact else device.startswith(name)
-
-    hit = [d for d in devices if any(matches(d, name) for name, _ in entries)]
-    selected = [d for d in devices if d not in hit] if exclude else hit
+    exclude, exact, entries = nccl_list(spec)
+    hit = [d for d in devices if nccl_matches(d, None, exact, entries)]
+    if exclude:  # NCCL drops port by port: a device is gone only when an entry without a port names it
+        whole = [e for e in entries if e[1] is None]
+        selected = [d for d in devices if entries and not (whole and nccl_matches(d, None, exact, whole))]
+    else:
+        selected = hit
     evidence.update(selected=selected)
     if not exclude:
-        missing = [f"{name}:{port}" if port else name for name, port in entries
-                   if not any(matches(d, name) for d in devices)]
+        missing = [f"{name}:{port}" if port is not None else name for name, port in entries
+                   if not any(nccl_matches(d, None, exact, [(name, None)]) for d in devices)]
         if missing:
             # NCCL uses the devices that match: a list written for every node may name some this one lacks.
             status = Status.FAIL if not hit else Status.WARN

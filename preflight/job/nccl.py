@@ -4,6 +4,7 @@ RoCE GID entry NCCL_IB_GID_INDEX (or NCCL itself) picks; and the node's fabric f
 NET, RDMA, COL checks and the launch view all judge a node by these; no I/O here."""
 from __future__ import annotations
 
+import re
 from typing import Any, List, Mapping, Optional, Tuple
 
 from preflight.inputs.numbers import int_or_none
@@ -31,38 +32,71 @@ def env_integer(env: dict, name: str) -> Optional[int]:
 
 # --- socket interfaces ---------------------------------------------------------------------------
 
-def selected_interfaces(spec: str, names: List[str], nccl: bool) -> List[str]:
-    """The interfaces NCCL (prefixes; `=` exact; `^` excludes) or gloo (exact names) would use."""
+def interface_spec(env: Mapping[str, Any], name: str) -> Optional[str]:
+    """NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME as NCCL and gloo read it: a value of one character or none is
+    no selection at all (NCCL's ncclFindInterfaces and torch's ProcessGroupGloo both test `strlen(env) > 1`
+    and otherwise pick their default interface), so `NCCL_SOCKET_IFNAME=` is the same as unset."""
+    value = env.get(name)
+    return value if isinstance(value, str) and len(value) > 1 else None
+
+
+def nccl_list(spec: str) -> Tuple[bool, bool, List[Tuple[str, Optional[int]]]]:
+    """A list variable as NCCL parses it (NCCL_SOCKET_IFNAME, NCCL_IB_HCA): (exclude `^`, exact `=`,
+    [(name, port or None)]). parseStringList cuts each comma-separated item at `:` (the rest is its port)
+    and drops empty items; without `=` each name is a prefix (mlx5 selects mlx5_0, mlx5_1, ...)."""
     spec = spec.strip()
-    exclude = nccl and spec.startswith("^")
+    exclude = spec.startswith("^")
     spec = spec[1:] if exclude else spec
-    exact = not nccl or spec.startswith("=")
-    spec = spec[1:] if nccl and spec.startswith("=") else spec
-    patterns = [p.strip() for p in spec.split(",") if p.strip()]
+    exact = spec.startswith("=")
+    spec = spec[1:] if exact else spec
+    entries = []
+    for item in (p.strip() for p in spec.split(",")):
+        name, colon, port = item.partition(":")
+        if name.strip():  # the port as atoi reads it: its leading digits, else 0
+            digits = re.match(r"\s*[+-]?\d+", port)
+            entries.append((name.strip(), (int(digits.group()) if digits else 0) if colon else None))
+    return exclude, exact, entries
 
-    def matches(name: str) -> bool:
-        return any(name == p if exact else name.startswith(p) for p in patterns)
 
-    return [n for n in names if matches(n) != exclude]
+def nccl_matches(name: str, port: Optional[int], exact: bool, entries: List[Tuple[str, Optional[int]]]) -> bool:
+    """NCCL's matchIfList: an empty list matches everything; a port given on either side must agree."""
+    if not entries:
+        return True
+    return any((name == want if exact else name.startswith(want)) and (port is None or at is None or at == port)
+               for want, at in entries)
+
+
+def selected_interfaces(spec: str, names: List[str], nccl: bool) -> List[str]:
+    """The interfaces NCCL (prefixes; `=` exact; `^` excludes; a `:port` suffix ignored) or gloo (exact names,
+    comma-separated) would use."""
+    if not nccl:
+        wanted = {p.strip() for p in spec.split(",") if p.strip()}
+        return [n for n in names if n in wanted]
+    exclude, exact, entries = nccl_list(spec)
+    return [n for n in names if nccl_matches(n, None, exact, entries) != exclude]
 
 
 def socket_interface(facts: Mapping[str, Any]) -> Optional[str]:
     """The interface NCCL's socket transport (with GPUs) or gloo (without) binds on this node, as they pick
     it: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME when set, else NCCL's default (an ib* interface first, then
-    any but lo and docker*), else gloo's (the address the hostname resolves to)."""
+    any but docker*, lo and virbr*, then those), else gloo's (the address the hostname resolves to)."""
     host, env = facts.get("host") or {}, facts.get("env") or {}
     interfaces = host.get("interfaces") or {}
     if not isinstance(interfaces, dict):
         return None
     usable = [n for n, addrs in interfaces.items() if isinstance(addrs, list) and addrs]
     gpus = (facts.get("gpus") or {}).get("available")
-    spec = env.get("NCCL_SOCKET_IFNAME") if gpus else env.get("GLOO_SOCKET_IFNAME")
-    if isinstance(spec, str) and spec.strip():
+    spec = interface_spec(env, "NCCL_SOCKET_IFNAME" if gpus else "GLOO_SOCKET_IFNAME")
+    if spec is not None:
         chosen = selected_interfaces(spec, usable, bool(gpus))
         return f"{chosen[0]} {interfaces[chosen[0]][0]}" if chosen else f"none matches {spec}"
     if gpus:
-        ordered = [n for n in usable if n.startswith("ib")] + [n for n in usable if not n.startswith(("ib", "lo", "docker"))]
-        return f"{ordered[0]} {interfaces[ordered[0]][0]}" if ordered else None
+        for prefixes, exclude in ((("ib",), False), (("docker", "lo", "virbr"), True), (("docker",), False),
+                                  (("lo",), False), (("virbr",), False)):
+            ordered = [n for n in usable if n.startswith(prefixes) != exclude]
+            if ordered:
+                return f"{ordered[0]} {interfaces[ordered[0]][0]}"
+        return None
     resolved = host.get("resolves_to")
     if isinstance(resolved, list) and resolved:
         owner = next((n for n in usable if resolved[0] in interfaces[n]), None)
@@ -72,39 +106,19 @@ def socket_interface(facts: Mapping[str, Any]) -> Optional[str]:
 
 # --- RDMA devices and ports ----------------------------------------------------------------------
 
-def ib_hca_spec(spec: str) -> Tuple[bool, bool, List[Tuple[str, Optional[str]]]]:
-    """NCCL_IB_HCA as NCCL reads it: (exclude `^`, exact `=`, [(device, port or None)]); without `=` each
-    name is a prefix (mlx5 selects mlx5_0, mlx5_1, ...)."""
-    spec = spec.strip()
-    exclude = spec.startswith("^")
-    spec = spec[1:] if exclude else spec
-    exact = spec.startswith("=")
-    spec = spec[1:] if exact else spec
-    entries = []
-    for item in (p.strip() for p in spec.split(",")):
-        if item:
-            name, _, port = item.partition(":")
-            entries.append((name.strip(), port.strip() or None))
-    return exclude, exact, entries
-
-
 def ib_disabled(env: dict) -> bool:
     return bool(env_integer(env, "NCCL_IB_DISABLE"))
 
 
 def selected_ports(env: dict, devices: dict) -> List[Tuple[str, str, dict]]:
-    """(device, port, facts) of the ports NCCL may use: those NCCL_IB_HCA selects, every port without it."""
+    """(device, port, facts) of the ports NCCL may use: those NCCL_IB_HCA selects (net_ib.cc keeps a port
+    when matchIfList(device, port) differs from `^`), every port when it is unset or empty."""
     spec = env.get("NCCL_IB_HCA")
     ports = [(d, p, facts) for d in sorted(devices) for p, facts in sorted((devices[d].get("ports") or {}).items())]
-    if not spec:
+    if not isinstance(spec, str):
         return ports
-    exclude, exact, entries = ib_hca_spec(spec)
-
-    def named(device: str, port: str) -> bool:
-        return any((device == name if exact else device.startswith(name)) and (want is None or want == port)
-                   for name, want in entries)
-
-    return [(d, p, f) for d, p, f in ports if named(d, p) != exclude]
+    exclude, exact, entries = nccl_list(spec)
+    return [(d, p, f) for d, p, f in ports if nccl_matches(d, int_or_none(p), exact, entries) != exclude]
 
 
 def rdma_devices_nccl_may_use(facts: dict) -> list:

@@ -17,7 +17,7 @@ from cluster_check import check
 from conftest import preflight_json, results
 from node_facts import NODES, both, by_node, env, facts, linked_facts, run
 from preflight.checks.net import classify_holder, launch_of, redact_argv
-from preflight.job.nccl import ib_hca_spec
+from preflight.job.nccl import nccl_list, selected_ports, socket_interface
 from preflight.plan import Plan
 from preflight.result import Status
 
@@ -111,14 +111,27 @@ def test_an_unknown_heads_network_checks_only_the_link_state(route, why):
 
 
 @pytest.mark.parametrize("spec,expected", [
-    ("mlx5_0:1,mlx5_1:1", (False, False, [("mlx5_0", "1"), ("mlx5_1", "1")])),
+    ("mlx5_0:1,mlx5_1:1", (False, False, [("mlx5_0", 1), ("mlx5_1", 1)])),
     ("=mlx5_0", (False, True, [("mlx5_0", None)])),
-    ("^=mlx5_3:1", (True, True, [("mlx5_3", "1")])),
+    ("^=mlx5_3:1", (True, True, [("mlx5_3", 1)])),
     ("^mlx5_3", (True, False, [("mlx5_3", None)])),
     (" mlx5 , ", (False, False, [("mlx5", None)])),
+    ("mlx5_0:x,,:2", (False, False, [("mlx5_0", 0)])),  # atoi("x") is 0; an item without a name is dropped
+    ("", (False, False, [])),
 ])
-def test_nccl_ib_hca_syntax(spec, expected):
-    assert ib_hca_spec(spec) == expected
+def test_nccl_list_syntax(spec, expected):
+    assert nccl_list(spec) == expected
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("", ["mlx5_0:1", "mlx5_0:2", "mlx5_1:1"]),  # set but empty: NCCL's matchIfList takes every port
+    ("^mlx5_0:1", ["mlx5_0:2", "mlx5_1:1"]),  # a port after ^ drops that port only
+    ("mlx5_0:2", ["mlx5_0:2"]),
+    ("^", []),  # an empty exclusion list excludes everything
+])
+def test_nccl_ib_hca_selects_ports_as_nccl_does(spec, expected):
+    devices = {"mlx5_0": {"ports": {"1": {}, "2": {}}}, "mlx5_1": {"ports": {"1": {}}}}
+    assert [f"{d}:{p}" for d, p, _ in selected_ports({"NCCL_IB_HCA": spec}, devices)] == expected
 
 
 @pytest.mark.parametrize("spec,devices,status,phrase", [
@@ -129,6 +142,9 @@ def test_nccl_ib_hca_syntax(spec, expected):
     ("=mlx5", ["mlx5_0"], Status.FAIL, "NCCL finds no HCA it may use here"),
     ("mlx5_0", [], Status.WARN, "no RDMA device"),
     ("^mlx5", ["mlx5_0", "mlx5_1"], Status.WARN, "excludes every RDMA device"),
+    ("", ["mlx5_0", "mlx5_1"], Status.PASS, "selects mlx5_0, mlx5_1"),  # empty: every HCA, as unset
+    ("^mlx5_0:1", ["mlx5_0", "mlx5_1"], Status.PASS, "selects mlx5_0, mlx5_1"),  # port 1 only is dropped
+    ("^mlx5_0:1,mlx5_1", ["mlx5_0", "mlx5_1"], Status.PASS, "selects mlx5_0 "),
 ])
 def test_nccl_ib_hca_names_this_nodes_devices(spec, devices, status, phrase):
     def change(state):
@@ -349,12 +365,37 @@ def test_main_port_unreachable_from_a_worker_is_named():
     ("^=eth0", True, ["lo", "eth1", "ib0"]),
     ("ib,eth1", True, ["eth1", "ib0"]),
     ("eth", False, []),  # gloo wants exact names
+    ("eth0:1", True, ["eth0"]),  # NCCL's list cuts each item at ':' (a port, ignored for interfaces)
+    ("^lo:0,ib", True, ["eth0", "eth1"]),
     ("eth1,ib0", False, ["eth1", "ib0"]),
 ])
 def test_socket_ifname_selection_rules(spec, nccl, expected):
     from preflight.job.nccl import selected_interfaces
 
     assert selected_interfaces(spec, ["lo", "eth0", "eth1", "ib0"], nccl) == expected
+
+
+@pytest.mark.parametrize("value", ["", "e", "^"])
+def test_socket_ifname_of_one_character_or_none_is_the_default_not_a_selection(value):
+    # NCCL (ncclFindInterfaces) and torch's gloo both ignore a value unless strlen > 1
+    def short(state):
+        state["facts"]["env"].update(NCCL_SOCKET_IFNAME=value, GLOO_SOCKET_IFNAME=value)
+
+    results = by_node(run("NET005", linked_facts(n02=short)))
+    assert results["n02"].status == Status.SKIP, results["n02"].message
+    view = {"host": {"interfaces": {"lo": ["127.0.0.1"], "eth0": ["10.0.0.2"]}, "resolves_to": ["10.0.0.2"]},
+            "env": {"GLOO_SOCKET_IFNAME": value, "NCCL_SOCKET_IFNAME": value}, "gpus": {}}
+    assert socket_interface(view) == "eth0 10.0.0.2"
+    view["gpus"] = {"available": True}
+    assert socket_interface(view) == "eth0 10.0.0.2"
+
+
+def test_nccl_default_interface_skips_virtual_bridges_as_nccl_does():
+    view = {"host": {"interfaces": {"lo": ["127.0.0.1"], "virbr0": ["192.168.122.1"], "docker0": ["172.17.0.1"],
+                                    "eth0": ["10.0.0.2"]}}, "env": {}, "gpus": {"available": True}}
+    assert socket_interface(view) == "eth0 10.0.0.2"
+    del view["host"]["interfaces"]["eth0"]
+    assert socket_interface(view) == "docker0 172.17.0.1"
 
 
 def test_socket_ifname_selecting_nothing_fails():
