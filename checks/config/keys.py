@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Iterator
+from typing import Dict, Iterator, List, Optional
 
-from preflight.api import Finding, check, fail, skip, warn
-from preflight.checks.config.common import (accel_doc, at, did_you_mean, dotted, ds_doc, live_ds_section, more_unknown,
-                                           unknown, yaml_word)
+from preflight.api import Finding, check, fail, fold, skip, warn
+from preflight.checks.config.common import (accel_doc, at, did_you_mean, dotted, ds_doc, ds_usage, live_ds_section,
+                                           more_unknown, unknown, yaml_word)
 from preflight.inputs.configs import (ACCELERATE_DS_KEYS, ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE, ACCELERATE_KEYS,
-                                      ACCELERATE_REMOVED_KEYS, SAGEMAKER_KEYS)
+                                      ACCELERATE_REMOVED_KEYS, AUTO, SAGEMAKER_KEYS)
 from preflight.inputs.deepspeed_keys import (DS_DEPRECATED_ZERO_KEYS, DS_JSON_KEYS, DS_REMOVED_KEYS,
-                                             DS_REMOVED_ZERO_KEYS, DS_TOP_BLOCKS, DS_TOP_KEYS, STRICT_BLOCKS,
-                                             ZERO_ALIASES)
+                                             DS_REMOVED_KEYS_SINCE, DS_REMOVED_OPTIMIZERS_SINCE,
+                                             DS_REMOVED_ZERO_KEYS, DS_REMOVED_ZERO_KEYS_SINCE, DS_TOP_BLOCKS,
+                                             DS_TOP_KEYS, STRICT_BLOCKS, ZERO_ALIASES)
 from preflight.inputs.documents import shorten
+from preflight.inputs.profile import version_key
 
 
 @check("CFG001", "accelerate-keys", "config", tags=["accelerate"])
@@ -173,22 +175,26 @@ def _same_path(a: str, b: str) -> bool:
 
 @check("CFG060", "deepspeed-keys", "config", tags=["deepspeed"])
 def deepspeed_keys(ctx) -> Iterator[Finding]:
-    """The DeepSpeed config has only keys that DeepSpeed knows.
+    """The DeepSpeed config has only keys that DeepSpeed knows, and no feature it has removed.
 
-    DeepSpeed rejects unknown keys inside zero_optimization, its offload blocks, fp16 and bf16 (and, since
-    0.19.8, several removed features such as amp and elasticity); elsewhere it ignores them, so a
-    misspelt setting silently keeps its default.
+    DeepSpeed refuses unknown keys in the blocks it reads with its pydantic models (zero_optimization and
+    its offload blocks, fp16, bf16, compile, tensor_parallel, comms_logger, the monitors, timers,
+    hybrid_engine, ...); elsewhere it ignores them, so a misspelt setting silently keeps its default.
+    Since 0.19.7 it also refuses removed features (amp, elasticity, MiCS, ...) and no longer builds the
+    1-bit optimizers (OneBitAdam, ZeroOneAdam, OneBitLamb): a failure where the DeepSpeed that runs
+    (the nodes' with `check`, else the one installed here) is that new, a warning where it is not known.
 
-    Correct the spelling to the one suggested, or delete the key.
+    Correct the spelling to the one suggested, or delete the key; for a removed feature, delete it (or
+    pin an older DeepSpeed on every node).
     """
     ds = ds_doc(ctx)
     if ds is None:
         yield skip("no DeepSpeed config given (--deepspeed, or deepspeed_config_file in the accelerate config)")
         return
+    in_use = _deepspeed_in_use(ctx) if _names_removed_features(ds) else {}
     for key in ds.data:
         if key in DS_REMOVED_KEYS:
-            yield warn(f"{ds.where(key)}: {key!r} was removed from DeepSpeed; 0.19.8 and newer refuse the file",
-                       f"delete {key!r} (or pin an older DeepSpeed on every node)", key=key, **at(ds, key))
+            yield from _removed(ds, in_use, (key,), f"{key!r}", DS_REMOVED_KEYS_SINCE[key], f"delete {key!r}")
     first, rest = unknown((k for k in ds.data if k not in DS_REMOVED_KEYS), DS_TOP_KEYS)
     for key in first:
         # A block is no misspelt number: VideoX-Fun's "sequence_parallel": {"enabled": true} is its own setting.
@@ -204,14 +210,24 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
         yield more_unknown(ds, (), rest, warn, "DeepSpeed ignores them")
     for block, known in STRICT_BLOCKS.items():
         section = ds.section(*block)
-        if section is None:
+        if section is None or (block == ("bfloat16",) and "bf16" in ds.data):  # get_bfloat16_config: bf16 first
             continue
-        first, rest = unknown(section.data, known)
+        removed = DS_REMOVED_ZERO_KEYS if block == ("zero_optimization",) else frozenset()
+        first, rest = unknown((k for k in section.data if k not in removed), known)
         for key in first:
-            yield fail(f"{ds.where(*block, key)}: unknown key {dotted(block + (key,))!r}"
-                       f"{did_you_mean(key, sorted(known - DS_DEPRECATED_ZERO_KEYS))}; DeepSpeed refuses it "
-                       "('Extra inputs are not permitted')",
-                       f"correct or delete {dotted(block + (key,))}", key=dotted(block + (key,)),
+            name, like = dotted(block + (key,)), sorted(known - DS_DEPRECATED_ZERO_KEYS)
+            if section.data[key] == AUTO:
+                # DeepSpeedConfigModel.__init__ (runtime/config_utils.py) drops "auto" values before validating;
+                # accelerate fills in the keys it knows and raises on any other "auto" (DeepSpeedPlugin.fill_match).
+                under_accelerate = ds_usage(ctx) == "accelerate"
+                yield (fail if under_accelerate else warn)(
+                    f"{ds.where(*block, key)}: unknown key {name!r}{did_you_mean(key, like)} set to \"auto\"; "
+                    + (f"accelerate stops on it ('`{name}` not found in kwargs')" if under_accelerate else
+                       "DeepSpeed drops keys set to \"auto\" unread: it has no effect (accelerate would stop on it)"),
+                    f"correct or delete {name}", key=name, **at(ds, *block, key))
+                continue
+            yield fail(f"{ds.where(*block, key)}: unknown key {name!r}{did_you_mean(key, like)}; DeepSpeed refuses "
+                       "it ('Extra inputs are not permitted')", f"correct or delete {name}", key=name,
                        **at(ds, *block, key))
         if rest:
             yield more_unknown(ds, block, rest, fail, "DeepSpeed refuses them ('Extra inputs are not permitted')")
@@ -219,11 +235,71 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
     if zero is not None:
         for key in zero.data:
             if key in DS_REMOVED_ZERO_KEYS:
-                yield warn(f"{ds.where('zero_optimization', key)}: 'zero_optimization.{key}' was removed from DeepSpeed; "
-                           "0.19.8 and newer refuse the file", f"delete zero_optimization.{key} (or pin an older "
-                           "DeepSpeed on every node)", key=f"zero_optimization.{key}", **at(ds, "zero_optimization", key))
+                yield from _removed(ds, in_use, ("zero_optimization", key), f"'zero_optimization.{key}'",
+                                    DS_REMOVED_ZERO_KEYS_SINCE[key], f"delete zero_optimization.{key}")
         for field, alias in ZERO_ALIASES.items():
             if field in zero.data and alias in zero.data:
                 yield fail(f"{ds.where('zero_optimization', field)}: zero_optimization sets both {field} and its "
                            f"alias {alias}; DeepSpeed refuses the pair", f"keep one of {field} and {alias}",
                            **at(ds, "zero_optimization", field))
+    optimizer = _removed_optimizer(ds)
+    if optimizer is not None:
+        yield from _removed(ds, in_use, ("optimizer", "type"), f"optimizer {ds.data['optimizer']['type']!r}",
+                            DS_REMOVED_OPTIMIZERS_SINCE[optimizer], "use one DeepSpeed still builds (Adam, AdamW, "
+                            "Lamb, ...), a torch.optim optimizer, or create the optimizer in the script")
+
+
+def _removed_optimizer(ds) -> Optional[str]:
+    """The removed optimizer optimizer.type names, as DeepSpeed compares it: lower-cased
+    (DeepSpeedConfig._initialize_params)."""
+    optimizer = ds.data.get("optimizer")
+    name = optimizer.get("type") if isinstance(optimizer, dict) else None
+    return name.lower() if isinstance(name, str) and name.lower() in DS_REMOVED_OPTIMIZERS_SINCE else None
+
+
+def _names_removed_features(ds) -> bool:
+    """Whether the config has anything _removed judges (the DeepSpeed version is looked up only then)."""
+    zero = ds.data.get("zero_optimization")
+    return any(k in DS_REMOVED_KEYS for k in ds.data) or _removed_optimizer(ds) is not None or \
+        (isinstance(zero, dict) and any(k in DS_REMOVED_ZERO_KEYS for k in zero))
+
+
+def _deepspeed_in_use(ctx) -> Dict[str, List[str]]:
+    """The DeepSpeed versions the job will run: {version: the nodes reporting it} (with `check`), else
+    {version: []} for the one installed here (package metadata, no import), else {} (not known)."""
+    if ctx.facts:
+        found: Dict[str, List[str]] = {}
+        for node in ctx.reachable:
+            # dict.get: a packages section that failed on the node is no version (PKG003 reports it).
+            packages = dict.get(ctx.facts[node]["facts"], "packages")
+            versions = packages.get("versions") if isinstance(packages, dict) else None
+            version = versions.get("deepspeed") if isinstance(versions, dict) else None
+            if isinstance(version, str) and version_key(version) is not None:
+                found.setdefault(version, []).append(node)
+        return found
+    from importlib import metadata
+
+    try:
+        version = metadata.version("deepspeed")
+    except (metadata.PackageNotFoundError, ValueError):
+        return {}
+    return {version: []} if version_key(version) is not None else {}
+
+
+def _removed(ds, in_use: Dict[str, List[str]], keys: tuple, what: str, since: str, fix: str) -> Iterator[Finding]:
+    """A removed feature: a failure where the DeepSpeed in use is `since` or newer (as pip orders versions), a
+    warning where no version is known, nothing where every known one still takes it."""
+    refusing = {v: nodes for v, nodes in in_use.items() if version_key(v) >= version_key(since)}
+    where = ds.where(*keys)
+    evidence = dict(key=dotted(keys), removed_in=since, **at(ds, *keys))
+    if refusing:
+        who = " and ".join(f"DeepSpeed {v} on {fold(nodes)}" if nodes else f"DeepSpeed {v} (installed here)"
+                           for v, nodes in sorted(refusing.items(), key=lambda item: version_key(item[0])))
+        verb = "refuses" if len(refusing) == 1 else "refuse"
+        yield fail(f"{where}: {what} was removed from DeepSpeed in {since}: {who} {verb} it and the job stops when "
+                   "the engine starts", f"{fix} (or pin DeepSpeed older than {since} on every node)",
+                   deepspeed=sorted(refusing), **evidence)
+    elif not in_use:
+        yield warn(f"{where}: {what} was removed from DeepSpeed in {since}: {since} and newer refuse it (the "
+                   "DeepSpeed version the job runs is not known here; `preflight check` asks the nodes)",
+                   f"{fix} (or pin DeepSpeed older than {since} on every node)", **evidence)

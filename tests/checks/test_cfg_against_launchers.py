@@ -385,7 +385,9 @@ def test_real_sequence_parallel_from_deepspeed_tests(capsys, world, status):
 
 def test_real_no_batch_keys_from_lightning_docs(capsys):
     code, doc = lint(capsys, "--deepspeed", REAL / "no-batch-keys/lightning-docs-custom-config.json")
-    assert [r["status"] for r in of(doc, "CFG030")] == ["warn"] and code == 0, shown(doc)
+    assert [r["status"] for r in of(doc, "CFG030")] == ["warn"], shown(doc)
+    # Its OneBitAdam is no longer built by DeepSpeed 0.19.7 and newer (CFG060, without --deep): nothing else fails
+    assert {r["id"] for r in doc["results"] if r["status"] == "fail"} <= {"CFG060"}, shown(doc)
 
 
 def test_deep_validator_does_not_refuse_what_the_framework_fills(capsys, tmp_path):
