@@ -1,6 +1,6 @@
-"""MEM: will the model fit the GPUs, the host memory and the NVMe of every node, at the job's ZeRO stage,
-offload and precision (preflight.job.memory has the arithmetic; the nodes' figures are facts already gathered:
-NVML's GPU memory, MemAvailable, the free space of each nvme_path)."""
+"""MEM: will the model fit the GPUs, the host memory and the NVMe of every node, as the job shards it (ZeRO
+stage, FSDP strategy or DDP), offloads and trains in its precision (preflight.job.memory has the arithmetic; the
+nodes' figures are facts already gathered: NVML's GPU memory, MemAvailable, the free space of each nvme_path)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,6 +8,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.inputs import models
+from preflight.inputs.configs import runner_resources
 from preflight.inputs.numbers import is_int
 from preflight.inputs.settings import processes_per_machine, zero_settings
 from preflight.job import memory
@@ -24,13 +25,107 @@ def model_of(ctx) -> Optional[models.Model]:
     return inputs.model if inputs is not None else None
 
 
+# accelerate's str_to_bool (utils/environment.py), which reads FSDP_OFFLOAD_PARAMS and, for FSDP2,
+# FSDP_RESHARD_AFTER_FORWARD: anything else stops the job.
+TRUE_WORDS, FALSE_WORDS = ("y", "yes", "t", "true", "on", "1"), ("n", "no", "f", "false", "off", "0")
+
+
+def _truth(value) -> Optional[bool]:
+    text = str(value).lower()
+    return True if text in TRUE_WORDS else False if text in FALSE_WORDS else None
+
+
+def fsdp_settings(plan) -> Tuple[Optional[dict], str]:
+    """FSDP's settings as accelerate launch hands them to FullyShardedDataParallelPlugin.__post_init__
+    (accelerate/utils/dataclasses.py): a launch flag wins over fsdp_config (whose keys take an fsdp_ prefix when
+    they lack one, commands/launch.py), then each key's launch default. (None, why) for a value it refuses."""
+    section = plan.accelerate.data.get("fsdp_config") if plan.accelerate is not None else None
+    section = {(k if k.startswith("fsdp") else "fsdp_" + k): v for k, v in (section or {}).items()
+               if isinstance(k, str)} if isinstance(section, dict) else {}
+    command = plan.launch
+    flags = command.options if command is not None and command.launcher == "accelerate" else {}
+
+    def value(key: str, default):
+        return flags[key] if key in flags else section.get(key, default)
+
+    version = str(value("fsdp_version", 1))
+    if version not in ("1", "2"):
+        return None, f"fsdp_version is {version!r}, not 1 or 2"
+    offload, efficient = _truth(value("fsdp_offload_params", False)), _truth(
+        value("fsdp_cpu_ram_efficient_loading", False))
+    if offload is None or efficient is None:
+        return None, "fsdp_offload_params or fsdp_cpu_ram_efficient_loading is no true/false"
+    if version == "2":  # FSDP2 reads only reshard_after_forward: true shards like FULL_SHARD, false like SHARD_GRAD_OP
+        reshard = _truth(value("fsdp_reshard_after_forward", True))
+        if reshard is None:
+            return None, "fsdp_reshard_after_forward is no true/false (FSDP2 takes a bool)"
+        strategy = "FULL_SHARD" if reshard else "SHARD_GRAD_OP"
+    else:  # FSDP1: the sharding strategy, a name of FSDP_SHARDING_STRATEGY (its 1-based index) or its number
+        # (accelerate always sets FSDP_SHARDING_STRATEGY, so fsdp_reshard_after_forward is not read here)
+        text = str(value("fsdp_sharding_strategy", "FULL_SHARD")).upper()
+        named = {"HYBRID_SHARD_ZERO2": "_HYBRID_SHARD_ZERO2", **{n: n for n in memory.FSDP_STRATEGIES}}
+        if text.isdigit() and 1 <= int(text) <= len(memory.FSDP_STRATEGIES):
+            strategy = memory.FSDP_STRATEGIES[int(text) - 1]
+        elif text in named:
+            strategy = named[text]
+        else:
+            return None, f"fsdp_sharding_strategy {text[:40]!r} is not one of FSDP's (FULL_SHARD, SHARD_GRAD_OP, ...)"
+    return {"sharding": strategy, "fsdp_version": int(version), "offload_param": "cpu" if offload else "none",
+            "one_copy_per_node": efficient}, ""
+
+
+def runner_slots(plan, gpus_here: Optional[int] = None) -> Optional[dict]:
+    """{host: processes} that DeepSpeed's runner starts when it is the launcher (a `deepspeed` command, or
+    accelerate's pdsh/openmpi/mvapich launch with a host filter): the hostfile, or this machine's GPUs without
+    one, after --include/--exclude/--num_nodes/--num_gpus (deepspeed/launcher/runner.py main,
+    parse_resource_filter); None when the runner does not start the job or stops on its flags."""
+    command, accel = plan.launch, plan.accelerate
+    if command is not None and command.launcher == "deepspeed":
+        given = {k: command.get(k) for k in ("include", "exclude") if isinstance(command.get(k), str)}
+        counts = {k: command.integer(k) for k in ("num_nodes", "num_gpus") if command.get(k) is not None}
+        if None in counts.values():
+            return None
+    elif accel is not None and accel.uses_deepspeed and accel.runner == "head" and accel.deepspeed_section is not None:
+        section = accel.deepspeed_section.data  # accelerate passes --exclude, else --include (utils/launch.py)
+        flags = command.options if command is not None and command.launcher == "accelerate" else {}
+        exclude, include = (flags.get(k, section.get(k)) for k in ("deepspeed_exclusion_filter",
+                                                                   "deepspeed_inclusion_filter"))
+        given = {"exclude": str(exclude)} if exclude is not None else {"include": str(include)} if include is not None \
+            else {}
+        counts = {}
+        if not given:
+            return None  # then --num_gpus num_processes // num_machines: num_processes already says it
+    else:
+        return None
+    if plan.hostfile is not None and plan.hostfile.entries:
+        pool = {e.host: e.slots for e in plan.hostfile.entries}
+    elif gpus_here or counts.get("num_gpus", 0) > 0:  # no hostfile: this machine's GPUs
+        pool = {"localhost": gpus_here or counts["num_gpus"]}
+    else:
+        return None
+    found, _ = runner_resources(pool, given.get("include", ""), given.get("exclude", ""),
+                                counts.get("num_nodes", -1), counts.get("num_gpus", -1))
+    return found or None
+
+
 def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], str, Tuple[str, ...]]:
     """How the job trains, from the plan's configs: (setup, notes, the counts nothing gives: "gpus_per_node",
-    "nodes", taken as 1); (None, why, ()) when the ZeRO stage or the counts are no numbers.
+    "nodes", taken as 1); (None, why, ()) when the ZeRO stage or the counts are no numbers, or an FSDP setting
+    is one accelerate refuses.
     gpus_here: the job's GPUs on this node, when nothing else says how many processes a node runs."""
     plan, notes = ctx.plan, []
     stage, blocks = 0, {}
-    found = zero_settings(ctx.plan)
+    accel = plan.accelerate
+    launcher = plan.launch.launcher if plan.launch is not None else None
+    kind = accel.data.get("distributed_type") if accel is not None and launcher != "deepspeed" else None
+    sharding = {}
+    if kind == "FSDP":
+        sharding, why = fsdp_settings(plan)
+        if sharding is None:
+            return None, why, ()
+    elif plan.deepspeed is None and ((kind is not None and kind != "DEEPSPEED") or launcher in ("torchrun", "python")):
+        sharding = {"sharding": "ddp"}  # neither DeepSpeed nor FSDP: every rank holds it all
+    found = None if sharding else zero_settings(ctx.plan)
     if found is not None:
         _, _, stage, blocks = found
         if stage == "auto" and plan.accelerate is not None and plan.accelerate.uses_deepspeed:
@@ -38,7 +133,7 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
             notes.append("stage \"auto\" taken as accelerate's 2")
         if not is_int(stage) or not 0 <= stage <= 3:
             return None, f"the ZeRO stage is {stage!r}, not 0-3 (see CFG040)", ()
-    else:
+    elif not sharding:
         notes.append("no ZeRO settings: stage 0")
 
     def device(block: str) -> str:
@@ -46,7 +141,6 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
         value = value.lower() if isinstance(value, str) else value
         return value if value in ("cpu", "nvme") else "none"
 
-    accel = plan.accelerate
     per = processes_per_machine(accel.data) if accel is not None else None
     if not per and plan.hostfile is not None and plan.hostfile.entries:
         per = max(e.slots for e in plan.hostfile.entries)
@@ -54,6 +148,9 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
     machines = accel.data.get("num_machines", 1) if accel is not None else None  # accelerate's default: 1
     if not is_int(machines) or machines < 1:
         machines = len(set(plan.hostfile.hosts)) if plan.hostfile is not None else len(plan.nodes)
+    started = runner_slots(plan, gpus_here)
+    if started:  # DeepSpeed's runner starts these slots, whatever the hostfile holds besides
+        per, machines = max(started.values()), len(started)
     # Stages 1-3 divide by the GPU count: with none known, 1 GPU per node (and 1 node) is only a guess.
     unknown = tuple(name for name, known in (("gpus_per_node", per), ("nodes", machines)) if not known)
     per, machines = per or 1, machines or 1
@@ -82,6 +179,9 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
                   weight_bytes=weight_bytes,
                   micro_batch=micro if is_int(micro) and 0 < micro <= models.MAX_MICRO_BATCH else None,
                   seq_len=inputs.seq_len if inputs is not None else None)
+    if sharding:
+        setup = replace(setup, **{"stage": 0, "offload_optimizer": "none", "offload_param": "none", "zero_init": False,
+                                  **sharding})
     return setup, "; ".join(notes), unknown
 
 
@@ -94,7 +194,8 @@ def figures(model: models.Model, setup: Setup, need: Need) -> str:
 
 def evidence(model: models.Model, setup: Setup, need: Need, **more) -> dict:
     return dict(params=model.params, largest_layer_params=model.largest_layer, params_estimated=model.estimated,
-                stage=setup.stage, offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param,
+                sharding=setup.sharding, stage=setup.stage, offload_optimizer=setup.offload_optimizer,
+                offload_param=setup.offload_param,
                 gpus_per_node=setup.gpus_per_node, nodes=setup.nodes, gpu_bytes=need.gpu, host_bytes=need.host,
                 states_host_bytes=need.states_host, load_bytes=need.load, offloaded_host_bytes=need.offloaded,
                 certain_host_bytes=need.certain,
@@ -150,15 +251,17 @@ def activation_margin(setup: Setup, need: Need, room: int, where: str) -> Option
 
 @check("MEM001", "memory-estimate", "config", tags=["memory", "deepspeed", "zero"])
 def memory_estimate(ctx) -> Iterator[Finding]:
-    """With --model, the memory the job needs (model states per GPU, host RAM and NVMe per node) as
-    DeepSpeed's estimators compute it for its ZeRO stage, offload and GPUs, against --gpu-memory and
-    --host-memory (or the profile's [memory]) when given.
+    """With --model, the memory the job needs (model states per GPU, host RAM and NVMe per node) as it shards
+    the model: DeepSpeed's estimators for its ZeRO stage and offload, FSDP's sharding strategy and parameter
+    offload, or DDP (nothing sharded), over the GPUs the launch really starts (a DeepSpeed host filter
+    included), against --gpu-memory and --host-memory (or the profile's [memory]) when given.
 
     An out-of-memory at the first step fails one rank while the others hang in their next collective until
     the NCCL timeout; host RAM runs out when every rank on a node loads a full copy of the model.
 
     Take the change the finding names, cheapest first: the next ZeRO stage, optimizer offload to the CPU,
-    parameter offload (stage 3), more nodes; `preflight explain MEM001` and the README's "Will it fit"
+    parameter offload (stage 3), more nodes; for FSDP a strategy that shards more, fsdp_offload_params, more
+    nodes; for DDP, FSDP. `preflight explain MEM001` and the README's "Will it fit"
     section show the arithmetic. Host RAM fails on what the job surely needs (as MEM003 judges) and warns on
     DeepSpeed's larger figure; with no GPU count (num_processes, hostfile slots) 1 is taken, said, and only a
     job that fits at no count fails.
@@ -240,7 +343,7 @@ def gpu_memory_fit(ctx) -> Iterator[Finding]:
     step and the other ranks wait for it in their next collective until the NCCL timeout.
 
     Stop the process that holds the GPU (its PID is in the finding), or take the change the finding
-    names: the next ZeRO stage, optimizer offload to the CPU, parameter offload, more nodes.
+    names: the next ZeRO stage (or FSDP strategy), optimizer or parameter offload, more nodes.
     """
     model, setup, gpus, why = _node_setup(ctx)
     if setup is None or not gpus:
@@ -312,8 +415,9 @@ def host_memory_fit(ctx) -> Iterator[Finding]:
                    f"DeepSpeed's estimate of {gib(need.host)} ({upper_bound(setup, need)}) does not", "the job should start; keep memory free on the node and watch it at the first step",
                    **facts)
     else:
-        yield passed(f"{gib(need.certain)} host RAM per node surely needed ({parts}), {gib(need.host)} by "
-                     f"DeepSpeed's estimate; {gib(room)} available", **facts)
+        deepspeeds = f", {gib(need.host)} by DeepSpeed's estimate" if setup.sharding == "zero" else ""
+        yield passed(f"{gib(need.certain)} host RAM per node surely needed ({parts}){deepspeeds}; {gib(room)} "
+                     "available", **facts)
 
 
 @check("MEM004", "nvme-fit", "node", tags=["memory", "offload", "filesystem"])

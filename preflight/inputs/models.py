@@ -45,7 +45,12 @@ MAX_PARAMS = 10 ** 15  # a thousand times the largest models trained: past it, t
 SHAPE_LIMITS = {"hidden_size": 1 << 20, "n_embd": 1 << 20, "d_model": 1 << 20, "num_hidden_layers": 1 << 12,
                 "n_layer": 1 << 12, "num_layers": 1 << 12, "intermediate_size": 1 << 23, "n_inner": 1 << 23,
                 "vocab_size": 1 << 25, "n_positions": 1 << 24, "num_attention_heads": 1 << 14,
-                "num_key_value_heads": 1 << 14, "head_dim": 1 << 16}
+                "num_key_value_heads": 1 << 14, "head_dim": 1 << 16,
+                # mixture-of-experts shapes (preflight.inputs.models._moe)
+                "n_layers": 1 << 12, "n_heads": 1 << 14, "moe_intermediate_size": 1 << 23,
+                "shared_expert_intermediate_size": 1 << 23, "num_local_experts": 1 << 16, "n_routed_experts": 1 << 16,
+                "decoder_sparse_step": 1 << 12, "q_lora_rank": 1 << 20, "kv_lora_rank": 1 << 20,
+                "qk_nope_head_dim": 1 << 16, "qk_rope_head_dim": 1 << 16, "v_head_dim": 1 << 16}
 
 
 def parse_count(text: str) -> Optional[int]:
@@ -170,6 +175,8 @@ def count_params(config: Mapping[str, Any]) -> Tuple[int, int, str, bool]:
         return (*_llama_like(config), f"from the config ({kind} shapes)", False)
     if kind == "gpt2":
         return (*_gpt2(config), "from the config (gpt2 shapes)", False)
+    if kind in MOE_DEFAULTS:
+        return (*_moe(config), f"from the config ({kind} shapes, every expert)", False)
     built = _on_meta_device(config)
     if built is not None:
         return (*built, "built on the meta device (transformers)", False)
@@ -178,6 +185,11 @@ def count_params(config: Mapping[str, Any]) -> Tuple[int, int, str, bool]:
     if not (isinstance(layers, int) and isinstance(hidden, int) and isinstance(vocab, int)):
         raise ValueError(f"model_type {kind!r} is not one preflight knows, transformers is not installed, and the "
                          "config has no num_hidden_layers / hidden_size / vocab_size to estimate from")
+    experts = next((config[k] for k in EXPERT_COUNTS if is_int(config.get(k)) and config[k] > 0), None)
+    inter = next((config[k] for k in ("moe_intermediate_size", "intermediate_size") if is_int(config.get(k))), None)
+    if experts and inter:  # memory holds every expert: attention 4·h², each expert's gated MLP 3·h·I
+        return (layers * (4 * hidden ** 2 + experts * 3 * hidden * inter) + vocab * hidden,
+                max(vocab * hidden, experts * 3 * hidden * inter), "estimated as L·(4·h² + E·3·h·I) + V·h", True)
     return 12 * layers * hidden ** 2 + vocab * hidden, vocab * hidden, "estimated as 12·L·h² + V·h", True
 
 
@@ -197,6 +209,91 @@ def _llama_like(c: Mapping[str, Any]) -> Tuple[int, int]:
     total = layers * (attention + mlp + norms) + h + embedding * (1 if tied else 2)
     largest = max(embedding, h * q, h * inter)
     return total, largest
+
+
+# Mixture-of-experts families: the config keys their shapes depend on, with the defaults of transformers 5.24's
+# config classes (MixtralConfig, Qwen2MoeConfig, ...) for a config.json that leaves one out.
+MOE_DEFAULTS = {
+    "mixtral": {"num_local_experts": 8, "tie_word_embeddings": False},
+    "qwen2_moe": {"num_experts": 60, "decoder_sparse_step": 1, "mlp_only_layers": [], "qkv_bias": True,
+                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "tie_word_embeddings": False},
+    "qwen3_moe": {"num_experts": 128, "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False,
+                  "moe_intermediate_size": 768, "tie_word_embeddings": False},
+    "olmoe": {"num_experts": 64, "attention_bias": False, "tie_word_embeddings": False},
+    "deepseek_v2": {"n_routed_experts": 64, "n_shared_experts": 2, "first_k_dense_replace": 0,
+                    "moe_intermediate_size": 1407, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                    "qk_rope_head_dim": 64, "v_head_dim": 128, "attention_bias": False, "mlp_bias": False,
+                    "tie_word_embeddings": False},
+    "deepseek_v3": {"n_routed_experts": 256, "n_shared_experts": 1, "first_k_dense_replace": 3,
+                    "moe_intermediate_size": 2048, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                    "qk_rope_head_dim": 64, "v_head_dim": 128, "attention_bias": False, "tie_word_embeddings": False},
+    "dbrx": {"tie_word_embeddings": False},
+}
+EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _moe(config: Mapping[str, Any]) -> Tuple[int, int]:
+    """Every expert of every layer (memory holds them all, however few a token uses), as transformers 5.24 builds
+    them: one fused experts module per MoE layer (gate_up_proj E·2I·h, down_proj E·h·I) and a router E·h."""
+    kind = config["model_type"]
+    c = {**MOE_DEFAULTS[kind], **config}
+    if kind == "dbrx":  # modeling_dbrx.py: fused Wqkv, bias-free LayerNorms, experts w1, v1, w2 of E·F x d each
+        h, layers, vocab, heads = c["d_model"], c["n_layers"], c["vocab_size"], c["n_heads"]
+        attn, ffn = c.get("attn_config") or {}, c.get("ffn_config") or {}
+        kv, experts, inter = attn.get("kv_n_heads", 1), ffn.get("moe_num_experts", 4), ffn.get("ffn_hidden_size", 3584)
+        for value in (kv, experts, inter):
+            if not is_int(value) or not 1 <= value <= 1 << 23:
+                raise ValueError(f"dbrx attn_config/ffn_config holds {value!r} where a positive integer belongs")
+        expert_block = 3 * experts * inter * h
+        layer = h * (h + 2 * kv * (h // heads)) + h * h + 2 * h + experts * h + expert_block
+        embedding = vocab * h
+        return layers * layer + h + embedding * (1 if c["tie_word_embeddings"] else 2), max(embedding, expert_block)
+    h, layers, vocab, heads = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["num_attention_heads"]
+    kv = c.get("num_key_value_heads") or heads
+    head_dim = c.get("head_dim") or h // heads
+    q, k = heads * head_dim, kv * head_dim
+    experts = c[next(key for key in EXPERT_COUNTS if key in c)]
+    if not is_int(experts) or not 0 <= experts <= 1 << 16:  # num_experts 0 is a dense Qwen MoE config
+        raise ValueError(f"the expert count is {experts!r}; a model config holds a whole number up to 65536 there")
+    shared = c.get("n_shared_experts") or 0  # DeepSeek: null, no shared experts
+    if not is_int(shared) or not 0 <= shared <= 1 << 16:
+        raise ValueError(f"n_shared_experts is {shared!r}; a model config holds a whole number up to 65536 there")
+    inter = c.get("moe_intermediate_size") if kind != "mixtral" and kind != "olmoe" else c["intermediate_size"]
+    if kind in ("deepseek_v2", "deepseek_v3"):  # multi-head latent attention (modeling_deepseek_v2.py)
+        lora, kv_lora, rope = c["q_lora_rank"], c["kv_lora_rank"], c["qk_rope_head_dim"]
+        qk_dim, bias = c["qk_nope_head_dim"] + rope, bool(c["attention_bias"])
+        attention = (h * heads * qk_dim if lora is None else h * lora + bias * lora + lora + lora * heads * qk_dim)
+        attention += h * (kv_lora + rope) + bias * (kv_lora + rope) + kv_lora  # kv_a_proj_with_mqa, its norm
+        attention += kv_lora * heads * (c["qk_nope_head_dim"] + c["v_head_dim"])  # kv_b_proj
+        attention += heads * c["v_head_dim"] * h + bias * h  # o_proj
+    else:
+        attention = 2 * h * q + 2 * h * k
+        if c.get("qkv_bias") if kind == "qwen2_moe" else c.get("attention_bias"):
+            attention += q + 2 * k + (h if kind != "qwen2_moe" else 0)  # qwen2_moe: q, k, v biases, not o
+        attention += {"qwen3_moe": 2 * head_dim, "olmoe": q + k}.get(kind, 0)  # q_norm, k_norm
+    expert_block = experts * 3 * h * inter
+    moe = experts * h + expert_block
+    if kind == "qwen2_moe":  # a shared expert and its gate (modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock)
+        moe += 3 * h * c["shared_expert_intermediate_size"] + h
+    elif kind in ("deepseek_v2", "deepseek_v3"):
+        moe += 3 * h * inter * shared
+    dense_mlp = 3 * h * c.get("intermediate_size", 0) + (
+        2 * c.get("intermediate_size", 0) + h if kind == "deepseek_v2" and c.get("mlp_bias") else 0)
+
+    dense_only = set(c["mlp_only_layers"] or ()) if kind in ("qwen2_moe", "qwen3_moe") else set()
+
+    def sparse(i: int) -> bool:  # which layers are MoE, as each decoder layer decides
+        if kind in ("qwen2_moe", "qwen3_moe"):
+            return i not in dense_only and experts > 0 and (i + 1) % c["decoder_sparse_step"] == 0
+        if kind in ("deepseek_v2", "deepseek_v3"):  # transformers reads first_k_dense_replace only (not moe_layer_freq)
+            return i >= c["first_k_dense_replace"]
+        return True
+
+    n_sparse = sum(1 for i in range(layers) if sparse(i))
+    embedding = vocab * h
+    total = layers * (attention + 2 * h) + n_sparse * moe + (layers - n_sparse) * dense_mlp + h + embedding * (
+        1 if c["tie_word_embeddings"] else 2)
+    return total, max(embedding, expert_block if n_sparse else 0, h * q)
 
 
 def _gpt2(c: Mapping[str, Any]) -> Tuple[int, int]:

@@ -1,9 +1,11 @@
-"""Will it fit: the memory a model's ZeRO stage, offload and precision need (the MEM checks).
+"""Will it fit: the memory a model needs as the job shards it (the MEM checks): DeepSpeed's ZeRO stage and
+offload, FSDP's sharding strategy and parameter offload, or DDP (nothing sharded), and the precision.
 
-Pure functions over the model (preflight.inputs.models). The model-state figures are DeepSpeed's own estimators
+Pure functions over the model (preflight.inputs.models). The ZeRO figures are DeepSpeed's own estimators
 (deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs and
 stage3.estimate_zero3_model_states_mem_needs), written out here so that a lint needs no DeepSpeed import;
-the MEM tests hold them equal to the installed DeepSpeed.
+the MEM tests hold them equal to the installed DeepSpeed. FSDP and DDP have no estimator of their own: their
+figures are written out in fsdp_needs and DDP_BYTES.
 """
 from __future__ import annotations
 
@@ -16,6 +18,18 @@ BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor default
 # Activations per token, layer and hidden unit, in bytes, 16-bit (Korthikanti et al. 2022, flash attention:
 # no s^2 term): 34 without recomputation; with activation checkpointing each layer keeps its input, 2.
 ACTIVATION_BYTES, CHECKPOINTED_BYTES = 34, 2
+# FSDP's strategies (torch.distributed.fsdp.ShardingStrategy, numbered 1..5 in this order), and the number of
+# ranks each shards the states over: all of them, one (NO_SHARD), or the GPUs of one node (the hybrids shard
+# within a node and replicate across nodes: torch/distributed/fsdp/_init_utils.py _init_intra_node_process_group).
+FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+# Strategies that keep the gathered parameters from the forward to the backward (no reshard after forward).
+KEEPS_GATHERED = ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
+# FSDP's sharded states: fp32 weights (accelerate upcasts them under mixed precision, utils/fsdp_utils.py and
+# accelerator.py), fp32 gradients and Adam's exp_avg and exp_avg_sq: 16 bytes a parameter.
+FSDP_STATE_BYTES = 16
+# DDP: every rank holds the fp32 weights, their gradients, the reducer's gradient buckets (a second copy of the
+# gradients unless gradient_as_bucket_view, torch/nn/parallel/distributed.py) and Adam's two states.
+DDP_BYTES = 4 + 4 + 4 + 8
 
 
 # --- DeepSpeed's estimators -----------------------------------------------------------------------------
@@ -77,12 +91,37 @@ class Setup:
     weight_bytes: int = 2  # 2: bf16/fp16 training (what DeepSpeed's estimators assume), 4: fp32
     micro_batch: Optional[int] = None
     seq_len: Optional[int] = None
+    # How the job shards: "zero" (DeepSpeed, by `stage`), "ddp" (nothing sharded), or an FSDP strategy
+    # (FSDP_STRATEGIES; offload_param "cpu" is fsdp_offload_params).
+    sharding: str = "zero"
+    fsdp_version: int = 1  # FSDP2 says its strategy with fsdp_reshard_after_forward
+    one_copy_per_node: bool = False  # FSDP's cpu_ram_efficient_loading: local rank 0 alone loads the weights
+
+    @property
+    def fsdp(self) -> bool:
+        return self.sharding in FSDP_STRATEGIES
+
+    @property
+    def shard_ranks(self) -> int:
+        """The ranks FSDP shards the states over."""
+        if self.sharding == "NO_SHARD":
+            return 1
+        if self.sharding in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+            return self.gpus_per_node
+        return self.gpus_per_node * self.nodes
 
     def describe(self) -> str:
+        counts = f", {self.gpus_per_node} GPU(s) per node x {self.nodes} node(s)"
+        if self.sharding == "ddp":
+            return "DDP (every GPU holds the whole model, its gradients and optimizer states)" + counts
+        if self.fsdp:
+            name = self.sharding if self.fsdp_version == 1 else (
+                f"reshard_after_forward {'false' if self.sharding in KEEPS_GATHERED else 'true'}")
+            return (f"FSDP{self.fsdp_version if self.fsdp_version != 1 else ''} {name}" +
+                    (", offload parameters to the CPU" if self.offload_param != "none" else "") + counts)
         offload = [f"{what} to {dev}" for what, dev in (("optimizer", self.offload_optimizer),
                                                         ("parameters", self.offload_param)) if dev != "none"]
-        return (f"ZeRO stage {self.stage}" + (f", offload {' and '.join(offload)}" if offload else "") +
-                f", {self.gpus_per_node} GPU(s) per node x {self.nodes} node(s)")
+        return (f"ZeRO stage {self.stage}" + (f", offload {' and '.join(offload)}" if offload else "") + counts)
 
 
 @dataclass(frozen=True)
@@ -114,14 +153,36 @@ def offloaded_share(params: int, setup: Setup) -> int:
     return per_param * params // setup.nodes
 
 
+def fsdp_needs(model: Model, setup: Setup) -> Tuple[int, int]:
+    """(GPU bytes per GPU, host bytes per node offloaded) under FSDP: the 16 bytes a parameter of sharded states
+    over the ranks the strategy shards across; the largest layer gathered whole in the compute precision with
+    its unsharded gradient; with SHARD_GRAD_OP (FSDP2: reshard_after_forward false) every gathered layer kept
+    from the forward to the backward. fsdp_offload_params moves the sharded states to the CPU (CPUOffload: the
+    parameters, their gradients and the optimizer step)."""
+    states = FSDP_STATE_BYTES * model.params // setup.shard_ranks
+    gathered = 2 * setup.weight_bytes * model.largest_layer
+    kept = setup.weight_bytes * model.params if setup.sharding in KEEPS_GATHERED and setup.shard_ranks > 1 else 0
+    if setup.offload_param != "none":
+        return gathered + kept, states * setup.gpus_per_node
+    return states + gathered + kept, 0
+
+
 def estimate(model: Model, setup: Setup) -> Need:
     """The memory the job needs. Stages 2 and 3 are DeepSpeed's estimators; DeepSpeed has none for 0 and 1:
     stage 0 is stage 2's formula for one GPU (nothing sharded: 2 + 18 bytes a parameter), stage 1 shards
     only the 16 bytes of fp32 weights and Adam states, the 16-bit weights and gradients stay whole
-    (2 + 2 + 16/N), and its optimizer offload is stage 2's. Offload to NVMe counts as offload for the GPU;
-    its states go to the NVMe (16 bytes a parameter for the optimizer, 2 for the parameters, split over the
-    nodes) instead of host RAM."""
+    (2 + 2 + 16/N); its optimizer offload moves those 16 bytes to the CPU and keeps the 16-bit weights and
+    gradients on the GPU (stage_1_and_2.py: cpu_offload moves the fp32 partition and the optimizer, stage 1
+    reduces whole gradients). Offload to NVMe counts as offload for the GPU; its states go to the NVMe
+    (16 bytes a parameter for the optimizer, 2 for the parameters, split over the nodes) instead of host RAM.
+    FSDP is fsdp_needs; DDP holds DDP_BYTES a parameter on every GPU. Neither has DeepSpeed's host figure:
+    the host needs what loading takes and what FSDP offloads."""
     p, gpn, nodes = model.params, setup.gpus_per_node, setup.nodes
+    if setup.sharding != "zero":
+        gpu, offloaded = fsdp_needs(model, setup) if setup.fsdp else (DDP_BYTES * p, 0)
+        load = (1 if setup.fsdp and setup.one_copy_per_node else gpn) * p * setup.weight_bytes
+        return Need(gpu, max(load, offloaded), offloaded, load, offloaded, max(load, offloaded), 0, 0,
+                    *activations(model, setup))
     opt, par = setup.offload_optimizer != "none", setup.offload_param != "none"
     if setup.stage >= 3:
         host, gpu, _ = zero3_needs(p, model.largest_layer, gpn, nodes, opt, opt and par, setup.zero_init)
@@ -129,8 +190,7 @@ def estimate(model: Model, setup: Setup) -> Need:
         host, gpu = zero2_needs(p, gpn, nodes, opt)
     elif setup.stage == 1:
         host, gpu = zero2_needs(p, gpn, nodes, opt)
-        if not opt:
-            gpu = 4 * p + int(16 * p / (gpn * nodes))
+        gpu = 4 * p + (0 if opt else int(16 * p / (gpn * nodes)))  # 16-bit weights and whole gradients stay
     else:
         host, gpu = zero2_needs(p, 1, 1, False)[0] * gpn, zero2_needs(p, 1, 1, False)[1]
     nvme_optimizer = 16 * p // nodes if setup.stage >= 3 and setup.offload_optimizer == "nvme" else 0
@@ -140,18 +200,52 @@ def estimate(model: Model, setup: Setup) -> Need:
         floor = zero3_needs(p, model.largest_layer, gpn, nodes, False, False, True)[0]
         host = max(floor, int(host - nvme * BUFFER_FACTOR))
     load = (1 if setup.stage >= 3 and setup.zero_init else gpn) * p * setup.weight_bytes
-    activations = checkpointed = None
-    if setup.micro_batch and setup.seq_len and model.layers and model.hidden:
-        tokens = setup.micro_batch * setup.seq_len * model.layers * model.hidden
-        activations, checkpointed = tokens * ACTIVATION_BYTES, tokens * CHECKPOINTED_BYTES
     offloaded = offloaded_share(p, setup)
     return Need(gpu, max(host, load), host, load, offloaded, max(load, offloaded), nvme_optimizer, nvme_param,
-                activations, checkpointed)
+                *activations(model, setup))
+
+
+def activations(model: Model, setup: Setup) -> Tuple[Optional[int], Optional[int]]:
+    """Activations per GPU (without, with activation checkpointing); None when the batch or the shape is unknown."""
+    if not (setup.micro_batch and setup.seq_len and model.layers and model.hidden):
+        return None, None
+    tokens = setup.micro_batch * setup.seq_len * model.layers * model.hidden
+    return tokens * ACTIVATION_BYTES, tokens * CHECKPOINTED_BYTES
+
+
+def fsdp_changes(setup: Setup):
+    """FSDP's changes, least speed lost first: a strategy that shards more (the hybrids only across nodes, and
+    FSDP2 only by fsdp_reshard_after_forward), parameter offload, more nodes. DDP's: FSDP."""
+    if setup.sharding == "ddp":
+        for name in ("SHARD_GRAD_OP", "FULL_SHARD"):
+            yield f"FSDP (distributed_type: FSDP, fsdp_sharding_strategy: {name})", replace(setup, sharding=name)
+        yield ("FSDP with fsdp_offload_params: true (distributed_type: FSDP, FULL_SHARD)",
+               replace(setup, sharding="FULL_SHARD", offload_param="cpu"))
+        return
+    order = ["NO_SHARD", "_HYBRID_SHARD_ZERO2", "SHARD_GRAD_OP", "HYBRID_SHARD", "FULL_SHARD"]
+    for name in order[order.index(setup.sharding) + 1:]:
+        if setup.fsdp_version == 2 and name not in ("SHARD_GRAD_OP", "FULL_SHARD"):
+            continue  # FSDP2's sharding is fully_shard's; hybrid sharding needs a 2-D device mesh
+        if name.startswith("_HYBRID") or name == "HYBRID_SHARD":
+            if setup.nodes == 1:
+                continue  # within one node a hybrid is the plain strategy
+        what = (f"fsdp_reshard_after_forward: {'false' if name in KEEPS_GATHERED else 'true'}"
+                if setup.fsdp_version == 2 else f"fsdp_sharding_strategy: {name.lstrip('_')}")
+        yield what, replace(setup, sharding=name)
+    if setup.offload_param == "none":
+        yield "fsdp_offload_params: true", replace(setup, offload_param="cpu")
+    if setup.shard_ranks == setup.gpus_per_node * setup.nodes and setup.shard_ranks > 1:
+        for nodes in (2 * setup.nodes, 4 * setup.nodes, 8 * setup.nodes):
+            yield f"{nodes} nodes", replace(setup, nodes=nodes)
 
 
 def changes(setup: Setup):
     """The changes that lower the GPU's or the host's share, cheapest first (the least training speed lost first):
-    (what to do, setup). A move to stage 3 keeps the job's zero3_init_flag (true unless it says false)."""
+    (what to do, setup). A move to stage 3 keeps the job's zero3_init_flag (true unless it says false). A job
+    without DeepSpeed gets FSDP's changes, never a ZeRO stage."""
+    if setup.sharding != "zero":
+        yield from fsdp_changes(setup)
+        return
     if setup.stage >= 3 and not setup.zero_init:
         yield "zero3_init_flag: true (each rank builds only its part of the model)", replace(setup, zero_init=True)
     if setup.gpus_per_node * setup.nodes > 1:  # on one GPU a stage shards nothing (DeepSpeed's stage-3 figure

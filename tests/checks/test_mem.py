@@ -67,8 +67,9 @@ def test_stages_2_and_3_equal_deepspeeds_estimators(deepspeed_estimators, params
 @given(params=params_st, gpn=st.integers(1, 16), nodes=st.integers(1, 512), offload=st.booleans())
 def test_stages_0_and_1_as_documented(deepspeed_estimators, params, gpn, nodes, offload):
     """DeepSpeed has no estimator for 0 and 1: stage 0 is stage 2's formula for one GPU (nothing sharded), stage 1
-    keeps the 16-bit weights and gradients whole and shards the 16 bytes of fp32 states; with optimizer offload
-    it is stage 2's figure. Between stage 2 and stage 0, always."""
+    keeps the 16-bit weights and gradients whole and shards the 16 bytes of fp32 states; optimizer offload moves
+    those 16 bytes to the CPU (stage 2's host figure) and leaves the 16-bit weights and whole gradients on the GPU.
+    Between stage 2 and stage 0, always."""
     zero2, _ = deepspeed_estimators
     model = models.Model(params, params // 20, "given", "given")
     stage0 = memory.estimate(model, Setup(0, "none", "none", gpn, nodes))
@@ -77,10 +78,20 @@ def test_stages_0_and_1_as_documented(deepspeed_estimators, params, gpn, nodes, 
     stage1 = memory.estimate(model, Setup(1, "cpu" if offload else "none", "none", gpn, nodes))
     stage2 = memory.estimate(model, Setup(2, "cpu" if offload else "none", "none", gpn, nodes))
     if offload:
-        assert (stage1.gpu, stage1.states_host) == (stage2.gpu, stage2.states_host)
+        assert (stage1.gpu, stage1.states_host) == (4 * params, stage2.states_host)
+        assert stage2.gpu <= stage1.gpu <= stage0.gpu
     else:
         assert stage1.gpu == 4 * params + int(16 * params / (gpn * nodes))
         assert stage2.gpu <= stage1.gpu <= stage0.gpu
+
+
+def test_zero1_optimizer_offload_keeps_the_16_bit_weights_and_gradients_on_the_gpu():
+    """stage_1_and_2.py: cpu_offload moves the fp32 partition and the optimizer to the CPU; stage 1 reduces whole
+    16-bit gradients, so the GPU keeps 2 + 2 bytes a parameter (stage 2's estimator counts the weights alone)."""
+    model = models.Model(7 * 10**9, 35 * 10**7, "7B", "given")
+    offloaded = memory.estimate(model, Setup(1, "cpu", "none", 8, 2))
+    assert offloaded.gpu == 4 * 7 * 10**9 and offloaded.offloaded == 16 * 7 * 10**9 // 2
+    assert memory.estimate(model, Setup(1, "none", "none", 8, 2)).gpu == 4 * 7 * 10**9 + 16 * 7 * 10**9 // 16
 
 
 def test_nvme_offload_moves_the_states_from_host_ram_to_the_drive():
