@@ -7,6 +7,7 @@ from typing import Iterator, Optional
 from preflight.api import Finding, Status, check, failed_sections, holders, odd_ones_out, skip
 from preflight.node import MIN_PYTHON, UNSUPPORTED
 from preflight.job.nccl import fabric_of
+from preflight.inputs.versions import judge, known_defects, requirement_name, unmet_requirements
 
 KEY_VERSIONS = ("python", "torch", "cuda", "nccl", "deepspeed", "accelerate", "transformers")
 # Variables that must be equal for collectives to agree; others are compared and only warned about.
@@ -252,16 +253,6 @@ def _requirement(spec: str) -> str:
 
 # --- the NCCL and CUDA stack under torch ---------------------------------------------------------
 
-# Versions with a documented defect for multi-node training: (package, version, what happens, fix, source).
-KNOWN_BAD = (
-    ("nccl", "2.29.2", "NCCL 2.29.2 has a hang regression, fixed in 2.29.3",
-     "install nvidia-nccl 2.29.3 or newer (or the torch build that ships it)", "pytorch/pytorch#174338"),
-    ("torch", "2.7.0", "torch 2.7.0 can hang in NCCL collectives when init_process_group is given device_id "
-     "(its non-blocking communicators), fixed in 2.7.1", "install torch 2.7.1 or newer, or set "
-     "TORCH_NCCL_USE_COMM_NONBLOCKING=0", "pytorch/pytorch#153960"),
-)
-
-
 def _plugins(facts: dict) -> tuple:
     nccl = (fabric_of(facts)[0] or {}).get("nccl") or {}
     found = tuple(sorted(f"{p.get('name')} ({p.get('bytes')} bytes)" for p in nccl.get("plugins") or []))
@@ -351,28 +342,119 @@ def cuda_driver(ctx) -> Iterator[Finding]:
         yield Finding(Status.PASS, f"torch CUDA {build} on a driver for CUDA {driver}", evidence=evidence)
 
 
+def _known_defects_doc(func):
+    """PKG008's docstring lists the table's rows, each with its source (`preflight explain PKG008`)."""
+    rows = "; ".join(f"{d.shown()}: {d.symptom} ({f'fixed in {d.fixed}' if d.fixed else d.fix}; {d.source}, "
+                     f"{d.confirmed})" for d in known_defects())
+    func.__doc__ = func.__doc__.replace("ROWS", rows)
+    return func
+
+
+# What each row may judge, read from the facts the collector already gathers: never by importing a package.
+FROM_DISTRIBUTIONS = ("peft", "trl", "flash-attn")
+
+
+def _requires(facts: dict) -> dict:
+    """Each distribution's declared requirements (Requires-Dist lines) as the collector sent them, lists of text
+    only: the head never trusts a node's document."""
+    raw = (facts.get("packages") or {}).get("requires")
+    return {k: [str(r) for r in v] for k, v in raw.items() if isinstance(v, list)} if isinstance(raw, dict) else {}
+
+
+def _node_versions(facts: dict):
+    """(the node's version of each package a row may judge, the packages it could not tell with the reason,
+    which NCCL was judged and what may load another)."""
+    packages = facts.get("packages") or {}
+    versions = dict(packages.get("versions") or {})
+    installed = packages.get("distributions") or {}
+    found = {p: versions.get(p) for p in ("torch", "deepspeed", "accelerate", "transformers")}
+    found.update((p, installed.get(p)) for p in FROM_DISTRIBUTIONS)
+    found["torch-cuda"] = versions.get("cuda")
+    found["python"] = (facts.get("python") or {}).get("version")
+    # The NCCL torch loads is the nvidia-nccl wheel its metadata requires (torch's own Requires-Dist).
+    wheel = next((n for n in map(requirement_name, _requires(facts).get("torch", ())) if n.startswith("nvidia-nccl-")),
+                 None)
+    found["nccl"] = installed.get(wheel) if wheel and installed.get(wheel) else versions.get("nccl")
+    nccl_from = f"{wheel}, the wheel torch depends on" if wheel else "the nvidia-nccl wheel installed"
+    preload = ((facts.get("env") or {}).get("LD_PRELOAD") or "")
+    others = [p for p in preload.replace(" ", ":").split(":") if "nccl" in p.rsplit("/", 1)[-1]]
+    if others:
+        nccl_from += f"; LD_PRELOAD loads {', '.join(others)}, which may be another NCCL"
+    # torch's own lib folder comes first for the dynamic loader (preflight.node.fabric, _nccl_libraries).
+    libraries = ((fabric_of(facts)[0] or {}).get("nccl") or {}).get("libraries") or []
+    bundled = [p for p in libraries if "/torch/lib/" in str(p)]
+    if bundled:
+        nccl_from += f"; torch loads its own {bundled[0]} first, which may be another NCCL"
+    gpus = facts.get("gpus") or {}
+    unknown = {}
+    if gpus.get("available"):
+        found["nvidia-driver"], found["cuda-driver"] = gpus.get("driver_version"), gpus.get("cuda_driver_version")
+    else:
+        reason = "no NVIDIA driver answers on the node (NVML), so its driver and CUDA versions are unknown"
+        unknown = {"nvidia-driver": reason, "cuda-driver": reason}
+    return found, unknown, nccl_from
+
+
 @check("PKG008", "known-bad-versions", "node", tags=["packages", "versions", "nccl"])
+@_known_defects_doc
 def known_bad_versions(ctx) -> Iterator[Finding]:
-    """torch and NCCL are not a release with a documented defect for multi-node training (a short list,
-    each entry with its source: `preflight explain PKG008`).
+    """No release on the node has a known defect for multi-node training, alone or with another installed
+    (torch, the NCCL torch loads, deepspeed, accelerate, transformers, peft, trl, flash-attn, the driver and
+    CUDA that NVML reports), and every installed library's declared requirements are met.
 
-    NCCL 2.29.2 has a hang regression (pytorch/pytorch#174338, fixed in 2.29.3); torch 2.7.0 can hang in NCCL
-    collectives when init_process_group gets device_id (pytorch/pytorch#153960, fixed in 2.7.1).
+    Versions that agree across nodes can all carry a defect its maintainers confirmed and fixed; each row of
+    the table (preflight/inputs/known_defects.toml) has its affected range, the symptom, the fixed release and
+    its public source. Versions are compared as pip compares them (local labels such as +cu121 never hide a
+    release; pre-releases such as NGC's 2.8.0a0 sort below it). A row that needs what the node did not report
+    (no NVML) is skipped with the reason. The rows: ROWS.
 
-    Install the fixed release the message names, or apply its workaround.
+    Install the release the message names (or apply the workaround it names) on the node.
     """
-    versions = _versions(ctx.fact)
-    env = ctx.fact.get("env") or {}
-    found = False
-    for package, version, what, fix, source in KNOWN_BAD:
-        installed = str(versions.get(package) or "").split("+")[0]
-        if installed != version:
+    facts = ctx.fact
+    found, unknown, nccl_from = _node_versions(facts)
+    env = facts.get("env") or {}
+    flagged, skipped, worked_around = 0, [], []
+    for defect in known_defects():
+        verdict = judge(defect, found, unknown, env)
+        if verdict is None:
             continue
-        if package == "torch" and env.get("TORCH_NCCL_USE_COMM_NONBLOCKING") == "0":
-            continue  # the workaround is in place
-        found = True
-        yield Finding(Status.WARN, f"{what} ({source})", f"{fix} on {ctx.node}",
-                      evidence={"package": package, "version": versions.get(package), "source": source})
-    if not found:
-        yield Finding(Status.PASS, "torch " + str(versions.get("torch") or "none") + ", NCCL " +
-                      str(versions.get("nccl") or "none") + ": no known defect on the list")
+        if verdict == "worked around":
+            worked_around.append(defect.id)
+            continue
+        if verdict != "applies":
+            skipped.append((defect.id, verdict[1]))
+            continue
+        flagged += 1
+        have = found.get(defect.package)
+        judged = f" (NCCL from {nccl_from})" if "nccl" in defect.needs else ""
+        fix = "; ".join(part for part in (f"install {defect.package} {defect.fixed} or newer" if defect.fixed
+                                          else "", defect.fix) if part)
+        yield Finding(Status.FAIL if defect.status == "fail" else Status.WARN,
+                      f"{defect.package} {have}{judged}: {defect.symptom} ({defect.source})", f"on {ctx.node}: {fix}",
+                      evidence={"defect": defect.id, "package": defect.package, "version": have,
+                                "affected": defect.shown(), "fixed": defect.fixed or None, "source": defect.source,
+                                "confirmed": defect.confirmed, "nccl": nccl_from if judged else None})
+    packages = facts.get("packages") or {}
+    installed = packages.get("distributions") or {}
+    for owner, requirement, name, have in unmet_requirements(_requires(facts), installed, found.get("python")):
+        flagged += 1
+        yield Finding(Status.FAIL, f"{owner} {installed.get(owner)} requires {requirement} (its metadata), the node "
+                      f"has {name} {have}", f"pip install '{requirement}' on {ctx.node}, or the {owner} release that "
+                      f"works with {name} {have}", evidence={"package": owner, "requirement": requirement,
+                                                             "installed": {name: have}})
+    for ids, reason in _grouped(skipped):
+        yield skip(f"{len(ids)} known defect(s) not judged ({', '.join(ids)}): {reason}", defects=ids)
+    if not flagged:
+        shown = ", ".join(f"{p} {found[p]}" for p in ("torch", "nccl", "deepspeed", "accelerate", "transformers")
+                          if found.get(p))
+        notes = f"; worked around: {', '.join(worked_around)}" if worked_around else ""
+        yield Finding(Status.PASS, f"{shown or 'no training stack'}: none of {len(known_defects())} known defects "
+                      f"applies{notes}", evidence={"versions": {p: v for p, v in found.items() if v},
+                                                  "nccl": nccl_from, "worked_around": worked_around})
+
+
+def _grouped(skipped):
+    by_reason = {}
+    for defect_id, reason in skipped:
+        by_reason.setdefault(reason, []).append(defect_id)
+    return [(ids, reason) for reason, ids in by_reason.items()]

@@ -3,6 +3,7 @@
 - docs/checks/README.md and one page per check family (docs/checks/cfg.md, ...), from the registry: each
   check's ID, name, scope, tags, the module that defines it, and the three paragraphs of its docstring
   (what it checks, why it matters, how to fix), as `preflight explain ID` prints them;
+- docs/known-defects.md, the rows of the known-defects table PKG008 judges (preflight/inputs/known_defects.toml);
 - the `preflight COMMAND --help` blocks of docs/commands.md (between `<!-- help:COMMAND:begin -->` and
   `<!-- help:COMMAND:end -->`), as the parser prints them at 100 columns, with the interpreter's path
   shown as /venv/bin/python.
@@ -28,6 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 CHECKS_DIR = DOCS / "checks"
 COMMANDS = DOCS / "commands.md"
+KNOWN_DEFECTS = DOCS / "known-defects.md"
 BUILTIN = "preflight.checks"
 HELP_WIDTH = "100"
 SHOWN_PYTHON = "/venv/bin/python"
@@ -179,10 +181,46 @@ def commands_page(text: str, helps: Dict[str, str]) -> str:
     return text
 
 
+def table_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def known_defects_page(generated: str = "") -> str:
+    """docs/known-defects.md: every row of the table PKG008 judges, with its source."""
+    from preflight.inputs.versions import TABLE, known_defects
+
+    rows = known_defects()
+    lines = ([generated, ""] if generated else []) + [
+        "# Known defects (PKG008)",
+        "",
+        f"PKG008 judges every node's versions against these {len(rows)} rows (`{TABLE.name}`, shipped with "
+        "preflight): the versions the collector reads from the installed distributions' metadata, the NCCL "
+        "wheel torch depends on, and the driver and CUDA that NVML reports. Versions are compared as pip "
+        "compares them: a local label (`+cu121`) never hides a release, and a pre-release (NGC's `2.8.0a0`) "
+        "sorts below its release. A row whose workaround variable is set is not reported; a row that needs "
+        "what the node did not report (no NVML) is skipped with the reason. Beside the table, PKG008 fails a "
+        "node where an installed library's declared requirement (its Requires-Dist) is not met.",
+        "",
+        "| id | affected | with | symptom | move to | source | confirmed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        conditions = [f"{p} {s}" for p, s in row.with_] + [f"{n}={v}" for n, v in row.env]
+        conditions += [f"python {row.python}"] if row.python else []
+        conditions += [f"not reported with {n}={v}" for n, v in row.workaround]
+        move = "; ".join(part for part in (f"{row.package} {row.fixed}" if row.fixed else "", row.fix) if part)
+        lines.append("| " + " | ".join(table_cell(c) for c in (
+            f"`{row.id}`", f"{row.package} `{row.affected}`", ", ".join(conditions) or "",
+            row.symptom, move, f"[{row.source.split('://', 1)[-1]}]({row.source})", row.confirmed)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+
 def expected() -> Dict[pathlib.Path, str]:
     """Every generated file and the content it must have."""
     pages = check_pages()
     pages[COMMANDS] = commands_page(COMMANDS.read_text(), commands_help())
+    pages[KNOWN_DEFECTS] = known_defects_page(GENERATED)
     return pages
 
 

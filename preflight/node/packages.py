@@ -7,19 +7,25 @@ import sys
 
 KEY_DISTRIBUTIONS = ("torch", "deepspeed", "accelerate", "transformers")
 NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+# The training stack whose declared requirements (Requires-Dist) the head judges against what is installed.
+REQUIRING = KEY_DISTRIBUTIONS + ("peft", "trl", "flash-attn")
 
 
 def facts():
-    dists = {}
+    dists, folders, nccl = {}, {}, {}
     for folder in installed_distributions():
         name, version = name_and_version(folder)
         name = name.lower().replace("_", "-")
         if name and name not in dists:
             dists[name] = version
+            folders[name] = folder
+        if name in NCCL_DISTRIBUTIONS and version and name not in nccl:
+            nccl[name] = version  # a copy whose metadata has no Version does not hide one that has
     versions = {name: dists.get(name) for name in KEY_DISTRIBUTIONS}
     versions["cuda"] = torch_cuda_build()
-    versions["nccl"] = next((dists[n] for n in NCCL_DISTRIBUTIONS if n in dists), None)
-    return {"versions": versions, "distributions": dists}
+    versions["nccl"] = next((nccl[n] for n in NCCL_DISTRIBUTIONS if n in nccl), None)
+    requires = dict((name, requirements(folders[name])) for name in REQUIRING if name in folders)
+    return {"versions": versions, "distributions": dists, "requires": requires}
 
 
 DIST_NAME_RUN = re.compile(r"[-_.]+")
@@ -76,6 +82,24 @@ def name_and_version(folder):
 
     parsed = HeaderParser().parsestr(head)
     return (parsed["Name"] or "").strip(), (parsed["Version"] or "").strip() or None
+
+
+REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def requirements(folder):
+    """The Requires-Dist lines of a distribution's metadata header (markers included) that name the training
+    stack or torch's NCCL wheel: the others are not judged, and transformers alone declares some 250."""
+    text = distribution_file(folder, "METADATA", 65536) or distribution_file(folder, "PKG-INFO", 65536) or ""
+    found = []
+    for line in text.split("\n\n", 1)[0].splitlines():
+        if line.startswith("Requires-Dist:"):
+            value = line.split(":", 1)[1].strip()
+            name = REQUIREMENT_NAME.match(value)
+            name = DIST_NAME_RUN.sub("-", name.group(1)).lower() if name else ""
+            if name in REQUIRING or name.startswith("nvidia-nccl-"):
+                found.append(value)
+    return found
 
 
 def torch_cuda_build():

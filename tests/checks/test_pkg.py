@@ -149,7 +149,11 @@ def test_cuda_forward_compatibility_turns_the_refusal_into_a_warning(tmp_path, m
 def test_known_bad_versions(tmp_path):
     states = recorded_nodes(tmp_path, "ib-node", versions={"nccl": "2.29.2", "torch": "2.7.0+cu126"})
     results = run_on("PKG008", states, tmp_path)
-    assert sorted(r.message.split(" (")[-1] for r in results) == ["pytorch/pytorch#153960)"] * 2 + ["pytorch/pytorch#174338)"] * 2
+    assert sorted((r.nodes, r.evidence["defect"]) for r in results) == sorted(
+        (node, defect) for node in (("n01",), ("n02",))
+        for defect in ("nccl-2.29.2-hang", "torch-2.7.0-nonblocking-hang"))
+    assert {r.status for r in results} == {Status.WARN}
+    assert any("https://github.com/pytorch/pytorch/issues/153960" in r.message for r in results)
     workaround = recorded_nodes(tmp_path / "w", "ib-node", versions={"torch": "2.7.0"},
                          env={"TORCH_NCCL_USE_COMM_NONBLOCKING": "0"})
     assert {r.status for r in run_on("PKG008", workaround, tmp_path)} == {Status.PASS}
