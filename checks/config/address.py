@@ -53,8 +53,7 @@ def main_process_address(ctx) -> Iterator[Finding]:
             yield fail(f"{doc.where('main_process_ip')}: num_machines is {machines} but main_process_ip is not set; "
                        "the workers cannot find the head" + (" ('When using multiple machines, you need to specify "
                        "the main process IP')" if launcher == "simple" else ""),
-                       f"set {doc.setting('main_process_ip')} to the head node's address, such as 10.0.0.1",
-                       **at(doc, "main_process_ip"))
+                       _head_fix(ctx, doc.setting("main_process_ip")), **at(doc, "main_process_ip"))
         if data.get("main_process_port") is None:
             # The torchrun and DeepSpeed launches fall back to DEFAULT_PORT; the simple one asserts (utils/launch.py)
             simple_one = launcher == "simple"
@@ -82,13 +81,12 @@ def main_process_address(ctx) -> Iterator[Finding]:
             f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}: {why}; "
             + ("the workers cannot reach the head and wait until the rendezvous times out" if several else
                "the processes cannot reach the rendezvous address" if ip_read else unread),
-            f"set {doc.setting('main_process_ip')} to the head node's (machine_rank 0) address as the workers resolve "
-            "it: `hostname -I` on the head, or its host name", value=ip, **at(doc, "main_process_ip"))
+            _head_fix(ctx, doc.setting("main_process_ip")), value=ip, **at(doc, "main_process_ip"))
     elif isinstance(ip, str) and not _is_host(ip) and not runner_finds_ip:
         yield (fail if ip_read else warn)(
             f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}, expected a host name or an IP address; "
             + ("accelerate passes it on unchecked, and the workers cannot reach the head at it" if ip_read else unread),
-            _host_fix(ip, doc.setting("main_process_ip")), value=ip, **at(doc, "main_process_ip"))
+            _host_fix(ctx, ip, doc.setting("main_process_ip")), value=ip, **at(doc, "main_process_ip"))
     port = text_number(data.get("main_process_port"))
     if isinstance(port, str):  # not a number at all ('PORT1'); numbers written as text are CFG003's
         yield (fail if port_read else warn)(
@@ -125,18 +123,34 @@ def _is_host(text: str) -> bool:
         return bool(HOSTNAME.match(text)) and not re.fullmatch(r"[0-9.]+", text)
 
 
-def _host_fix(ip: str, name: str) -> str:
+def _head_fix(ctx, name: str) -> str:
+    """The fix for a main_process_ip that is missing or no address: the head as the nodes or the hostfile name it (the
+    first of them: DeepSpeed's runner makes the hostfile's first host rank 0), else the node with machine_rank 0;
+    never an address made up for the example."""
+    head = source = None
+    if ctx.plan.remote and ctx.plan.nodes:
+        head, source = ctx.plan.nodes[0], "the head of the nodes checked"
+    elif ctx.plan.hostfile is not None:
+        head, source = ctx.plan.hostfile.hosts[0], f"the first host of {ctx.plan.hostfile.path}"
+    if head is not None:
+        return (f"set {name} to the head node's address as the workers resolve it: {head!r} ({source}), or its "
+                "address on the training network (`hostname -I` there)")
+    return (f"set {name} to the head node's (machine_rank 0) address as the workers resolve it: `hostname -I` on the "
+            "head, or its host name")
+
+
+def _host_fix(ctx, ip: str, name: str) -> str:
     """The address inside what was written, when there is a valid one: never the invalid value itself."""
     host = _host_part(ip)
-    if host != ip and _is_host(host) and not PLACEHOLDER_IP.match(host):
+    if host and host != ip and _is_host(host) and not PLACEHOLDER_IP.match(host):
         return f"set {name} to {host!r} (no user@, scheme, path or :port)"
-    return (f"set {name} to the head node's address or host name as the workers resolve it, "
-            "such as 10.0.0.1 (no user@, scheme, path or :port)")
+    return _head_fix(ctx, name) + "; no user@, scheme, path or :port"
 
 
 def _host_part(text: str) -> str:
+    """TEXT without a scheme, user@, path or :port; empty when nothing is left."""
     text = re.sub(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", "", text.strip())
     text = text.split("/")[0].split("@")[-1]
     if text.count(":") == 1:
         text = text.split(":")[0]
-    return text.strip("[]") or "10.0.0.1"
+    return text.strip("[]")

@@ -1,5 +1,5 @@
 """CFG syntax: how the files are written. Numbers that YAML or JSON read as text, quoted booleans, NO read as
-false, keys given twice, and comments in a DeepSpeed JSON that a json.load reader opens."""
+false, keys given twice, and what json.load refuses of a DeepSpeed config that DeepSpeed's hjson takes."""
 from __future__ import annotations
 
 from typing import Callable, Iterator, Mapping, Optional, Sequence, Tuple
@@ -142,8 +142,10 @@ def _numeric_strings(doc: Document, paths: Sequence[Tuple[str, ...]],
 def duplicate_keys(ctx) -> Iterator[Finding]:
     """No key is given twice in the same mapping.
 
-    DeepSpeed refuses a JSON file with repeated keys ('Duplicate keys in DeepSpeed config'); YAML and
-    accelerate silently keep the last one, so an edit to the first occurrence does nothing.
+    DeepSpeed refuses a config file with repeated keys when it opens the file itself ('Duplicate keys in
+    DeepSpeed config': hjson with dict_raise_error_on_duplicate_keys). YAML, json.load and so accelerate
+    (its own config, and the DeepSpeed JSON its DeepSpeedPlugin reads and hands to DeepSpeed as a mapping)
+    silently keep the last one, so an edit to the first occurrence does nothing.
 
     Delete one of the two occurrences.
     """
@@ -151,13 +153,22 @@ def duplicate_keys(ctx) -> Iterator[Finding]:
     if not docs:
         yield skip("no config given (--config, --deepspeed)")
         return
+    ds = ds_doc(ctx)
+    # accelerate's DeepSpeedPlugin reads the DeepSpeed JSON with json.load and hands DeepSpeed the mapping
+    # (accelerate/utils/deepspeed.py HfDeepSpeedConfig); DeepSpeed opening the file refuses repeated keys
+    # (deepspeed/runtime/config.py: hjson with dict_raise_error_on_duplicate_keys)
+    under_accelerate = ds_usage(ctx) == "accelerate"
     for doc in docs:
         for keys, line in doc.duplicates:
             where = f"{doc.path}:{line}"
-            if doc.kind == "json":
+            if doc is ds and doc.kind == "json" and not under_accelerate:
                 yield fail(f"{where}: key {dotted(keys)!r} is given twice; DeepSpeed refuses the file "
                            "('Duplicate keys in DeepSpeed config')", "delete one of the two", key=dotted(keys),
                            file=doc.path, line=line)
+            elif doc is ds and doc.kind == "json":
+                yield warn(f"{where}: key {dotted(keys)!r} is given twice; accelerate's DeepSpeedPlugin reads the "
+                           "file with json.load, which keeps only this last one (DeepSpeed opening the file itself "
+                           "would refuse it)", "delete one of the two", key=dotted(keys), file=doc.path, line=line)
             else:
                 yield warn(f"{where}: key {dotted(keys)!r} is given twice; only this last one takes effect",
                            "delete one of the two", key=dotted(keys), file=doc.path, line=line)
@@ -165,28 +176,40 @@ def duplicate_keys(ctx) -> Iterator[Finding]:
 
 @check("CFG008", "json-comments", "config", tags=["deepspeed", "json"])
 def json_comments(ctx) -> Iterator[Finding]:
-    """The DeepSpeed config is plain JSON, without comments, where a reader other than DeepSpeed opens it.
+    """The DeepSpeed config is plain JSON, which every reader of it takes.
 
-    DeepSpeed reads a config file with hjson, which takes // # and /* */ comments. accelerate's
-    DeepSpeedPlugin and the transformers Trainer read the same file with json.load, which stops on the
-    first comment ('Expecting property name enclosed in double quotes') on every node as the script starts.
+    DeepSpeed reads a config file with hjson, which takes // # and /* */ comments, a comma before } or ] and a
+    byte order mark. accelerate's DeepSpeedPlugin, the transformers Trainer (HfDeepSpeedConfig) and Lightning
+    read the same file with json.load, whatever its name, which stops on each of these ('Expecting property
+    name enclosed in double quotes') on every node as the script starts; and none of them reads a DeepSpeed
+    config written in YAML.
 
-    Delete the comments (keep the notes in a README beside the file), or keep the commented file only
-    for scripts that hand it to deepspeed.initialize themselves.
+    Delete the comments and trailing commas (keep the notes in a README beside the file), and write the
+    settings as JSON; or keep such a file only for scripts that read it themselves.
     """
     ds = ds_doc(ctx)
     if ds is None:
         yield skip("no DeepSpeed config given (--deepspeed, or deepspeed_config_file in the accelerate config)")
         return
-    if not ds.commented:
+    if ds.json_load_refusal is None:
         yield passed(f"{ds.path} is plain JSON")
         return
-    stops = ("accelerate's DeepSpeedPlugin and the transformers Trainer read it with json.load and stop on the first "
-             "comment ('Expecting property name enclosed in double quotes')")
-    if ds_usage(ctx) == "accelerate":
-        yield fail(f"{ds.path}: the DeepSpeed config holds comments, and accelerate launches the job: {stops}",
-                   "delete the comments", **at(ds))
+    line, problem = ds.json_load_refusal
+    refusal = f"({ds.path}:{line}: {problem.replace('malformed JSON: ', '')})"
+    readers = f"accelerate's DeepSpeedPlugin and the transformers Trainer read it with json.load, which stops on it " \
+        f"{refusal}"
+    if ds.kind == "yaml":
+        holds, fix, unless = "is YAML, not JSON", "write it as JSON", "unless the script reads the file itself"
+        alone = ("DeepSpeed (hjson), accelerate's DeepSpeedPlugin and the transformers Trainer (json.load) read a "
+                 f"DeepSpeed config as JSON whatever its name, and json.load stops on it {refusal}; only a script "
+                 "that reads the YAML itself can use it")
     else:
-        yield warn(f"{ds.path}: the DeepSpeed config holds comments: DeepSpeed reads it with hjson and takes them, "
-                   f"but {stops}", "delete the comments, unless the script hands the file to deepspeed.initialize "
-                   "itself", **at(ds))
+        holds = f"holds {' and '.join(ds.hjson_only)}"
+        fix = "delete " + " and ".join("the " + (w[2:] if w.startswith("a ") else w) for w in ds.hjson_only)
+        unless = "unless the script hands the file to deepspeed.initialize itself"
+        alone = f"DeepSpeed reads it with hjson and takes them, but {readers}"
+    if ds_usage(ctx) == "accelerate":
+        yield fail(f"{ds.path}: the DeepSpeed config {holds}, and accelerate launches the job: {readers}", fix,
+                   **at(ds))
+    else:
+        yield warn(f"{ds.path}: the DeepSpeed config {holds}: {alone}", f"{fix}, {unless}", **at(ds))

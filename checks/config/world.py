@@ -6,10 +6,10 @@ from typing import Iterator, Mapping
 
 from preflight.api import Finding, check, fail, skip, warn
 from preflight.checks.config.common import accel_doc, at, from_shell, yaml_word
-from preflight.inputs.configs import MULTI_TYPES, accelerate_launcher, runner_resources
-from preflight.inputs.documents import shorten
+from preflight.inputs.configs import MULTI_TYPES, accelerate_launcher, gpu_id_items, runner_resources
+from preflight.inputs.documents import Document, shorten
 from preflight.inputs.numbers import is_int, text_number
-from preflight.inputs.settings import gpu_id_list, processes_per_machine
+from preflight.inputs.settings import processes_per_machine
 
 
 @check("CFG011", "machine-rank", "config", tags=["accelerate", "multinode"])
@@ -151,42 +151,55 @@ def process_counts(ctx) -> Iterator[Finding]:
                    "with \"'int' object has no attribute 'split'\"", f"quote it: gpu_ids: '{ids_value}'",
                    **at(doc, "gpu_ids"))
         return
+    listed = gpu_id_items(ids_value) if isinstance(ids_value, str) and ids_value.strip().lower() != "all" else None
     if ctx.plan.accelerate.hostfile_unread is None and not (simple or on_cpu):
         # DeepSpeed's runner: gpu_ids reach only the runner's own environment; on every node DeepSpeed's launch sets
-        # the visible GPUs from the hostfile's slots (utils/launch.py, deepspeed/launcher/launch.py)
-        if ids_value is not None and ids_value != "all":
+        # the visible GPUs from the hostfile's slots (utils/launch.py, deepspeed/launcher/launch.py). Without a host
+        # filter accelerate passes it --num_gpus num_processes // num_machines (prepare_deepspeed_cmd_env).
+        section = ctx.plan.accelerate.deepspeed_section
+        filtered = section is not None and any(section.data.get(k) is not None for k in (
+            "deepspeed_inclusion_filter", "deepspeed_exclusion_filter"))
+        if listed is not None and not filtered:
+            yield from _per_node_reading(doc, procs, machines, len(listed),
+                                         f"accelerate passes --num_gpus {per_machine} to DeepSpeed's runner, so each "
+                                         f"node runs {per_machine} processes and leaves the other "
+                                         f"{procs - per_machine} of its {procs} GPUs idle")
+        # --num_gpus N gives every host the slots 0 to N-1 (deepspeed/launcher/runner.py apply_num_nodes_and_gpus):
+        # gpu_ids that list just those say what runs
+        same = not filtered and listed == [str(i) for i in range(per_machine)]
+        if ids_value is not None and ids_value != "all" and not same:
             yield warn(f"{doc.where('gpu_ids')}: gpu_ids {ids_value!r} is not read: under DeepSpeed's runner each "
                        "node uses the GPUs of its hostfile slots", "delete gpu_ids; limit the GPUs with the "
                        "hostfile's slots or deepspeed_inclusion_filter", **at(doc, "gpu_ids"))
         return
-    if isinstance(ids_value, str) and ids_value != "all" and ids_value.strip().lower() in ("all", "") and not on_cpu:
+    if isinstance(ids_value, str) and ids_value != "all" and not listed and not on_cpu:
         # accelerate compares it with 'all' exactly (commands/launch.py) and otherwise exports it as
-        # CUDA_VISIBLE_DEVICES, where it names no GPU (utils/launch.py)
+        # CUDA_VISIBLE_DEVICES, where it names no GPU (utils/launch.py; torch reads no index there)
         yield (warn if simple else fail)(
             f"{doc.where('gpu_ids')}: gpu_ids is {ids_value!r}, not 'all': accelerate compares it with 'all' exactly "
             f"and exports CUDA_VISIBLE_DEVICES={ids_value!r}, which hides every GPU"
             + (": the process runs on the CPU" if simple else " (with MULTI_GPU on one machine it stops: 'Less than "
                "two GPU ids')"), f"set {doc.setting('gpu_ids')} to 'all'", **at(doc, "gpu_ids"))
         return
-    ids = gpu_id_list(ids_value)
-    if ids is None:
+    ids = listed
+    if not ids:  # 'all' (in any case) or unset; a value that names no GPU is failed above
         return
     bad = [i for i in ids if not i.isdigit()]
     if bad:
+        stops = "" if bad == [ids[-1]] else f": torch stops reading CUDA_VISIBLE_DEVICES at {bad[0]!r}, and " \
+            "never sees the GPUs after it"
         yield fail(f"{doc.where('gpu_ids')}: gpu_ids {ids_value!r} holds {', '.join(map(repr, bad))}, "
-                   "expected GPU indices separated by commas", "write gpu_ids like '0,1,2,3', or 'all'",
+                   f"expected GPU indices separated by commas{stops}", "write gpu_ids like '0,1,2,3', or 'all'",
                    **at(doc, "gpu_ids"))
         return
-    if len(set(ids)) != len(ids):
-        yield fail(f"{doc.where('gpu_ids')}: gpu_ids {ids_value!r} lists a GPU twice",
+    if len(set(ids)) != len(ids):  # torch: "Repeated ordinal results in empty set"
+        yield fail(f"{doc.where('gpu_ids')}: gpu_ids {ids_value!r} lists a GPU twice; torch then sees no GPU at all",
                    "list each GPU index once", **at(doc, "gpu_ids"))
+        return
     if simple or on_cpu:  # one process, or processes on CPUs: any GPU listed will do
         return
     if machines > 1 and procs == len(ids):
-        yield warn(f"{doc.where('num_processes')}: num_processes is {procs}, the number of gpu_ids of one machine, "
-                   f"but it is the total over all {machines} machines: each machine runs only {per_machine}",
-                   f"to use every listed GPU on every machine, set num_processes: {procs * machines}",
-                   num_processes=procs, num_machines=machines, gpu_ids=len(ids), **at(doc, "num_processes"))
+        yield from _per_node_reading(doc, procs, machines, len(ids), f"each machine runs only {per_machine}")
     elif len(ids) < per_machine:
         yield fail(f"{doc.where('gpu_ids')}: gpu_ids lists {len(ids)} GPUs but each machine runs {per_machine} "
                    f"processes (num_processes {procs} / num_machines {machines})",
@@ -194,6 +207,16 @@ def process_counts(ctx) -> Iterator[Finding]:
                    f"GPUs: on each machine set gpu_ids to {per_machine} of its GPUs (or 'all'), or lower num_processes "
                    f"to {len(ids) * machines} if every machine has only {len(ids)}",
                    gpu_ids=len(ids), processes_per_machine=per_machine, **at(doc, "gpu_ids"))
+
+
+def _per_node_reading(doc: Document, procs: int, machines: int, listed: int, runs: str) -> Iterator[Finding]:
+    """num_processes read as the processes of one machine, where it is the total over all: it equals the gpu_ids
+    of one machine (accelerate divides it by num_machines, utils/launch.py)."""
+    if machines > 1 and procs == listed:
+        yield warn(f"{doc.where('num_processes')}: num_processes is {procs}, the number of gpu_ids of one machine, "
+                   f"but it is the total over all {machines} machines: {runs}",
+                   f"to use every listed GPU on every machine, set {doc.setting('num_processes')}: {procs * machines}",
+                   num_processes=procs, num_machines=machines, gpu_ids=listed, **at(doc, "num_processes"))
 
 
 @check("CFG021", "hostfile", "config", tags=["hostfile", "multinode", "deepspeed"])
@@ -279,9 +302,13 @@ def hostfile(ctx) -> Iterator[Finding]:
     per_machine = processes_per_machine(doc.data)
     if per_machine is None:
         return
+    procs = text_number(doc.data.get("num_processes"))
     for entry in hf.entries:
         if entry.slots != per_machine:
+            fix = f"set slots={per_machine}, or change num_processes"
+            if entry.slots == procs and len(seen) > 1:  # num_processes read as one host's processes: the total mends it
+                fix = f"set {doc.setting('num_processes')} to {sum(e.slots for e in hf.entries)}, the total over all " \
+                    f"hosts (or slots={per_machine})"
             yield fail(f"{hf.path}:{entry.line}: {entry.host} has slots={entry.slots}, but the accelerate config runs "
-                       f"{per_machine} processes per machine ({doc.where('num_processes')})",
-                       f"set slots={per_machine}, or change num_processes", host=entry.host, slots=entry.slots,
-                       expected=per_machine, file=hf.path, line=entry.line)
+                       f"{per_machine} processes per machine ({doc.where('num_processes')})", fix, host=entry.host,
+                       slots=entry.slots, expected=per_machine, file=hf.path, line=entry.line)

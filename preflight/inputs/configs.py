@@ -5,13 +5,14 @@ wrong type into a one-line input error) and for the CFG checks (which find the d
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
-from preflight.inputs.documents import Document, InputError, load, read_text, shorten
+from preflight.inputs.documents import Document, InputError, load, parse_deepspeed, read_text, shorten
 from preflight.inputs.numbers import is_int, is_numeric_string, reads_as, text_number
 
 NoneType = type(None)
@@ -305,6 +306,18 @@ def load_hostfile(path: str) -> Hostfile:
     if not entries:
         raise InputError(path, "hostfile lists no hosts")
     return Hostfile(path, tuple(entries))
+
+
+def gpu_id_items(value: str) -> List[str]:
+    """gpu_ids as torch reads it: accelerate exports it unchanged as CUDA_VISIBLE_DEVICES (utils/launch.py), which
+    torch splits at commas, strips, and reads up to the first item that is no index (torch/cuda/__init__.py,
+    _parse_visible_devices). So empty items at the end name nothing: `0,` is GPU 0 alone (and its comma is what gets
+    a one-GPU MULTI_GPU launch past accelerate's own `len(gpu_ids.split(",")) < 2`). Any other item that is no
+    index, an empty one in the middle included, is left in: torch stops there and never sees the GPUs after it."""
+    items = [item.strip() for item in value.split(",")]
+    while items and not items[-1]:
+        items.pop()
+    return items
 
 
 # The types that make accelerate launch a multi-GPU job from the config file (commands/launch.py).
@@ -648,9 +661,8 @@ class DeepSpeedConfig:
 
 
 def load_deepspeed_config(path: str) -> DeepSpeedConfig:
-    # DeepSpeed reads its config with hjson: comments are CFG008's to judge, by who else reads the file
-    doc = load(path, "DeepSpeed config", kind="json" if not path.lower().endswith((".yaml", ".yml")) else "yaml",
-               comments=True)
+    # Read as JSON whatever its name, past what hjson alone takes: CFG008 judges that, by who reads the file
+    doc = parse_deepspeed(path, read_text(path, "DeepSpeed config", bom=True))
     for keys, types in DS_NUMERIC.items():
         section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
         if section is not None:
@@ -701,13 +713,6 @@ class FlagDocument(Document):
     def in_file(self, *keys: Any) -> bool:
         return self.prefix + keys in self.lines if self.given_by_flag(*keys) else super().in_file(*keys)
 
-    def section(self, *keys: Any) -> Optional[Document]:
-        inner = super().section(*keys)
-        if inner is None:
-            return None
-        return FlagDocument(inner.path, inner.data, inner.kind, inner.lines, inner.plain_strings, inner.duplicates,
-                            inner.prefix, flags=self.flags)
-
 
 def with_values(doc: Document, values: Mapping[Tuple[str, ...], Tuple[Any, str]]) -> Document:
     """doc with the values at some key paths replaced: {path: (value, "flag --name")}."""
@@ -719,5 +724,5 @@ def with_values(doc: Document, values: Mapping[Tuple[str, ...], Tuple[Any, str]]
                 holder[key] = {}
             holder = holder[key]
         holder[keys[-1]] = value
-    return FlagDocument(doc.path, data, doc.kind, doc.lines, doc.plain_strings, doc.duplicates, doc.prefix,
-                        doc.commented, flags={k: s for k, (_, s) in values.items()})
+    fields = {f.name: getattr(doc, f.name) for f in dataclasses.fields(Document)}  # all the file told, but the data
+    return FlagDocument(**{**fields, "data": data}, flags={k: s for k, (_, s) in values.items()})

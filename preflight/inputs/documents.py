@@ -5,6 +5,7 @@ InputError: one line that names the file, the line where known, and the problem.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -56,7 +57,11 @@ class Document:
     plain_strings: FrozenSet[KeyPath] = frozenset()  # YAML plain scalars that resolved to strings
     duplicates: Tuple[Tuple[KeyPath, int], ...] = ()  # keys given twice: (path, line of the repeat)
     prefix: KeyPath = ()
-    commented: bool = False  # JSON read past // # /* */ comments (DeepSpeed's hjson takes them; json.load does not)
+    # What DeepSpeed's hjson reads past and json.load refuses ("comments", "trailing commas", "a byte order mark")
+    hjson_only: Tuple[str, ...] = ()
+    # json.load's refusal of the text as written, (line, problem), where the file was read another way: past what
+    # hjson_only names, or as YAML (a DeepSpeed config named .yaml that is not JSON); None where json.load reads it
+    json_load_refusal: Optional[Tuple[Optional[int], str]] = None
 
     def line(self, *keys: Any) -> Optional[int]:
         path = self.prefix + keys
@@ -93,13 +98,14 @@ class Document:
             value = value.get(key) if isinstance(value, Mapping) else None
         if not isinstance(value, Mapping):
             return None
-        return Document(self.path, value, self.kind, self.lines, self.plain_strings, self.duplicates, self.prefix + keys)
+        return dataclasses.replace(self, data=value, prefix=self.prefix + keys)
 
     def is_plain_string(self, *keys: Any) -> bool:
         return self.prefix + keys in self.plain_strings
 
 
-def read_text(path: str, what: str) -> str:
+def read_text(path: str, what: str, bom: bool = False) -> str:
+    """The file's text; `bom`: a UTF-8 byte order mark at its start is kept (json.load refuses it), else dropped."""
     if not os.path.exists(path):
         raise InputError(path, f"{what} not found")
     if os.path.isdir(path):
@@ -121,22 +127,43 @@ def read_text(path: str, what: str) -> str:
     if b"\x00" in raw:
         raise InputError(path, f"{what} holds binary data, expected text")
     try:
-        text = raw.decode("utf-8-sig")
+        text = raw.decode("utf-8" if bom else "utf-8-sig")
     except UnicodeDecodeError as exc:
         bad = raw[exc.start]
         raise InputError(path, f"{what} is not UTF-8 text (byte 0x{bad:02x} at offset {exc.start})",
                          raw.count(b"\n", 0, exc.start) + 1) from None
-    if not text.strip():
+    if not text.lstrip("\ufeff").strip():
         raise InputError(path, f"{what} is empty")
     return text
 
 
+def syntax_by_name(path: str) -> str:
+    """accelerate's rule for its config file: JSON when the name ends in `.json`, in that case, else YAML
+    (accelerate/commands/config/config_args.py, load_config_from_file: `config_file.endswith(".json")`)."""
+    return "json" if path.endswith(".json") else "yaml"
+
+
 def load(path: str, what: str, kind: Optional[str] = None, comments: bool = False) -> Document:
-    """Read a YAML or JSON mapping; `kind` defaults to the file's extension (YAML unless .json); `comments`: JSON
-    may hold comments (Document.commented says whether it did)."""
-    text = read_text(path, what)
-    kind = kind or ("json" if path.lower().endswith(".json") else "yaml")
+    """Read a YAML or JSON mapping; `kind` defaults to syntax_by_name; `comments`: JSON is read as DeepSpeed's hjson
+    reads it too (parse_json)."""
+    kind = kind or syntax_by_name(path)
+    text = read_text(path, what, bom=kind == "json")  # YAML readers skip a byte order mark themselves
     return parse_json(path, text, what, comments) if kind == "json" else parse_yaml(path, text, what)
+
+
+def parse_deepspeed(path: str, text: str, what: str = "DeepSpeed config") -> Document:
+    """A DeepSpeed config as its readers read it, whatever its name: DeepSpeed with hjson (deepspeed/runtime/config.py,
+    DeepSpeedConfig), accelerate's and transformers' HfDeepSpeedConfig with json.load (accelerate/utils/deepspeed.py),
+    which accelerate launch's DeepSpeedPlugin and the transformers Trainer build; Lightning's strategy with json.load
+    too. Only a file named .yaml or .yml that is not JSON is read as YAML, as a script that reads it itself would
+    read it; json_load_refusal then says why the libraries do not (CFG008)."""
+    try:
+        return parse_json(path, text, what, comments=True)
+    except InputError as refused:
+        if not path.lower().endswith((".yaml", ".yml")):
+            raise
+        doc = parse_yaml(path, text, what)  # meant as YAML: its own errors are the ones to show
+        return dataclasses.replace(doc, json_load_refusal=(refused.line, refused.problem))
 
 
 class _Loader(yaml.SafeLoader):
@@ -292,45 +319,67 @@ def _json_integer(text: str) -> int:
 # A JSON string (to its line's end if it is never closed), or a comment as hjson takes them. Wherever a string's
 # characters run out, one of its endings matches: a match never fails and is retried, so one pass over the text,
 # whatever it holds.
-JSON_STRING_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*(?:"|$|\\\Z)|//[^\n]*|#[^\n]*|/\*.*?(?:\*/|\Z)', re.S | re.M)
+JSON_STRING = r'"(?:[^"\\\n]|\\.)*(?:"|$|\\\Z)'
+JSON_STRING_OR_COMMENT = re.compile(JSON_STRING + r'|//[^\n]*|#[^\n]*|/\*.*?(?:\*/|\Z)', re.S | re.M)
+JSON_STRING_OR_TRAILING_COMMA = re.compile(JSON_STRING + r'|,(?=\s*[}\]])', re.S | re.M)
 
 
-def without_comments(text: str) -> Optional[str]:
-    """TEXT with its comments blanked (their newlines kept, so every key keeps its line), or None if it has none,
-    or a /* that is never closed (DeepSpeed's hjson stops on that too)."""
+def hjson_reading(text: str) -> Optional[Tuple[str, Tuple[str, ...]]]:
+    """TEXT as JSON once what DeepSpeed's hjson reads past and json.load refuses is blanked (a byte order mark,
+    // # /* */ comments, a comma before } or ]; newlines kept, so every key keeps its line), and what of these it
+    held; None if it holds none, or a /* that is never closed (hjson stops on that too)."""
     found = []
+    if text.startswith("\ufeff"):
+        text = " " + text[1:]
+        found.append("a byte order mark")
+    closed = []
 
     def blank(match: "re.Match[str]") -> str:
-        comment = match.group(0)
-        if comment.startswith('"'):
-            return comment
-        found.append(not comment.startswith("/*") or (len(comment) >= 4 and comment.endswith("*/")))
-        return re.sub(r"[^\n]", " ", comment)
+        written = match.group(0)
+        if written.startswith('"'):
+            return written
+        closed.append(not written.startswith("/*") or (len(written) >= 4 and written.endswith("*/")))
+        return re.sub(r"[^\n]", " ", written)
 
-    blanked = JSON_STRING_OR_COMMENT.sub(blank, text)
-    return blanked if found and all(found) else None
+    text = JSON_STRING_OR_COMMENT.sub(blank, text)
+    if closed:
+        if not all(closed):
+            return None
+        found.append("comments")
+    commas = len(closed)
+    text = JSON_STRING_OR_TRAILING_COMMA.sub(blank, text)
+    if len(closed) > commas:
+        found.append("trailing commas")
+    return (text, tuple(found)) if found else None
 
 
 def parse_json(path: str, text: str, what: str, comments: bool = False) -> Document:
-    commented = False
+    """A JSON mapping, as json.load reads it; `comments`: else as DeepSpeed's hjson reads it too (hjson_reading:
+    comments, trailing commas, a byte order mark), json.load's refusal kept in the Document."""
+    hjson_only, refusal = (), None
     try:
         data = _json_data(path, text)
-    except InputError:
-        blanked = without_comments(text) if comments else None
-        if blanked is None:
+    except InputError as refused:
+        reading = hjson_reading(text) if comments else None
+        if reading is None:
             raise
-        data = _json_data(path, blanked)  # past the comments, the error of the text that is left
-        text, commented = blanked, True
+        text, hjson_only = reading
+        data = _json_data(path, text)  # past them, the error of the text that is left
+        refusal = (refused.line, refused.problem)
     lines, dups, too_deep = _json_positions(text)
     if too_deep:
         raise InputError(path, f"JSON nesting is deeper than {MAX_DEPTH} levels", too_deep)
-    return Document(path, _top_mapping(path, data, what, "JSON"), "json", lines, frozenset(), dups, commented=commented)
+    return Document(path, _top_mapping(path, data, what, "JSON"), "json", lines, frozenset(), dups,
+                    hjson_only=hjson_only, json_load_refusal=refusal)
 
 
 def _json_data(path: str, text: str) -> Any:
     try:
         return json.loads(text, parse_int=_json_integer)
     except json.JSONDecodeError as exc:
+        if exc.msg.startswith("Unexpected UTF-8 BOM"):
+            raise InputError(path, "malformed JSON: it starts with a UTF-8 byte order mark, which json.load refuses "
+                                   "('Unexpected UTF-8 BOM'); save it as UTF-8 without one", 1) from None
         raise InputError(path, f"malformed JSON: {exc.msg} (column {exc.colno})", exc.lineno) from None
     except RecursionError:
         raise InputError(path, "JSON nesting is too deep") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional, Tuple
 
+from preflight.inputs.configs import gpu_id_items
 from preflight.inputs.documents import Document
 from preflight.inputs.numbers import is_int, text_number
 
@@ -17,10 +18,10 @@ def processes_per_machine(data: Mapping[str, Any]) -> Optional[int]:
 
 
 def gpu_id_list(value: Any) -> Optional[List[str]]:
-    """gpu_ids as a list, or None for 'all' and unset."""
+    """gpu_ids as a list, as torch reads it (configs.gpu_id_items), or None for 'all' and unset."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("all", "")):
         return None
-    return [part.strip() for part in str(value).split(",")]
+    return gpu_id_items(str(value))
 
 
 def zero_settings(plan) -> Optional[Tuple[Document, Tuple[str, ...], Any, Mapping[str, Any]]]:

@@ -287,7 +287,8 @@ def test_fixes_name_the_flag_that_gives_the_value(capsys, tmp_path):
     code, doc = lint(capsys, "--", "accelerate", "launch", "--multi_gpu", "--num_processes", "8", "--num_machines",
                      "2", "train.py")
     assert [r["remediation"] for r in of(doc, "CFG010", "fail")] == [
-        "set --main_process_ip to the head node's address, such as 10.0.0.1"], shown(doc)
+        "set --main_process_ip to the head node's (machine_rank 0) address as the workers resolve it: `hostname -I` "
+        "on the head, or its host name"], shown(doc)
 
 
 # 11. remediations that can be followed

@@ -248,7 +248,7 @@ def nested_json(depth: int) -> str:
 
 
 JSON_CASES = [
-    ("trailing-comma", '{\n  "train_batch_size": 8,\n  "fp16": {"enabled": true,}\n}\n', 3, ["malformed JSON"]),
+    ("missing-colon", '{\n  "train_batch_size": 8,\n  "fp16": {"enabled" true}\n}\n', 3, ["malformed JSON"]),
     ("missing-brace", '{\n  "train_batch_size": 8\n', 3, ["malformed JSON"]),
     ("missing-comma", '{\n  "a": 1\n  "b": 2\n}\n', 3, ["malformed JSON", "delimiter"]),
     ("extra-document", '{"a": 1}\n{"b": 2}\n', 2, ["malformed JSON", "extra data"]),
@@ -317,7 +317,7 @@ def test_accelerate_config_json_wrong_type(tmp_path):
 
 def test_deepspeed_file_named_by_the_accelerate_config(tmp_path):
     """The DeepSpeed JSON found through deepspeed_config_file is checked the same way, and named."""
-    (tmp_path / "ds.json").write_text('{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": 2,}\n}\n')
+    (tmp_path / "ds.json").write_text('{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage" 2}\n}\n')
     config = tmp_path / "accelerate.yaml"
     config.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n")
     proc = preflight("lint", "--config", str(config), cwd=tmp_path.parent)
