@@ -12,28 +12,44 @@ def gib(n: int) -> str:
 
 @check("FS001", "dev-shm", "node", tags=["filesystem", "nccl", "container"])
 def dev_shm(ctx) -> Iterator[Finding]:
-    """/dev/shm is large enough: fail under 512 MiB, warn under 1 GiB.
+    """/dev/shm is large enough and has the room free: fail under 512 MiB (of size, or free), warn under 1 GiB.
 
     NCCL's shared-memory transport and PyTorch's DataLoader workers allocate in /dev/shm; containers give
     it 64 MB by default, and NCCL then fails with 'unhandled system error' or the DataLoader with 'bus
-    error' once training starts.
+    error' once training starts. A large /dev/shm filled by the segments of earlier jobs fails the same way.
 
-    Run the container with --shm-size=16g (or --ipc=host), or remount: mount -o remount,size=16G /dev/shm.
+    Run the container with --shm-size=16g (or --ipc=host), or remount: mount -o remount,size=16G /dev/shm;
+    when it is full, remove what killed jobs left there (`ls -la /dev/shm`: nccl-*, torch_*, psm_*).
     """
     shm = (ctx.fact.get("storage") or {}).get("shm") or {}
     if not shm.get("exists"):
         yield fail("/dev/shm does not exist", "mount a tmpfs on /dev/shm (or run the container with --ipc=host)")
         return
-    total, limits = shm["total_bytes"], ctx.plan.limits
+    total, free, limits = shm["total_bytes"], shm["free_bytes"], ctx.plan.limits
+    evidence = {"total_bytes": total, "free_bytes": free}
+    # The same thresholds for what is free as for the size: what the job gets is what is free when it starts.
+    # NCCL's SHM transport maps a segment per connection between local ranks, of buffers sized by NCCL_BUFFSIZE
+    # (4 MiB by default) for each channel, and each DataLoader keeps prefetch_factor * num_workers batches in
+    # shared memory (torch/utils/data/dataloader.py, DataLoader.__init__: prefetch_factor 2 by default;
+    # _MultiProcessingDataLoaderIter._reset puts that many in flight): hundreds of MiB per rank for image
+    # batches. Under 512 MiB free one of them fails once training starts; under 1 GiB, more workers or a larger
+    # batch is one step from it.
+    used = f"{gib(free)} free of {gib(total)}"
+    clear = "remove what earlier jobs left in /dev/shm (`ls -la /dev/shm`: nccl-*, torch_*, psm_*; first check that " \
+            "no process of a running job holds them: `fuser /dev/shm/*`)"
     if total < limits.shm_fail_bytes:
         yield fail(f"/dev/shm is {gib(total)}, expected at least {gib(limits.shm_fail_bytes)}",
-                   "give the container --shm-size=16g or --ipc=host, or mount -o remount,size=16G /dev/shm",
-                   total_bytes=total)
+                   "give the container --shm-size=16g or --ipc=host, or mount -o remount,size=16G /dev/shm", **evidence)
+    elif free < limits.shm_fail_bytes:
+        yield fail(f"/dev/shm has {used}, expected at least {gib(limits.shm_fail_bytes)} free: NCCL's shared-memory "
+                   "segments and the DataLoader's batches do not fit", clear, **evidence)
     elif total < limits.shm_warn_bytes:
         yield warn(f"/dev/shm is {gib(total)}, under the recommended {gib(limits.shm_warn_bytes)}",
-                   "give the container --shm-size=16g or --ipc=host", total_bytes=total)
+                   "give the container --shm-size=16g or --ipc=host", **evidence)
+    elif free < limits.shm_warn_bytes:
+        yield warn(f"/dev/shm has {used}, under the recommended {gib(limits.shm_warn_bytes)} free", clear, **evidence)
     else:
-        yield passed(f"/dev/shm is {gib(total)} ({gib(shm['free_bytes'])} free)", total_bytes=total)
+        yield passed(f"/dev/shm is {gib(total)} ({gib(free)} free)", **evidence)
 
 
 def _folder(ctx, key: str, what: str) -> Iterator[Finding]:

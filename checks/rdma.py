@@ -18,6 +18,18 @@ ERROR_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error", "port_rc
                   "local_link_integrity_errors", "excessive_buffer_overrun_errors")
 
 
+# Past any port's rate (the fastest InfiniBand and Ethernet ports run at 800 to 2,400 Gb/s): a rate no kernel
+# wrote, read as "cannot be read" rather than as the usual rate the other nodes are held to.
+MAX_RATE_GBPS = 10_000
+
+
+def rate_of(port: dict) -> Optional[float]:
+    """The port's rate in Gb/s, None when it is absent or not a plausible rate (0, negative, inf, nan, huge)."""
+    rate = port.get("rate_gbps")
+    return rate if isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate <= MAX_RATE_GBPS \
+        else None
+
+
 def active(port: dict) -> bool:
     return port.get("state") == "ACTIVE" and port.get("phys_state") == "LinkUp"
 
@@ -90,7 +102,7 @@ def rdma_rate(ctx) -> Iterator[Finding]:
             continue
         for device, port, found in selected_ports(facts.get("env") or {}, fabric.get("rdma") or {}):
             if active(found):
-                ports.setdefault(node, {})[f"{device}:{port}"] = found.get("rate_gbps")
+                ports.setdefault(node, {})[f"{device}:{port}"] = rate_of(found)
     if not ports:
         yield skip("no node has an active RDMA port")
         return

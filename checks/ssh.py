@@ -11,6 +11,7 @@ TRANSPORT_KINDS = {
     "timeout": "timed out",
     "unreachable": "unreachable",
     "no-banner": "no SSH banner",
+    "closed": "connection closed before the SSH banner",
     "handshake": "SSH handshake failed",
     "host-key-unknown": "unknown host key",
     "host-key-changed": "changed host key",

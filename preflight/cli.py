@@ -218,22 +218,30 @@ def collective_options(sub: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def interruptible():
-    """SIGTERM (a scheduler, `timeout`, `kill`) and SIGHUP (a closed terminal) end the run as Ctrl-C does: a
-    KeyboardInterrupt in the main thread, so every cleanup runs (the shared folder's token, the head's
-    listener, the remote processes and sessions) and the exit is 130. Only the first one: a second must not
-    cut those cleanups short. A signal already ignored (SIGHUP under nohup) stays ignored."""
+    """SIGTERM (a scheduler, `timeout`, `kill`), SIGINT (Ctrl-C) and SIGHUP (a closed terminal) end the run. The
+    first is a KeyboardInterrupt in the main thread, so every cleanup runs (the shared folder's token, the head's
+    listener, the remote processes and sessions) and the exit is 130. A second ends the process at once, with 130:
+    whoever sent it will not wait for the cleanups, and the first may have been lost: a library that catches every
+    Python error swallows the KeyboardInterrupt too (inside `import deepspeed`, torch's C++ start-up imports numpy
+    and goes on without it when that fails: "Failed to initialize NumPy", torch/csrc/utils/tensor_numpy.cpp). A
+    run that goes on to its end after a lost first signal still exits 130. A signal already ignored (SIGHUP under
+    nohup) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     fired = []
 
     def on_signal(signum, frame):
-        if not fired:
-            fired.append(signum)
-            raise KeyboardInterrupt(signal.Signals(signum).name)
+        if fired:
+            try:
+                os.write(2, b"preflight: interrupted\n")
+            finally:
+                os._exit(EXIT_INTERRUPTED)
+        fired.append(signum)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
     previous = {}
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         if signal.getsignal(signum) is not signal.SIG_IGN:
             previous[signum] = signal.signal(signum, on_signal)
     try:
@@ -241,6 +249,8 @@ def interruptible():
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    if fired:  # the run ended without the interruption it was sent: it is still one
+        raise KeyboardInterrupt(signal.Signals(fired[0]).name)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -4,7 +4,9 @@ then a fault that OpenSSH would never show by itself.
     python tests/stub_sshd.py --port 2222 --host-key KEY --authorized-key KEY.pub --stall exec
 
 --stall exec: sessions open, but the exec request is never answered (a hung sshd or PAM session module);
---stall session: the session request itself is never answered. It prints "ready" on stdout once it
+--stall session: the session request itself is never answered; --close: every connection is closed as soon as
+it is accepted, before the SSH banner (as sshd past MaxStartups, or a TCP wrapper refusing the host; no keys
+needed then). It prints "ready" on stdout once it
 listens, serves until killed, and keeps every connection open. Run it in a test host's network namespace
 (cluster.netns_popen) to put it on the test network.
 """
@@ -49,13 +51,17 @@ def serve(conn: socket.socket, host_key: paramiko.PKey, authorized: paramiko.PKe
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--host-key", required=True)
-    parser.add_argument("--authorized-key", required=True, help="a public key file (the one line of id_*.pub)")
+    parser.add_argument("--host-key")
+    parser.add_argument("--authorized-key", help="a public key file (the one line of id_*.pub)")
     parser.add_argument("--stall", choices=("exec", "session"), default="exec")
+    parser.add_argument("--close", action="store_true", help="close every connection before the banner")
     args = parser.parse_args(argv)
-    host_key = paramiko.PKey.from_path(args.host_key)
-    kind, blob = open(args.authorized_key).read().split()[:2]
-    authorized = paramiko.PKey.from_type_string(kind, __import__("base64").b64decode(blob))
+    if not args.close and not (args.host_key and args.authorized_key):
+        parser.error("--host-key and --authorized-key are needed (but with --close)")
+    if not args.close:
+        host_key = paramiko.PKey.from_path(args.host_key)
+        kind, blob = open(args.authorized_key).read().split()[:2]
+        authorized = paramiko.PKey.from_type_string(kind, __import__("base64").b64decode(blob))
     forever = threading.Event()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -64,6 +70,9 @@ def main(argv=None) -> int:
     print("ready", flush=True)
     while True:
         conn, _ = listener.accept()
+        if args.close:
+            conn.close()
+            continue
         threading.Thread(target=serve, args=(conn, host_key, authorized, args.stall, forever), daemon=True).start()
 
 

@@ -143,7 +143,7 @@ def used_gid(env: dict, port: dict) -> Tuple[Optional[int], Optional[dict], str]
     """(index, the entry NCCL uses on this port or None, how it was chosen). A negative or unset
     NCCL_IB_GID_INDEX lets NCCL choose: the first entry of NCCL_IB_ROCE_VERSION_NUM (default 2) in
     NCCL_IB_ADDR_FAMILY (default AF_INET), as NCCL 2.21 and newer do."""
-    gids = {g.get("index"): g for g in port.get("gids") or [] if isinstance(g, dict)}
+    gids = {g["index"]: g for g in port.get("gids") or [] if isinstance(g, dict) and isinstance(g.get("index"), int)}
     index = env_integer(env, "NCCL_IB_GID_INDEX")
     if index is not None and index >= 0:
         return index, gids.get(index), f"NCCL_IB_GID_INDEX={index}"

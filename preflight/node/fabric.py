@@ -39,9 +39,10 @@ def _numbered(text):
 def _rate_gbps(text):
     """'200 Gb/sec (4X HDR)' -> 200.0, '2.5 Gb/sec (1X SDR)' -> 2.5."""
     try:
-        return float(text.split()[0])
+        rate = float(text.split()[0])
     except (AttributeError, IndexError, ValueError):
         return None
+    return rate if rate == rate and abs(rate) != float("inf") else None  # sysfs text 'nan' or 'inf' is no rate
 
 
 def _rdma_port(folder):

@@ -213,8 +213,11 @@ GPU = Obj(
     mig_pending=(bool, NONE), compute_mode=TEXT, processes=Each(Obj(pid=int, used_memory_bytes=COUNT)),
     pcie_generation=COUNT, pcie_max_generation=COUNT, pcie_width=COUNT, pcie_max_width=COUNT,
     nvlink_active=Either(NONE, Each(bool)), clock_event_reasons=Either(NONE, Each(str)), errors=Keyed(str))
+# A GID table entry: preflight.node.fabric writes index and gid for every entry it keeps (it skips the empty
+# ones), and NCCL_IB_GID_INDEX is looked up by index: an entry without them is not one of the collector's.
+GID = Obj(index=Need(int), gid=Need(str), type=TEXT, ndev=TEXT)
 RDMA_PORT = Obj(state=TEXT, phys_state=TEXT, rate=TEXT, rate_gbps=(int, float, NONE), link_layer=TEXT,
-                gids=Each(Obj(index=int, gid=str, type=TEXT, ndev=TEXT)), counters=Keyed(COUNT))
+                gids=Each(GID), counters=Keyed(COUNT))
 FABRIC = Obj(
     rdma=Keyed(Obj(fw_ver=TEXT, hca_type=TEXT, board_id=TEXT, node_guid=TEXT, node_type=TEXT, netdevs=Each(str),
                    pci=TEXT, ports=Keyed(RDMA_PORT))),
@@ -245,7 +248,7 @@ CENSUS = Obj(
 # (preflight.job.view): a node's launch is open-ended.
 SECTIONS = {
     "python": Obj(executable=TEXT, version=str, cwd=str, error=ERROR),  # sys.executable: None where unknown
-    "packages": Obj(versions=Keyed(TEXT), distributions=Keyed(TEXT), error=ERROR),
+    "packages": Obj(versions=Keyed(TEXT), distributions=Keyed(TEXT), requires=Keyed(Each(str)), error=ERROR),
     "host": Obj(hostname=str, fqdn=str, interfaces=Keyed(Each(str)),
                 links=Keyed(Obj(up=(bool, NONE), running=(bool, NONE), ipv4=Either(NONE, Each(str)), ipv6=Each(str))),
                 resolves_to=RESOLVED, kernel=str, rdma_devices=Each(str), resolves_to_own_interface=bool,

@@ -137,6 +137,19 @@ def _jump_chain(spec: str, ssh_config: Optional[str], seen: tuple = ()) -> list:
     return hops
 
 
+def closed_by_server(failure: Optional[BaseException]) -> bool:
+    """Whether the handshake ended because the server closed or reset the connection (not for its silence).
+    paramiko reads the banner until the end of the stream (packet.Packetizer._read_timeout raises EOFError
+    there, socket.timeout at the deadline) and reports either as SSHException("Error reading SSH protocol
+    banner"), the cause as its context; a failed write of our own banner is an EOFError (write_all)."""
+    for exc in (failure, getattr(failure, "__context__", None)):
+        if isinstance(exc, (socket.timeout, TimeoutError)):
+            return False
+        if isinstance(exc, (EOFError, ConnectionError)):
+            return True
+    return False
+
+
 class SSHConnection:
     """One authenticated SSH connection, reused for every phase of a run."""
 
@@ -160,12 +173,20 @@ class SSHConnection:
             self.transport = transport = paramiko.Transport(sock)
             transport.banner_timeout = transport.handshake_timeout = transport.auth_timeout = self.timeout
             failure = None
+            started = time.monotonic()
             try:
                 transport.start_client(timeout=self.timeout)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 failure = exc
             # start_client fails, or returns quietly at its timeout: find out how far the handshake got.
             if not transport.remote_version:
+                if closed_by_server(failure):
+                    raise NodeError("closed", f"{where} closed the connection before its SSH banner, "
+                                    f"{time.monotonic() - started:.2f} s after accepting it", "sshd turned it away at "
+                                    "once: MaxStartups reached (too many connections still authenticating), a TCP "
+                                    "wrapper (/etc/hosts.deny) or sshd's rules refusing this host, or sshd failing "
+                                    "before it speaks (no /run/sshd); its log on the node says which "
+                                    "(journalctl -u ssh)")
                 if failure is None or "banner" in str(failure).lower():
                     raise NodeError("no-banner", f"{where} accepted the connection but sent no SSH banner within "
                                     f"{self.timeout:g} s", "the sshd is hung or stopped (SIGSTOP), or the port is "

@@ -9,7 +9,8 @@ import pytest
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from cluster_check import check
 from conftest import results, run_cli
-from node_facts import by_node, facts, run, NODES
+from node_facts import SPECS, by_node, facts, run, NODES
+from preflight import runner
 from preflight.plan import Plan
 from preflight.result import Status
 
@@ -113,3 +114,71 @@ def test_offload_paths_that_are_missing_fail_and_those_that_are_writable_pass(tm
     assert missing["status"] == "fail" and "offload_param.nvme_path" in missing["message"], missing
     assert missing["message"].endswith("does not exist") and "create" in missing["remediation"]
     assert found[str(swap)]["status"] == "pass" and "writable" in found[str(swap)]["message"]
+
+
+@pytest.mark.parametrize("total,free,status,said", [
+    (16 * 2**30, 160 * 2**20, Status.FAIL, "/dev/shm has 160 MiB free of 16.0 GiB, expected at least 512 MiB free"),
+    (16 * 2**30, 700 * 2**20, Status.WARN, "/dev/shm has 700 MiB free of 16.0 GiB, under the recommended 1.0 GiB free"),
+    (16 * 2**30, 15 * 2**30, Status.PASS, "/dev/shm is 16.0 GiB (15.0 GiB free)"),
+    (64 * 2**20, 0, Status.FAIL, "/dev/shm is 64 MiB, expected at least 512 MiB"),  # too small: its size says it
+])
+def test_dev_shm_free_space_is_judged_beside_its_size(total, free, status, said):
+    def shm(state):
+        state["facts"]["storage"]["shm"].update(total_bytes=total, free_bytes=free)
+
+    result = by_node(run("FS001", facts(n02=shm)))["n02"]
+    assert result.status == status and result.message.startswith(said), result.message
+    assert result.evidence == {"total_bytes": total, "free_bytes": free}
+    if status is Status.FAIL and free:
+        assert "ls -la /dev/shm" in result.remediation
+
+
+@pytest.mark.cluster
+def test_a_large_dev_shm_that_is_nearly_full_fails(cluster):
+    """A 1.2 GiB /dev/shm (over the 1 GiB that passes by size) holding a 1.1 GiB file left behind: 100 MiB free."""
+    node = "node02"
+    with cluster.small_shm_fault(node, "1200m"):
+        fill = cluster.node_popen(node, ["fallocate", "-l", "1100M", "/dev/shm/left-behind"])
+        assert fill.wait(60) == 0
+        try:
+            doc, _ = check(cluster, "--only", "FS001")
+        finally:
+            assert cluster.node_popen(node, ["rm", "-f", "/dev/shm/left-behind"]).wait(60) == 0
+        emptied, _ = check(cluster, "--only", "FS001")
+    shm = results(doc, "FS001")
+    assert shm[node]["status"] == "fail", shm[node]
+    assert shm[node]["message"].startswith("/dev/shm has 100 MiB free of 1.2 GiB"), shm[node]
+    assert shm[node]["evidence"]["total_bytes"] == 1200 * 2**20
+    assert shm["node01"]["status"] == "pass" and shm["node03"]["status"] == "pass"
+    assert results(emptied, "FS001")[node]["status"] == "pass"  # the same /dev/shm, emptied
+
+
+HOSTILE = ({}, [], None, "x", float("inf"), float("nan"), -1, 0, 2**63, 2**200, True, [{}], {"x": {}})
+
+
+def test_hostile_storage_values_are_refused_or_judged_never_a_check_defect():
+    """Each field of /dev/shm's and the checkpoint folder's entries replaced by each hostile value: the shapes
+    refuse it (that node's failed section), or FS001 and FS002 judge it without raising."""
+    from preflight.remote import gather, shapes
+
+    entry = {"path": "/ckpt", "exists": True, "writable": True, "free_bytes": 2**40, "total_bytes": 2**40}
+    plan = Plan(nodes=NODES, remote=True, checkpoint_dir="/ckpt")
+    judged, defects = 0, []
+    for name in ("shm", "checkpoint_dir"):
+        for key in ("path", "exists", "total_bytes", "free_bytes", "writable"):
+            for value in HOSTILE:
+                def change(state):
+                    storage = state["facts"]["storage"]
+                    storage["checkpoint_dir"] = dict(entry)
+                    storage[name] = dict(storage[name], **{key: value})
+                    if shapes.problem(storage, shapes.SECTIONS["storage"], "storage") is not None:
+                        state["facts"] = gather.checked_facts(state["facts"])  # as it arrives: refused
+
+                states = facts(n02=change)
+                judged += not isinstance(states["n02"]["facts"]["storage"].get("error"), str)
+                for check_id in ("FS001", "FS002"):
+                    for r in runner.run([SPECS[check_id]], runner.CheckContext(plan, states, {})):
+                        if "raised" in r.message or r.nodes != ("n02",) and r.status is not Status.PASS:
+                            defects.append((name, key, value, r.id, r.nodes, r.message))
+    assert not defects, defects[:5]
+    assert judged >= 20

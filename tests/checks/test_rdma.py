@@ -9,7 +9,7 @@ from conftest import run_cli
 from fabric_nodes import IB0, IB1, SPECS, recorded_nodes, run_on, statuses_by_nodes
 from preflight import runner
 from preflight.plan import build_plan
-from preflight.remote import gather
+from preflight.remote import gather, shapes
 from preflight.result import Status
 from sysfs_tree import fabric_facts
 
@@ -95,6 +95,15 @@ def test_hcas_at_different_rates_by_design_are_compared_port_by_port(tmp_path):
     unread = run_on("RDMA002", recorded_nodes(tmp_path / "u", "ib-node", {"n01": {IB0 + "rate": "\n"}}), tmp_path)
     warned = [r for r in unread if r.status == Status.WARN]
     assert [r.nodes for r in warned] == [("n01",)] and "rate of mlx5_0:1 cannot be read" in warned[0].message
+
+
+@pytest.mark.parametrize("rate", [2**63, 0, -400])
+def test_an_implausible_rate_is_unreadable_not_the_rate_the_others_are_held_to(tmp_path, rate):
+    states = recorded_nodes(tmp_path, "ib-node")
+    states["n02"]["facts"]["fabric"]["rdma"]["mlx5_0"]["ports"]["1"]["rate_gbps"] = rate  # a tie of two nodes
+    results = run_on("RDMA002", states, tmp_path)
+    assert statuses_by_nodes(results) == {(("n01",), Status.PASS), (("n02",), Status.WARN)}, [r.message for r in results]
+    assert "the rate of mlx5_0:1 cannot be read" in next(r for r in results if r.status == Status.WARN).message
 
 
 def test_roce_gid_index_that_is_roce_v1_on_one_node(tmp_path):
@@ -196,3 +205,91 @@ def test_fabric_facts_of_the_wrong_shape_are_the_nodes_error_not_a_check_defect(
         errors = [r for r in results if r.status == Status.ERROR]
         assert [r.nodes for r in errors] == [("n02",)] and "not the collector's" in errors[0].message, check_id
         assert {r.status for r in results} - {Status.ERROR} == {Status.PASS}, (check_id, [r.message for r in results])
+
+
+# --- hostile values in every fabric fact: refused by the shapes, or judged; never a check's defect ------------
+
+def _shipped(states, node, fabric):
+    """states, with `node`'s fabric replaced and its facts held to the shapes as they arrive from a node."""
+    facts = dict(states[node]["facts"], fabric=fabric)
+    states[node] = dict(states[node], facts=gather.checked_facts(json.loads(json.dumps(facts))))
+    return states
+
+
+def test_an_empty_gid_entry_is_the_nodes_malformed_fact_not_a_check_defect(tmp_path):
+    states = recorded_nodes(tmp_path, "roce-node", env={"NCCL_IB_GID_INDEX": "3"})
+    fabric = json.loads(json.dumps(states["n02"]["facts"]["fabric"]))
+    fabric["rdma"]["mlx5_0"]["ports"]["1"]["gids"].append({})
+    _shipped(states, "n02", fabric)
+    assert runner.failed_sections(states["n02"]["facts"]) == [
+        "collector section fabric failed on the node: what the node sent is not the collector's: "
+        "fabric.rdma['mlx5_0'].ports['1'].gids[4] has no 'index'"]
+    results = runner.run([SPECS["RDMA003"], SPECS["PKG003"]], runner.CheckContext(build_plan(nodes=tuple(states)),
+                                                                                   states, {}))
+    assert not [r for r in results if "raised" in r.message], [r.message for r in results]
+    rdma = {r.nodes: r for r in results if r.id == "RDMA003"}
+    assert rdma[("n02",)].status is Status.ERROR and "not evaluated on n02" in rdma[("n02",)].message
+    assert rdma[("n01",)].status is Status.PASS  # the healthy node is still judged
+    [pkg] = [r for r in results if r.id == "PKG003" and r.status is Status.ERROR]
+    assert pkg.nodes == ("n02",) and "gids[4] has no 'index'" in pkg.message and "\n" not in pkg.message
+
+
+HOSTILE = ({}, [], None, "x", "", float("inf"), float("nan"), -1, 0, 2**63, True, [{}], [None], {"x": {}},
+           [[[]]], {"": {"": [{}]}})
+HOSTILE_TEXT = ("", " ", "x", "-1", "-99", "2", "999999999999999999999999", "9" * 5000, "1e9", " 3 ", "^", "=", ",,:",
+                "^=mlx5_0:99999999999999999999", "mlx5_0:-1", "AF_INET6", "\x00")
+NCCL_IB_VARIABLES = ("NCCL_IB_GID_INDEX", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_IB_ROCE_VERSION_NUM",
+                     "NCCL_IB_ADDR_FAMILY")
+RDMA_CHECKS = ("RDMA001", "RDMA002", "RDMA003", "RDMA004", "RDMA005", "RDMA006")
+
+
+def _fields(value, path=()):
+    """Every path into the fabric facts: each key of an object, each item of a list."""
+    if path:
+        yield path
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _fields(inner, path + (key,))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from _fields(inner, path + (index,))
+
+
+def _replaced(doc, path, value):
+    doc = json.loads(json.dumps(doc))
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize("recording,env", [("roce-node", {}), ("roce-node", {"NCCL_IB_GID_INDEX": "3"}),
+                                           ("ib-node", {})])
+def test_hostile_values_in_every_fabric_field_never_make_an_rdma_check_raise(tmp_path, recording, env):
+    """Each field of a node's fabric facts (device, port, GID entry, counter, module list) replaced by each
+    hostile value, and NCCL's IB variables set to text NCCL would not expect: what the shapes let through, every
+    RDMA check judges without raising (inf and nan too, which only the in-process collector could hand over;
+    JSON from a node refuses them); the healthy node beside it is still judged as before."""
+    states = recorded_nodes(tmp_path, recording, env=env)
+    healthy = json.loads(json.dumps(states["n02"]["facts"]["fabric"]))
+    plan = build_plan(nodes=tuple(states))
+    let_through = 0
+    defects = []
+    variants = [(path, value, _replaced(healthy, path, value), env) for path in _fields(healthy) for value in HOSTILE]
+    # NCCL's variables are text (the shapes hold env to strings): text NCCL does not read as it expects
+    variants += [(("env", name), text, healthy, dict(env, **{name: text})) for name in NCCL_IB_VARIABLES
+                 for text in HOSTILE_TEXT]
+    for path, value, fabric, node_env in variants:
+        if shapes.problem(fabric, shapes.SECTIONS["fabric"], "fabric") is not None:
+            continue  # refused when it arrives: that node's failed section (the tests above)
+        let_through += 1
+        states["n02"] = dict(states["n02"], facts=dict(states["n02"]["facts"], fabric=fabric, env=node_env))
+        for check_id in RDMA_CHECKS:
+            for r in runner.run([SPECS[check_id]], runner.CheckContext(plan, states, {})):
+                if "raised" in r.message or (r.remediation or "").startswith("this is a defect"):
+                    defects.append((path, value, r.message))
+                elif r.nodes == ("n01",) and r.status not in (Status.PASS, Status.SKIP):
+                    defects.append((path, value, "the healthy node", r.message))
+    assert not defects, defects[:5]
+    assert let_through > 50  # what the shapes let through was judged, not only refused

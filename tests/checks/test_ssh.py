@@ -265,6 +265,48 @@ def test_a_banner_and_then_silence_is_told_apart_from_no_banner(cluster, tmp_pat
     assert f"{ip}:2204 accepted the connection but sent no SSH banner within 2 s" in doc["silent"]["message"], doc
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_server_that_closes_at_once_is_told_apart_from_a_hung_one(tmp_path):
+    """A server that closes the connection before its banner (sshd past MaxStartups, a TCP wrapper) is said to
+    have closed it, after the time it really took; one that accepts and stays silent is still the hung server."""
+    closing, silent = free_port(), socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel completes the handshakes; nothing ever reads or writes: a hung sshd
+    lines = "    HostName 127.0.0.1\n    User root\n    IdentityFile {key}\n    UserKnownHostsFile {known}\n"
+    lines = lines.format(key=tmp_path / "no-key", known=tmp_path / "known_hosts")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host closer\n    Port {closing}\n{lines}\nHost silent\n    Port {silent.getsockname()[1]}\n{lines}")
+    stub = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "stub_sshd.py"), "--port", str(closing),
+                             "--close"], stdout=subprocess.PIPE)
+    try:
+        assert stub.stdout.readline().strip() == b"ready"
+        code, _, err = openssh(config, "closer")
+        # OpenSSH: "kex_exchange_identification: Connection closed by remote host" (or "read: Connection reset")
+        assert code == 255 and "kex_exchange_identification" in err and "Connection " in err, err
+        started = time.monotonic()
+        doc = ssh001(None, config, "closer,silent", "--timeout", "2")
+        elapsed = time.monotonic() - started
+    finally:
+        stub.kill()
+        stub.wait(10)
+        silent.close()
+    closer = doc["closer"]
+    assert closer["status"] == "fail" and closer["evidence"]["reason"] == "closed", closer
+    assert closer["message"].startswith(f"connection closed before the SSH banner: 127.0.0.1:{closing} closed the "
+                                        "connection before its SSH banner, 0."), closer["message"]
+    assert "hung" not in closer["message"] + closer["remediation"] and "MaxStartups" in closer["remediation"]
+    seconds = float(closer["message"].rsplit(", ", 1)[1].split()[0])
+    assert seconds < 1.0  # the time it really took, not the timeout
+    hung = doc["silent"]
+    assert hung["status"] == "fail" and "accepted the connection but sent no SSH banner within 2 s" in hung["message"]
+    assert "hung or stopped" in hung["remediation"] and elapsed < 30
+
+
 # ---------------------------------------------------------------------------------------------- known_hosts
 
 @pytest.mark.cluster

@@ -1,6 +1,7 @@
 """SIGTERM, SIGHUP and SIGINT are interruptions (exit 130, every cleanup done: on the nodes and here) during
 check, doctor and node; and a working directory or an argument that is not UTF-8 never fails on preflight's
 side (check and launch over the real test cluster)."""
+import json
 import os
 import subprocess
 import sys
@@ -170,6 +171,91 @@ def test_sigterm_and_sighup_during_node_are_interruptions(tmp_path):
         assert proc.returncode == 130, (sig, out, err)
         assert err.strip().endswith("preflight: interrupted") and "Traceback" not in err
 
+
+
+# --- a second signal ends the run at once, even when a library swallowed the first -------------------------------
+
+# A `deepspeed` first on PYTHONPATH whose import is slow, and (SWALLOWS) catches the first KeyboardInterrupt the
+# way torch's C++ start-up does with its numpy import inside the real `import deepspeed`: it goes on.
+SLOW_IMPORT = """
+import os, time
+open(os.environ["PF_TEST_MARKER"], "w").close()
+try:
+    time.sleep(float(os.environ["PF_TEST_SLEEP"]))
+except BaseException:
+    if not SWALLOWS:
+        raise
+time.sleep(float(os.environ.get("PF_TEST_AFTER", "60")))
+raise ImportError("the stand-in deepspeed has no engine")
+"""
+
+
+def slow_deepspeed_lint(tmp_path, swallows: bool, sleep: float = 60, after: float = 60, extra=()):
+    """`preflight lint --deep` on a DeepSpeed config, started; with a `sleep`, it is importing the stand-in deepspeed
+    on return."""
+    site, marker = tmp_path / "site", tmp_path / "importing"
+    (site / "deepspeed").mkdir(parents=True)
+    (site / "deepspeed" / "__init__.py").write_text(f"SWALLOWS = {swallows}\n" + SLOW_IMPORT)
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}')
+    env = dict(os.environ, PYTHONPATH=str(site), PF_TEST_MARKER=str(marker), PF_TEST_SLEEP=str(sleep),
+               PF_TEST_AFTER=str(after))
+    proc = subprocess.Popen([*PREFLIGHT, "lint", "--deep", "--deepspeed", str(tmp_path / "ds.json"), *extra],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if sleep:
+        wait_for(marker.exists, 60, "the import of deepspeed", proc)
+    return proc
+
+
+def signalled(proc, *signals) -> tuple:
+    """(exit code, stdout, stderr, seconds from the first signal to the exit)."""
+    import time
+
+    sent = time.monotonic()
+    try:
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.5)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err, time.monotonic() - sent
+
+
+@pytest.mark.parametrize("first,second", [("SIGTERM", "SIGTERM"), ("SIGINT", "SIGINT"), ("SIGINT", "SIGTERM")])
+def test_a_second_signal_ends_the_run_when_the_import_swallowed_the_first(tmp_path, first, second):
+    import signal
+
+    proc = slow_deepspeed_lint(tmp_path, swallows=True)
+    code, out, err, seconds = signalled(proc, getattr(signal, first), getattr(signal, second))
+    assert code == 130 and seconds < 10, (code, seconds, out, err)
+    assert out == "" and err.strip().endswith("preflight: interrupted") and "Traceback" not in err, (out, err)
+
+
+def test_a_run_that_went_on_after_a_swallowed_signal_still_exits_130(tmp_path):
+    import signal
+
+    proc = slow_deepspeed_lint(tmp_path, swallows=True, after=0.5)
+    code, out, err, _ = signalled(proc, signal.SIGTERM)
+    assert code == 130 and err.strip().endswith("preflight: interrupted") and "Traceback" not in err, (code, err)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_one_signal_during_the_import_interrupts_it_at_once(tmp_path, sig):
+    import signal
+
+    proc = slow_deepspeed_lint(tmp_path, swallows=False)
+    code, out, err, seconds = signalled(proc, getattr(signal, sig))
+    assert code == 130 and seconds < 10 and out == "" and "Traceback" not in err, (code, seconds, out, err)
+
+
+def test_the_same_lint_without_a_signal_runs_to_its_verdict(tmp_path):
+    proc = slow_deepspeed_lint(tmp_path, swallows=True, sleep=0, after=0, extra=("--json",))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "interrupted" not in err, (out, err)
+    [cfg091] = [r for r in json.loads(out)["results"] if r["id"] == "CFG091"]
+    assert cfg091["status"] == "skip" and "the stand-in deepspeed has no engine" in cfg091["message"], cfg091
 
 
 # --- a working directory or an argument that is not UTF-8 ------------------------------------------------------
