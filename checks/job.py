@@ -16,7 +16,7 @@ from preflight.api import Finding, Status, check, fold, grouped, holders, odd_on
 from preflight.inputs import launchcmd
 from preflight.report import redact
 from preflight.inputs.configs import deepspeed_runner
-from preflight.job.view import MUST_MATCH, NOT_READ_KEYS, PER_NODE_KEYS, plan_rows
+from preflight.job.view import MUST_MATCH, NOT_DIGESTED_KEYS, plan_rows
 
 FIELD_NAMES = {"main_ip": "main_process_ip", "main_port": "main_process_port", "world_size": "num_processes",
                "rdzv_backend": "rdzv_backend"}
@@ -208,9 +208,9 @@ def rank_zero_host(ctx) -> Iterator[Finding]:
                           evidence={"address": address})
             continue
         owner = _owner(ctx, str(address))
-        if owner is None:
-            resolved = _resolved(ctx, str(address))
-            owner = _owner(ctx, resolved) if resolved else None
+        resolved = view.get("main_resolved") if isinstance(view.get("main_resolved"), list) else []
+        for found in resolved + [_resolved(ctx, str(address))]:  # as this node resolves it, else as the workers do
+            owner = owner or (_owner(ctx, found) if found else None)
         if owner is None:
             yield skip(f"cannot tell which node owns {address} (not an address or name of any node reached)")
         elif owner != node:
@@ -313,7 +313,9 @@ def _hostfile_nodes(ctx, view: dict) -> Iterator[Finding]:
 def launch_consistency(ctx) -> Iterator[Finding]:
     """The main address and port, the number of machines and processes, the distributed type, the mixed
     precision, the ZeRO stage and the rendezvous backend are the same in every node's launch; other keys
-    of the nodes' accelerate configs are compared too (machine_rank and gpu_ids may differ).
+    of the nodes' accelerate configs are compared too (machine_rank and gpu_ids may differ). Values are
+    compared as the launcher uses them (bf16 and BF16 alike), and the main address by the host it reaches
+    as each node resolves it (a name and an address of the head are the same head).
 
     Nodes that disagree on the head or the world wait for each other until the timeout; bf16 on one node
     and fp16 on another trains with mismatched buffers or hangs in the first collective.
@@ -331,22 +333,39 @@ def launch_consistency(ctx) -> Iterator[Finding]:
         return
     head = ctx.plan.head
     differ = set()
+    for node, view in views.items():
+        resolved = view.get("main_resolved")
+        if isinstance(resolved, dict):  # {"error"}: this node's resolver does not know the name
+            differ.add(node)
+            address = view.get("main_ip")
+            yield Finding(Status.FAIL, f"main_process_ip {address!r} does not resolve on {node} ({resolved.get('error')}; "
+                          f"{_where(view, node, 'main_ip')}): its launcher cannot reach the head",
+                          f"add {address} to {node}'s /etc/hosts or DNS, or give the head's address instead",
+                          nodes=(node,), evidence={"key": "main_process_ip", "value": address,
+                                                   "error": resolved.get("error")})
     for field in MUST_MATCH:
-        values = {n: v.get(field) for n, v in views.items()}
+        values = {n: _reaches(ctx, v) if field == "main_ip" else v.get(field)
+                  for n, v in views.items() if n not in differ or field != "main_ip"}
         majority, odd = odd_ones_out(values, head)
         if not odd:
             continue
         differ.update(odd)
         shown = FIELD_NAMES.get(field, field)
-        others = holders(values, majority)
+        others = f"{holders(values, majority)} {majority!r}" if field != "main_ip" else \
+            f"{holders(values, majority)} one that reaches {majority}"
         for value in dict.fromkeys(map(repr, odd.values())):
             nodes = [n for n, v in odd.items() if repr(v) == value]
             where = "; ".join(_where(views[n], n, field) for n in nodes[:4])
+            if field == "main_ip":  # compared by where it reaches: say the spelling and the host
+                spelled, resolved = views[nodes[0]].get("main_ip"), views[nodes[0]].get("main_resolved")
+                value = f"{spelled!r}" + (f", which reaches {odd[nodes[0]]} there" if isinstance(resolved, list) else "")
             yield Finding(Status.FAIL, f"{shown} differs: {fold(nodes)} {'has' if len(nodes) == 1 else 'have'} {value} "
-                          f"({where}), {others} {majority!r}", f"set {shown} to {majority!r} on {fold(nodes)}",
+                          f"({where}), {others}", f"set {shown} to {majority!r} on {fold(nodes)}",
                           nodes=tuple(nodes), evidence={"key": shown, "value": odd[nodes[0]], "expected": majority})
+    # The view's settings are as the launcher uses them (preflight.job.view.as_launched); main_process_ip was
+    # compared above by where it reaches, the per-node and unread keys differ by design.
     configs = {n: v.get("accelerate_settings") for n, v in views.items() if isinstance(v.get("accelerate_settings"), dict)}
-    configs = {n: {k: (_same_meaning(v), line) for k, (v, line) in c.items() if k not in PER_NODE_KEYS | NOT_READ_KEYS}
+    configs = {n: {k: (_same_meaning(v), line) for k, (v, line) in c.items() if k not in NOT_DIGESTED_KEYS}
                for n, c in configs.items() if n not in differ}
     for node, key, value, majority, others, line in _differing(configs, ctx.plan.head):
         value, majority = redact.value(key, value), redact.value(key, majority)
@@ -360,13 +379,29 @@ def launch_consistency(ctx) -> Iterator[Finding]:
 
 
 def _same_meaning(value: Any) -> Any:
-    """A config value in the form two nodes are compared by: false and an empty value read as a missing key
-    (accelerate's default), mappings whatever their key order."""
-    if value in (False, None, "", [], {}):
-        return None
+    """A config value (already as the launcher uses it) in a form that compares: mappings whatever their key order."""
     if isinstance(value, (dict, list)):
         return json.dumps(value, sort_keys=True, default=str)
     return value
+
+
+def _reaches(ctx, view: dict) -> Any:
+    """Where a node's main_process_ip takes its launcher, as that node resolved it: the node of the job that holds
+    the address (a name and an address of one head are the same head; torch's TCPStore listens on every address
+    of it), else the first address it resolved to; the name as written when the node did not resolve it."""
+    address, resolved = view.get("main_ip"), view.get("main_resolved")
+    if not isinstance(resolved, list) or not resolved:
+        return address
+    for found in resolved:
+        try:
+            if ipaddress.ip_address(found.split("%")[0]).is_loopback:
+                return found  # every node has one: never another node's address (JOB003 judges it)
+        except ValueError:
+            pass
+        owner = _owner(ctx, found)
+        if owner is not None:
+            return owner
+    return resolved[0]
 
 
 def _differing(settings: Mapping[str, Mapping[str, Any]], head: str) -> Iterator[tuple]:
@@ -428,7 +463,9 @@ def deepspeed_consistency(ctx) -> Iterator[Finding]:
 @check("JOB007", "same-files", "cluster", tags=["job", "files", "multinode"])
 def same_files(ctx) -> Iterator[Finding]:
     """The training script and the files named on the launch command exist on every node with the same
-    content (a SHA-256 digest read on each node).
+    content (a SHA-256 digest read on each node); a config file the launch reads (accelerate's
+    --config_file, a DeepSpeed config) has the same settings as its launcher reads them, less the keys
+    that differ per node by design (machine_rank).
 
     Without a shared filesystem, a train.py edited on one node and not copied to the others runs different
     code per rank: a different model or a collective the others never reach, which hangs.
@@ -450,6 +487,9 @@ def same_files(ctx) -> Iterator[Finding]:
     # per-node shards: a difference there is only a warning.
     critical = {command.script} | {v for k, v in command.options.items() if k in launchcmd.FILE_OPTIONS} \
         if command is not None else set()
+    # A config file is compared by its settings as its launcher reads them (preflight.job.view settings_files:
+    # accelerate's without machine_rank and the other per-node keys, DeepSpeed's parsed), not byte for byte.
+    critical |= {name for v in views.values() for name, e in (v.get("files") or {}).items() if e.get("settings_of")}
     bad, compared = set(), []
     for name in names:
         shown = redact.text(name)
@@ -464,14 +504,16 @@ def same_files(ctx) -> Iterator[Finding]:
             yield Finding(status, f"{shown} is missing on {fold(missing)} "
                           f"({redact.text(str(entries[missing[0]].get('path')))}), present on the others",
                           f"copy {shown} to {fold(missing)}", nodes=tuple(missing), evidence={"file": shown})
-        digests = {n: e.get("sha256") for n, e in entries.items() if e.get("sha256")}
+        digests = {n: e.get("settings_sha") or e.get("sha256") for n, e in entries.items() if e.get("sha256")}
         majority, odd = odd_ones_out(digests, ctx.plan.head)
         for value in dict.fromkeys(odd.values()):
             nodes = [n for n, d in odd.items() if d == value]
             bad.update(nodes)
             reference = next(n for n in digests if n not in odd)
+            read_as = entries[nodes[0]].get("settings_of") or entries[reference].get("settings_of")
+            what = f"settings {value[:8]} as {read_as};" if read_as else f"sha256 {value[:8]},"
             yield Finding(status, f"{shown} differs on {fold(nodes)} ({redact.text(str(entries[nodes[0]].get('path')))}, "
-                          f"sha256 {value[:8]}, {entries[nodes[0]].get('size')} bytes against "
+                          f"{what} {entries[nodes[0]].get('size')} bytes against "
                           f"{entries[reference].get('size')}; {holders(digests, majority)} {majority[:8]})",
                           f"copy the right {shown} to {fold(nodes)} (rsync), or run from a shared filesystem",
                           nodes=tuple(nodes), evidence={"file": shown, "sha256": value, "expected": majority})

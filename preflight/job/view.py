@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -16,10 +17,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight.inputs import launchcmd
 from preflight.inputs.launchcmd import DEFAULT_PORT
-from preflight.inputs.documents import Document, InputError, parse_json, parse_yaml, shorten
+from preflight.inputs.documents import (Document, InputError, parse_deepspeed, parse_json, parse_yaml, shorten,
+                                       syntax_by_name)
 from preflight.inputs.configs import (DEEPSPEED_HOSTFILE_LINE, accelerate_launcher, deepspeed_runner,
                                       text_number_stops_launch)
-from preflight.inputs.numbers import flag_int, is_int, is_numeric_string
+from preflight.inputs.numbers import flag_int, is_int, is_numeric_string, text_number
 from preflight.job.nccl import socket_interface
 
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner reads this one when none is named
@@ -33,6 +35,11 @@ NOT_READ_KEYS = frozenset({"rdzv_backend", "same_network"})
 # Fields of the effective launch that must be the same on every node, with their names in the plan.
 MUST_MATCH = ("main_ip", "main_port", "num_machines", "world_size", "distributed_type", "mixed_precision",
               "zero_stage", "gradient_accumulation_steps", "rdzv_backend")
+# Left out of a config's settings digest too: the head's name, compared by where it reaches on each node (main_ip).
+NOT_DIGESTED_KEYS = PER_NODE_KEYS | NOT_READ_KEYS | {"main_process_ip"}
+# Script arguments that name a DeepSpeed config: transformers' TrainingArguments.deepspeed, and deepspeed's own
+# --deepspeed_config (deepspeed/__init__.py, add_config_arguments).
+DEEPSPEED_ARGUMENTS = ("--deepspeed", "--deepspeed_config")
 
 
 def request(plan) -> dict:
@@ -45,6 +52,7 @@ def request(plan) -> dict:
         config = cmd.get("config_file")
     files = list(cmd.files) if cmd is not None else []
     text = [v for k, v in (cmd.options.items() if cmd else ()) if k in launchcmd.FILE_OPTIONS and isinstance(v, str)]
+    text += [name for name in settings_files(cmd) if name not in text]
     if plan.deepspeed_path:
         files.append(plan.deepspeed_path)
         text.append(plan.deepspeed_path)
@@ -58,17 +66,58 @@ def request(plan) -> dict:
             "default_config": accelerate and not (cmd is not None and cmd.flag("cpu")),
             "files": list(dict.fromkeys(f for f in files if f)), "text": text, "programs": programs,
             "expand": plan.expand_vars, "env": dict(cmd.env) if cmd is not None else {},
-            "deadline_s": JOB_READ_S}
+            "deadline_s": JOB_READ_S, "resolve": head_names(cmd)}
+
+
+def head_names(cmd: Optional[launchcmd.LaunchCommand]) -> List[str]:
+    """The names of the head the command gives (each node resolves them as its launcher would; the one in a
+    node's own config, the node finds itself: preflight.node.launchfiles.facts)."""
+    if cmd is None:
+        return []
+    names = [cmd.get("main_process_ip"), cmd.get("master_addr"), _endpoint(cmd.get("rdzv_endpoint"))[0]]
+    return [n for n in dict.fromkeys(names) if isinstance(n, str) and n]
+
+
+def _endpoint(endpoint: Any) -> Tuple[Optional[str], str]:
+    """torchrun's --rdzv_endpoint as (host, port text); torch's get_rdzv_endpoint: "host", "host:port", "[::1]:port"."""
+    if not isinstance(endpoint, str) or not endpoint:
+        return None, ""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or "]" in port:  # no port ("host", "[::1]")
+        host, port = endpoint, ""
+    return host.strip("[]") or endpoint, port
+
+
+def settings_files(cmd: Optional[launchcmd.LaunchCommand], deepspeed_path: Optional[str] = None) -> Dict[str, str]:
+    """The files of the command line that the launch reads as settings, by kind ("accelerate", "deepspeed"):
+    two nodes' copies are the same when their settings are, whatever their formatting or key order."""
+    kinds: Dict[str, str] = {}
+    if cmd is not None and cmd.launcher == "accelerate":
+        for option, kind in (("config_file", "accelerate"), ("deepspeed_config_file", "deepspeed")):
+            if isinstance(cmd.get(option), str) and cmd.get(option):
+                kinds[cmd.get(option)] = kind
+    args = list(cmd.script_args) if cmd is not None else []
+    for i, word in enumerate(args):
+        option, sep, value = word.partition("=")
+        value = value if sep else (args[i + 1] if i + 1 < len(args) else "")
+        # deepspeed's --deepspeed is a switch: the next word is a path only when it names a file
+        if option in DEEPSPEED_ARGUMENTS and value in cmd.files:
+            kinds.setdefault(value, "deepspeed")
+    if deepspeed_path:
+        kinds.setdefault(deepspeed_path, "deepspeed")
+    return kinds
 
 
 @functools.lru_cache(maxsize=256)
 def _parse(path: str, text: str, kind: str) -> Document:
     """A file's text as a Document (thousands of nodes usually send the same few texts: parsed once)."""
-    what = "accelerate config" if kind == "accelerate" else "DeepSpeed config"
-    json_syntax = path.lower().endswith(".json") if kind == "accelerate" else not path.lower().endswith((".yaml", ".yml"))
-    # No type validation: accelerate builds its ClusterConfig from the mapping as it is; where a type
-    # matters, the effective launch says so (launch()).
-    return parse_json(path, text, what, comments=kind != "accelerate") if json_syntax else parse_yaml(path, text, what)
+    # Each as its reader reads it, as lint does (documents.syntax_by_name, parse_deepspeed). No type validation:
+    # accelerate builds its ClusterConfig from the mapping as it is; where a type matters, the effective launch
+    # says so (launch()).
+    if kind != "accelerate":
+        return parse_deepspeed(path, text)
+    what = "accelerate config"
+    return parse_json(path, text, what) if syntax_by_name(path) == "json" else parse_yaml(path, text, what)
 
 
 def parsed(entry: Optional[dict], kind: str) -> Tuple[Optional[Document], Optional[str]]:
@@ -119,6 +168,42 @@ def settings_digest(data: Mapping[str, Any], leave_out=frozenset()) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
+def as_launched(data: Mapping[str, Any]) -> Dict[str, Any]:
+    """An accelerate config's settings as its launcher uses them, the form two nodes are compared by.
+    accelerate/commands/config/config_args.py process_config turns the old keys into the new ones (fp16: true
+    is mixed_precision fp16, a missing one is "no"; dynamo_backend moves into dynamo_config); launch.py
+    _validate_launch_command then copies each value into the launch's arguments as it is, and launched() says
+    what each becomes. A key whose value means "not set" (false, empty) is left out, as a missing key is."""
+    data = dict(data)
+    if "mixed_precision" not in data:
+        data["mixed_precision"] = "fp16" if data.get("fp16") else "no"
+    data.pop("fp16", None)
+    if "dynamo_backend" in data:
+        data["dynamo_config"] = {"dynamo_backend": data.pop("dynamo_backend")}
+    values = {k: launched(k, v) for k, v in data.items()}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def launched(key: Any, value: Any) -> Any:
+    """One value of an accelerate config as the launcher uses it (None: as good as not set)."""
+    if isinstance(value, dict):
+        inner = {k: launched(k, v) for k, v in value.items()}
+        return {k: v for k, v in inner.items() if v is not None} or None
+    if value is False or value is None or (isinstance(value, (str, list)) and not value):
+        return None
+    if not isinstance(value, str):
+        return value
+    if key == "mixed_precision":  # utils/launch.py, every prepare_*_env: PrecisionType(args.mixed_precision.lower())
+        return value.lower()
+    if key == "dynamo_backend":  # utils/launch.py: DynamoBackend(args.dynamo_backend.upper()); NO is no dynamo
+        return None if value.upper() == "NO" else value.upper()
+    if value.lower() == "true":  # truthy in `if args.x`, "true" in str(args.x).lower() (utils/launch.py): as true
+        return True
+    # Other values reach the launcher as text (its argv, str(args.x) in its environment): "4" and 4 alike.
+    # (distributed_type is not folded: DistributedType(value) takes only its upper-case names.)
+    return text_number(value)
+
+
 def _short(digest: Any) -> Optional[str]:
     return digest[:8] if isinstance(digest, str) else None
 
@@ -141,10 +226,12 @@ class _Fields:
         self.set(key, default, "default")
 
 
-def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.LaunchCommand], gpus: int = 0) -> dict:
+def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.LaunchCommand], gpus: int = 0,
+           kinds: Optional[Mapping[str, str]] = None) -> dict:
     """One node's effective launch: {"launcher", "started_by", field: value..., "sources": {field: where},
     "problems": [...], "files": {...}}. `command` is this node's launch command (its $VARs expanded);
-    `gpus`, the GPUs the node has (accelerate picks its launcher by them when nothing else says)."""
+    `gpus`, the GPUs the node has (accelerate picks its launcher by them when nothing else says); `kinds`,
+    the command line's config files by the names the node read them under (default: settings_files(command))."""
     out = _Fields(node)
     problems: List[str] = []
     if command is not None:
@@ -193,7 +280,12 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         out.first("num_processes", flag("num_processes"), in_file("num_processes"))
         out.first("main_ip", flag("main_process_ip"), in_file("main_process_ip"))
         out.first("main_port", flag("main_process_port"), in_file("main_process_port"), default=DEFAULT_PORT)
-        out.first("mixed_precision", flag("mixed_precision"), in_file("mixed_precision"), default="no")
+        precision, where = in_file("mixed_precision")
+        if "mixed_precision" not in data and data.get("fp16"):  # process_config's old key: fp16: true
+            precision, where = "fp16", in_file("fp16")[1]
+        # The file's value as every launcher reads it (utils/launch.py: .lower()); the flag's has argparse's choices.
+        out.first("mixed_precision", flag("mixed_precision"),
+                  (precision.lower() if isinstance(precision, str) else precision, where), default="no")
         # Not from the file: the flag's default ("static") is not None, so accelerate never copies the file's.
         out.first("rdzv_backend", flag("rdzv_backend"), default="static")
         out.first("gpu_ids", flag("gpu_ids"), in_file("gpu_ids"), default="all")
@@ -289,13 +381,10 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         if isinstance(nnodes, str) and ":" in nnodes:
             low, high = (flag_int(x) for x in nnodes.split(":", 1))
             out.set("nnodes_range", [low, high], "flag --nnodes")
-        endpoint = command.get("rdzv_endpoint")
-        if isinstance(endpoint, str) and endpoint:  # torch's get_rdzv_endpoint: the endpoint wins when given
-            host, sep, port = endpoint.rpartition(":")
-            if not sep or "]" in port:  # no port ("host", "[::1]")
-                host, port = endpoint, ""
+        host, port = _endpoint(command.get("rdzv_endpoint"))
+        if host is not None:  # torch's get_rdzv_endpoint: the endpoint wins when given
             default = DEFAULT_PORT if out.values["rdzv_backend"] == "static" else 29400  # c10d's own default
-            out.set("main_ip", host.strip("[]") or endpoint, "flag --rdzv_endpoint")
+            out.set("main_ip", host, "flag --rdzv_endpoint")
             out.set("main_port", flag_int(port) if port else default, "flag --rdzv_endpoint")
         else:
             out.first("main_ip", flag("master_addr"), default="127.0.0.1")
@@ -324,18 +413,53 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         "launcher": launcher, "started_by": started_by, **out.values, "sources": out.sources, "problems": problems,
         "warnings": warnings,
         "config": config_path if doc is not None or (config_entry and not config_entry.get("error")) else None,
-        "config_sha": settings_digest(data, PER_NODE_KEYS) if doc is not None else None,
+        "config_sha": settings_digest(as_launched(data), NOT_DIGESTED_KEYS) if doc is not None else None,
+        "main_resolved": _resolution(job, out.values.get("main_ip")),
         "deepspeed_settings": dict(_leaves(ds_doc)) if ds_doc is not None else None,
         "deepspeed_path": (_file(job, out.values.get("deepspeed_config_file") or "") or {}).get("path") if ds_doc else None,
         "deepspeed_sha": _short((_file(job, out.values.get("deepspeed_config_file") or "") or {}).get("sha256"))
         if ds_doc is not None else None,
-        "accelerate_settings": {k: (v, doc.line(k)) for k, v in data.items()} if doc is not None else None,
+        "accelerate_settings": {k: (v, doc.line(k)) for k, v in as_launched(data).items()} if doc is not None else None,
         "script": command.script if command is not None else None,
         "hosts": _hosts(job, out.values.get("hostfile")),
         "files": {name: _clean_file(entry) for name, entry in
                   ((job.get("files") if isinstance(job.get("files"), dict) else {}).items()) if isinstance(entry, dict)},
     }
+    kinds = settings_files(command) if kinds is None else kinds
+    for name, kind in kinds.items():
+        if name in facts["files"]:
+            facts["files"][name].update(_settings_of(job, name, kind, config_path, facts["config_sha"]))
     return facts
+
+
+def _settings_of(job: Mapping[str, Any], name: str, kind: str, config_path: Optional[str],
+                 config_sha: Optional[str]) -> dict:
+    """{"settings_sha", "settings_of"} of a config file on the command line, read as its launcher reads it
+    (accelerate's less the per-node keys, as config_sha; DeepSpeed's parsed): {} when it cannot be read so."""
+    entry = _file(job, name) or {}
+    if kind == "accelerate":
+        digest = config_sha if config_sha and entry.get("path") == config_path else None
+        return {"settings_sha": digest, "settings_of": "accelerate reads it, without its per-node keys"} \
+            if digest else {}
+    doc, _ = parsed(entry, "deepspeed")
+    return {"settings_sha": settings_digest(doc.data), "settings_of": "DeepSpeed reads it"} if doc is not None else {}
+
+
+def _resolution(job: Mapping[str, Any], name: Any) -> Any:
+    """What the node resolved the head's name to ([address, ...], or {"error"}); an address is itself; None when
+    the node was not asked (then the name is compared as written)."""
+    if not isinstance(name, str) or not name:
+        return None
+    try:
+        return [str(ipaddress.ip_address(name.strip("[]")))]
+    except ValueError:
+        pass
+    found = (job.get("resolved") if isinstance(job.get("resolved"), dict) else {}).get(name)
+    if isinstance(found, list) and found and all(isinstance(a, str) for a in found):
+        return found[:16]
+    if isinstance(found, dict) and isinstance(found.get("error"), str):
+        return {"error": found["error"][:200]}
+    return None
 
 
 def _clean_file(entry: Mapping[str, Any]) -> dict:
@@ -410,6 +534,7 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dic
     raw = launchcmd.parse(plan.command) if plan.command else None
     names = {"program": raw.from_program[0] if raw is not None and raw.from_program else None,
              "script": raw.script if raw is not None else None}  # the collector's keys: the words as typed
+    kinds = settings_files(raw, plan.deepspeed_path)  # by the collector's keys too
     for index, node in enumerate(plan.nodes):
         if (facts.get(node) or {}).get("error") is not None:
             continue  # not reached, or stopped answering half-way: SSH001 says so, its facts are not the job's
@@ -421,7 +546,7 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dic
             argv = [str(a) for a in job["argv"]] if isinstance(job.get("argv"), list) else list(plan.command)
             if sets_ranks:
                 argv = launchcmd.rank_command(argv, index, head_address or plan.head, plan.port, len(plan.nodes))
-            result["nodes"][node] = _node_view(node, node_facts, job, argv, names)
+            result["nodes"][node] = _node_view(node, node_facts, job, argv, names, kinds, head_address)
         except Exception as exc:  # what a node sent is not to be trusted: its launch is unknown, said so
             result["nodes"][node] = {"known": True, "launcher": "other", "started_by": "self", "sources": {},
                                      "problems": [f"its job facts cannot be read ({type(exc).__name__}: {exc})"]}
@@ -436,10 +561,15 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dic
     return result
 
 
-def _node_view(node: str, node_facts: dict, job: dict, argv: List[str], names: Mapping[str, Optional[str]]) -> dict:
+def _node_view(node: str, node_facts: dict, job: dict, argv: List[str], names: Mapping[str, Optional[str]],
+               kinds: Mapping[str, str], head_address: Optional[str]) -> dict:
     command = launchcmd.parse(argv) if argv else None
     devices = (node_facts.get("gpus") or {}).get("devices") if isinstance(node_facts.get("gpus"), dict) else None
-    view = launch(node, job, command, len(devices) if isinstance(devices, list) else 0)
+    view = launch(node, job, command, len(devices) if isinstance(devices, list) else 0, kinds)
+    host = node_facts.get("host") if isinstance(node_facts.get("host"), dict) else {}
+    if view.get("main_resolved") is None and head_address and view.get("main_ip") == head_address:
+        # the head address every node was asked about (preflight launch puts it on the command)
+        view["main_resolved"] = _resolution({"resolved": {head_address: host.get("head_resolves_to")}}, head_address)
     view["script"] = names["script"] if names["script"] in view["files"] else view.get("script")
     view["interface"] = socket_interface(node_facts)
     programs = job.get("programs") if isinstance(job.get("programs"), dict) else {}

@@ -2,12 +2,19 @@
 programs resolve, as a session on the node sees them. A file is read only when it is regular, without blocking
 (never a FIFO or a device), and within limits; what comes back is its digest, and its text when small."""
 import hashlib
+import json
 import os
+import re
+import socket
 import stat
+import threading
 import time
 
 TEXT_LIMIT = 1 << 20  # a config file's text comes back up to this size; bigger files only as a digest
 DIGEST_LIMIT = 256 << 20  # past this, a file is not read at all (a checkpoint named on the command line)
+READ_S = 10.0  # one file's read stops here (a file on a hung filesystem, or one that never ends)
+RESOLVE_S = 3.0  # the head's names resolve by then, or are said not to (a resolver that hangs holds nothing)
+MAX_NAMES = 8
 
 
 def facts(job):
@@ -38,12 +45,58 @@ def facts(job):
         if time.monotonic() > until:
             files[name] = {"path": name, "error": "not read: out of time (the run's deadline)"}
         else:
-            files[name] = read_file(word(name), cwd, name in (job.get("text") or ()))
+            files[name] = read_file(word(name), cwd, name in (job.get("text") or ()), until)
+    names = [word(name) for name in job.get("resolve") or ()] + [_main_process_ip(config_file)]
     return {
         "cwd": cwd, "cwd_exists": os.path.isdir(cwd), "argv": [word(a) for a in job.get("argv") or ()],
         "config": config_file, "files": files,
         "programs": dict((name, _program(word(name), cwd)) for name in job.get("programs") or ()),
+        "resolved": resolve(names),
     }
+
+
+def _main_process_ip(config_file):
+    """The main_process_ip of this node's accelerate config, to be resolved here: the head parses the config
+    (this is a scan of its top level, JSON by the name as accelerate's load_config_from_file picks, else YAML
+    `main_process_ip: NAME`); a name it misses is compared as written there."""
+    text = (config_file or {}).get("text")
+    if not isinstance(text, str):
+        return None
+    if config_file["path"].endswith(".json"):
+        try:
+            value = json.loads(text).get("main_process_ip")
+        except (ValueError, AttributeError, RecursionError):
+            return None
+        return value if isinstance(value, str) else None
+    found = re.search(r"^main_process_ip[ \t]*:[ \t]*(['\"]?)([^'\"#\s]+)\1[ \t]*(#.*)?$", text, re.M)
+    return found.group(2) if found and found.group(2) not in ("null", "Null", "NULL", "~") else None
+
+
+def resolve(names, seconds=RESOLVE_S):
+    """{name: [address, ...]} as this node's resolver gives them (socket.getaddrinfo, as torch's TCPStore client
+    connects to the name), {name: {"error"}} when it does not resolve, or not within `seconds`: each lookup
+    runs in its own thread, and none is waited for past the deadline."""
+    names = [n for n in dict.fromkeys(names) if isinstance(n, str) and 0 < len(n) <= 255][:MAX_NAMES]
+    found = {}
+
+    def lookup(name):
+        try:
+            infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+            found[name] = list(dict.fromkeys(info[4][0] for info in infos))[:16]
+        except (OSError, UnicodeError, ValueError) as exc:  # socket.gaierror is an OSError
+            found[name] = {"error": str(exc) or type(exc).__name__}
+
+    threads = []
+    for name in names:
+        thread = threading.Thread(target=lookup, args=(name,))
+        thread.daemon = True  # a lookup still hanging never holds the agent's exit
+        thread.start()
+        threads.append(thread)
+    until = time.monotonic() + seconds
+    for thread in threads:
+        thread.join(max(0.0, until - time.monotonic()))
+    late = {"error": "no answer from the resolver within %g s" % seconds}
+    return dict((name, found.get(name, late)) for name in names)
 
 
 def accelerate_default_config(env=None):
@@ -57,33 +110,46 @@ def accelerate_default_config(env=None):
     return yaml_file if os.path.isfile(yaml_file) or not os.path.isfile(json_file) else json_file
 
 
-def read_file(path, cwd, text=False):
+def read_file(path, cwd, text=False, until=None):
     """{"path", "sha256", "size"} of a regular file (relative: to the job's working directory), with its
-    "text" when asked and small; {"path", "error"} otherwise. Never opens a FIFO or a device."""
+    "text" when asked and small; {"path", "error"} otherwise. Never reads a FIFO or a device, even when the
+    path (a symlink) changes between the stat and the open; stops at DIGEST_LIMIT bytes and at `until`
+    (time.monotonic()), else READ_S from now."""
     full = os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
     entry = {"path": full}
+    until = min(until or float("inf"), time.monotonic() + READ_S)
     try:
-        st = os.stat(full)
-        if not stat.S_ISREG(st.st_mode):
-            entry["error"] = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        st = os.stat(full)  # first, so that a device is not even opened when the path names one
+        if stat.S_ISREG(st.st_mode):
+            entry["size"] = st.st_size
+        problem = _not_readable(st)
+        if problem:
+            entry["error"] = problem
             return entry
-        entry["size"] = st.st_size
-        if st.st_size > DIGEST_LIMIT:
-            entry["error"] = "larger than %d MiB: not read" % (DIGEST_LIMIT >> 20)
-            return entry
-        digest, data, kept = hashlib.sha256(), [], 0
-        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
+        digest, data, kept, size = hashlib.sha256(), [], 0, 0
+        fd = open_regular(full)
         try:
+            entry["size"] = os.fstat(fd).st_size
             while True:
+                if size > DIGEST_LIMIT:  # it grew past the limit while read
+                    entry["error"] = "larger than %d MiB: not read" % (DIGEST_LIMIT >> 20)
+                    return entry
+                if time.monotonic() > until:
+                    entry["error"] = "not read to its end: out of time (the run's deadline, at most %g s a file)" % READ_S
+                    return entry
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
                     break
+                size += len(chunk)
                 digest.update(chunk)
                 if text and kept <= TEXT_LIMIT:
                     data.append(chunk)
                     kept += len(chunk)
         finally:
             os.close(fd)
+    except NotRegular as exc:
+        entry["error"] = str(exc)
+        return entry
     except OSError as exc:
         entry["error"] = "missing" if exc.errno == 2 else (exc.strerror or str(exc))
         return entry
@@ -97,6 +163,37 @@ def read_file(path, cwd, text=False):
         except UnicodeDecodeError:
             entry["error"] = "not UTF-8 text"
     return entry
+
+
+class NotRegular(Exception):
+    """The opened file is not a regular file of a size that is read (the path changed after its stat)."""
+
+
+def _not_readable(st):
+    """Why a file with this stat is not read (None: it is read)."""
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_size > DIGEST_LIMIT:
+        return "larger than %d MiB: not read" % (DIGEST_LIMIT >> 20)
+    return None
+
+
+def open_regular(path):
+    """A read-only descriptor of the regular file at `path`, checked on the descriptor itself (fstat), so a
+    symlink flipped to /dev/zero or a FIFO after a stat is refused (NotRegular), never read. O_NONBLOCK: an
+    open that meets a FIFO returns at once; O_NOCTTY: a terminal never becomes this process's."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        problem = _not_readable(os.fstat(fd))
+    except OSError:
+        os.close(fd)
+        raise
+    if problem:
+        os.close(fd)
+        raise NotRegular(problem)
+    return fd
 
 
 def _program(name, cwd="."):
@@ -115,12 +212,12 @@ def _program(name, cwd="."):
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return entry
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never wait on a FIFO that looks like a program
+        fd = open_regular(path)  # never wait on a FIFO that looks like a program
         try:
             lines = os.read(fd, 1024).split(b"\n")
         finally:
             os.close(fd)
-    except OSError:
+    except (OSError, NotRegular):
         return entry
     words = lines[0][2:].decode("utf-8", "replace").split() if lines[0].startswith(b"#!") else []
     if words and os.path.basename(words[0]) == "env" and len(words) > 1:

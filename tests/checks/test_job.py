@@ -37,13 +37,15 @@ class Job:
             self.config(node, machine_rank=index)
             self.file(node, "train.py", "print('training')\n")
 
-    def config(self, node, **changes):
+    def config(self, node, name=None, **changes):
+        """The node's accelerate config: its default one, or `name` in its job folder."""
         # MULTI_GPU with use_cpu: accelerate starts torchrun on each node, and the ranks run on the CPU (gloo).
         data = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU", "num_machines": 3,
                 "machine_rank": 0, "num_processes": 3, "main_process_ip": self.cluster.ip(self.nodes[0]),
                 "main_process_port": 29512, "mixed_precision": "bf16", "use_cpu": True}
         data.update(changes)
-        (self.homes[node] / "accelerate" / "default_config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+        path = self.folders[node] / name if name else self.homes[node] / "accelerate" / "default_config.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
 
     def file(self, node, name, text):
         (self.folders[node] / name).write_text(text)
@@ -183,3 +185,50 @@ def test_a_launcher_missing_from_one_nodes_path(job):
     doc = job.check("accelerate", "launch", "train.py")
     [missing] = found(doc, "JOB010")
     assert missing["nodes"] == ["node03"] and "not found on the non-interactive SSH PATH" in missing["message"]
+
+
+def test_per_node_config_files_on_the_command_line_that_differ_only_in_rank_pass(job):
+    for index, node in enumerate(job.nodes):
+        job.config(node, "accelerate.yaml", machine_rank=index)
+    doc = job.check(ACCELERATE, "launch", "--config_file", "accelerate.yaml", "train.py")
+    assert failures(doc) == []
+    [same] = found(doc, "JOB007", "pass")
+    assert set(same["nodes"]) == set(job.nodes) and "accelerate.yaml" in same["message"]
+
+
+def test_a_config_file_on_the_command_line_with_another_setting_still_fails(job):
+    for index, node in enumerate(job.nodes):
+        job.config(node, "accelerate.yaml", machine_rank=index, num_processes=6 if node == "node03" else 3)
+    doc = job.check(ACCELERATE, "launch", "--config_file", "accelerate.yaml", "train.py")
+    [odd] = found(doc, "JOB007")
+    assert odd["nodes"] == ["node03"] and "accelerate.yaml differs on node03" in odd["message"]
+    assert "as accelerate reads it" in odd["message"]
+
+
+def test_a_deepspeed_config_in_another_formatting_is_the_same_and_another_setting_is_not(job):
+    for node in job.nodes:
+        text = json.dumps(DEEPSPEED_JSON, indent=4, sort_keys=True) if node == "node02" else json.dumps(DEEPSPEED_JSON)
+        job.file(node, "ds.json", text)
+    doc = job.check(ACCELERATE, "launch", "train.py", "--deepspeed", "ds.json")
+    assert failures(doc) == []
+    job.file("node03", "ds.json", json.dumps(dict(DEEPSPEED_JSON, zero_optimization={"stage": 3})))
+    doc = job.check(ACCELERATE, "launch", "train.py", "--deepspeed", "ds.json")
+    [odd] = found(doc, "JOB007")
+    assert odd["nodes"] == ["node03"] and "ds.json differs on node03" in odd["message"]
+
+
+def test_spellings_of_the_same_head_and_precision_pass(job):
+    job.config("node02", machine_rank=1, main_process_ip="node01", mixed_precision="BF16")
+    doc = job.check(ACCELERATE, "launch", "train.py")
+    assert failures(doc) == []
+    assert {n for r in found(doc, "JOB005", "pass") for n in r["nodes"]} == set(job.nodes)
+
+
+def test_a_name_of_another_host_and_one_a_node_cannot_resolve_fail(job):
+    job.config("node02", machine_rank=1, main_process_ip="no-such-head")
+    job.config("node03", machine_rank=2, main_process_ip="node03")
+    doc = job.check(ACCELERATE, "launch", "train.py")
+    messages = {tuple(r["nodes"]): r["message"] for r in found(doc, "JOB005")}
+    assert set(messages) == {("node02",), ("node03",)}, messages
+    assert "main_process_ip 'no-such-head' does not resolve on node02" in messages[("node02",)]
+    assert "node03 has 'node03', which reaches node03 there" in messages[("node03",)]
