@@ -6,7 +6,13 @@ from collections import Counter
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from preflight.api import Finding, Status, check, fold, grouped, odd_ones_out, skip
-from preflight.job.running import Census, Proc, node_of_address, table
+from preflight.job.running import (Census, Proc, expected_nodes, hosts_in_use, is_loopback, job_command, node_at,
+                                   table)
+from preflight.report import redact
+
+# A launcher this much older than the other nodes' is of an older job; a launch script starts the nodes of one
+# job seconds apart (pdsh, srun, ssh one after the other).
+OLDER_JOB_S = 30.0
 
 
 def _census(ctx) -> Optional[Census]:
@@ -29,15 +35,16 @@ def _on_port(census: Census) -> str:
 
 
 def _world(census: Census) -> Optional[int]:
-    """The number of nodes the job expects: its launchers' --nnodes (the most common)."""
+    """The number of nodes the job's rendezvous needs: its launchers' --nnodes (the most common; MIN of an
+    elastic MIN:MAX)."""
     values = [p.nnodes for p in census.launchers if p.nnodes]
-    if not values:
-        return None
-    text = Counter(values).most_common(1)[0][0]
-    try:
-        return int(text.split(":")[-1])
-    except ValueError:
-        return None
+    return expected_nodes(Counter(values).most_common(1)[0][0]) if values else None
+
+
+def _shown(argv, limit: int) -> str:
+    """A command line for a message: redacted first, then cut (a cut inside a password would hide it from
+    the redaction)."""
+    return " ".join(redact.argv([str(a) for a in argv]))[:limit]
 
 
 @check("RUN001", "job-processes", "cluster", tags=["doctor", "job"])
@@ -62,14 +69,17 @@ def job_processes(ctx) -> Iterator[Finding]:
                       "check that the job runs on these nodes (--hosts, --slurm-job) and, with --port, on that port",
                       nodes=tuple(reached))
         return
-    ports = sorted({p.master_port for p in census.procs if p.master_port is not None})
+    ports = sorted({p.job_port for p in census.procs if p.job_port is not None})
     if census.port is None and len(ports) > 1:
-        jobs = "; ".join(f"port {port} on {fold(sorted({p.node for p in census.procs if p.master_port == port}))}"
+        jobs = "; ".join(f"port {port} on {fold(sorted({p.node for p in census.procs if p.job_port == port}))}"
                          for port in ports)
         yield Finding(Status.WARN, f"{len(ports)} jobs run on these nodes ({jobs}): the findings below mix them",
                       f"pick one with --port ({', '.join(map(str, ports))}) or --pid",
                       nodes=tuple(dict.fromkeys(p.node for p in census.procs)), evidence={"ports": ports})
-    missing = [n for n in census.nodes if n not in census.errors and not census.on(n)]
+    # With --pid the nodes without a chosen process were not looked at; hosts DeepSpeed's filter leaves out run nothing.
+    unused = set(census.nodes) - hosts_in_use(census)
+    missing = [] if census.selected else [n for n in census.nodes if n not in census.errors and not census.on(n)
+                                          and n not in unused]
     if missing:
         yield Finding(Status.FAIL, f"no launcher and no rank of the job{_on_port(census)} on {fold(missing)}: "
                       "it was never started there, or it exited; the other nodes wait for it",
@@ -143,12 +153,13 @@ def job_agreement(ctx) -> Iterator[Finding]:
         return
     odd_nodes = set()
 
-    def head(p: Proc):  # node01 and 10.0.0.1 are the same head when node01 owns that address
-        return node_of_address(ctx.facts, p.master_addr) or p.master_addr if p.master_addr else None
+    def head(p: Proc):  # node01 and 10.0.0.1 are the same head when node01 owns that address; 127.0.0.1 is p's own
+        return node_at(ctx.facts, p.master_addr, p.node) or p.master_addr if p.master_addr else None
 
+    every = census.launchers + census.ranks  # a node's launcher speaks for it first
     for label, value_of, procs in (
-            ("master address", head, census.procs),
-            ("master port", lambda p: p.master_port, census.procs),
+            ("master address", head, every),
+            ("master port", lambda p: p.job_port, every),
             ("number of nodes", lambda p: p.nnodes, census.launchers),
             ("world size", lambda p: p.world_size, census.ranks)):
         values = {}
@@ -162,6 +173,9 @@ def job_agreement(ctx) -> Iterator[Finding]:
         for node, value in odd.items():
             odd_nodes.add(node)
             others = [n for n in values if n not in odd]
+            said = next((p.master_addr for p in procs if p.node == node), None) if label == "master address" else None
+            if is_loopback(said):  # every node has it: that node meets on itself
+                value = f"{said} (that is, {node} itself)"
             yield Finding(Status.FAIL, f"{label} is {value} on {node}, {majority} on {fold(others)}: {node} waits "
                           "for a rendezvous the others are not part of", f"start {node} with the {label} {majority}",
                           nodes=(node,), evidence={"key": label, "value": value, "expected": majority})
@@ -186,13 +200,15 @@ def master_reachable(ctx) -> Iterator[Finding]:
         return
     stuck: Dict[str, List[str]] = {}
     for p in census.procs:
+        # A connection to the job's port or to the process's own master: another one that hangs (a metrics
+        # endpoint, a dataset server) is not the master's.
+        masters = {port for port in (census.port, p.master_port, p.job_port) if port is not None}
         for s in p.sockets:
-            if s.get("state") == "SYN_SENT" and (census.port is None or s.get("remote_port") == census.port
-                                                or s.get("remote_port") == p.master_port):
+            if s.get("state") == "SYN_SENT" and s.get("remote_port") in masters:
                 stuck.setdefault(p.node, []).append(f"{s.get('remote')}:{s.get('remote_port')}")
     for node, targets in stuck.items():
         target = targets[0]
-        owner = node_of_address(ctx.facts, target.rsplit(":", 1)[0])
+        owner = node_at(ctx.facts, target.rsplit(":", 1)[0], node)
         yield Finding(Status.FAIL, f"{node} cannot reach the master at {target}"
                       f"{f' ({owner})' if owner else ' (no node of the job has that address)'}: its connection is "
                       "never answered (a firewall that drops the port, or a wrong address)",
@@ -208,8 +224,8 @@ def rendezvous_arrivals(ctx) -> Iterator[Finding]:
     """The node that hosts the rendezvous store (the launcher listening on the master port) has a
     connection from every node of the job.
 
-    The rendezvous completes only when every node has joined; the store's connections say who did, so
-    the nodes that never joined can be named instead of waited for.
+    The rendezvous completes only when every node has joined (an elastic MIN:MAX one: MIN nodes); the
+    store's connections say who did, so the nodes that never joined can be named instead of waited for.
 
     Start (or restart) the job on the nodes that never joined, and check that they can reach the head
     (RUN004, `preflight check`).
@@ -221,7 +237,7 @@ def rendezvous_arrivals(ctx) -> Iterator[Finding]:
     hosts = [p for p in census.launchers if p.listens]
     # The store the job meets at is the one on the node that owns the master address; another node's
     # (a duplicate rank 0) is RUN002's finding, and counting its guests would blame the wrong nodes.
-    real = [p for p in hosts if p.master_addr and node_of_address(ctx.facts, p.master_addr) == p.node]
+    real = [p for p in hosts if node_at(ctx.facts, p.master_addr, p.node) == p.node]
     hosts = real or hosts
     if not hosts:
         yield skip("no launcher listens on the master port on any node reached")
@@ -230,11 +246,14 @@ def rendezvous_arrivals(ctx) -> Iterator[Finding]:
         port = host.master_port
         peers = {s.get("remote") for s in host.sockets if s.get("state") == "ESTABLISHED"
                  and s.get("local_port") == port}
-        joined = {node_of_address(ctx.facts, a) or a for a in peers if a}
+        joined = {node_at(ctx.facts, a, host.node) or a for a in peers if a}
         joined.add(host.node)  # its own launcher joins through loopback or its own address
         expected = _world(census)
         absent = [n for n in census.nodes if n not in joined]
-        if expected is not None and len(joined) < expected:
+        if expected is not None and len(joined) < expected and host.sockets_dropped:
+            yield skip(f"the store on {host.node}:{port} holds more connections than the census keeps "
+                       f"({host.sockets_dropped} not read): who joined it is not known")
+        elif expected is not None and len(joined) < expected:
             yield Finding(Status.FAIL, f"the store on {host.node}:{port} has {len(joined)} of {expected} nodes "
                           f"({fold(sorted(joined))}); {fold(absent) or 'the others'} never joined",
                           f"start the job on {fold(absent) or 'the missing nodes'}, or see why they cannot reach "
@@ -313,7 +332,7 @@ def dead_ranks(ctx) -> Iterator[Finding]:
             yield Finding(Status.FAIL, f"{p.label()} on {p.node} (pid {p.pid}) is dead (a zombie): the others wait "
                           "for it", "read that rank's log for why it died, then restart the job", nodes=(p.node,))
     worlds = [p.world_size for p in census.ranks if p.world_size]
-    if worlds and len(census.errors) == 0:
+    if worlds and _whole_job(census):
         world = Counter(worlds).most_common(1)[0][0]
         alive = {p.rank for p in census.ranks if p.state not in ("Z", "X") and p.rank is not None}
         missing = sorted(set(range(world)) - alive)
@@ -330,12 +349,25 @@ def dead_ranks(ctx) -> Iterator[Finding]:
         yield Finding(Status.PASS, "no rank found dead", nodes=tuple(dict.fromkeys(p.node for p in census.ranks)))
 
 
+def _whole_job(census: Census) -> bool:
+    """Whether the census saw every process of the job: every node reached, none cut, no --pid, and at least
+    as many nodes as the job has (GROUP_WORLD_SIZE, its launchers' --nnodes); a rank not seen is then not running."""
+    if census.errors or census.dropped or census.selected:
+        return False
+    groups = [int(p.env["GROUP_WORLD_SIZE"]) for p in census.ranks
+              if str(p.env.get("GROUP_WORLD_SIZE", "")).isdigit()]
+    nodes = Counter(groups).most_common(1)[0][0] if groups else _world(census)
+    return nodes is not None and len(census.nodes) >= nodes
+
+
 @check("RUN008", "stale-port-holder", "cluster", tags=["doctor", "port"])
 def stale_port_holder(ctx) -> Iterator[Finding]:
     """The master port is held by the job itself, not by a process of an older job or another program.
 
     A launcher from an earlier run (still waiting, or its ranks stuck) keeps the port: the new job's rank
-    0 cannot host its store, or the new workers join the old job's store and wait there.
+    0 cannot host its store, or the new workers join the old job's store and wait there. A launcher is of an
+    older job when its command, as the launcher's parser reads it, is none of the other nodes' and it started
+    more than 30 s before them.
 
     Stop the old job (the message names its PID and command), then start the new one; or give the new
     job another main_process_port.
@@ -351,20 +383,20 @@ def stale_port_holder(ctx) -> Iterator[Finding]:
     for node, holders in census.listeners.items():
         for h in holders:
             found = True
-            argv = " ".join(str(a) for a in (h.get("argv") or ()))[:160]
+            argv = _shown(h.get("argv") or (), 160)
             yield Finding(Status.FAIL, f"port {census.port} on {node} is held by pid {h.get('pid')} ({argv}), "
                           f"started {h.get('age_s')} s ago, which is not a process of this job",
                           f"stop pid {h.get('pid')} (and its job), then start the job again; or use another port",
                           nodes=(node,), evidence={"pid": h.get("pid"), "age_s": h.get("age_s")})
     for holder in [p for p in census.launchers if p.listens]:
         others = [p for p in census.launchers if p.node != holder.node]
-        if not others or not all(_job_words(p) != _job_words(holder) for p in others):
+        if not others or any(job_command(p) == job_command(holder) for p in others):
             continue
         younger = [p.age_s for p in others if isinstance(p.age_s, (int, float))]
-        if isinstance(holder.age_s, (int, float)) and younger and holder.age_s > max(younger):
+        if isinstance(holder.age_s, (int, float)) and younger and holder.age_s > max(younger) + OLDER_JOB_S:
             found = True
             yield Finding(Status.FAIL, f"port {census.port} on {holder.node} is held by an older job: {holder.launcher} "
-                          f"pid {holder.pid} ({' '.join(holder.argv)[:120]}), started {holder.age_s - max(younger):.0f} s "
+                          f"pid {holder.pid} ({_shown(holder.argv, 120)}), started {holder.age_s - max(younger):.0f} s "
                           f"before the other nodes' launchers, with another command than theirs",
                           f"stop pid {holder.pid} on {holder.node} (the old job), then start the job again on every node",
                           nodes=(holder.node,), evidence={"pid": holder.pid, "age_s": holder.age_s,
@@ -372,21 +404,6 @@ def stale_port_holder(ctx) -> Iterator[Finding]:
     if not found:
         yield Finding(Status.PASS, f"port {census.port} is held by the job only",
                       nodes=tuple(dict.fromkeys(p.node for p in census.procs)))
-
-
-def _job_words(p: Proc) -> tuple:
-    """A launcher's command without what differs per node (its rank), to tell two jobs apart."""
-    skip_next, words = False, []
-    for word in p.argv:
-        if skip_next:
-            skip_next = False
-            continue
-        name = word.split("=", 1)[0].replace("-", "_")
-        if name in ("__node_rank", "__machine_rank"):
-            skip_next = "=" not in word
-            continue
-        words.append(word)
-    return tuple(words)
 
 
 @check("RUN009", "stacks-readable", "cluster", tags=["doctor", "py-spy"])

@@ -7,6 +7,7 @@ elsewhere). The RUN checks read this model; no I/O here.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections import Counter
@@ -23,6 +24,9 @@ RENDEZVOUS = frozenset("""_rendezvous next_rendezvous _assign_worker_ranks _shar
 _barrier_nonblocking _create_c10d_store _wait_for_workers""".split())
 DATA = frozenset("_next_data _get_data __next__ _try_get_data fetch".split())
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen|^<)")
+C10D_PORT = 29400  # a c10d rendezvous endpoint without a port (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py)
+# Options that differ per node in one job: left out when two launchers' commands are compared.
+PER_NODE = frozenset(("node_rank", "machine_rank", "local_addr", "master_addr", "main_process_ip"))
 NAMES = {  # launcher -> (node rank, number of nodes, master address, master port) among its flags
     "torchrun": ("node_rank", "nnodes", "master_addr", "master_port"),
     "accelerate": ("machine_rank", "num_machines", "main_process_ip", "main_process_port"),
@@ -58,6 +62,8 @@ class Proc:
     sockets: List[Mapping[str, Any]]
     children: List[int]
     where: Where
+    ppid: Optional[int] = None
+    sockets_dropped: int = 0  # sockets the node held back (preflight.node.census MAX_SOCKETS): `sockets` is not all
     stable: Optional[bool] = None  # at the same place in both stack samples (None: one sample, or none)
     launcher: Optional[str] = None  # torchrun, accelerate, deepspeed (for a launcher agent)
     node_rank: Optional[int] = None
@@ -70,10 +76,16 @@ class Proc:
     run_id: Optional[str] = None
     rdzv: str = "static"
     gpu: Optional[str] = None  # the GPU NVML sees it on, and the memory it holds there
+    # The port that names its job: a launcher's master port (its rendezvous endpoint's, elastic), and for a rank
+    # its launcher's; an elastic launcher hands its ranks a store port of its own as MASTER_PORT.
+    job_port: Optional[int] = None
 
     @property
     def listens(self) -> bool:
-        return any(s.get("state") == "LISTEN" and s.get("local_port") == self.master_port for s in self.sockets)
+        return self.listens_on(self.master_port)
+
+    def listens_on(self, port: Optional[int]) -> bool:
+        return any(s.get("state") == "LISTEN" and s.get("local_port") == port for s in self.sockets)
 
     def label(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
@@ -87,6 +99,8 @@ class Census:
     stacks: Dict[str, Mapping[str, Any]] = field(default_factory=dict)  # node -> how the stacks were read
     errors: Dict[str, str] = field(default_factory=dict)  # node -> why it has no census
     port: Optional[int] = None
+    selected: bool = False  # --pid: only some processes were taken, the others of the job were not looked at
+    dropped: Dict[str, int] = field(default_factory=dict)  # node -> job processes past the census's cap
     _by_node: Dict[str, List[Proc]] = field(default_factory=dict, repr=False)
     _indexed: int = field(default=-1, repr=False)
 
@@ -162,6 +176,9 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
             continue
         census.stacks[node] = raw.get("stacks") if isinstance(raw.get("stacks"), dict) else {}
         census.listeners[node] = [h for h in raw.get("listeners") or () if isinstance(h, dict)]
+        census.selected = census.selected or bool(raw.get("pids"))
+        if isinstance(raw.get("processes_dropped"), int) and raw["processes_dropped"] > 0:
+            census.dropped[node] = raw["processes_dropped"]
         on_gpu = _gpu_processes(node_facts)
         for item in raw["processes"]:
             proc = _proc(node, item)
@@ -169,16 +186,35 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
                 proc.gpu = on_gpu.get(proc.pid)
                 census.procs.append(proc)
     for launcher in census.launchers:  # what its flags do not say, its ranks' variables do
-        children = set(launcher.children)
-        ranks = [p for p in census.on(launcher.node, "rank") if p.pid in children]
+        ranks = _ranks_of(census, launcher)
         if launcher.node_rank is None:
             launcher.node_rank = next((p.node_rank for p in ranks if p.node_rank is not None), None)
         if launcher.master_port is None:
             launcher.master_port = next((p.master_port for p in ranks if p.master_port is not None), None)
+        launcher.job_port = launcher.master_port
+    for rank in census.ranks:
+        parent = next((p for p in census.on(rank.node, "launcher") if p.pid == rank.ppid), None)
+        rank.job_port = parent.job_port if parent is not None and parent.job_port is not None else rank.master_port
+    if port is not None:
+        # The node keeps every launcher: a launcher's port may come from its config file, read here.
+        others = [p for p in census.launchers if not _on_port(census, p, port)]
+        gone = {(p.node, p.pid) for p in others}
+        census.procs = [p for p in census.procs if (p.node, p.pid) not in gone and (p.node, p.ppid) not in gone]
     if census.port is None:  # one job found: its port, for the checks that look at who holds it
-        ports = Counter(p.master_port for p in census.procs if p.master_port is not None)
+        ports = Counter(p.job_port for p in census.procs if p.job_port is not None)
         census.port = ports.most_common(1)[0][0] if len(ports) == 1 else None
     return census
+
+
+def _ranks_of(census: Census, launcher: Proc) -> List[Proc]:
+    return [p for p in census.on(launcher.node, "rank") if p.ppid == launcher.pid or p.pid in launcher.children]
+
+
+def _on_port(census: Census, launcher: Proc, port: int) -> bool:
+    """A launcher is of the job on `port` when the port it uses (flags over its config file, as its parser
+    reads them) is that one, or it holds it, or its ranks were given it; one whose port is not known stays."""
+    return launcher.job_port in (None, port) or launcher.listens_on(port) or any(
+        r.master_port == port for r in _ranks_of(census, launcher))
 
 
 def _gpu_processes(node_facts: Mapping[str, Any]) -> Dict[int, str]:
@@ -207,6 +243,8 @@ def _proc(node: str, item: Any) -> Optional[Proc]:
                 cpu_percent=item.get("cpu_percent"), env=env,
                 sockets=[s for s in item.get("sockets") or () if isinstance(s, dict)],
                 children=[c for c in item.get("children") or () if isinstance(c, int)],
+                ppid=item.get("ppid") if isinstance(item.get("ppid"), int) else None,
+                sockets_dropped=item.get("sockets_dropped") if isinstance(item.get("sockets_dropped"), int) else 0,
                 where=where(item.get("threads"), item.get("kind") == "launcher") if "threads" in item
                 else Where("unknown"),
                 stable=item.get("stable") if isinstance(item.get("stable"), bool) else None)
@@ -227,9 +265,11 @@ def _proc(node: str, item: Any) -> Optional[Proc]:
             rdzv = command.get("rdzv_backend")
             proc.rdzv = rdzv if isinstance(rdzv, str) else ("c10d" if command.flag("standalone") else "static")
             endpoint = command.get("rdzv_endpoint")
-            if isinstance(endpoint, str) and ":" in endpoint and proc.rdzv != "static":
-                proc.master_addr = endpoint.rsplit(":", 1)[0]
-                proc.master_port = int_or_none(endpoint.rsplit(":", 1)[1])
+            if isinstance(endpoint, str) and endpoint and proc.rdzv != "static":
+                # parse_rendezvous_endpoint (elastic/rendezvous/utils.py): HOST[:PORT], c10d's port by default
+                host, colon, port_text = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+                proc.master_addr = host.strip("[]") or None
+                proc.master_port = int_or_none(port_text) if colon else C10D_PORT
             if launcher == "torchrun" and proc.master_addr is None and proc.rdzv == "static":
                 proc.master_addr = "127.0.0.1"  # torchrun's default
             if proc.master_port is None and launcher == "torchrun":
@@ -255,8 +295,31 @@ def _from_accelerate(proc: Proc, config: dict, command: launchcmd.LaunchCommand)
     proc.rdzv = effective.get("rdzv_backend") if isinstance(effective.get("rdzv_backend"), str) else "static"
 
 
+def is_loopback(address: Optional[str]) -> bool:
+    """127.0.0.0/8, ::1, localhost: every node has them, and each means the node itself."""
+    if not address:
+        return False
+    if address.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def node_at(facts: Mapping[str, Any], address: Optional[str], seen_from: str) -> Optional[str]:
+    """The node `address` means to a process on `seen_from`: that node itself for a loopback address (a worker
+    left at torchrun's default 127.0.0.1 meets on its own node, not on the head), else node_of_address."""
+    if not address:
+        return None
+    return seen_from if is_loopback(address) else node_of_address(facts, address)
+
+
 def node_of_address(facts: Mapping[str, Any], address: str) -> Optional[str]:
-    """The node whose interfaces hold `address` (or whose name or hostname it is)."""
+    """The node whose interfaces hold `address` (or whose name or hostname it is); None for a loopback
+    address, which every node holds (node_at tells whose it is)."""
+    if is_loopback(address):
+        return None
     for node, state in facts.items():
         node_facts = (state or {}).get("facts")
         host = node_facts.get("host") if isinstance(node_facts, dict) else None
@@ -267,6 +330,47 @@ def node_of_address(facts: Mapping[str, Any], address: str) -> Optional[str]:
                 isinstance(a, list) and address in a for a in interfaces.values()):
             return node
     return None
+
+
+def job_command(p: Proc) -> tuple:
+    """A launcher's command as its parser reads it (abbreviations, --flag=value and --flag value alike:
+    preflight.inputs.launchcmd, after torch/distributed/run.py's argparse and accelerate's), without the
+    options that differ per node: two launchers of one job give the same."""
+    launcher, command = _launch(p.argv)
+    if command is None:
+        return tuple(p.argv)
+    options = tuple(sorted((k, v) for k, v in command.options.items() if k not in PER_NODE))
+    return launcher, options, command.script, command.script_args
+
+
+def hosts_in_use(census: Census) -> set:
+    """The nodes a DeepSpeed runner among the launchers starts ranks on, after its --include, --exclude and
+    --num_nodes (deepspeed/launcher/runner.py main: parse_resource_filter, apply_num_nodes_and_gpus); every
+    node without one. The slots are not known here: a filter by slot keeps its host."""
+    from preflight.inputs.configs import MAX_SLOTS, runner_resources
+
+    used = set()
+    for p in census.launchers:
+        launcher, command = _launch(p.argv)
+        if launcher != "deepspeed" or command is None:
+            continue
+        text = {k: command.get(k) if isinstance(command.get(k), str) else "" for k in ("include", "exclude")}
+        num_nodes = command.integer("num_nodes")
+        hosts, _ = runner_resources({n: MAX_SLOTS for n in census.nodes}, text["include"], text["exclude"],
+                                    num_nodes if num_nodes is not None else -1)
+        if hosts is None:  # the runner stops on its filter: it started nothing anywhere
+            continue
+        used.update(hosts)
+    return used or set(census.nodes)
+
+
+def expected_nodes(nnodes: Optional[str]) -> Optional[int]:
+    """The nodes a rendezvous needs to complete from --nnodes N or MIN:MAX (elastic: MIN; run.py's
+    parse_min_max_nnodes), None when it is not a number."""
+    try:
+        return int(str(nnodes).split(":")[0])
+    except ValueError:
+        return None
 
 
 def table(census: Census) -> List[dict]:

@@ -7,7 +7,6 @@ written to or left behind: py-spy runs under a deadline and is killed past it.
 """
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -15,7 +14,7 @@ import time
 
 from preflight.node import procfs
 from preflight.node.launchfiles import accelerate_default_config, read_file
-from preflight.node.secret import REDACTED, secret_name
+from preflight.node.secret import REDACTED, secret_name, secret_text
 
 CENSUS_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
               "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
@@ -25,6 +24,11 @@ CENSUS_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
              "deepspeed.launcher.launch", "deepspeed.launcher.runner")
 MAX_ARGS, MAX_ARG, MAX_SOCKETS, MAX_PROCESSES = 64, 200, 64, 256
+# The user:password@ of a URL (https://user:hunter2@host/x) and Hugging Face tokens, hidden on the node before
+# an argument or a value is cut: a cut inside the password leaves no "@" for the head's rule to find. The head
+# redacts again (preflight.report.redact, the same patterns).
+# Sockets the checks read first when a process holds more than MAX_SOCKETS: who listens, and who waits to connect.
+SOCKET_ORDER = {"LISTEN": 0, "SYN_SENT": 1}
 
 
 def take_census(options):
@@ -48,11 +52,11 @@ def take_census(options):
             elsewhere += 1  # another network namespace: a container, or another test host
             continue
         table[pid] = info
-    chosen = _job_processes(table, options.get("pids"), port)
+    chosen, job = _job_processes(table, options.get("pids"), port)
     processes = []
     for pid in chosen[:MAX_PROCESSES]:
         info = table[pid]
-        info["sockets"] = _sockets_of(pid, sockets)
+        info["sockets"], info["sockets_dropped"] = _sockets_of(pid, sockets)
         info["children"] = [p for p, other in table.items() if other["ppid"] == pid]
         if info["kind"] == "launcher" and "accelerate" in " ".join(info["argv"][:4]):
             info["config"] = _accelerate_config(pid, info["argv"])
@@ -60,9 +64,9 @@ def take_census(options):
     listeners = []
     if port:
         for pid, info in table.items():
-            if pid in chosen:
+            if pid in job:  # the job's own (those --pid left out too): not another holder of its port
                 continue
-            held = [s for s in _sockets_of(pid, sockets) if s["state"] == "LISTEN" and s["local_port"] == port]
+            held = [s for s in _sockets_of(pid, sockets)[0] if s["state"] == "LISTEN" and s["local_port"] == port]
             if held:
                 listeners.append({"pid": pid, "argv": info["argv"], "age_s": info["age_s"], "env": _job_env(pid)})
     stacks = _stacks(processes, options, deadline) if options.get("stacks", True) else {"skipped": "not asked"}
@@ -72,9 +76,11 @@ def take_census(options):
         again = _process(p["pid"], ticks, boot)
         p["cpu_percent"] = None if again is None else round(
             100.0 * (again["cpu_s"] - cpu_before[p["pid"]]) / max(0.05, time.monotonic() - started), 1)
-    return {"processes": processes, "listeners": listeners, "stacks": stacks, "elsewhere": elsewhere,
-            "port": port, "seconds": round(time.monotonic() - started, 3), "ptrace_scope": _ptrace_scope(),
-            "uid": os.getuid()}
+    # What was cut is said, so that the head never reads a cut list as the whole of it.
+    return {"processes": processes, "processes_dropped": max(0, len(chosen) - MAX_PROCESSES), "listeners": listeners,
+            "stacks": stacks, "elsewhere": elsewhere, "port": port,
+            "pids": sorted(int(p) for p in options.get("pids") or ()),
+            "seconds": round(time.monotonic() - started, 3), "ptrace_scope": _ptrace_scope(), "uid": os.getuid()}
 
 
 def _process(pid, ticks, boot):
@@ -83,7 +89,7 @@ def _process(pid, ticks, boot):
     fields = procfs.stat_fields(pid)
     if not words or not fields:
         return None
-    argv = [a[:MAX_ARG] for a in words[:MAX_ARGS] if a]
+    argv = shown_argv(words[:MAX_ARGS])
     try:
         state, ppid = fields[0].decode(), int(fields[1])
         cpu = (int(fields[11]) + int(fields[12])) / float(ticks)
@@ -94,12 +100,33 @@ def _process(pid, ticks, boot):
     return {"pid": pid, "ppid": ppid, "argv": argv, "state": state, "cpu_s": round(cpu, 2), "age_s": age}
 
 
+def shown_argv(words):
+    """A command line as the node sends it: secrets redacted first, then each argument cut (an empty argument
+    stays, as the launcher's parser reads it). The value of an option or NAME=value whose name looks secret
+    (--token X, --password=X, HF_TOKEN=X), URL credentials and Hugging Face tokens become <redacted>."""
+    shown, hide_next = [], False
+    for word in words:
+        if hide_next and word and not word.startswith("-"):
+            shown.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        name, has_value, _ = word.partition("=")
+        if secret_name(name) and (word.startswith("-") or has_value):
+            hide_next = not has_value and word.startswith("-")
+            shown.append(name + "=" + REDACTED if has_value else word)
+            continue
+        shown.append(secret_text(word)[:MAX_ARG])
+    return shown
+
+
+
 def _job_env(pid):
     """The job's variables of a process (None when /proc/PID/environ cannot be read); secrets redacted."""
     environ = procfs.environ(pid)
     if environ is None:
         return None
-    return dict((name, REDACTED if secret_name(name) else value[:MAX_ARG]) for name, value in environ.items()
+    return dict((name, REDACTED if secret_name(name) else secret_text(value)[:MAX_ARG]) for name, value in environ.items()
                 if name in CENSUS_ENV or name.startswith(CENSUS_PREFIXES))
 
 
@@ -129,63 +156,67 @@ def _is_launcher(argv):
 
 
 def _job_processes(table, pids, port):
-    """The pids of the job's launchers and ranks: a launcher agent, or a process with a rank's variables
-    or a launcher for parent; with `pids`, only those and their descendants; with `port`, only the job
-    whose MASTER_PORT (or launcher flags) name it."""
+    """The pids of the job's launchers and ranks. A rank is a process its launcher started (the launcher's
+    child), or, with no launcher above it, a process with a rank's variables; the processes below a rank
+    (DataLoader workers, which inherit RANK) are its helpers, not ranks. With `pids`, only those and their
+    descendants; with `port`, every launcher (the head reads the port each one really uses from its
+    flags and config file, preflight.job.running) and the ranks that MASTER_PORT or their launcher put
+    on that port. Returns (those pids, every pid of the job before `pids` chose among them)."""
+    launchers = set(pid for pid, info in table.items() if _is_launcher(info["argv"]))
+    envs = {}
+
+    def env(pid):
+        if pid not in envs:
+            envs[pid] = _job_env(pid)
+        return envs[pid]
+
+    def has_rank_env(pid):
+        found = env(pid)
+        return bool(found) and ("RANK" in found or "TORCHELASTIC_RUN_ID" in found)
+
+    def rank_above(pid):  # a launcher, or a Python process with a rank's variables (a rank, whose helper this is)
+        return pid in launchers or pid in table and has_rank_env(pid) and \
+            os.path.basename(table[pid]["argv"][0]).startswith("python")
+
     chosen = []
     for pid, info in table.items():
-        launcher = _is_launcher(info["argv"])
-        env = _job_env(pid) if not launcher or port else None
-        parent = table.get(info["ppid"])
-        rank = bool(env) and ("RANK" in env or "TORCHELASTIC_RUN_ID" in env) or \
-            (parent is not None and _is_launcher(parent["argv"]) and not launcher)
-        if not (launcher or rank):
+        if pid in launchers:
+            kind = "launcher"
+        elif info["ppid"] in launchers:
+            kind = "rank"
+        elif has_rank_env(pid) and not _ancestor(pid, table, rank_above):
+            kind = "rank"
+        else:
             continue
-        info["kind"] = "launcher" if launcher else "rank"
-        info["env"] = env if env is not None else _job_env(pid)
+        info["kind"] = kind
+        info["env"] = env(pid)
         chosen.append(pid)
+    if port:
+        chosen = [p for p in chosen if table[p]["kind"] == "launcher" or table[p]["ppid"] in launchers
+                  or (table[p]["env"] or {}).get("MASTER_PORT") == str(port)]
+    job = set(chosen)
     if pids:
         wanted = set(int(p) for p in pids)
-        chosen = [p for p in chosen if p in wanted or _descends(p, wanted, table)]
-    if port:
-        ranks = [p for p in chosen if table[p]["kind"] == "rank" and _rank_on_port(table[p], port, table)]
-        parents = {table[p]["ppid"] for p in ranks}
-        launchers = [p for p in chosen if table[p]["kind"] == "launcher"
-                     and _launcher_on_port(table[p], port, p in parents)]
-        chosen = sorted(ranks + launchers)
-    return chosen
+        chosen = [p for p in chosen if p in wanted or _ancestor(p, table, lambda q: q in wanted)]
+    return chosen, job
 
 
-def _descends(pid, ancestors, table):
+def _ancestor(pid, table, test):
+    """Whether a process above `pid` (its parent, theirs, ...) passes `test`."""
     seen = 0
     while pid in table and seen < 64:
         pid, seen = table[pid]["ppid"], seen + 1
-        if pid in ancestors:
+        if test(pid):
             return True
     return False
 
 
-PORT_FLAGS = re.compile(r"--(master[-_]port|main[-_]process[-_]port)[= ](\d+)|--rdzv[-_]endpoint[= ]\S*:(\d+)")
-
-
-def _launcher_on_port(info, port, has_ranks_on_port):
-    """A launcher belongs to the job on `port` when its flags name the port, or its ranks use it, or
-    nothing on its command line names a port (accelerate reads it from its config file)."""
-    named = [int(m.group(2) or m.group(3)) for m in PORT_FLAGS.finditer(" ".join(info["argv"]))]
-    return port in named or has_ranks_on_port or not named
-
-
-def _rank_on_port(info, port, table):
-    env = info.get("env") or {}
-    if env.get("MASTER_PORT"):
-        return env["MASTER_PORT"] == str(port)
-    parent = table.get(info["ppid"])
-    return parent is not None and _launcher_on_port(parent, port, False)
-
-
 def _sockets_of(pid, sockets):
+    """(the process's TCP sockets, listeners and pending connections first, at most MAX_SOCKETS; how many
+    more it holds)."""
     found = [sockets[inode] for inode in procfs.socket_inodes(pid) if inode in sockets]
-    return found[:MAX_SOCKETS]
+    found.sort(key=lambda s: SOCKET_ORDER.get(s["state"], 2))
+    return found[:MAX_SOCKETS], max(0, len(found) - MAX_SOCKETS)
 
 
 def _ptrace_scope():

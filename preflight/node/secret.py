@@ -1,14 +1,23 @@
 """The one rule for a name that looks secret, decided by its parts (split at - _ .): HF_TOKEN, WANDB_API_KEY,
 DB_PASSWD, NCCL_AUTH; not KEYBOARD, TOKENIZERS_PARALLELISM, NCCL_IB_HCA, NCCL_IB_PKEY. Values under such
-names never leave the node; every output is redacted again by the same rule on the head (preflight.report.redact)."""
+names never leave the node; every output is redacted again by the same rule on the head (preflight.report.redact).
+Secrets in free text (a URL's user:password@, a Hugging Face token) are found by `secret_text`, on the node before
+a command-line argument is cut and on the head in every output."""
 import re
 
 SECRET_NAME = re.compile(r"(^|[-_.])(token|secret|passwords?|passwd|passphrase|pwd|auth|authorization|api[-_]?key|"
                          r"key|credentials?)($|[-_.])", re.I)
 NOT_SECRET = frozenset(("PWD", "OLDPWD"))  # the shell's working directories
 REDACTED = "<redacted>"
+URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@:]*:[^/\s@]*@", re.I)
+HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")
 
 
 def secret_name(name):
     name = name.lstrip("-+")
     return name.upper() not in NOT_SECRET and bool(SECRET_NAME.search(name))
+
+
+def secret_text(text):
+    """`text` with URL credentials and Hugging Face tokens replaced by REDACTED."""
+    return HF_TOKEN.sub(REDACTED, URL_CREDENTIALS.sub(lambda m: m.group(1) + REDACTED + "@", text))

@@ -9,12 +9,10 @@ import re
 from dataclasses import replace
 from typing import Any, Iterable, List, Sequence, Set
 
-# A name that looks secret (HF_TOKEN, --password=, --api-key, trainer.hf_token; not KEYBOARD): the node-side
-# collector's rule, so that a node and every output agree.
-from preflight.node.secret import REDACTED, secret_name
-
-URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@:]*:[^/\s@]*@", re.I)
-HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")  # Hugging Face access tokens, wherever they stand
+# A name that looks secret (HF_TOKEN, --password=, --api-key, trainer.hf_token; not KEYBOARD), and URL credentials
+# and Hugging Face tokens in any text: the node's rules (the census applies them before it cuts an argument), so
+# that a node and every output agree.
+from preflight.node.secret import REDACTED, secret_name, secret_text
 # NAME=value as a shell, Hydra (trainer.hf_token=, +wandb.api_key=) or a launcher takes it.
 ASSIGNMENT = re.compile(r"^\+{0,2}[A-Za-z_][A-Za-z0-9_.-]*=")
 # What a text must hold to be worth a closer look (most messages hold none of it: they are returned as they are).
@@ -32,10 +30,6 @@ def text(value: str) -> str:
     pieces = re.split(r"(\s+)", value)  # words and the spaces between them, kept as they were
     pieces[0::2] = argv(pieces[0::2])
     return "".join(pieces)
-
-
-def _word(word: str) -> str:
-    return HF_TOKEN.sub(REDACTED, URL_CREDENTIALS.sub(lambda m: m.group(1) + REDACTED + "@", word))
 
 
 def value(name: str, found: Any) -> Any:
@@ -65,7 +59,7 @@ def argv(words: Sequence[str]) -> List[str]:
                 shown.append(word)
                 hide_next = word.startswith("-")
             continue
-        shown.append(_word(word))
+        shown.append(secret_text(word))
     return shown
 
 

@@ -29,6 +29,15 @@ if mode == f"sleep-before-init:{rank}":
 import torch, torch.distributed as dist
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
 t = torch.ones(1)
+if os.environ.get("PF_LOADER"):  # a DataLoader whose 2 workers (processes that inherit RANK) stay alive
+    loader = iter(torch.utils.data.DataLoader(list(range(64)), batch_size=2, num_workers=2, persistent_workers=True))
+    next(loader)
+    (marks / f"{rank}-loader").touch()
+if os.environ.get("PF_DIAL"):  # a connection to an address nobody answers (not the master)
+    import socket
+    dial = socket.socket()
+    dial.setblocking(False)
+    dial.connect_ex((os.environ["PF_DIAL"], 8080))
 if mode == f"sleep:{rank}":
     (marks / f"{rank}-sleeping").touch()
     time.sleep(900)
@@ -63,21 +72,23 @@ class Jobs:
         self.marks.mkdir()
         self.started = []
 
-    def torchrun(self, node, node_rank, port, nnodes=3, master="node01", mode="", script=None):
-        argv = [str(VENV / "torchrun"), "--nnodes", str(nnodes), "--node_rank", str(node_rank), "--master_addr",
-                master, "--master_port", str(port), "--nproc-per-node", "1", "--max-restarts", "0",
-                str(script or self.script)]
-        return self._start(node, argv, mode)
+    def torchrun(self, node, node_rank, port, nnodes=3, master="node01", mode="", script=None, flags=None,
+                 args=(), **env):
+        """torchrun with these flags (or the usual ones for this node rank), the script, and its args."""
+        if flags is None:
+            flags = ["--nnodes", str(nnodes), "--node_rank", str(node_rank), "--master_addr", master,
+                     "--master_port", str(port), "--nproc-per-node", "1", "--max-restarts", "0"]
+        return self._start(node, [str(VENV / "torchrun"), *flags, str(script or self.script), *args], mode, **env)
 
-    def accelerate(self, node, port, machine_rank, mode=""):
+    def accelerate(self, node, port, machine_rank, mode="", machines=3, head="node01", **env):
         """`accelerate launch` with this node's own default config (its HF_HOME), as after `accelerate config`."""
         home = self.tmp / f"hf-{node}"
         (home / "accelerate").mkdir(parents=True, exist_ok=True)
         config = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU", "use_cpu": True,
-                  "num_machines": 3, "machine_rank": machine_rank, "num_processes": 3, "main_process_ip": "node01",
-                  "main_process_port": port, "mixed_precision": "no", "rdzv_backend": "static"}
+                  "num_machines": machines, "machine_rank": machine_rank, "num_processes": machines,
+                  "main_process_ip": head, "main_process_port": port, "mixed_precision": "no", "rdzv_backend": "static"}
         (home / "accelerate" / "default_config.yaml").write_text(yaml.safe_dump(config))
-        return self._start(node, [str(VENV / "accelerate"), "launch", str(self.script)], mode, HF_HOME=str(home))
+        return self._start(node, [str(VENV / "accelerate"), "launch", str(self.script)], mode, HF_HOME=str(home), **env)
 
     def _start(self, node, argv, mode, **env):
         log = open(self.tmp / f"{node}-{len(self.started)}.log", "wb")
@@ -147,10 +158,10 @@ def jobs(cluster, tmp_path):
         started.stop()
 
 
-def doctor(cluster, *extra):
-    """`preflight doctor` on the three nodes: (JSON document, seconds)."""
+def doctor(cluster, *extra, hosts=None):
+    """`preflight doctor` on the three nodes (or these hosts): (JSON document, seconds)."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "preflight", "doctor", "--hosts", ",".join(cluster.nodes),
+    proc = subprocess.run([sys.executable, "-m", "preflight", "doctor", "--hosts", ",".join(hosts or cluster.nodes),
                            "--ssh-config", str(cluster.ssh_config), "--python", sys.executable, "--json", *extra],
                           capture_output=True, text=True, timeout=60)
     elapsed = time.monotonic() - started
@@ -169,13 +180,150 @@ def problems(doc):
     return sorted((r["id"], tuple(r["nodes"])) for r in doc["results"] if r["status"] in ("fail", "error", "warn"))
 
 
+def messages(doc):
+    return [r["message"] for r in doc["results"] if r["status"] != "pass"]
+
+
 def test_a_healthy_running_job_gives_no_false_alarm(cluster, jobs):
     launchers = [jobs.torchrun(node, rank, 29651, mode="loop") for rank, node in enumerate(cluster.nodes)]
     jobs.wait_for("0-loop", "1-loop", "2-loop")
     doc, _ = doctor(cluster, "--port", "29651")
-    assert problems(doc) == [], [r["message"] for r in doc["results"] if r["status"] != "pass"]
+    assert problems(doc) == [], messages(doc)
     [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
     assert sorted(row["rank"] for row in census if row["kind"] == "rank") == [0, 1, 2]
+    jobs.untouched(launchers, jobs.rank_pids().values())
+
+
+def test_a_part_of_a_healthy_job_is_not_read_as_ranks_that_died(cluster, jobs):
+    """doctor on two of the job's three nodes, or on one rank's PID, sees only part of the job: the ranks it
+    did not look at are not "not running"."""
+    launchers = [jobs.torchrun(node, rank, 29660, mode="loop") for rank, node in enumerate(cluster.nodes)]
+    jobs.wait_for("0-loop", "1-loop", "2-loop")
+    doc, _ = doctor(cluster, "--port", "29660", hosts=cluster.nodes[:2])
+    assert problems(doc) == [], messages(doc)
+    doc, _ = doctor(cluster, "--port", "29660", "--pid", str(jobs.rank_pids()[0]))
+    assert problems(doc) == [], messages(doc)
+    [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
+    assert [row["rank"] for row in census] == [0]
+    jobs.untouched(launchers, jobs.rank_pids().values())
+
+
+def test_dataloader_workers_of_a_healthy_job_are_not_ranks(cluster, jobs):
+    launchers = [jobs.torchrun(node, rank, 29661, mode="loop", PF_LOADER="1") for rank, node in enumerate(cluster.nodes)]
+    jobs.wait_for("0-loop", "1-loop", "2-loop", "0-loader", "1-loader", "2-loader")
+    doc, _ = doctor(cluster, "--port", "29661")
+    assert problems(doc) == [], messages(doc)
+    [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
+    assert sorted(row["rank"] for row in census if row["kind"] == "rank") == [0, 1, 2]
+    jobs.untouched(launchers, jobs.rank_pids().values())
+
+
+def test_a_sleeping_rank_is_named_and_not_the_dataloader_workers_of_the_others(cluster, jobs):
+    """Each rank's 2 DataLoader workers inherit RANK and poll their queues: neither ranks, nor a sign that the
+    job moves on, nor stragglers."""
+    launchers = [jobs.torchrun(node, rank, 29662, mode="sleep:2", PF_LOADER="1")
+                 for rank, node in enumerate(cluster.nodes)]
+    jobs.wait_for("0-collective", "1-collective", "2-sleeping", "0-loader", "1-loader", "2-loader")
+    doc, _ = doctor(cluster, "--port", "29662")
+    [straggler] = found(doc, "RUN006")
+    assert straggler["nodes"] == ["node03"] and straggler["message"].startswith("rank 2 on node03"), messages(doc)
+    assert {i for i, _ in problems(doc)} == {"RUN006"}, messages(doc)
+    [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
+    assert len([row for row in census if row["kind"] == "rank"]) == 3
+    jobs.untouched(launchers, jobs.rank_pids().values())
+
+
+def test_the_nodes_of_one_job_whose_flags_are_spelled_otherwise_are_one_job(cluster, jobs):
+    """--nnodes 3, --nnodes=3 and --nnode 3 (argparse's abbreviation) are one command to torchrun; the
+    workers started half a second after the head are not a newer job."""
+    spellings = (["--nnodes", "3", "--node_rank", "0", "--master_addr", "node01", "--master_port", "29663"],
+                 ["--nnodes=3", "--node-rank=1", "--master-addr=node01", "--master-port=29663"],
+                 ["--nnode", "3", "--node_r", "2", "--master_a", "node01", "--master_p", "29663"])
+    launchers = []
+    for node, flags in zip(cluster.nodes, spellings):
+        launchers.append(jobs.torchrun(node, None, None, mode="loop", flags=[*flags, "--max-restarts=0"]))
+        time.sleep(0.5)
+    jobs.wait_for("0-loop", "1-loop", "2-loop")
+    doc, _ = doctor(cluster, "--port", "29663")
+    assert problems(doc) == [], messages(doc)
+    jobs.untouched(launchers, jobs.rank_pids().values())
+
+
+def test_doctor_on_one_port_leaves_out_another_job_whose_port_is_in_its_config(cluster, jobs, tmp_path):
+    """Two healthy accelerate jobs on the same nodes, each port in its config file: node01 heads the one on
+    29664, node02 the one on 29665. `doctor --port 29664` judges that job alone; without --port it says that
+    two jobs run, and a rank's unanswered connection elsewhere is not the master's."""
+    (tmp_path / "other").mkdir()
+    other = Jobs(jobs.cluster, tmp_path / "other")
+    try:
+        launchers = [jobs.accelerate(node, 29664, rank, mode="loop", PF_DIAL="192.0.2.1")  # dropped on the way
+                     for rank, node in enumerate(cluster.nodes)]
+        launchers += [other.accelerate(node, 29665, rank, mode="loop", machines=2, head="node02")
+                      for rank, node in enumerate(cluster.nodes[1:])]
+        jobs.wait_for("0-loop", "1-loop", "2-loop")
+        other.wait_for("0-loop", "1-loop")
+        doc, _ = doctor(cluster, "--port", "29664")
+        assert problems(doc) == [], messages(doc)
+        [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
+        assert sorted(row["pid"] for row in census if row["kind"] == "rank") == sorted(jobs.rank_pids().values())
+        assert len([row for row in census if row["kind"] != "rank"]) == 3
+        doc, _ = doctor(cluster)  # the findings mix the two jobs (RUN001 says so), but no connection is the master's
+        [several] = found(doc, "RUN001", "warn")
+        assert "2 jobs run on these nodes" in several["message"]
+        assert not found(doc, "RUN004"), messages(doc)
+        jobs.untouched(launchers, [*jobs.rank_pids().values(), *other.rank_pids().values()])
+    finally:
+        other.stop()
+
+
+def test_an_elastic_job_on_fewer_nodes_than_its_maximum_is_healthy(cluster, jobs):
+    """--nnodes 1:3 on 2 nodes, c10d rendezvous on node01:29666: its launchers meet on that port, and they
+    hand their ranks the port of a store of their own as MASTER_PORT; one job, complete."""
+    flags = ["--nnodes", "1:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node01:29666", "--rdzv-id", "elastic",
+             "--rdzv-conf", "last_call_timeout=5", "--nproc-per-node", "1", "--max-restarts", "0"]
+    launchers = [jobs.torchrun(node, None, None, mode="loop", flags=flags) for node in cluster.nodes[:2]]
+    jobs.wait_for("0-loop", "1-loop", timeout=180)
+    for extra in (("--port", "29666"), ()):
+        doc, _ = doctor(cluster, *extra, hosts=cluster.nodes[:2])
+        assert problems(doc) == [], messages(doc)
+        [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
+        assert sorted(row["rank"] for row in census if row["kind"] == "rank") == [0, 1]
+    jobs.untouched(launchers, jobs.rank_pids().values())
+
+
+def test_a_worker_left_at_the_loopback_master_address(cluster, jobs):
+    """node02 started without --master_addr: torchrun's default 127.0.0.1 is node02 itself, not the head."""
+    launchers = []
+    for rank, node in enumerate(cluster.nodes):
+        flags = ["--nnodes", "3", "--node_rank", str(rank), "--master_port", "29667", "--max-restarts", "0"]
+        launchers.append(jobs.torchrun(node, None, None, flags=flags if node == "node02" else
+                                       [*flags, "--master_addr", "node01"]))
+    jobs.wait_listening("node01", 29667)
+    time.sleep(3)
+    doc, _ = doctor(cluster, "--port", "29667")
+    [wrong] = found(doc, "RUN003")
+    assert wrong["nodes"] == ["node02"], messages(doc)
+    assert "master address is 127.0.0.1 (that is, node02 itself) on node02" in wrong["message"]
+    jobs.untouched(launchers, [])
+
+
+def test_a_store_with_more_connections_than_the_census_keeps_is_not_read_as_nodes_missing(cluster, jobs):
+    """70 idle connections to the head's store arrive before node03's launcher: the census keeps 64 sockets of
+    the store's process, says how many it left out, and RUN005 does not take the cut for node03's absence."""
+    launchers = [jobs.torchrun(node, rank, 29668, mode="loop") for rank, node in enumerate(cluster.nodes[:2])]
+    jobs.wait_listening("node01", 29668)
+    idle = jobs.cluster.node_popen("node02", [sys.executable, "-c", (
+        "import socket, sys, time\n"
+        "held = [socket.create_connection(('node01', 29668)) for _ in range(70)]\n"
+        "print('ok', flush=True)\ntime.sleep(900)\n")], stdout=subprocess.PIPE)
+    jobs.started.append(idle)
+    assert idle.stdout.readline().strip() == b"ok"
+    launchers.append(jobs.torchrun("node03", 2, 29668, mode="loop"))
+    jobs.wait_for("0-loop", "1-loop", "2-loop")
+    doc, _ = doctor(cluster, "--port", "29668")
+    assert not found(doc, "RUN005"), messages(doc)
+    [store] = [r for r in doc["results"] if r["id"] == "RUN005"]
+    assert store["status"] == "skip" and "not read" in store["message"], store
     jobs.untouched(launchers, jobs.rank_pids().values())
 
 
@@ -201,6 +349,8 @@ def test_one_rank_sleeping_before_the_all_reduce_the_others_wait_in(cluster, job
     assert f"idle at train.py:{SLEEP_LINE}" in straggler["message"]
     assert f"2 rank(s) wait in all_reduce at train.py:{REDUCE_LINE}" in straggler["message"]
     assert {i for i, _ in problems(doc)} == {"RUN006"}
+    doc, _ = doctor(cluster, hosts=cluster.nodes[:2])  # rank 2 sleeps on node03, which doctor was not told of
+    assert not found(doc, "RUN007") and not found(doc, "RUN001"), messages(doc)
     jobs.untouched(launchers, jobs.rank_pids().values())
 
 
@@ -273,14 +423,27 @@ def test_a_rank_killed_while_the_others_wait(cluster, jobs):
 
 
 def test_an_old_job_holding_the_port(cluster, jobs, tmp_path):
+    """The old job's command line holds a URL with a password, placed where the message's cut of the command
+    line falls inside it: the report shows neither the password nor a piece of it, in any output."""
     old = tmp_path / "old.py"
     old.write_text("import time\ntime.sleep(900)\n")
-    stale = jobs.torchrun("node01", 0, 29658, nnodes=2, script=old)  # a job left waiting for its second node
+    interpreter = (VENV / "torchrun").read_text().splitlines()[0][2:].strip()  # as /proc shows a console script
+    before = " ".join([interpreter, str(VENV / "torchrun"), "--rdzv-id", "", "--role", "https://user:"])
+    pad = "x" * (120 - 3 - len(before))  # RUN008 quotes 120 characters: the cut after "hun"
+    assert pad, before
+    flags = ["--rdzv-id", pad, "--role", "https://user:hunter2@example.org/x", "--nnodes", "2", "--node_rank", "0",
+             "--master_addr", "node01", "--master_port", "29658"]
+    start = time.monotonic()
+    stale = jobs.torchrun("node01", 0, 29658, script=old, flags=flags)
     jobs.wait_listening("node01", 29658)
-    time.sleep(2)
+    time.sleep(max(0.0, start + 32 - time.monotonic()))  # a job left waiting for its second node, for a while
     launchers = [jobs.torchrun(node, rank, 29658) for rank, node in enumerate(cluster.nodes) if node != "node01"]
     time.sleep(6)
-    doc, _ = doctor(cluster, "--port", "29658")
+    junit, html = tmp_path / "doctor.xml", tmp_path / "doctor.html"
+    doc, _ = doctor(cluster, "--port", "29658", "--junit", str(junit), "--html", str(html))
     [held] = found(doc, "RUN008")
     assert held["nodes"] == ["node01"] and f"pid {stale.pid}" in held["message"] and "older job" in held["message"]
+    assert "--role https://<redacte" in held["message"], held["message"]  # redacted, then cut
+    for shown in (json.dumps(doc), junit.read_text(), html.read_text()):
+        assert "user:hun" not in shown and "hunter2" not in shown
     jobs.untouched([stale, *launchers], [])

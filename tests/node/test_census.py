@@ -121,3 +121,74 @@ def test_the_processes_of_a_node_are_found_as_they_are_added():
     found.procs += [proc("n2", 20, "rank"), proc("n1", 11, "rank")]
     assert [p.pid for p in found.on("n1")] == [10, 11] and [p.pid for p in found.on("n1", "rank")] == [11]
     assert [p.pid for p in found.on("n2", "rank")] == [20]
+
+
+RANK_WITH_HELPER = '''
+import os, socket, sys, time
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(128)
+port = server.getsockname()[1]
+clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+accepted = [server.accept()[0] for _ in range(40)]
+helper = os.fork()  # as a DataLoader worker: a copy of the rank, with its RANK
+if helper == 0:
+    time.sleep(60)
+    os._exit(0)
+print(helper, flush=True)
+time.sleep(60)
+'''
+
+
+def test_a_ranks_census_keeps_its_arguments_redacted_its_helpers_apart_and_says_what_it_cut(tmp_path):
+    """A rank that forks a helper (as DataLoader workers are made) and holds 81 sockets, with a password in a long
+    argument, an empty argument and a secret option: the helper is not a rank, the listener is kept among the
+    64 sockets and the 17 others are counted, the password is redacted before the argument is cut."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_WITH_HELPER)
+    long_url = "--dataset=" + "x" * 174 + "https://user:hunter2@example.org/x"  # the node's cut: after "hun"
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29989")
+    proc = subprocess.Popen([sys.executable, str(script), "", long_url, "--token", "abc"], env=env,
+                            stdout=subprocess.PIPE)
+    try:
+        helper = int(proc.stdout.readline())
+        found = census.take_census({"port": 29989, "deadline_s": 4, "stacks": False})
+        by_pid = {p["pid"]: p for p in found["processes"]}
+        assert proc.pid in by_pid and helper not in by_pid, sorted(by_pid)
+        rank = by_pid[proc.pid]
+        assert rank["argv"][2] == "" and rank["argv"][4:] == ["--token", "<redacted>"], rank["argv"]
+        assert len(rank["argv"][3]) == census.MAX_ARG and rank["argv"][3].endswith("https://<redacte")
+        assert "hunter2" not in repr(found) and "user:hun" not in repr(found)
+        assert len(rank["sockets"]) == census.MAX_SOCKETS and rank["sockets_dropped"] == 81 - census.MAX_SOCKETS
+        assert rank["sockets"][0]["state"] == "LISTEN"
+        assert found["processes_dropped"] == 0 and found["pids"] == []
+    finally:
+        proc.kill()
+        proc.wait()
+        try:
+            os.kill(helper, signal.SIGKILL)
+        except (NameError, ProcessLookupError):
+            pass
+
+
+@pytest.mark.parametrize("flags, missing", [
+    (["--include", "a@b"], []), (["--exclude", "c"], []), (["--num_nodes", "2"], []), (["--include", "a:0@c"], ["c"]),
+    ([], ["c"]),
+])
+def test_the_hosts_a_deepspeed_filter_leaves_out_are_not_missing(flags, missing):
+    """DeepSpeed's runner on node a, its hostfile a, b, c, the job's ranks on a and b: a host its --include,
+    --exclude or --num_nodes leave out is not a node where the job was never started; a host it uses is."""
+    def proc(pid, argv, kind="rank", **env):
+        return {"pid": pid, "ppid": 1, "kind": kind, "argv": argv, "state": "S", "env": env}
+
+    deepspeed = proc(10, ["/venv/bin/python", "/venv/bin/deepspeed", "--hostfile", "hostfile", *flags, "--master_addr",
+                       "a", "--master_port", "29500", "train.py"], kind="launcher")
+    on = {"a": [deepspeed, proc(11, ["python", "train.py"], RANK="0", MASTER_PORT="29500")],
+          "b": [proc(12, ["python", "train.py"], RANK="1", MASTER_PORT="29500")], "c": []}
+    facts = {node: {"facts": {"census": {"processes": on.get(node, [])}}, "error": None, "clock": None}
+             for node in ("a", "b", "c")}
+    plan = build_plan(nodes=("a", "b", "c"))
+    model = jobcensus.build(plan.nodes, facts, 29500)
+    results = runner.run_check(registry.load().get("RUN001"), runner.CheckContext(plan, facts, {"census": model}))
+    failed = [r for r in results if r.status == Status.FAIL]
+    assert [list(r.nodes) for r in failed] == ([missing] if missing else []), [r.message for r in results]
