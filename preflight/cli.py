@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import List, Optional, Sequence
 
-from preflight import __version__
+from preflight import DISTRIBUTION, __version__
 from preflight.inputs.documents import InputError
 from preflight.inputs.launchcmd import DEFAULT_PORT
 from preflight.result import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_READY, UsageError
@@ -73,7 +73,7 @@ port_number = whole(65535, "a port")
 
 def build_parser() -> Parser:
     parser = Parser(prog="preflight", description="Will this multi-node Accelerate + DeepSpeed job start and run?")
-    parser.add_argument("--version", action="version", version=f"preflight {__version__}")
+    parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     def inputs(p: argparse.ArgumentParser) -> None:

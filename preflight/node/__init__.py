@@ -18,6 +18,12 @@ MIN_PYTHON = (3, 9)  # pyproject.toml's requires-python: the oldest interpreter 
 UNSUPPORTED = "preflight: unsupported interpreter"
 
 
+def shipped_by():
+    """The version of the preflight whose head shipped this code (the bootstrap's `preflight` module carries it;
+    in-process it is the installed package's), or None."""
+    return getattr(sys.modules.get("preflight"), "__version__", None)
+
+
 def unsupported():
     """The line an interpreter older than MIN_PYTHON writes instead of facts, or None."""
     if sys.version_info >= MIN_PYTHON:

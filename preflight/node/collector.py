@@ -6,7 +6,7 @@ from torch/version.py. A section that raises is kept as {"error": "collector sec
 """
 import time
 
-from preflight.node import fabric, gpus, host, launchfiles, packages
+from preflight.node import fabric, gpus, host, launchfiles, packages, shipped_by
 
 SECTION_FAILED = "collector section %s failed on the node: "
 
@@ -14,7 +14,7 @@ SECTION_FAILED = "collector section %s failed on the node: "
 def collect(options):
     """Facts about this node. `options`: head (name), port, paths (name -> path to measure), job (what its
     launch would read: launchfiles.facts), census (the running job: census.take_census)."""
-    facts = {"schema": 1, "collected_at": time.time()}
+    facts = {"schema": 1, "preflight": shipped_by(), "collected_at": time.time()}
     for name, gather in (
         ("python", host.python),
         ("packages", packages.facts),

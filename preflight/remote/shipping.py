@@ -72,8 +72,10 @@ def bundle(program: str) -> str:
                 sources["preflight.node" if name == "__init__.py" else "preflight.node." + name[:-3]] = handle.read()
     if program not in sources:
         raise ValueError(f"{program} is not a module of preflight.node")
-    modules, pending = {"preflight": "", "preflight.node": sources["preflight.node"]}, [program]
-    while pending:  # the head's package face is not needed on the node: "preflight" is empty there
+    # The head's package face is not needed on the node: "preflight" there holds only the head's version.
+    modules = {"preflight": f"__version__ = {preflight.__version__!r}\n", "preflight.node": sources["preflight.node"]}
+    pending = [program]
+    while pending:
         name = pending.pop()
         if name not in modules:
             modules[name] = sources[name]

@@ -71,7 +71,8 @@ def test_a_program_is_shipped_with_the_modules_it_imports_and_no_others():
     assert agent["main"] == "preflight.node.agent" and agent["packages"] == ["preflight", "preflight.node"]
     worker = json.loads(shipping.bundle(shipping.ALLREDUCE))
     assert set(worker["modules"]) == {"preflight", "preflight.node", "preflight.node.allreduce"}
-    assert agent["modules"]["preflight"] == ""  # the head's package face stays on the head
+    # the head's package face stays on the head: the node's `preflight` holds only the head's version
+    assert agent["modules"]["preflight"] == f"__version__ = {preflight.__version__!r}\n"
     with pytest.raises(ValueError, match="not a module of preflight.node"):
         shipping.bundle("preflight.cli")
 
@@ -109,3 +110,30 @@ def test_the_shipped_agent_and_census_run_under_the_oldest_python(oldest):
     assert not failed, failed
     assert facts["census"]["processes"] == [] and facts["census"]["port"] == 29999
     assert isinstance(answer["time"], float)
+
+
+def test_the_shipped_agent_probes_a_data_path_under_the_oldest_python(oldest):
+    """The data-path requests through the real bootstrap: a responder on ephemeral ports, a probe of it over
+    loopback (TCP, do-not-fragment datagrams, a name), and its close."""
+    proc = subprocess.Popen(["sh", "-c", shipping.shipped_command(oldest)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write(shipping.shipped_input(shipping.AGENT, {"head": "127.0.0.1", "port": 29500}) +
+                         '{"op": "paths_open"}\n')
+        proc.stdin.flush()
+        facts = json.loads(proc.stdout.readline())
+        opened = json.loads(proc.stdout.readline())
+        peer = {"name": "self", "address": "127.0.0.1", "names": ["localhost"], "tcp_port": opened["tcp_port"],
+                "udp_port": opened["udp_port"], "mtu": 1500}
+        proc.stdin.write(json.dumps({"op": "paths_probe", "peers": [peer], "timeout_s": 2, "wait_s": 0.5}) +
+                         '\n{"op": "paths_close"}\ndone\n')
+        proc.stdin.flush()
+        probed, closed = json.loads(proc.stdout.readline()), json.loads(proc.stdout.readline())
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+    assert isinstance(facts["host"]["port_range"], list) and facts["host"]["links"]["lo"]["mtu"] > 0
+    assert opened["open"] is True and opened["port_range"] == facts["host"]["port_range"]
+    found = probed["paths"]["self"]
+    assert found["tcp"]["ok"] is True and found["mtu"]["ok"] is True and "127.0.0.1" in found["names"]["localhost"]
+    assert closed == {}

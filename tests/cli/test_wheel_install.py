@@ -1,0 +1,120 @@
+"""The distribution as users install it: the wheel and the sdist built from this tree, the wheel installed into a
+fresh virtual environment (its dependencies from the package index, as `pip install preflight-multinode` takes
+them; no source tree on the path), and run from there: `lint` on a fixture, `check` on this machine, and `check`
+on the test cluster with the all-reduce, so that shipping the node modules, the check entry points and the package
+data are proven from the installed wheel. `pipx install` of the wheel gives a working command too."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import preflight
+from cluster import make_cluster_fixtures
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "config" / "CFG001" / "ok-all-known"
+WHEEL_LIMIT = 1 << 20  # the wheel is code and one data file: well under 1 MiB (about 0.3 MiB today)
+
+cluster_up, cluster = make_cluster_fixtures(nodes=2, prefix="whl")
+
+
+def run(*argv, cwd, env=None, timeout=600):
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+    assert proc.returncode == 0, f"{argv}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory):
+    """(wheel, sdist) built by setuptools' own build backend from a copy of the tracked files."""
+    out, tree = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("tree") / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split("\n")
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tree / name)
+    build = ("import sys; from setuptools import build_meta as b; out = sys.argv[1];"
+             "w = b.build_wheel(out); s = b.build_sdist(out); print('built:', w, s)")
+    built = [line for line in run(sys.executable, "-c", build, out, cwd=tree).stdout.splitlines()
+             if line.startswith("built: ")]
+    wheel, sdist = built[-1].split()[1:]
+    return out / wheel, out / sdist
+
+
+@pytest.fixture(scope="module")
+def installed(dist, tmp_path_factory):
+    """The `preflight` command of a fresh virtual environment with the wheel installed."""
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    run(sys.executable, "-m", "venv", venv, cwd=venv.parent)
+    run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", dist[0],
+        cwd=venv.parent)
+    return venv / "bin" / "preflight"
+
+
+def outside_the_tree(tmp_path):
+    """An environment without PYTHONPATH, and a working directory away from the source tree."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return env, tmp_path
+
+
+def test_the_wheel_holds_the_package_and_its_data_and_no_tests(dist):
+    wheel, sdist = dist
+    names = zipfile.ZipFile(wheel).namelist()
+    assert wheel.name == f"preflight_multinode-{preflight.__version__}-py3-none-any.whl"
+    assert sdist.name == f"preflight_multinode-{preflight.__version__}.tar.gz"
+    assert "preflight/inputs/known_defects.toml" in names and "preflight/node/agent.py" in names
+    assert "preflight/checks/config/world.py" in names and "preflight/checks/net.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "scripts/", "docs/")) or "/fixtures/" in n], names
+    assert wheel.stat().st_size < WHEEL_LIMIT, wheel.stat().st_size
+
+
+def test_the_installed_wheel_lints_checks_this_machine_and_says_its_version(installed, tmp_path):
+    env, cwd = outside_the_tree(tmp_path)
+    version = run(installed, "--version", cwd=cwd, env=env).stdout
+    assert version == f"preflight-multinode {preflight.__version__}\n"
+    where = run(installed.parent / "python", "-c", "import preflight; print(preflight.__file__)", cwd=cwd, env=env)
+    assert str(installed.parents[2]) in where.stdout and str(ROOT) not in where.stdout
+    lint = json.loads(run(installed, "lint", "--config", FIXTURE / "accelerate.yaml", "--json", cwd=cwd, env=env).stdout)
+    assert lint["preflight"] == preflight.__version__ and "CFG001" in {r["id"] for r in lint["results"]}
+    listed = json.loads(run(installed, "list", "--json", cwd=cwd, env=env).stdout)
+    families = {c["id"][:3] for c in listed}  # every family's entry point, from the wheel's metadata
+    assert {"CFG", "SSH", "NET", "CLK", "PKG", "FS0", "SYS", "COL", "GPU", "JOB", "RUN", "MEM", "RDM"} <= families
+    proc = subprocess.run([str(installed), "check", "--json", "--skip", "CLK002"], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env=env)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
+    pkg = [r for r in doc["results"] if r["id"] == "PKG008"]
+    assert pkg and pkg[0]["status"] in ("pass", "warn", "fail", "skip")  # the table was found in the wheel
+    assert not [r for r in doc["results"] if r["status"] == "error"], doc["results"]
+
+
+@pytest.mark.cluster
+def test_the_installed_wheel_checks_the_cluster_with_the_all_reduce(installed, cluster, tmp_path):
+    env, cwd = outside_the_tree(tmp_path)
+    # The nodes' training interpreter is this test run's (torch for the all-reduce worker); what runs there is
+    # what the installed wheel ships.
+    proc = subprocess.run([str(installed), "check", "--hosts", ",".join(cluster.nodes), "--ssh-config",
+                           str(cluster.ssh_config), "--python", sys.executable, "--only", "SSH,PKG001,COL001",
+                           "--json"], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+    doc = json.loads(proc.stdout)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    by_id = {r["id"]: r for r in doc["results"]}
+    assert by_id["SSH001"]["status"] == "pass" and by_id["COL001"]["status"] == "pass", doc["results"]
+    assert by_id["COL001"]["evidence"].get("busbw_gbps"), by_id["COL001"]
+
+
+def test_pipx_install_of_the_wheel_gives_a_working_command(dist, tmp_path):
+    pipx = shutil.which("pipx") or str(Path(sys.executable).parent / "pipx")
+    if not os.path.exists(pipx):
+        pytest.fail("pipx is not installed: scripts/test installs it with the test extra")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PIPX_HOME=str(tmp_path / "pipx"), PIPX_BIN_DIR=str(tmp_path / "bin"), PIPX_MAN_DIR=str(tmp_path / "man"))
+    run(pipx, "install", "--python", sys.executable, dist[0], cwd=tmp_path, env=env)
+    version = run(tmp_path / "bin" / "preflight", "--version", cwd=tmp_path, env=env).stdout
+    assert version == f"preflight-multinode {preflight.__version__}\n"
