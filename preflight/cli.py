@@ -102,6 +102,8 @@ def build_parser() -> Parser:
     lint = commands.add_parser("lint", help="lint the accelerate and DeepSpeed configs and the hostfile")
     inputs(lint)
     launch_command(lint, "the launch command, after `--`: its flags override the config files")
+    lint.add_argument("--sbatch", metavar="SCRIPT", help="a SLURM batch script: its #SBATCH directives and launch "
+                      "line, judged as sbatch, srun and the launcher run them")
     lint.add_argument("--deep", action="store_true",
                       help="also run accelerate's and DeepSpeed's own validators (when importable; ~2 s each)")
     for name, text in (("check", "check the job on its nodes before it starts (no target: this machine)"),

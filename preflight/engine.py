@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from dataclasses import replace
-from typing import List
+from typing import List, Optional
 
 from preflight import registry, runner
 from preflight.inputs import inventory, launchcmd, models, profile
@@ -54,8 +54,14 @@ def evaluate(reg, args, gather=None):
 
         if slurm.scontrol_path() is None:
             raise UsageError("--drain/--undrain need SLURM's scontrol, which is not on PATH")
-    command = launchcmd.parse(launch_command(args))
+    batch = sbatch_script(args)
+    words = launch_command(args)
+    if batch is not None and not words and batch.main is not None:
+        words = list(batch.main.command.argv)  # the script's launch line, as the lines after `--` are judged
+    command = launchcmd.parse(words)
     config, deepspeed = args.config, args.deepspeed
+    if batch is not None and deepspeed is None:
+        deepspeed = batch_deepspeed_file(command)
     # The files the command names, when this machine has them too, are the ones the CFG checks lint
     # (each node reads its own for the JOB checks).
     named = command.get("config_file") if command.launcher == "accelerate" else None
@@ -87,8 +93,9 @@ def evaluate(reg, args, gather=None):
         launching=args.command == "launch",
         python=getattr(args, "python", None),
         memory=models.inputs(args, profile),
+        batch=batch,
     )
-    given = config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None)
+    given = config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None) or batch
     if args.command == "lint" and not given:
         print("preflight: nothing to lint: no --config, --deepspeed, --hostfile or --model, and no accelerate default "
               f"config at {accelerate_default_config()}", file=sys.stderr)
@@ -191,6 +198,31 @@ def selectors(args) -> tuple:
             raise UsageError(f"--{option} {text!r} has an empty selector: give check IDs, ID prefixes, names or "
                              "tags, separated by commas")
     return registry.parse_selectors(args.only), registry.parse_selectors(args.skip)
+
+
+def sbatch_script(args):
+    """--sbatch SCRIPT, read as sbatch and the shell will (preflight.inputs.batchscript), or None."""
+    path = getattr(args, "sbatch", None)
+    if path is None:
+        return None
+    from preflight.inputs import batchscript
+
+    if path == "":
+        raise UsageError("--sbatch is an empty path")
+    return batchscript.load(path)
+
+
+def batch_deepspeed_file(command) -> Optional[str]:
+    """The DeepSpeed JSON a batch script's launch names to the training script (--deepspeed FILE, the HF Trainer's;
+    --deepspeed_config FILE, DeepSpeed's), when this machine has it: linted as --deepspeed would be."""
+    args = list(command.script_args)
+    for k, word in enumerate(args):
+        name, eq, value = word.partition("=")
+        if name in ("--deepspeed", "--deepspeed_config"):
+            path = value if eq else (args[k + 1] if k + 1 < len(args) else "")
+            if path and "$" not in path and os.path.isfile(path):
+                return path
+    return None
 
 
 def launch_command(args) -> List[str]:

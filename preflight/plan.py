@@ -67,6 +67,7 @@ class Plan:
     sets_ranks: bool = False  # `launch` over SSH gives each node its rank flags (preflight.gate.launcher)
     python: Optional[str] = None  # --python: the interpreter whose versions the facts hold
     memory: Optional[Any] = None  # preflight.inputs.models.Inputs: --model, --gpu-memory, --host-memory, --seq-len
+    batch: Optional[Any] = None  # preflight.inputs.batchscript.BatchScript: --sbatch; its launch line is `command`
 
     @property
     def head(self) -> Optional[str]:
@@ -162,6 +163,7 @@ def build_plan(
     launching: bool = False,
     python: Optional[str] = None,
     memory: Optional[Any] = None,
+    batch: Optional[Any] = None,
 ) -> Plan:
     """Load every input; unreadable input raises InputError (exit 2).
 
@@ -213,6 +215,7 @@ def build_plan(
         sets_ranks=launching and remote,
         python=python,
         memory=memory,
+        batch=batch,
     )
 
 

@@ -7,7 +7,7 @@ import re
 from typing import Iterator
 
 from preflight.api import Finding, check, fail, skip, warn
-from preflight.checks.config.common import accel_doc, at
+from preflight.checks.config.common import accel_doc, at, from_shell
 from preflight.inputs.configs import accelerate_launcher
 from preflight.inputs.documents import shorten
 from preflight.inputs.launchcmd import DEFAULT_PORT
@@ -82,13 +82,13 @@ def main_process_address(ctx) -> Iterator[Finding]:
             + ("the workers cannot reach the head and wait until the rendezvous times out" if several else
                "the processes cannot reach the rendezvous address" if ip_read else unread),
             _head_fix(ctx, doc.setting("main_process_ip")), value=ip, **at(doc, "main_process_ip"))
-    elif isinstance(ip, str) and not _is_host(ip) and not runner_finds_ip:
+    elif isinstance(ip, str) and not _is_host(ip) and not runner_finds_ip and not from_shell(ip):  # run time
         yield (fail if ip_read else warn)(
             f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}, expected a host name or an IP address; "
             + ("accelerate passes it on unchecked, and the workers cannot reach the head at it" if ip_read else unread),
             _host_fix(ctx, ip, doc.setting("main_process_ip")), value=ip, **at(doc, "main_process_ip"))
     port = text_number(data.get("main_process_port"))
-    if isinstance(port, str):  # not a number at all ('PORT1'); numbers written as text are CFG003's
+    if isinstance(port, str) and not from_shell(port):  # not a number ('PORT1'); numbers as text are CFG003's
         yield (fail if port_read else warn)(
             f"{doc.where('main_process_port')}: main_process_port is {shorten(port)}, expected a port number"
             + ("; the launcher stops on it" if port_read else "; unused on one machine by this launch"),

@@ -104,7 +104,9 @@ def launch_command(ctx) -> Iterator[Finding]:
     # The files the launcher opens first, as named here (lint has no nodes to ask: they are this machine's).
     named_file = {"accelerate": "config_file", "deepspeed": "hostfile"}.get(command.launcher)
     named = command.get(named_file) if named_file else None
-    if isinstance(named, str) and named and not from_shell(named) and not ctx.plan.remote and not os.path.isfile(named):
+    written = getattr(getattr(ctx.plan, "batch", None), "written_files", {})  # a batch script writes it as it runs
+    if isinstance(named, str) and named and not from_shell(named) and not ctx.plan.remote and not os.path.isfile(named) \
+            and named not in written:
         stops = ("accelerate launch stops ('The passed configuration file ... does not exist')"
                  if named_file == "config_file" else "DeepSpeed's runner warns 'Unable to find hostfile' and trains "
                  "on this machine alone (with --num_nodes over 1 it stops)")

@@ -76,6 +76,8 @@ def shown(results):
 # The location is FILE:LINE (or the file alone when the key is absent), and must be in the message.
 # Passing cases: every result of the check is "pass" (so it was evaluated, not skipped), and the
 # message holds the text given, if any.
+BATCH_CHECKS = {"CFG070", "CFG071", "CFG072", "CFG073", "CFG074"}  # a SLURM batch script's (--sbatch)
+
 CASES = [
     # CFG001 accelerate-keys
     ("CFG001/unknown-key", [], "CFG001", "fail", "unknown key 'mixed_precison' (did you mean 'mixed_precision'?)",
@@ -391,8 +393,10 @@ def test_every_check_has_failing_and_passing_cases():
     from preflight import registry
 
     config_checks = {c.id for c in registry.load().checks if c.id.startswith("CFG")}
-    failing = {c[2] for c in CASES if c[3] in ("fail", "warn")} | {"CFG090", "CFG091"}  # deep: below
-    passing = {c[2] for c in CASES if c[3] == "pass"} | {"CFG090", "CFG091"}
+    # deep: below; batch scripts (--sbatch): tests/checks/test_batch_scripts.py
+    elsewhere = {"CFG090", "CFG091"} | BATCH_CHECKS
+    failing = {c[2] for c in CASES if c[3] in ("fail", "warn")} | elsewhere
+    passing = {c[2] for c in CASES if c[3] == "pass"} | elsewhere
     assert config_checks - failing == set()
     assert config_checks - passing == set()
     used = {c[0] for c in CASES} | {d[0] for d in DEEP} | set(GOLDEN)
@@ -413,8 +417,8 @@ def test_golden_job_passes_every_check(capsys, folder):
     code, doc = lint(capsys, *case_args(CONFIG / folder), *command)
     assert code == 0 and doc["verdict"] == "pass", shown(doc["results"])
     not_passed = {r["id"] for r in doc["results"] if r["status"] != "pass"}
-    # the validators wait for --deep, the memory estimate for --model
-    assert not_passed == {"CFG090", "CFG091", "MEM001"}, shown(doc["results"])
+    # the validators wait for --deep, the memory estimate for --model, the batch-script checks for --sbatch
+    assert not_passed == {"CFG090", "CFG091", "MEM001"} | BATCH_CHECKS, shown(doc["results"])
     # every input was read: the DeepSpeed JSON named by the accelerate config, the hostfile
     assert any("train_batch_size" in r["message"] and "world size" in r["message"]
                for r in results_of(doc, "CFG030")), shown(doc["results"])

@@ -1,0 +1,411 @@
+"""`lint --sbatch SCRIPT`: a SLURM batch script read as sbatch, srun and the launcher run it
+(preflight.inputs.batchscript) and judged by the CFG07x checks (checks/config/batch.py); its launch line goes through
+the lint pipeline as `-- COMMAND` does. Real scripts from public repositories and threads are in tests/fixtures/sbatch (README there)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from preflight import cli, engine, registry
+from preflight.inputs import batchscript
+from preflight.inputs.documents import InputError
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sbatch"
+BATCH_IDS = ("CFG070", "CFG071", "CFG072", "CFG073", "CFG074")
+
+
+def checks():
+    """The registry, with the batch-script checks (registered by the config package once it imports them)."""
+    from preflight.checks.config import batch
+
+    reg = registry.load()
+    if reg.get("CFG070") is None:
+        reg = registry.Registry(tuple(sorted(reg.checks + tuple(registry.checks_in(batch)), key=lambda s: s.id)),
+                                reg.problems)
+    return reg
+
+
+def lint(capsys, script, *extra):
+    """`preflight lint --sbatch SCRIPT --json` through the engine: (exit code, {id: [results]})."""
+    args = cli.build_parser().parse_args(["lint", "--json", *map(str, extra)])
+    args.sbatch = str(script)
+    code = engine.run(checks(), args)
+    doc = json.loads(capsys.readouterr().out)
+    by_id = {}
+    for r in doc["results"]:
+        by_id.setdefault(r["id"], []).append(r)
+    return code, by_id
+
+
+def statuses(found, check_id):
+    return [r["status"] for r in found.get(check_id, [])]
+
+
+def script(tmp_path, body, directives="#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:8\n"):
+    path = tmp_path / "job.sh"
+    path.write_text("#!/bin/bash\n" + directives + body)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in list(os.environ):
+        if name.startswith(("SBATCH_", "SLURM_")) or name in ("MASTER_ADDR", "MASTER_PORT", "ACCELERATE_DIR"):
+            monkeypatch.delenv(name)
+
+
+HEALTHY_TORCHRUN = """
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun torchrun --nnodes $SLURM_NNODES --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint $MASTER_ADDR:29500 \\
+    train.py --lr 1e-4
+"""
+
+
+# ---- real scripts -----------------------------------------------------------------------------------------------
+
+def test_torchtitans_multinode_script_is_clean(capsys):
+    code, found = lint(capsys, FIXTURES / "torchtitan_multinode_trainer.slurm")
+    assert code == 0, found
+    for check_id in BATCH_IDS:
+        assert statuses(found, check_id) == ["pass"], (check_id, found.get(check_id))
+    assert "computed at run time" in found["CFG073"][0]["message"]  # the head's address is said, not guessed
+
+
+def test_accelerates_fsdp_example_lints_the_config_it_names(capsys, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_DIR", str(FIXTURES / "accelerate"))  # ${ACCELERATE_DIR:-/accelerate}
+    code, found = lint(capsys, FIXTURES / "accelerate_submit_multinode_fsdp.sh")
+    for check_id in BATCH_IDS:
+        assert statuses(found, check_id) == ["pass"], (check_id, found.get(check_id))
+    # the fsdp_config.yaml the launch line names is linted as `lint --config` lints it, its flags over the file
+    assert statuses(found, "CFG001") == ["pass"]
+    args = cli.build_parser().parse_args(["lint", "--json"])
+    args.sbatch = str(FIXTURES / "accelerate_submit_multinode_fsdp.sh")
+    plan = engine.evaluate(checks(), args)[0]
+    assert plan.accelerate.doc.path == str(FIXTURES / "accelerate" / "examples" / "slurm" / "fsdp_config.yaml")
+    assert plan.accelerate.data["distributed_type"] == "FSDP" and plan.accelerate.data["num_processes"] == 16
+
+
+def test_a_head_address_computed_at_run_time_is_not_judged_as_a_host_name(capsys, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_DIR", str(FIXTURES / "accelerate"))
+    code, found = lint(capsys, FIXTURES / "accelerate_submit_multinode_fsdp.sh")
+    assert "fail" not in statuses(found, "CFG010"), found["CFG010"]
+    assert code == 0
+
+
+def test_accelerates_example_with_the_script_variable_misspelt_is_said(capsys):
+    # accelerate examples/slurm/submit_multinode.sh at 6525931: `$PYTHON_FILE` is set nowhere (accelerate#2881)
+    code, found = lint(capsys, FIXTURES / "accelerate_submit_multinode.sh")
+    warned = [r for r in found["CFG071"] if r["status"] == "warn"]
+    assert len(warned) == 1 and "$PYTHON_FILE" in warned[0]["message"], found["CFG071"]
+    assert "activateEnviroment.sh" in warned[0]["message"]  # the sourced file is named as not read
+
+
+def test_a_multinode_launch_without_srun_runs_on_the_first_node_alone(capsys):
+    # accelerate#2816: "I forgot to use srun so I was just starting my script on the main node"
+    code, found = lint(capsys, FIXTURES / "no_srun_issue2816.sh")
+    assert statuses(found, "CFG071") == ["fail"]
+    assert "without srun on a 2-node allocation" in found["CFG071"][0]["message"]
+    assert code == 1
+
+
+def test_a_loop_of_one_srun_per_node_is_read(capsys):
+    # accelerate#1645: one `srun -N 1 -n 1 -w NODE bash -c "$LAUNCHER --machine_rank $mrank ..." &` per node
+    code, found = lint(capsys, FIXTURES / "loop_of_sruns_issue1645.sh")
+    for check_id in BATCH_IDS:
+        assert "fail" not in statuses(found, check_id), (check_id, found[check_id])
+    assert "loop" in found["CFG071"][0]["message"]
+    assert statuses(found, "CFG007") == ["pass"]  # the launcher's words, $LAUNCHER and $CMD split as bash does
+
+
+# ---- the directives ---------------------------------------------------------------------------------------------
+
+def test_a_variable_in_a_directive_is_literal_text(capsys, tmp_path):
+    path = script(tmp_path, HEALTHY_TORCHRUN, "#SBATCH --nodes=$NNODES\n#SBATCH --gres=gpu:8\n")
+    code, found = lint(capsys, path)
+    assert statuses(found, "CFG070") == ["fail"]
+    assert "literal text" in found["CFG070"][0]["message"] and found["CFG070"][0]["evidence"]["line"] == 2
+
+
+def test_a_directive_after_the_first_command_is_ignored(capsys, tmp_path):
+    path = script(tmp_path, "module load cuda\n#SBATCH --nodes=4\n" + HEALTHY_TORCHRUN, "#SBATCH --gres=gpu:8\n")
+    code, found = lint(capsys, path)
+    assert statuses(found, "CFG070") == ["fail"]
+    assert "sbatch ignores it" in found["CFG070"][0]["message"]
+    assert found["CFG070"][0]["evidence"]["first_command"] == 3
+
+
+def test_the_environments_sbatch_variables_override_the_directives(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SBATCH_GPUS_PER_NODE", "4")
+    path = script(tmp_path, HEALTHY_TORCHRUN, "#SBATCH --nodes=2\n#SBATCH --gpus-per-node=8\n")
+    code, found = lint(capsys, path)
+    assert statuses(found, "CFG070") == ["warn"]
+    assert "SBATCH_GPUS_PER_NODE=4" in found["CFG070"][0]["message"]
+    assert statuses(found, "CFG074") == ["fail"]  # --nproc_per_node 8 on nodes of 4 GPUs, as sbatch will ask
+
+
+def test_healthy_directives_pass(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, HEALTHY_TORCHRUN))
+    assert code == 0, found
+    assert statuses(found, "CFG070") == ["pass"]
+    assert found["CFG070"][0]["evidence"] == {"file": str(tmp_path / "job.sh"), "nodes": 2, "tasks_per_node": 1,
+                                              "gpus_per_node": 8}
+
+
+# ---- launchers per node -----------------------------------------------------------------------------------------
+
+def test_eight_tasks_per_node_start_eight_launchers_per_node(capsys, tmp_path):
+    body = "srun accelerate launch --multi_gpu --num_machines 2 --num_processes 16 --rdzv_backend c10d " \
+           "--main_process_ip node01 --main_process_port 29500 train.py\n"
+    code, found = lint(capsys, script(tmp_path, body, "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n"
+                                                      "#SBATCH --gres=gpu:8\n"))
+    assert statuses(found, "CFG071") == ["fail"]
+    assert "8 launchers on every node" in found["CFG071"][0]["message"]
+
+
+def test_srun_torchrun_without_nnodes_makes_each_node_its_own_job(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, "srun torchrun --nproc_per_node 8 train.py\n"))
+    assert "fail" in statuses(found, "CFG071")
+    assert any("without --nnodes" in r["message"] for r in found["CFG071"])
+
+
+def test_srun_python_with_one_task_per_node_uses_one_gpu_of_eight(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, "srun python train.py --trainer.num_nodes 2\n"))
+    assert statuses(found, "CFG071") == ["warn"]
+
+
+def test_srun_python_with_one_task_per_gpu_passes(capsys, tmp_path):
+    path = script(tmp_path, "srun python train.py\n", "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n"
+                                                      "#SBATCH --gpus-per-node=8\n")
+    code, found = lint(capsys, path)
+    assert statuses(found, "CFG071") == ["pass"] and statuses(found, "CFG074") == ["pass"]
+    assert code == 0
+
+
+# ---- node rank and the batch step -------------------------------------------------------------------------------
+
+RANKED = ("srun {wrap}accelerate launch --multi_gpu --num_machines 2 --num_processes 16 --machine_rank {rank} "
+          "--main_process_ip $MASTER_ADDR --main_process_port 29500 train.py{end}\n")
+HEAD = 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+
+
+@pytest.mark.parametrize("wrap,rank,end", [
+    ("", "$SLURM_PROCID", ""),  # expanded once, in the batch step
+    ("", "$SLURM_NODEID", ""),
+    ('bash -c "', "$SLURM_NODEID", '"'),  # a double-quoted string: still the batch step's
+])
+def test_a_rank_the_batch_step_expands_is_zero_on_every_node(capsys, tmp_path, wrap, rank, end):
+    code, found = lint(capsys, script(tmp_path, HEAD + RANKED.format(wrap=wrap, rank=rank, end=end)))
+    assert statuses(found, "CFG072") == ["fail"], found["CFG072"]
+    assert "every node's launcher gets rank 0" in found["CFG072"][0]["message"]
+    assert found["CFG072"][0]["evidence"]["variable"] == rank[1:]
+
+
+@pytest.mark.parametrize("wrap,rank,end", [
+    ("bash -c '", "$SLURM_NODEID", "'"),  # single quotes: each task's shell expands it
+    ('bash -c "', "\\$SLURM_NODEID", '"'),  # escaped
+    ("bash -c '", "$SLURM_PROCID", "'"),  # one task per node: the task's rank is the node's
+])
+def test_a_rank_each_task_expands_passes(capsys, tmp_path, wrap, rank, end):
+    code, found = lint(capsys, script(tmp_path, HEAD + RANKED.format(wrap=wrap, rank=rank, end=end)))
+    assert statuses(found, "CFG072") == ["pass"], found["CFG072"]
+
+
+def test_slurm_procid_with_several_tasks_per_node_is_not_the_node_rank(capsys, tmp_path):
+    body = HEAD + "srun --ntasks-per-node=2 bash -c 'torchrun --nnodes 2 --nproc_per_node 4 " \
+                  "--node_rank $SLURM_PROCID --master_addr $MASTER_ADDR --master_port 29500 train.py'\n"
+    code, found = lint(capsys, script(tmp_path, body))
+    assert statuses(found, "CFG072") == ["fail"] and "not the node's" in found["CFG072"][0]["message"]
+
+
+def test_one_literal_rank_on_every_node(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, HEAD + RANKED.format(wrap="", rank="0", end="")))
+    assert statuses(found, "CFG072") == ["fail"] and "they all claim one rank" in found["CFG072"][0]["message"]
+
+
+def test_a_rendezvous_that_gives_ranks_needs_no_node_rank(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, HEALTHY_TORCHRUN))
+    assert statuses(found, "CFG072") == ["pass"] and "c10d" in found["CFG072"][0]["message"]
+
+
+# ---- the head's address -----------------------------------------------------------------------------------------
+
+def test_a_head_address_computed_in_each_task_names_each_node(capsys, tmp_path):
+    body = "srun bash -c 'export MASTER_ADDR=$(hostname); torchrun --nnodes 2 --nproc_per_node 8 " \
+           "--node_rank $SLURM_NODEID --master_addr $MASTER_ADDR --master_port 29500 train.py'\n"
+    code, found = lint(capsys, script(tmp_path, body))
+    assert statuses(found, "CFG073") == ["fail"] and "computed in each task" in found["CFG073"][0]["message"]
+
+
+def test_a_head_address_not_exported_is_empty_in_the_task(capsys, tmp_path):
+    body = 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n' \
+           "srun bash -c 'torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint " \
+           "$MASTER_ADDR:29500 train.py'\n"
+    code, found = lint(capsys, script(tmp_path, body))
+    assert statuses(found, "CFG073") == ["fail"] and "without export" in found["CFG073"][0]["message"]
+
+
+def test_localhost_on_several_nodes_points_each_at_itself(capsys, tmp_path):
+    body = "srun torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint localhost:29500 train.py\n"
+    code, found = lint(capsys, script(tmp_path, body))
+    assert statuses(found, "CFG073") == ["fail"]
+
+
+def test_a_head_address_exported_from_the_batch_step_passes(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, HEALTHY_TORCHRUN))
+    assert statuses(found, "CFG073") == ["pass"]
+
+
+# ---- world size and GPUs per task -------------------------------------------------------------------------------
+
+def test_num_processes_against_nodes_times_gpus(capsys, tmp_path):
+    body = HEAD + "srun accelerate launch --multi_gpu --num_machines $SLURM_NNODES --num_processes 8 " \
+                  "--rdzv_backend c10d --main_process_ip $MASTER_ADDR --main_process_port 29500 train.py\n"
+    code, found = lint(capsys, script(tmp_path, body))
+    assert statuses(found, "CFG074") == ["fail"] and "expected 2 nodes x 8 GPUs = 16" in found["CFG074"][0]["message"]
+
+
+def test_num_processes_computed_from_slurm_passes(capsys, tmp_path):
+    body = HEAD + "GPUS_PER_NODE=8\nsrun accelerate launch --multi_gpu --num_machines $SLURM_NNODES " \
+                  "--num_processes $((SLURM_NNODES * GPUS_PER_NODE)) --rdzv_backend c10d " \
+                  "--main_process_ip $MASTER_ADDR --main_process_port 29500 train.py\n"
+    code, found = lint(capsys, script(tmp_path, body))
+    assert statuses(found, "CFG074") == ["pass"], found["CFG074"]
+
+
+def test_one_gpu_per_task_for_a_launcher_of_eight_processes(capsys, tmp_path):
+    path = script(tmp_path, HEALTHY_TORCHRUN, "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+                                              "#SBATCH --gpus-per-task=1\n")
+    code, found = lint(capsys, path)
+    assert "fail" in statuses(found, "CFG074")
+    assert any("--gpus-per-task=1" in r["message"] for r in found["CFG074"])
+
+
+def test_one_gpu_per_task_with_one_task_per_gpu_is_device_zero_only(capsys, tmp_path):
+    path = script(tmp_path, "srun python train.py\n", "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n"
+                                                      "#SBATCH --gpus-per-task=1\n")
+    code, found = lint(capsys, path)
+    assert statuses(found, "CFG074") == ["warn"] and "device 0" in found["CFG074"][0]["message"]
+
+
+# ---- the reader: what it reads and what it says it did not --------------------------------------------------------
+
+def test_the_reader_keeps_continuations_quotes_heredocs_and_helpers(tmp_path):
+    path = script(tmp_path, """
+nodes=( $(scontrol show hostnames $SLURM_JOB_NODELIST) )
+head=$(srun --nodes=1 --ntasks=1 -w "${nodes[0]}" hostname --ip-address)
+cat > ds_config.json <<EOF
+{"train_batch_size": 16, "text": "srun torchrun --nnodes 9"}
+EOF
+srun hostname
+source env.sh
+srun --label deepspeed --num_gpus 8 train.py \\
+   --deepspeed ds_config.json \\
+   --note "a b \\
+c"
+""")
+    read = batchscript.load(str(path))
+    assert [s.command.launcher for s in read.steps] == ["deepspeed"]  # not the heredoc's text
+    assert read.steps[0].line == 13 and read.steps[0].srun == {"label": ""}  # lines 1-4: #! and the directives
+    assert read.steps[0].command.script_args[-1] == "a b c"  # backslash-newline inside double quotes: removed
+    assert read.helpers == ((11, "hostname"),)
+    assert read.written_files == {"ds_config.json": 8}
+    assert read.unread == ((12, "sources env.sh: the variables it sets are not read"),)
+
+
+@pytest.mark.parametrize("text", [
+    "srun bash -c 'unterminated",
+    "srun torchrun \"$(echo ((( \" --nnodes",
+    "cat <<EOF\nno end",
+    "for i in $(seq 1 4); do srun -N1 -n1 torchrun --nnodes 1 train.py & done; wait",
+    "srun ${A:-${B:-${C}}} `x` $'\\x41' $((1/0)) train.py",
+    "((x++))\n{ srun python t.py; } | tee log\n( srun python t.py )",
+    "f() { srun torchrun --nnodes 2 train.py; }\nf",
+])
+def test_odd_shell_never_breaks_the_reader(text):
+    read = batchscript.parse("job.sh", "#!/bin/bash\n#SBATCH -N 2\n" + text + "\n", {})
+    assert read.allocation.nodes == 2
+
+
+def test_a_large_script_is_read_in_bounded_time():
+    line = "srun torchrun --nnodes 2 --nproc_per_node 8 train.py --a \"$X\" 'b c' $(hostname) \\\n  --x y\n"
+    text = "#!/bin/bash\n#SBATCH -N 2\n" + line * (batchscript.MAX_BYTES // len(line))
+    started = time.monotonic()
+    read = batchscript.parse("job.sh", text, {})
+    assert time.monotonic() - started < 30
+    assert len(read.steps) == batchscript.MAX_STEPS
+    assert "more srun lines" in read.unread[-1][1]
+
+
+# ---- bad input --------------------------------------------------------------------------------------------------
+
+def test_bad_input_is_one_line_naming_the_file(tmp_path):
+    cases = {}
+    cases["not a batch script"] = tmp_path / "train.py"
+    cases["not a batch script"].write_text("import torch\n")
+    cases["binary"] = tmp_path / "a.out"
+    cases["binary"].write_bytes(b"#!\x7fELF\x00\x00")
+    cases["huge"] = tmp_path / "huge.sh"
+    with open(cases["huge"], "wb") as handle:
+        handle.truncate(batchscript.MAX_BYTES + 1)
+    cases["fifo"] = tmp_path / "pipe.sh"
+    os.mkfifo(cases["fifo"])
+    cases["directory"] = tmp_path
+    cases["missing"] = tmp_path / "missing.sh"
+    expected = {"not a batch script": "first line must start with #!", "binary": "binary data",
+                "huge": "larger than 1 MiB", "fifo": "not a regular file", "directory": "is a directory",
+                "missing": "cannot be read"}
+    for case, path in cases.items():
+        started = time.monotonic()
+        with pytest.raises(InputError) as raised:
+            batchscript.load(str(path))
+        assert time.monotonic() - started < 5, case
+        message = str(raised.value)
+        assert message.startswith(str(path)) and expected[case] in message and "\n" not in message, (case, message)
+
+
+# ---- the files the launch line names ----------------------------------------------------------------------------
+
+def test_the_deepspeed_config_the_training_script_is_given_is_linted(capsys, tmp_path):
+    (tmp_path / "ds.json").write_text('{"train_batch_size": 16, "zero_optimization": {"stage": 7}}')
+    code, found = lint(capsys, script(tmp_path, HEALTHY_TORCHRUN.replace("--lr 1e-4", "--deepspeed ds.json")))
+    assert statuses(found, "CFG040") == ["fail"]  # as `lint --deepspeed ds.json` says it
+    assert code == 1
+
+
+def test_a_config_the_script_writes_when_it_runs_is_not_missing(capsys, tmp_path):
+    body = HEAD + "cat > accel.yaml <<EOF\ndistributed_type: MULTI_GPU\nEOF\n" \
+                  "srun accelerate launch --config_file accel.yaml --num_machines 2 --num_processes 16 " \
+                  "--rdzv_backend c10d --main_process_ip node01 --main_process_port 29500 train.py\n"
+    code, found = lint(capsys, script(tmp_path, body))
+    assert batchscript.load(str(tmp_path / "job.sh")).written_files == {"accel.yaml": 6}
+    assert "fail" not in statuses(found, "CFG007"), found["CFG007"]
+
+
+@pytest.mark.parametrize("launch", [
+    "python -m torch.distributed.run --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d "
+    "--rdzv_endpoint $MASTER_ADDR:29500 train.py",
+    "env NCCL_DEBUG=INFO torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d "
+    "--rdzv_endpoint $MASTER_ADDR:29500 train.py",
+    "singularity exec --nv -B /data img.sif torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d "
+    "--rdzv_endpoint $MASTER_ADDR:29500 train.py",
+])
+def test_the_launcher_is_found_behind_modules_env_and_containers(capsys, tmp_path, launch):
+    code, found = lint(capsys, script(tmp_path, HEAD + "srun " + launch + "\n"))
+    assert code == 0, found
+    assert "running torchrun" in found["CFG071"][0]["message"]
+
+
+def test_a_rank_kept_in_a_variable_of_the_batch_step_is_zero_on_every_node(capsys, tmp_path):
+    # accelerate#3312: MACHINE_RANK=${SLURM_NODEID:-0} set in the batch script, then given to every node's launcher
+    body = HEAD + "MACHINE_RANK=${SLURM_NODEID:-0}\nNUM_MACHINES=${SLURM_NNODES:-1}\n" \
+                  "srun accelerate launch --multi_gpu --num_machines $NUM_MACHINES --num_processes 16 " \
+                  "--machine_rank $MACHINE_RANK --main_process_ip $MASTER_ADDR --main_process_port 29500 train.py\n"
+    code, found = lint(capsys, script(tmp_path, body))
+    assert statuses(found, "CFG072") == ["fail"], found["CFG072"]
+    assert found["CFG072"][0]["evidence"]["variable"] == "SLURM_NODEID"
+    assert statuses(found, "CFG074") == ["pass"]  # ${SLURM_NNODES:-1} is the allocation's 2
