@@ -10,7 +10,9 @@ from collections import Counter
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from preflight.api import Finding, Status, check, fail, fold, grouped, passed, skip, warn
-from preflight.job.nccl import fabric_of, gid_kind, ib_disabled, selected_ports, used_gid
+from preflight.job.gpus import job_gpus
+from preflight.job.nccl import (GID_CHOICE_SINCE, fabric_of, gid_kind, ib_disabled, nccl_version,
+                                rdma_devices_nccl_may_use, selected_ports, used_gid)
 
 GPUDIRECT_MODULES = ("nvidia_peermem", "nv_peer_mem")
 # Counters that a healthy link keeps at zero (port_xmit_discards counts congestion too: evidence only).
@@ -135,13 +137,15 @@ def rdma_rate(ctx) -> Iterator[Finding]:
 
 @check("RDMA003", "roce-gid", "cluster", tags=["rdma", "roce", "nccl"])
 def roce_gid(ctx) -> Iterator[Finding]:
-    """On the RoCE ports NCCL uses, the GID table entry it uses (NCCL_IB_GID_INDEX, or NCCL's own choice of a
-    RoCE v2 IPv4 entry) exists on every node and is of the same kind (RoCE version, address family) there.
+    """On the RoCE ports NCCL uses, the GID table entry it uses (NCCL_IB_GID_INDEX; unset, NCCL 2.21 and newer
+    choose a RoCE v2 IPv4 entry, older NCCL uses index 0) exists on every node, is not link-local (fe80::),
+    and is of the same kind (RoCE version, address family) there.
 
     RoCE addresses a peer by a GID table entry, and the table follows each node's addresses and VLANs: the
     same index can be RoCE v2 with an IPv4 address on one node and RoCE v1 or link-local on another. Ranks
     whose entries differ cannot connect their queue pairs: the job stops with 'NET/IB : Got completion with
-    error' or hangs at its first collective.
+    error' or hangs at its first collective. A link-local entry is not routed: queue pairs over it time out
+    even where every node uses one (index 0 and 1 on ConnectX, the entries an older NCCL takes by default).
 
     Set NCCL_IB_GID_INDEX on each node to the index of its RoCE v2 entry with the node's IPv4 address
     (`show_gids`; the index may differ per node), or unset it (or -1) with NCCL 2.21 or newer to let NCCL
@@ -156,7 +160,7 @@ def roce_gid(ctx) -> Iterator[Finding]:
             continue
         for device, port, found in selected_ports(env, fabric.get("rdma") or {}):
             if found.get("link_layer") == "Ethernet" and active(found):
-                index, entry, how = used_gid(env, found)
+                index, entry, how = used_gid(env, found, nccl_version(facts))
                 usable = [g.get("index") for g in found.get("gids") or []
                           if isinstance(g, dict) and gid_kind(g) == ("RoCE v2", "IPv4")]
                 used.setdefault(node, {})[f"{device}:{port}"] = (index, entry, how, usable)
@@ -177,6 +181,9 @@ def roce_gid(ctx) -> Iterator[Finding]:
             if entry is None:
                 problems.append(f"{name} has no GID at index {index} ({how})" if index is not None else
                                 f"{name} has no entry for {how}")
+            elif gid_kind(entry)[1] == "link-local":
+                problems.append(f"{name}'s GID {index} ({how}) is the link-local {entry.get('gid')}, which is not "
+                                "routed: queue pairs to the other nodes time out")
             elif gid_kind(entry) != usual[name]:
                 problems.append(f"{name}'s GID {index} ({how}) is {' '.join(gid_kind(entry))}, where the other "
                                 f"nodes use {' '.join(usual[name])}")
@@ -188,6 +195,9 @@ def roce_gid(ctx) -> Iterator[Finding]:
             fix = (f"set NCCL_IB_GID_INDEX={min(offers)} on {node}" if len(offers) == 1 else
                    f"set NCCL_IB_GID_INDEX on {node} to its RoCE v2 IPv4 entry (show_gids)" if offers else
                    f"give the RoCE interface of {node} an IPv4 address (the kernel then adds a RoCE v2 entry)")
+            nccl = nccl_version(ctx.facts[node]["facts"])
+            if nccl is not None and tuple(nccl[:2]) < GID_CHOICE_SINCE:
+                fix += " (or install NCCL 2.21 or newer, which chooses the entry itself)"
             yield fail("; ".join(problems), fix, usual={name: " ".join(kind) for name, kind in usual.items()})
         else:
             yield passed(f"RoCE GIDs: {', '.join(fine)}")
@@ -203,17 +213,28 @@ def _kernel_at_least(release: Optional[str], major: int, minor: int) -> bool:
         return False
 
 
+# NCCL finds GPUDirect RDMA by the files a peer-memory module leaves (ncclIbGdrSupport): MOFED's peer-memory
+# clients, and since NCCL 2.23 /sys/module/nvidia_peermem/version as well (NVIDIA/nccl#1676: v2.22.3 and v2.23.4
+# of src/transport/net_ib.cc).
+PEER_CLIENTS = ("nv_mem", "nv_mem_nc")
+PEERMEM_SINCE = (2, 23)
+
+
 @check("RDMA004", "gpudirect-rdma", "node", tags=["rdma", "gpu", "nccl", "gpudirect"])
 def gpudirect_rdma(ctx) -> Iterator[Finding]:
-    """Where a node has both GPUs and RDMA devices, GPUDirect RDMA is possible: the nvidia_peermem (or the
-    older nv_peer_mem) module is loaded, or DMA-BUF can take its place (Linux 5.12 or newer with NVIDIA's
-    open kernel modules).
+    """Where a node has both GPUs and RDMA devices, the NCCL it runs finds GPUDirect RDMA: a peer-memory module
+    registered where NCCL looks (/sys/kernel/mm/memory_peers/nv_mem, nv_peer_mem or nvidia_peermem through
+    MOFED; NCCL 2.23 and newer also /sys/module/nvidia_peermem), or DMA-BUF in its place (Linux 5.12 or newer
+    with NVIDIA's open kernel modules).
 
     Without it NCCL cannot let the HCA read and write GPU memory: every transfer between nodes is staged
-    through host memory ('GPU Direct RDMA Disabled' in NCCL's INFO lines), costing bandwidth and CPU.
+    through host memory ('GPU Direct RDMA Disabled for HCA' in NCCL's INFO lines), costing bandwidth and CPU,
+    up to ten times slower. nvidia_peermem loaded without MOFED's peer memory is invisible to NCCL 2.22 and
+    older.
 
     Load the module (`modprobe nvidia_peermem`, and list it in /etc/modules-load.d/ so that it loads at
-    boot), or install NVIDIA's open kernel modules on a 5.12+ kernel for DMA-BUF.
+    boot), install NCCL 2.23 or newer where nvidia_peermem is loaded but not found, or install NVIDIA's open
+    kernel modules on a 5.12+ kernel for DMA-BUF.
     """
     fabric, why = fabric_of(ctx.fact)
     if why:
@@ -230,13 +251,28 @@ def gpudirect_rdma(ctx) -> Iterator[Finding]:
     loaded = [m for m in GPUDIRECT_MODULES if m in (modules or [])]
     driver = fabric.get("nvidia_driver") or ""
     dmabuf = _kernel_at_least(fabric.get("kernel"), 5, 12) and "Open Kernel Module" in driver
-    evidence = {"modules": modules, "kernel": fabric.get("kernel"), "open_kernel_module": "Open Kernel Module" in driver}
-    if loaded:
-        yield passed(f"GPUDirect RDMA through {loaded[0]} for {', '.join(devices)}", **evidence)
+    files = fabric.get("gpudirect")  # absent from an older collector: the loaded modules alone then
+    nccl = nccl_version(ctx.fact)
+    shown = ".".join(map(str, nccl)) if nccl else None
+    evidence = {"modules": modules, "kernel": fabric.get("kernel"), "open_kernel_module": "Open Kernel Module" in driver,
+                "gpudirect": files, "nccl": shown}
+    found = loaded
+    if isinstance(files, dict):
+        peers = [f"memory_peers/{p}" for p in files.get("memory_peers") or [] if p in PEER_CLIENTS]
+        peermem = bool(files.get("nvidia_peermem_version")) and (nccl is None or tuple(nccl[:2]) >= PEERMEM_SINCE)
+        found = peers + (["nvidia_peermem"] if peermem else [])
+    if found:
+        yield passed(f"GPUDirect RDMA through {found[0]} for {', '.join(devices)}", **evidence)
     elif dmabuf:
         yield passed(f"GPUDirect RDMA through DMA-BUF (kernel {fabric.get('kernel')}, NVIDIA open kernel modules)",
                      **evidence)
-    elif modules is None:
+    elif isinstance(files, dict) and (files.get("nvidia_peermem_version") or "nvidia_peermem" in loaded):
+        yield warn(f"nvidia_peermem is loaded, but NCCL {shown} looks for GPUDirect RDMA only in "
+                   "/sys/kernel/mm/memory_peers/nv_mem (NCCL 2.23 and newer also find /sys/module/nvidia_peermem), "
+                   "and it is not there: NCCL turns GPUDirect RDMA off and stages every transfer through host memory",
+                   f"install NCCL 2.23 or newer on {ctx.node} (the nvidia-nccl wheel torch loads), or load nvidia_peermem "
+                   "over MOFED's peer memory (then /sys/kernel/mm/memory_peers/nv_mem exists)", **evidence)
+    elif modules is None and not isinstance(files, dict):
         yield skip("the loaded kernel modules cannot be read (/proc/modules)", **evidence)
     else:
         yield warn(f"GPUDirect RDMA is off: nvidia_peermem is not loaded, and DMA-BUF needs Linux 5.12+ with NVIDIA's "
@@ -308,3 +344,288 @@ def rdma_errors(ctx) -> Iterator[Finding]:
     else:
         yield passed(f"no link error counted on {', '.join(f'{d}:{p}' for d, p, _ in ports)}")
 
+
+
+# --- the RoCE MTU ------------------------------------------------------------------------------------------
+
+# The IB MTUs and the headers a RoCE v2 packet adds to its payload: GRH 40, UDP 8, BTH 12, XRC 4, AtomicETH 28,
+# ICRC 4 (the kernel's iboe_get_mtu, include/rdma/ib_addr.h): a netdev at MTU 1500 gives an active_mtu of 1024,
+# 4200 or more gives 4096.
+IB_MTUS = (4096, 2048, 1024, 512, 256)
+ROCE_HEADERS = 96
+# NCCL 2.20 stopped lowering a queue pair's MTU to the peer's (its receive side uses its own active_mtu).
+MTU_NOT_NEGOTIATED_SINCE = (2, 20)
+
+
+def roce_active_mtu(netdev_mtu: Optional[int]) -> Optional[int]:
+    """The active_mtu of a RoCE port whose netdev has this MTU, as the kernel derives it (iboe_get_mtu)."""
+    if not isinstance(netdev_mtu, int) or isinstance(netdev_mtu, bool):
+        return None
+    return next((m for m in IB_MTUS if netdev_mtu - ROCE_HEADERS >= m), None)
+
+
+def _roce_netdev(env: dict, device: dict, port: dict, nccl) -> Optional[str]:
+    """The netdev of the port NCCL uses: that of the GID entry it uses, else the device's only one."""
+    _, entry, _ = used_gid(env, port, nccl)
+    if entry and entry.get("ndev"):
+        return str(entry["ndev"])
+    netdevs = device.get("netdevs") or []
+    return str(netdevs[0]) if len(netdevs) == 1 else None
+
+
+@check("RDMA007", "roce-mtu", "cluster", tags=["rdma", "roce", "mtu", "nccl"])
+def roce_mtu(ctx) -> Iterator[Finding]:
+    """The RoCE ports NCCL uses have the same active MTU on every node (the kernel derives it from the MTU of the
+    port's network interface: 1500 gives 1024, 4200 or more gives 4096).
+
+    NCCL 2.20 and newer set up each side of a queue pair with that side's own MTU: between a node at 1024 and
+    one at 4096 the transfers fail with a local length error (IBV_WC_LOC_LEN_ERR) or the job hangs at its first
+    large collective; older NCCL lowers both sides to the smaller MTU and runs slower. (The active MTU of an
+    InfiniBand port is set by the subnet manager and is not in sysfs: `ibv_devinfo` shows it.)
+
+    Set the same MTU on the RoCE interfaces of every node (`ip link set DEV mtu 4200`, and in the network
+    configuration for the next boot), and on the switch ports between them.
+    """
+    ports: Dict[str, Dict[str, tuple]] = {}  # node -> port -> (active MTU, netdev, its MTU)
+    older: Dict[str, bool] = {}
+    for node in ctx.reachable:
+        facts = ctx.facts[node]["facts"]
+        fabric, why = fabric_of(facts)
+        env = facts.get("env") or {}
+        if why or ib_disabled(env):
+            continue
+        nccl = nccl_version(facts)
+        older[node] = nccl is not None and tuple(nccl[:2]) < MTU_NOT_NEGOTIATED_SINCE
+        devices = fabric.get("rdma") or {}
+        for device, port, found in selected_ports(env, devices):
+            if found.get("link_layer") == "Ethernet" and active(found):
+                netdev = _roce_netdev(env, devices[device], found, nccl)
+                mtu = (devices[device].get("netdev_mtu") or {}).get(netdev) if netdev else None
+                ports.setdefault(node, {})[f"{device}:{port}"] = (roce_active_mtu(mtu), netdev, mtu)
+    if not ports:
+        yield skip("no node has an active RoCE port NCCL uses (the active MTU of an InfiniBand port is not in sysfs)")
+        return
+    seen: Dict[str, Counter] = {}
+    for found in ports.values():
+        for name, (mtu, _, _) in found.items():
+            if mtu:
+                seen.setdefault(name, Counter())[mtu] += 1
+    # The usual MTU of a port: the most common; a tie goes to the larger (the smaller is what was left behind).
+    usual = {name: max(counts, key=lambda m: (counts[m], m)) for name, counts in seen.items()}
+
+    def judge(node: str) -> Iterator[Finding]:
+        odd, netdevs, unread = {}, [], []
+        for name, (mtu, netdev, netdev_mtu) in sorted(ports[node].items()):
+            if not mtu:
+                unread.append(f"{name} ({netdev or 'no single netdev'}: MTU {netdev_mtu})")
+            elif mtu != usual[name]:
+                odd[name] = f"{name} at {mtu} ({netdev} at MTU {netdev_mtu}; {usual[name]} on the other nodes)"
+                netdevs.append(netdev)
+        if odd:
+            said = "; ".join(odd.values())
+            fix = (f"set the MTU of {', '.join(netdevs)} on {node} to that of the other nodes (ip link set DEV mtu N), "
+                   "and on the switch ports between them")
+            if older[node]:
+                yield warn(f"RoCE active MTU differs: {said}: NCCL lowers the queue pairs to the smaller MTU", fix,
+                           odd=sorted(odd), usual={n: usual[n] for n in odd})
+            else:
+                yield fail(f"RoCE active MTU differs: {said}: NCCL sets up each side with its own MTU, and transfers "
+                           "fail (local length error) or hang", fix, odd=sorted(odd), usual={n: usual[n] for n in odd})
+        if unread:
+            yield warn(f"the MTU of {', '.join(unread)} cannot be read (sysfs)",
+                       f"check the RoCE interfaces of {node} with ip link", unread=unread)
+        if not odd and not unread:
+            yield passed("RoCE active MTU " + ", ".join(f"{name} {mtu}" for name, (mtu, _, _) in sorted(ports[node].items())))
+
+    yield from grouped(judge, sorted(ports))
+
+
+# --- the PCIe path between each GPU and its HCA --------------------------------------------------------------
+
+# What the ACS Control register redirects (PCIe base specification, ACS Extended Capability): P2P Request
+# Redirect (bit 2), P2P Completion Redirect (bit 3), P2P Egress Control (bit 5). Source Validation (bit 0)
+# and Upstream Forwarding (bit 4) alone do not move peer-to-peer traffic.
+ACS_BITS = ((0, "SrcValid"), (1, "TransBlk"), (2, "ReqRedir"), (3, "CmpltRedir"), (4, "UpstreamFwd"),
+            (5, "EgressCtrl"), (6, "DirectTrans"))
+ACS_REDIRECTS = (1 << 2) | (1 << 3) | (1 << 5)
+EXTENDED_CONFIG = 0x100  # where the extended capabilities start: beyond what a user without root reads
+TRANSLATED = ("DMA", "DMA-FQ")  # IOMMU group types that translate DMA (sysfs-kernel-iommu_groups)
+SWITCH, HOST_BRIDGE, SOCKETS = "the same PCIe switch", "the same CPU socket", "across CPU sockets"
+
+
+def _pci_of(ctx) -> Tuple[Dict[str, dict], Dict[str, dict], Dict[str, dict], Optional[Finding]]:
+    """(GPUs by PCI address, the HCAs NCCL may use by name, ACS by bridge) on this node, or a skip."""
+    fabric, why = fabric_of(ctx.fact)
+    if why:
+        return {}, {}, {}, why
+    pci = fabric.get("pci")
+    if not isinstance(pci, dict):
+        return {}, {}, {}, skip("these fabric facts have no PCIe tree (a node running an older preflight)")
+    devices = pci.get("devices") or {}
+    gpus = {bdf: d for bdf, d in devices.items() if d.get("kind") == "gpu"}
+    # The GPUs the job's ranks use (gpu_ids, CUDA_VISIBLE_DEVICES; NVML's 00000000:18:00.0 is sysfs' 0000:18:00.0);
+    # without NVML facts, every GPU in the tree.
+    chosen, _ = job_gpus(ctx)
+    wanted = {str(d.get("pci_bus_id") or "").lower()[-12:] for d in chosen or []}
+    gpus = {bdf: d for bdf, d in gpus.items() if bdf in wanted} or gpus
+    rdma = fabric.get("rdma") or {}
+    hcas = {name: devices[rdma[name].get("pci")] for name in rdma_devices_nccl_may_use(ctx.fact)
+            if rdma[name].get("pci") in devices}
+    if not gpus or not hcas:
+        return {}, {}, {}, skip(f"the PCIe tree shows {len(gpus)} NVIDIA GPU(s) and {len(hcas)} HCA(s) NCCL may use "
+                                "on this node: no path between them to judge")
+    return gpus, hcas, pci.get("acs") or {}, None
+
+
+def _shared(a: dict, b: dict) -> int:
+    """How many bridges two devices have above them in common (from the root port down)."""
+    count = 0
+    for x, y in zip(a.get("bridges") or [], b.get("bridges") or []):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
+def distance(a: dict, b: dict) -> str:
+    """NCCL's path types, read from the PCIe tree: a shared bridge is a PCIe switch (PIX/PXB), the same host
+    bridge or NUMA node one CPU socket (PHB), else across the sockets (SYS)."""
+    if _shared(a, b):
+        return SWITCH
+    if a.get("host_bridge") == b.get("host_bridge") or a.get("numa_node") == b.get("numa_node"):
+        return HOST_BRIDGE
+    return SOCKETS
+
+
+def _nearest(gpu: dict, hcas: Dict[str, dict]) -> Tuple[str, List[str]]:
+    order = (SWITCH, HOST_BRIDGE, SOCKETS)
+    best = min((distance(gpu, h) for h in hcas.values()), key=order.index)
+    return best, sorted(n for n, h in hcas.items() if distance(gpu, h) == best)
+
+
+def acs_text(ctl: int) -> str:
+    return " ".join(f"{name}{'+' if ctl >> bit & 1 else '-'}" for bit, name in ACS_BITS)
+
+
+@check("RDMA008", "pcie-acs", "node", tags=["rdma", "gpu", "pcie", "gpudirect"])
+def pcie_acs(ctx) -> Iterator[Finding]:
+    """PCIe Access Control Services (ACS) do not redirect peer-to-peer traffic on the bridges between each GPU
+    and the HCA nearest to it (ReqRedir, CmpltRedir, EgressCtrl off in ACSCtl).
+
+    With ACS redirecting, every GPUDirect RDMA transfer between the GPU and its HCA goes up to the root complex
+    instead of turning in the PCIe switch: bandwidth drops, and on many platforms the transfers fail (NET/IB
+    completion errors) or NCCL hangs. The BIOS often leaves ACS on; a hypervisor needs it, a bare-metal
+    training node does not. The config space that holds ACS is readable only as root.
+
+    Disable ACS in the BIOS, or at each boot as root: `setpci -s BRIDGE ECAP_ACS+6.w=0000` for each named
+    bridge; run `preflight node` as root (a SLURM prolog) to check it.
+    """
+    gpus, hcas, acs, why = _pci_of(ctx)
+    if why:
+        yield why
+        return
+    between: Dict[str, List[str]] = {}  # bridge -> the GPU-HCA pairs whose path crosses it
+    for bdf, gpu in sorted(gpus.items()):
+        for name in _nearest(gpu, hcas)[1]:
+            hca, shared = hcas[name], _shared(gpu, hcas[name])
+            for bridge in (gpu.get("bridges") or [])[shared:] + (hca.get("bridges") or [])[shared:]:
+                between.setdefault(bridge, []).append(f"GPU {bdf} - {name}")
+    if not between:
+        yield passed("no PCIe bridge between the GPUs and their HCAs", bridges=[])
+        return
+    redirecting = {b: acs[b]["ctl"] for b in sorted(between) if isinstance((acs.get(b) or {}).get("ctl"), int)
+                   and acs[b]["ctl"] & ACS_REDIRECTS}
+    # 64 bytes (128 for CardBus) is what the kernel gives a user without root; 256 is all a device without
+    # extended config space has (no ACS there).
+    unread = [b for b in sorted(between) if (acs.get(b) or {}).get("config_bytes", 0) < EXTENDED_CONFIG]
+    evidence = {"bridges": {b: sorted(set(p)) for b, p in sorted(between.items())},
+                "acs_ctl": {b: (acs.get(b) or {}).get("ctl") for b in sorted(between)}, "unreadable": unread}
+    if redirecting:
+        said = "; ".join(f"{b} (ACSCtl {acs_text(ctl)}) between {', '.join(sorted(set(between[b])))}"
+                         for b, ctl in redirecting.items())
+        yield warn(f"ACS redirects peer-to-peer traffic on {said}: GPUDirect RDMA goes through the root complex, "
+                   "slower, or fails", f"disable ACS in the BIOS of {ctx.node}, or as root at each boot: "
+                   + "; ".join(f"setpci -s {b} ECAP_ACS+6.w=0000" for b in redirecting), **evidence)
+    elif unread:
+        yield skip(f"the ACS of {len(unread)} bridge(s) between the GPUs and their HCAs cannot be read: the kernel "
+                   "gives a user without root the first 64 bytes of PCI config space, and ACS lies beyond byte 256 "
+                   "(run preflight node as root, as a SLURM prolog does)", **evidence)
+    else:
+        yield passed(f"ACS redirects nothing on the {len(between)} bridge(s) between the GPUs and their HCAs",
+                     **evidence)
+
+
+@check("RDMA009", "iommu-mode", "node", tags=["rdma", "gpu", "pcie", "gpudirect"])
+def iommu_mode(ctx) -> Iterator[Finding]:
+    """The IOMMU does not translate the DMA of the node's GPUs and HCAs: it is off, or in passthrough mode
+    (`iommu=pt`: IOMMU group type identity in /sys/kernel/iommu_groups/N/type).
+
+    With translation on (intel_iommu=on or amd_iommu=on without iommu=pt: group type DMA or DMA-FQ), every
+    peer-to-peer and GPUDirect RDMA access goes through the IOMMU's page tables: NCCL runs slower, hangs in its
+    first collectives, or GPU-to-GPU copies arrive as zeroes (IO_PAGE_FAULT in the kernel log).
+
+    Boot the node with `iommu=pt` next to intel_iommu=on / amd_iommu=on (GRUB_CMDLINE_LINUX, then
+    update-grub and reboot), or turn the IOMMU off in the BIOS where nothing on the node needs it.
+    """
+    gpus, hcas, _, why = _pci_of(ctx)
+    if why:
+        yield why
+        return
+    fabric, _ = fabric_of(ctx.fact)
+    iommu = fabric.get("iommu") if isinstance(fabric.get("iommu"), dict) else {}
+    cmdline = [str(a) for a in iommu.get("cmdline") or []]
+    passthrough = "iommu=pt" in cmdline or "iommu.passthrough=1" in cmdline
+    named = dict({f"GPU {bdf}": d for bdf, d in gpus.items()}, **hcas)
+    translated = {name: d.get("iommu_group") for name, d in sorted(named.items())
+                  if d.get("iommu_group") in TRANSLATED or (d.get("iommu_group") == "unknown" and not passthrough)}
+    evidence = {"cmdline": cmdline, "units": iommu.get("units"),
+                "groups": {name: d.get("iommu_group") for name, d in sorted(named.items())}}
+    if translated:
+        kinds = ", ".join(sorted({str(t) for t in translated.values()}))
+        listed = list(translated)
+        shown = ", ".join(listed[:4]) + (f" and {len(listed) - 4} more" if len(listed) > 4 else "")
+        yield warn(f"the IOMMU translates the DMA of {shown} (IOMMU group type {kinds}; kernel "
+                   f"arguments: {' '.join(cmdline) or 'none'}): GPUDirect RDMA and GPU peer-to-peer go through "
+                   "its page tables: slower, or hangs", f"boot {ctx.node} with iommu=pt (next to intel_iommu=on or "
+                   "amd_iommu=on), or turn the IOMMU off in the BIOS", **evidence)
+    else:
+        mode = "passthrough" if any(d.get("iommu_group") for d in named.values()) else "off"
+        yield passed(f"the IOMMU does not translate the GPUs' and HCAs' DMA ({mode})", **evidence)
+
+
+@check("RDMA010", "gpu-hca-locality", "node", tags=["rdma", "gpu", "pcie", "numa", "nccl"])
+def gpu_hca_locality(ctx) -> Iterator[Finding]:
+    """Every GPU the job's ranks use (gpu_ids, CUDA_VISIBLE_DEVICES, else all) has an HCA that NCCL may use on
+    its own CPU socket (its PCIe switch, or its NUMA node), read from the PCIe tree in sysfs as NCCL's topology
+    reads it.
+
+    A GPU whose nearest HCA is on the other socket sends all its traffic between nodes across the CPU
+    interconnect (NCCL's path SYS), and NCCL does not use GPUDirect RDMA over it: that rank is the slow one in
+    every collective. It happens when NCCL_IB_HCA leaves out the HCA beside the GPU, or when an HCA is missing
+    or down on that socket.
+
+    Let NCCL use the HCA beside each GPU (NCCL_IB_HCA naming every rail, or unset), or bring that HCA up.
+    """
+    gpus, hcas, _, why = _pci_of(ctx)
+    if why:
+        yield why
+        return
+    fabric, _ = fabric_of(ctx.fact)
+    devices = (fabric.get("pci") or {}).get("devices") or {}
+    rdma = fabric.get("rdma") or {}
+    left_out = {name: devices[d.get("pci")] for name, d in rdma.items() if name not in hcas and d.get("pci") in devices}
+    nearest = {bdf: _nearest(gpu, hcas) for bdf, gpu in sorted(gpus.items())}
+    evidence = {"nearest": {bdf: {"hcas": names, "path": path} for bdf, (path, names) in nearest.items()}}
+    far = {bdf: names for bdf, (path, names) in nearest.items() if path == SOCKETS}
+    if far:
+        said = "; ".join(f"GPU {bdf} (NUMA node {gpus[bdf].get('numa_node')}) reaches {', '.join(names)} only across "
+                         "the sockets" for bdf, names in far.items())
+        beside = sorted({n for bdf in far for n, d in left_out.items() if distance(gpus[bdf], d) != SOCKETS})
+        fix = (f"let NCCL use {', '.join(beside)} on {ctx.node} (NCCL_IB_HCA leaves it out)" if beside else
+               f"bring up an HCA on the GPU's socket on {ctx.node}, or leave the node out of the job")
+        yield warn(f"{said}: NCCL sends its traffic over the CPU interconnect, without GPUDirect RDMA", fix,
+                   **evidence)
+    else:
+        counts = Counter(path for path, _ in nearest.values())
+        yield passed("each GPU has an HCA on its socket: " + ", ".join(f"{n} on {path}" for path, n in counts.items()),
+                     **evidence)

@@ -1,8 +1,10 @@
 """Recorded sysfs / procfs trees (tests/fixtures/sysfs/*.json) laid out as files under a folder, for the
 collector's fabric facts (fabric.SYSROOT stands where "/" stands on a node).
 
-A recording: {"about": ..., "files": {PATH: TEXT}, "links": {PATH: TARGET}}, paths relative to the root
-(a link's target too). A change maps PATH to new text, or to None to remove that file.
+A recording: {"about": ..., "files": {PATH: TEXT}, "links": {PATH: TARGET}, "binary": {PATH: {"size": N,
+"at": {OFFSET: HEX}}}}, paths relative to the root (a link's target too); a binary file (a PCI device's config
+space) is N zero bytes with the given bytes at their offsets (hexadecimal, as `lspci -xxxx` prints them). A
+change maps PATH to new text, to None to remove that file, or to bytes.
 """
 import json
 import os
@@ -16,19 +18,29 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "sysfs"
 
 def lay_out(root: pathlib.Path, recording: str, change=None) -> pathlib.Path:
     doc = json.loads((FIXTURES / f"{recording}.json").read_text())
-    files = dict(doc["files"], **(change or {}))
+    files = dict(doc["files"], **{path: binary(spec) for path, spec in doc.get("binary", {}).items()})
+    files.update(change or {})
     for path, text in files.items():
         if text is None:
             continue
         target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        target.write_bytes(text) if isinstance(text, bytes) else target.write_text(text)
     for path, target in doc.get("links", {}).items():
         link = root / path
         link.parent.mkdir(parents=True, exist_ok=True)
         (root / target).mkdir(parents=True, exist_ok=True)
         os.symlink(os.path.relpath(root / target, link.parent), link)
     return root
+
+
+def binary(spec: dict) -> bytes:
+    data = bytearray(spec["size"])
+    for offset, text in spec.get("at", {}).items():
+        chunk = bytes.fromhex(text)
+        start = int(offset, 16)
+        data[start:start + len(chunk)] = chunk
+    return bytes(data)
 
 
 def fabric_facts(root: pathlib.Path, recording: str, change=None) -> dict:

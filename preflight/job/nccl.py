@@ -8,6 +8,7 @@ import re
 from typing import Any, List, Mapping, Optional, Tuple
 
 from preflight.inputs.numbers import int_or_none
+from preflight.inputs.versions import requirement_name, version
 from preflight.result import Finding, skip
 
 IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
@@ -139,14 +140,38 @@ def gid_kind(entry: dict) -> Tuple[str, str]:
     return str(entry.get("type") or "unknown type"), family
 
 
-def used_gid(env: dict, port: dict) -> Tuple[Optional[int], Optional[dict], str]:
-    """(index, the entry NCCL uses on this port or None, how it was chosen). A negative or unset
-    NCCL_IB_GID_INDEX lets NCCL choose: the first entry of NCCL_IB_ROCE_VERSION_NUM (default 2) in
-    NCCL_IB_ADDR_FAMILY (default AF_INET), as NCCL 2.21 and newer do."""
+# NCCL_IB_GID_INDEX defaults to -1 (NCCL chooses, ncclIbGetGidIndex) since NCCL 2.21; before, to 0.
+GID_CHOICE_SINCE = (2, 21)
+
+
+def nccl_version(facts: dict) -> Optional[Tuple[int, ...]]:
+    """The release of the NCCL the node's torch loads, as PKG008 reads it: the nvidia-nccl wheel torch's metadata
+    requires (Requires-Dist), else the nvidia-nccl wheel installed; None where neither is known."""
+    packages = facts.get("packages") or {}
+    requires = packages.get("requires") or {}
+    torch = requires.get("torch") if isinstance(requires, dict) else None
+    wheel = next((n for n in map(requirement_name, torch if isinstance(torch, list) else [])
+                  if n.startswith("nvidia-nccl-")), None)
+    installed = packages.get("distributions") or {}
+    text = (installed.get(wheel) if wheel else None) or (packages.get("versions") or {}).get("nccl")
+    found = version(text) if text else None
+    return found.release if found else None
+
+
+def used_gid(env: dict, port: dict, nccl: Optional[Tuple[int, ...]] = None) -> Tuple[Optional[int], Optional[dict], str]:
+    """(index, the entry NCCL uses on this port or None, how it was chosen). With NCCL 2.21 or newer (or
+    `nccl` unknown) a negative or unset NCCL_IB_GID_INDEX lets NCCL choose: the first entry of
+    NCCL_IB_ROCE_VERSION_NUM (default 2) in NCCL_IB_ADDR_FAMILY (default AF_INET); an older NCCL uses index 0
+    when it is unset and fails to query a negative one."""
     gids = {g["index"]: g for g in port.get("gids") or [] if isinstance(g, dict) and isinstance(g.get("index"), int)}
     index = env_integer(env, "NCCL_IB_GID_INDEX")
     if index is not None and index >= 0:
         return index, gids.get(index), f"NCCL_IB_GID_INDEX={index}"
+    if nccl is not None and tuple(nccl[:2]) < GID_CHOICE_SINCE:
+        release = ".".join(map(str, nccl))
+        if index is None:
+            return 0, gids.get(0), f"NCCL_IB_GID_INDEX unset: NCCL {release} uses index 0"
+        return index, None, f"NCCL {release} chooses no GID itself (NCCL 2.21 and newer do)"
     version = "RoCE v2" if env_integer(env, "NCCL_IB_ROCE_VERSION_NUM") in (None, 2) else "IB/RoCE v1"
     family = "IPv6" if str(env.get("NCCL_IB_ADDR_FAMILY", "")).strip() == "AF_INET6" else "IPv4"
     for i in sorted(gids):

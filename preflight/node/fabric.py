@@ -1,6 +1,8 @@
-"""The fabric: RDMA devices and ports, GPUDirect modules, NCCL libraries, Xid events. All from sysfs and
-procfs under SYSROOT ("/" on a node; a recorded tree in the tests)."""
+"""The fabric: RDMA devices and ports, GPUDirect modules, NCCL libraries, Xid events, the PCIe path between
+GPUs and HCAs (bridges and their ACS, NUMA nodes, IOMMU groups). All from sysfs and procfs under SYSROOT ("/" on
+a node; a recorded tree in the tests)."""
 import os
+import re
 import stat
 import sys
 import time
@@ -13,6 +15,18 @@ FABRIC_MODULES = ("nvidia", "nvidia_peermem", "nv_peer_mem", "ib_core", "ib_uver
                   "rdma_ucm", "efa", "irdma", "bnxt_re")
 XID_LIMIT = 200  # events kept per node: a GPU in an Xid storm logs thousands
 XID_READ_S, XID_READ_BYTES = 2.0, 32 << 20  # the kernel's largest log buffer is 32 MiB (log_buf_len)
+# What NCCL's ncclIbGdrSupport tests for GPUDirect RDMA by a peer-memory module: MOFED's peer-memory clients
+# (nv_peer_mem, or nvidia_peermem registered through MOFED) and, since NCCL 2.23, nvidia_peermem itself.
+MEMORY_PEERS = os.path.join("sys", "kernel", "mm", "memory_peers")
+NVIDIA_PEERMEM_VERSION = os.path.join("sys", "module", "nvidia_peermem", "version")
+PCI_DEVICES = os.path.join("sys", "bus", "pci", "devices")
+PCI_NAME = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+PCI_LIMIT = 4096  # devices looked at: a large server has a few hundred
+NVIDIA_VENDOR, DISPLAY_CLASSES = "0x10de", ("0x0300", "0x0302")  # VGA and 3D controllers
+# PCIe extended capabilities start at 0x100 of config space; the kernel gives the first 64 bytes to a user
+# without CAP_SYS_ADMIN (drivers/pci/pci-sysfs.c, pci_read_config), so ACS is read only as root (as lspci).
+CONFIG_BYTES, EXTENDED_CAPS, ACS_CAP_ID = 4096, 0x100, 0x000D
+IOMMU_ARGS = ("iommu", "intel_iommu", "amd_iommu", "iommu.passthrough", "iommu.strict")
 
 
 def _sys_text(path):
@@ -75,6 +89,9 @@ def _rdma_devices(root):
         device = {key: _sys_text(os.path.join(folder, key)) for key in ("fw_ver", "hca_type", "board_id", "node_guid")}
         device["node_type"] = _numbered(_sys_text(os.path.join(folder, "node_type")))
         device["netdevs"] = _sys_list(os.path.join(folder, "device", "net"))
+        # RoCE's active MTU follows its netdev's MTU (the kernel's iboe_get_mtu); InfiniBand's is not in sysfs.
+        mtus = dict((n, _sys_text(os.path.join(folder, "device", "net", n, "mtu"))) for n in device["netdevs"])
+        device["netdev_mtu"] = dict((n, int(v) if v and v.isdigit() else None) for n, v in mtus.items())
         device["pci"] = os.path.basename(os.path.realpath(os.path.join(folder, "device")))
         device["ports"] = {p: _rdma_port(os.path.join(folder, "ports", p)) for p in _sys_list(os.path.join(folder, "ports"))}
         devices[name] = device
@@ -89,6 +106,81 @@ def _loaded_modules(root):
     except OSError:
         return None
     return sorted(loaded.intersection(FABRIC_MODULES))
+
+
+def _gpudirect(root):
+    """The files NCCL tests for a peer-memory module: the memory_peers clients that have a version file, and
+    nvidia_peermem's module version."""
+    base = os.path.join(root, MEMORY_PEERS)
+    peers = [n for n in _sys_list(base) if os.path.exists(os.path.join(base, n, "version"))]
+    return {"memory_peers": peers, "nvidia_peermem_version": _sys_text(os.path.join(root, NVIDIA_PEERMEM_VERSION))}
+
+
+def acs_control(config):
+    """The ACS Control register from a device's config space (the walk lspci's cap_acs does over the extended
+    capability list: a 32-bit header, ID in bits 0-15, the next offset in bits 20-31; Control at +6), None
+    where the device has no ACS capability. Only meaningful with all 4096 bytes (root)."""
+    offset, seen = EXTENDED_CAPS, 0
+    while EXTENDED_CAPS <= offset <= len(config) - 8 and seen < 512:
+        header = int.from_bytes(config[offset:offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return None
+        if header & 0xFFFF == ACS_CAP_ID:
+            return int.from_bytes(config[offset + 6:offset + 8], "little")
+        offset, seen = (header >> 20) & 0xFFC, seen + 1
+    return None
+
+
+def _pci_node(root, folder, kind):
+    """Where a PCI device sits: its host bridge (pciDDDD:BB), the bridges above it (the root port first), its
+    NUMA node (None for the kernel's -1) and its IOMMU group's type (None: no group, the IOMMU is off for it)."""
+    devices = os.path.join(os.path.realpath(root), "sys", "devices") + os.sep
+    path = os.path.realpath(folder)
+    parts = path[len(devices):].split(os.sep) if path.startswith(devices) else []
+    numa = _sys_text(os.path.join(path, "numa_node"))
+    group = os.path.join(path, "iommu_group")
+    return {"kind": kind, "host_bridge": parts[0] if parts and parts[0].startswith("pci") else None,
+            "bridges": [p for p in parts[1:-1] if PCI_NAME.match(p)],
+            "numa_node": int(numa) if numa and numa.isdigit() else None,
+            "iommu_group": (_sys_text(os.path.join(os.path.realpath(group), "type")) or "unknown")
+            if os.path.islink(group) else None}
+
+
+def _config_space(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(CONFIG_BYTES)
+    except OSError:
+        return b""
+
+
+def _pci(root, rdma):
+    """The NVIDIA GPUs (by vendor and class, as NCCL's topology finds them in sysfs) and the RDMA devices, where
+    each sits on the PCIe tree, and the ACS Control of every bridge above them (None where not readable)."""
+    base = os.path.join(root, PCI_DEVICES)
+    nodes = {}
+    for name in _sys_list(base)[:PCI_LIMIT]:
+        folder = os.path.join(base, name)
+        vendor, klass = _sys_text(os.path.join(folder, "vendor")), _sys_text(os.path.join(folder, "class")) or ""
+        if vendor == NVIDIA_VENDOR and klass[:6] in DISPLAY_CLASSES:
+            nodes[name] = _pci_node(root, folder, "gpu")
+    for name, device in sorted(rdma.items()):
+        if PCI_NAME.match(device.get("pci") or ""):
+            nodes[device["pci"]] = _pci_node(root, os.path.join(root, "sys", "class", "infiniband", name, "device"),
+                                             "hca")
+    acs = {}
+    for bridge in sorted(set(b for n in nodes.values() for b in n["bridges"])):
+        config = _config_space(os.path.join(base, bridge, "config"))
+        full = len(config) > EXTENDED_CAPS
+        acs[bridge] = {"config_bytes": len(config), "ctl": acs_control(config) if full else None}
+    return {"devices": nodes, "acs": acs}
+
+
+def _iommu(root):
+    """The kernel's IOMMU arguments (/proc/cmdline) and the IOMMU units it registered (/sys/class/iommu)."""
+    cmdline = (_sys_text(os.path.join(root, "proc", "cmdline")) or "").split()
+    return {"cmdline": [a for a in cmdline if a.split("=", 1)[0] in IOMMU_ARGS],
+            "units": _sys_list(os.path.join(root, "sys", "class", "iommu"))}
 
 
 def _nccl_libraries():
@@ -177,7 +269,9 @@ def xid_events(root):
 def facts(root=None):
     root = root or SYSROOT
     modules = _loaded_modules(root)
-    fabric = {"rdma": _rdma_devices(root), "modules": modules, "nccl": _nccl_libraries(),
+    rdma = _rdma_devices(root)
+    fabric = {"rdma": rdma, "modules": modules, "nccl": _nccl_libraries(), "gpudirect": _gpudirect(root),
+              "pci": _pci(root, rdma), "iommu": _iommu(root),
               "kernel": _sys_text(os.path.join(root, "proc", "sys", "kernel", "osrelease")),
               "nvidia_driver": _sys_text(os.path.join(root, "proc", "driver", "nvidia", "version"))}
     if fabric["nvidia_driver"]:  # Xids come from the NVIDIA driver only

@@ -220,8 +220,12 @@ RDMA_PORT = Obj(state=TEXT, phys_state=TEXT, rate=TEXT, rate_gbps=(int, float, N
                 gids=Each(GID), counters=Keyed(COUNT))
 FABRIC = Obj(
     rdma=Keyed(Obj(fw_ver=TEXT, hca_type=TEXT, board_id=TEXT, node_guid=TEXT, node_type=TEXT, netdevs=Each(str),
-                   pci=TEXT, ports=Keyed(RDMA_PORT))),
+                   netdev_mtu=Keyed(COUNT), pci=TEXT, ports=Keyed(RDMA_PORT))),
     modules=Either(NONE, Each(str)),
+    gpudirect=Obj(memory_peers=Each(str), nvidia_peermem_version=TEXT),
+    pci=Obj(devices=Keyed(Obj(kind=TEXT, host_bridge=TEXT, bridges=Each(str), numa_node=COUNT, iommu_group=TEXT)),
+            acs=Keyed(Obj(config_bytes=int, ctl=COUNT))),
+    iommu=Obj(cmdline=Each(str), units=Each(str)),
     nccl=Obj(libraries=Each(str), plugins=Each(Obj(name=str, path=str, bytes=COUNT)), net_plugin=TEXT,
              cuda_compat=Each(str)),
     kernel=TEXT, nvidia_driver=TEXT,
@@ -235,14 +239,15 @@ ENV = Either(NONE, Keyed(str))
 SECONDS = (int, float, NONE)
 PROCESS = Obj(pid=Need(int), ppid=COUNT, argv=Each(str), state=TEXT, cpu_s=SECONDS, age_s=SECONDS, kind=TEXT, env=ENV,
               sockets=Each(Obj(local=TEXT, local_port=COUNT, remote=TEXT, remote_port=COUNT, state=TEXT)),
-              children=Each(int), stable=(bool, NONE), cpu_percent=SECONDS, config=FILE,
+              children=Each(int), stable=(bool, NONE), cpu_percent=SECONDS, config=FILE, sockets_dropped=COUNT,
               # py-spy's frames: [function, file, line]
               threads=Each(Obj(name=TEXT, active=(bool, NONE), frames=Each(Each((str, int, NONE), length=3)))))
 CENSUS = Obj(
     processes=Each(PROCESS, most=MAX_PROCESSES),  # the collector's cap: the RUN checks pair the processes up
     listeners=Each(Obj(pid=int, argv=Each(str), age_s=SECONDS, env=ENV)),
     stacks=Obj(tool=TEXT, read=int, failed=int, error=TEXT, samples=int, skipped=str),
-    elsewhere=int, port=COUNT, seconds=SECONDS, ptrace_scope=COUNT, uid=COUNT, error=ERROR)
+    elsewhere=int, port=COUNT, seconds=SECONDS, ptrace_scope=COUNT, uid=COUNT, error=ERROR,
+    processes_dropped=COUNT, pids=Each(int))
 
 # Each section as the checks read it. "job" is read key by key with its types where it is used
 # (preflight.job.view): a node's launch is open-ended.
@@ -250,8 +255,10 @@ SECTIONS = {
     "python": Obj(executable=TEXT, version=str, cwd=str, error=ERROR),  # sys.executable: None where unknown
     "packages": Obj(versions=Keyed(TEXT), distributions=Keyed(TEXT), requires=Keyed(Each(str)), error=ERROR),
     "host": Obj(hostname=str, fqdn=str, interfaces=Keyed(Each(str)),
-                links=Keyed(Obj(up=(bool, NONE), running=(bool, NONE), ipv4=Either(NONE, Each(str)), ipv6=Each(str))),
+                links=Keyed(Obj(up=(bool, NONE), running=(bool, NONE), ipv4=Either(NONE, Each(str)), ipv6=Each(str),
+                                mtu=COUNT)),
                 resolves_to=RESOLVED, kernel=str, rdma_devices=Each(str), resolves_to_own_interface=bool,
+                port_range=Either(NONE, Each(int, length=2)),
                 head_resolves_to=RESOLVED,
                 route_to_head=Either(NONE, Obj(head=Need(str), source=Need(str), interface=Need(TEXT)),
                                      Obj(head=str, error=Need(ERROR))), error=ERROR),
@@ -267,6 +274,14 @@ SECTIONS = {
     "fabric": Either(NONE, FABRIC),
     "census": Either(NONE, CENSUS),
 }
+
+
+# The data-path probe's answers (preflight.node.paths): the responder's ports, then each peer as probed.
+PATHS_OPEN = Obj(open=Need(bool), tcp_port=int, udp_port=int, port_range=Either(NONE, Each(int, length=2)), error=TEXT)
+PATH_PEER = Obj(address=TEXT, source=TEXT, route_error=TEXT, device=TEXT, names=Keyed(RESOLVED),
+                tcp=Obj(ok=Need(bool), error=TEXT, seconds=NUMBER),
+                mtu=Obj(size=Need(int), ok=Need(bool), carried=COUNT, refused=bool, lossy=bool, error=TEXT), error=TEXT)
+PATHS_PROBE = Obj(paths=Need(Keyed(PATH_PEER)))
 
 
 def _positive_int(value: Any) -> bool:

@@ -121,12 +121,15 @@ def test_roce_gid_index_past_the_table_and_differing_address_kinds(tmp_path):
     states = recorded_nodes(tmp_path, "roce-node", env={"NCCL_IB_GID_INDEX": "5"})
     results = run_on("RDMA003", states, tmp_path)
     assert {r.status for r in results} == {Status.FAIL} and "no GID at index 5" in results[0].message
-    # Index 1 is link-local RoCE v2 on both: the same kind everywhere is no finding (one L2 network).
-    assert {r.status for r in run_on("RDMA003", recorded_nodes(tmp_path / "ll", "roce-node", env={"NCCL_IB_GID_INDEX": "1"}),
-                                  tmp_path)} == {Status.PASS}
+    # Index 1 is link-local RoCE v2 on both: the same kind everywhere is still not routed (NVIDIA/nccl#769).
+    results = run_on("RDMA003", recorded_nodes(tmp_path / "ll", "roce-node", env={"NCCL_IB_GID_INDEX": "1"}), tmp_path)
+    assert statuses_by_nodes(results) == {(("n01",), Status.FAIL), (("n02",), Status.FAIL)}
+    assert "mlx5_0:1's GID 1 (NCCL_IB_GID_INDEX=1) is the link-local fe80:" in results[0].message
+    assert "not routed" in results[0].message and "NCCL_IB_GID_INDEX=3 on" in results[0].remediation
     ipv4_at_1 = {"sys/class/infiniband/mlx5_0/ports/1/gids/1": "0000:0000:0000:0000:0000:ffff:0a00:010c\n"}
     results = run_on("RDMA003", recorded_nodes(tmp_path / "mixed", "roce-node", {"n02": ipv4_at_1, "n03": ipv4_at_1},
-                                     env={"NCCL_IB_GID_INDEX": "1"}, names=("n01", "n02", "n03")), tmp_path)
+                                     env={"NCCL_IB_GID_INDEX": "1", "NCCL_IB_HCA": "=mlx5_0"},
+                                     names=("n01", "n02", "n03")), tmp_path)
     failed = [r for r in results if r.status == Status.FAIL]
     assert [r.nodes for r in failed] == [("n01",)] and "link-local" in failed[0].message
 
@@ -159,7 +162,8 @@ def test_nccl_ib_disable_as_nccl_reads_it(tmp_path, value, used):
 
 
 def test_gpudirect_rdma_off_without_peermem(tmp_path):
-    no_peermem = {"proc/modules": "nvidia 56463360 0 - Live 0x0\nmlx5_ib 446464 0 - Live 0x0\n"}
+    no_peermem = {"proc/modules": "nvidia 56463360 0 - Live 0x0\nmlx5_ib 446464 0 - Live 0x0\n",
+                  "sys/module/nvidia_peermem/version": None, "sys/kernel/mm/memory_peers/nv_mem/version": None}
     results = run_on("RDMA004", recorded_nodes(tmp_path, "ib-node", {"n02": no_peermem}), tmp_path)
     assert statuses_by_nodes(results) == {(("n01",), Status.PASS), (("n02",), Status.WARN)}
     assert "modprobe nvidia_peermem on n02" in next(r for r in results if r.status == Status.WARN).remediation
@@ -180,8 +184,7 @@ def test_link_error_counters(tmp_path):
 
 
 def test_explain_covers_the_fabric_and_driver_checks(capsys):
-    for check_id in ("RDMA001", "RDMA002", "RDMA003", "RDMA004", "RDMA005", "RDMA006", "PKG006", "PKG007",
-                     "PKG008", "GPU008"):
+    for check_id in RDMA_CHECKS + ("PKG006", "PKG007", "PKG008", "GPU008"):
         code, out, _ = run_cli(capsys, "explain", check_id)
         spec = SPECS[check_id]
         assert code == 0 and check_id in out and spec.name in out and len(out.split("\n\n")) >= 3, out
@@ -240,7 +243,8 @@ HOSTILE_TEXT = ("", " ", "x", "-1", "-99", "2", "999999999999999999999999", "9" 
                 "^=mlx5_0:99999999999999999999", "mlx5_0:-1", "AF_INET6", "\x00")
 NCCL_IB_VARIABLES = ("NCCL_IB_GID_INDEX", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_IB_ROCE_VERSION_NUM",
                      "NCCL_IB_ADDR_FAMILY")
-RDMA_CHECKS = ("RDMA001", "RDMA002", "RDMA003", "RDMA004", "RDMA005", "RDMA006")
+RDMA_CHECKS = ("RDMA001", "RDMA002", "RDMA003", "RDMA004", "RDMA005", "RDMA006", "RDMA007", "RDMA008", "RDMA009",
+               "RDMA010")
 
 
 def _fields(value, path=()):
@@ -265,7 +269,7 @@ def _replaced(doc, path, value):
 
 
 @pytest.mark.parametrize("recording,env", [("roce-node", {}), ("roce-node", {"NCCL_IB_GID_INDEX": "3"}),
-                                           ("ib-node", {})])
+                                           ("ib-node", {}), ("hgx-node", {})])
 def test_hostile_values_in_every_fabric_field_never_make_an_rdma_check_raise(tmp_path, recording, env):
     """Each field of a node's fabric facts (device, port, GID entry, counter, module list) replaced by each
     hostile value, and NCCL's IB variables set to text NCCL would not expect: what the shapes let through, every
