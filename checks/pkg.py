@@ -6,8 +6,8 @@ from typing import Iterator, Optional
 
 from preflight.api import Finding, Status, check, failed_sections, holders, odd_ones_out, skip
 from preflight.node import MIN_PYTHON, UNSUPPORTED
-from preflight.job.nccl import fabric_of
-from preflight.inputs.versions import judge, known_defects, requirement_name, unmet_requirements
+from preflight.job.nccl import fabric_of, nccl_wheel
+from preflight.inputs.versions import judge, known_defects, unmet_requirements
 
 KEY_VERSIONS = ("python", "torch", "cuda", "nccl", "deepspeed", "accelerate", "transformers")
 # Variables that must be equal for collectives to agree; others are compared and only warned about.
@@ -372,9 +372,7 @@ def _node_versions(facts: dict):
     found["torch-cuda"] = versions.get("cuda")
     found["python"] = (facts.get("python") or {}).get("version")
     # The NCCL torch loads is the nvidia-nccl wheel its metadata requires (torch's own Requires-Dist).
-    wheel = next((n for n in map(requirement_name, _requires(facts).get("torch", ())) if n.startswith("nvidia-nccl-")),
-                 None)
-    found["nccl"] = installed.get(wheel) if wheel and installed.get(wheel) else versions.get("nccl")
+    wheel, found["nccl"] = nccl_wheel(facts)
     nccl_from = f"{wheel}, the wheel torch depends on" if wheel else "the nvidia-nccl wheel installed"
     preload = ((facts.get("env") or {}).get("LD_PRELOAD") or "")
     others = [p for p in preload.replace(" ", ":").split(":") if "nccl" in p.rsplit("/", 1)[-1]]

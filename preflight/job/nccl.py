@@ -144,17 +144,22 @@ def gid_kind(entry: dict) -> Tuple[str, str]:
 GID_CHOICE_SINCE = (2, 21)
 
 
-def nccl_version(facts: dict) -> Optional[Tuple[int, ...]]:
-    """The release of the NCCL the node's torch loads, as PKG008 reads it: the nvidia-nccl wheel torch's metadata
-    requires (Requires-Dist), else the nvidia-nccl wheel installed; None where neither is known."""
+def nccl_wheel(facts: dict) -> Tuple[Optional[str], Optional[str]]:
+    """(the nvidia-nccl wheel torch's metadata requires (its Requires-Dist) or None, the version of the NCCL the
+    node's torch loads: that wheel's, else the nvidia-nccl wheel installed, else None)."""
     packages = facts.get("packages") or {}
     requires = packages.get("requires") or {}
     torch = requires.get("torch") if isinstance(requires, dict) else None
     wheel = next((n for n in map(requirement_name, torch if isinstance(torch, list) else [])
                   if n.startswith("nvidia-nccl-")), None)
     installed = packages.get("distributions") or {}
-    text = (installed.get(wheel) if wheel else None) or (packages.get("versions") or {}).get("nccl")
-    found = version(text) if text else None
+    return wheel, (installed.get(wheel) if wheel else None) or (packages.get("versions") or {}).get("nccl")
+
+
+def nccl_version(facts: dict) -> Optional[Tuple[int, ...]]:
+    """The release of the NCCL the node's torch loads (nccl_wheel), None where it is not known."""
+    text = nccl_wheel(facts)[1]
+    found = version(text) if isinstance(text, str) else None
     return found.release if found else None
 
 
