@@ -104,6 +104,9 @@ def build_parser() -> Parser:
     launch_command(lint, "the launch command, after `--`: its flags override the config files")
     lint.add_argument("--sbatch", metavar="SCRIPT", help="a SLURM batch script: its #SBATCH directives and launch "
                       "line, judged as sbatch, srun and the launcher run them")
+    lint.add_argument("--k8s", metavar="MANIFEST", help="a Kubernetes manifest: its training resources (PyTorchJob, "
+                      "TrainJob, JobSet, LeaderWorkerSet, Volcano Job, an Indexed Job or StatefulSet) judged as the "
+                      "cluster and the launcher run them")
     lint.add_argument("--deep", action="store_true",
                       help="also run accelerate's and DeepSpeed's own validators (when importable; ~2 s each)")
     for name, text in (("check", "check the job on its nodes before it starts (no target: this machine)"),

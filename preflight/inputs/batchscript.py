@@ -221,7 +221,7 @@ class _Scanner:
 
     def _word(self) -> Word:
         s, segs, lit = self.s, [], []
-        quote = ""
+        quote, opened = "", 0  # opened: len(segs) when the quote opened (an empty '' or "" is still a word)
 
         def flush():
             if lit:
@@ -258,6 +258,8 @@ class _Scanner:
             if quote == "'":
                 if c == "'":
                     flush()
+                    if len(segs) == opened:
+                        segs.append(Seg("lit", "", quote))
                     quote = ""
                 else:
                     lit.append(c)
@@ -266,12 +268,14 @@ class _Scanner:
                 continue
             if c == "'" and not quote:
                 flush()
-                quote = "'"
+                quote, opened = "'", len(segs)
                 self.i += 1
                 continue
             if c == '"':
                 flush()
-                quote = "" if quote == '"' else '"'
+                if quote == '"' and len(segs) == opened:
+                    segs.append(Seg("lit", "", quote))
+                quote, opened = ("", opened) if quote == '"' else ('"', len(segs))
                 self.i += 1
                 continue
             if c == "$" and s[self.i + 1:self.i + 2] == "'" and not quote:  # $'...': ANSI-C quoting, read as literal

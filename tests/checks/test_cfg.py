@@ -77,6 +77,7 @@ def shown(results):
 # Passing cases: every result of the check is "pass" (so it was evaluated, not skipped), and the
 # message holds the text given, if any.
 BATCH_CHECKS = {"CFG070", "CFG071", "CFG072", "CFG073", "CFG074"}  # a SLURM batch script's (--sbatch)
+MANIFEST_CHECKS = {f"CFG08{i}" for i in range(7)}  # a Kubernetes manifest's (--k8s)
 
 CASES = [
     # CFG001 accelerate-keys
@@ -393,8 +394,9 @@ def test_every_check_has_failing_and_passing_cases():
     from preflight import registry
 
     config_checks = {c.id for c in registry.load().checks if c.id.startswith("CFG")}
-    # deep: below; batch scripts (--sbatch): tests/checks/test_batch_scripts.py
-    elsewhere = {"CFG090", "CFG091"} | BATCH_CHECKS
+    # deep: below; batch scripts (--sbatch): tests/checks/test_batch_scripts.py; manifests (--k8s):
+    # tests/checks/test_k8s_manifests.py
+    elsewhere = {"CFG090", "CFG091"} | BATCH_CHECKS | MANIFEST_CHECKS
     failing = {c[2] for c in CASES if c[3] in ("fail", "warn")} | elsewhere
     passing = {c[2] for c in CASES if c[3] == "pass"} | elsewhere
     assert config_checks - failing == set()
@@ -417,8 +419,9 @@ def test_golden_job_passes_every_check(capsys, folder):
     code, doc = lint(capsys, *case_args(CONFIG / folder), *command)
     assert code == 0 and doc["verdict"] == "pass", shown(doc["results"])
     not_passed = {r["id"] for r in doc["results"] if r["status"] != "pass"}
-    # the validators wait for --deep, the memory estimate for --model, the batch-script checks for --sbatch
-    assert not_passed == {"CFG090", "CFG091", "MEM001"} | BATCH_CHECKS, shown(doc["results"])
+    # the validators wait for --deep, the memory estimate for --model, the batch-script and manifest checks for
+    # --sbatch and --k8s
+    assert not_passed == {"CFG090", "CFG091", "MEM001"} | BATCH_CHECKS | MANIFEST_CHECKS, shown(doc["results"])
     # every input was read: the DeepSpeed JSON named by the accelerate config, the hostfile
     assert any("train_batch_size" in r["message"] and "world size" in r["message"]
                for r in results_of(doc, "CFG030")), shown(doc["results"])
