@@ -587,3 +587,279 @@ def route_to_head(ctx) -> Iterator[Finding]:
     else:
         yield passed(f"reaches the head {target} at {route['head']} from {route['source']} "
                      f"via {route['interface'] or 'an unknown interface'}", **route)
+
+
+# --- the data path between every pair of nodes (remote/gather.py `_probe_paths`, node/paths.py) --------------
+
+def _paths_probe(ctx):
+    """(the data-path probe, None) or (None, why there is nothing to judge)."""
+    if not ctx.plan.remote:
+        return None, "this machine alone: there is no path between nodes"
+    probe = (ctx.probes or {}).get("paths")
+    if not probe:
+        return None, "the data-path probe did not run"
+    if not probe.get("peers"):
+        return None, "fewer than two nodes answered the data-path probe"
+    return probe, None
+
+
+def _pairs(probe) -> Iterator[Tuple[str, str, Mapping]]:
+    """(prober, peer, what the prober found) for every pair probed."""
+    for node, peers in sorted(probe.get("peers", {}).items()):
+        for peer, found in sorted(peers.items()):
+            yield node, peer, found
+
+
+def _interface_of(ctx, node: str, address: Optional[str]) -> Optional[str]:
+    interfaces = ((ctx.facts.get(node) or {}).get("facts") or {}).get("host", {}).get("interfaces") or {}
+    return next((n for n, addrs in sorted(interfaces.items()) if address in addrs), None)
+
+
+def _route_anomalies(ctx, probe) -> dict:
+    """{(node, peer): why} for each peer a node reaches over another device than its other peers and the head
+    (a more specific route captures it), over a device that does not hold the source address the kernel picks,
+    or not at all."""
+    from collections import Counter
+
+    found = {}
+    for node, peers in probe.get("peers", {}).items():
+        host = ((ctx.facts.get(node) or {}).get("facts") or {}).get("host", {})
+        route = host.get("route_to_head") if isinstance(host.get("route_to_head"), dict) else {}
+        devices = Counter(p.get("device") for p in peers.values() if p.get("device"))
+        if route.get("interface") and route.get("interface") != "lo":
+            devices[route["interface"]] += 1
+        usual = max(devices, key=lambda d: (devices[d], d == route.get("interface"))) if devices else None
+        for peer, result in peers.items():
+            device, source = result.get("device"), result.get("source")
+            own = _interface_of(ctx, node, source)
+            where = f"{peer} ({result.get('address')})"
+            if result.get("route_error"):
+                found[(node, peer)] = f"has no route to {where}: {result['route_error']}"
+            elif device and usual and device != usual:
+                found[(node, peer)] = (f"routes to {where} over {device}, not over {usual} as to its other peers"
+                                       + (" and the head" if route.get("interface") == usual else ""))
+            elif device and own and own != "lo" and device != own:  # an address on lo (unnumbered) is no capture
+                found[(node, peer)] = f"routes to {where} over {device}, from {source}, an address of {own}"
+    return found
+
+
+def _port_range_text(probe, node: str) -> str:
+    low_high = ((probe.get("opened") or {}).get(node) or {}).get("port_range")
+    return f"{low_high[0]}-{low_high[1]}" if isinstance(low_high, list) and len(low_high) == 2 else "32768-60999"
+
+
+@check("NET007", "interface-mtu", "cluster", tags=["network", "mtu"])
+def interface_mtu(ctx) -> Iterator[Finding]:
+    """The interface each node reaches the others over has the same MTU on every node.
+
+    TCP announces an MSS from each end's own MTU: two nodes with jumbo frames (9000) talk in 9000-byte
+    segments, which vanish where a switch or another node carries only 1500. Small messages (the rendezvous)
+    pass, large ones (the first all-reduce) hang. NET008 probes what each path really carries.
+
+    Set the same MTU on the training interface of every node (`ip link set IF mtu N`), and on the switch
+    ports between them.
+    """
+    probe, why = _paths_probe(ctx)
+    if probe is None:
+        yield skip(why)
+        return
+    mtus = {n: m for n, m in (probe.get("mtu") or {}).items() if isinstance(m, int)}
+    if len(mtus) < 2:
+        yield skip("the MTU of the training interface is known on fewer than two nodes")
+        return
+    # What the paths were measured to carry decides which side is odd; without a black hole, the majority.
+    carried = [m["carried"] for _, _, f in _pairs(probe) for m in [f.get("mtu")]
+               if isinstance(m, dict) and not m.get("ok") and m.get("carried")]
+    majority, odd = odd_ones_out(mtus, ctx.plan.head)
+    if carried and any(m > min(carried) for m in mtus.values()):
+        majority = min(carried)
+        odd = {n: m for n, m in mtus.items() if m > majority}
+    for node, mtu in sorted(odd.items()):
+        interface = _interface_of(ctx, node, probe["address"].get(node)) or "its training interface"
+        than = f"the {majority} that the paths carry" if carried else f"the other nodes' {majority}"
+        effect = "full-size packets from here vanish on the way (see NET008)" if carried else \
+            f"{'larger' if mtu > majority else 'smaller'} packets than the others take (NET008 says whether the paths carry them)"
+        yield Finding(Status.WARN, f"the MTU of {interface} is {mtu}, not {than}: {effect}",
+                      f"ip link set {interface} mtu {majority} on {node}, or set {mtu} on every node and the "
+                      "switch between them", nodes=(node,), evidence={"mtu": mtu, "expected": majority,
+                                                                       "interface": interface, "measured": bool(carried)})
+    same = sorted(n for n in mtus if n not in odd)
+    if same:
+        yield Finding(Status.PASS, f"the training interface has MTU {majority}", nodes=tuple(same),
+                      evidence={"mtu": majority})
+
+
+@check("NET008", "path-mtu", "cluster", tags=["network", "mtu"])
+def path_mtu(ctx) -> Iterator[Finding]:
+    """The path between every pair of nodes carries packets of the MTU both ends have (do-not-fragment
+    datagrams of that size, sent from each node to a peer's answerer).
+
+    A path that carries less than the ends' MTU (jumbo frames on the nodes, 1500 on a switch) black-holes
+    TCP's full-size segments: the rendezvous and small collectives pass, the first large all-reduce hangs
+    until NCCL's timeout, with no error.
+
+    Lower the MTU of both nodes to what the path carries, or raise the MTU of the switch ports between them.
+    """
+    probe, why = _paths_probe(ctx)
+    if probe is None:
+        yield skip(why)
+        return
+    routed = _route_anomalies(ctx, probe)
+    bad, good, unknown = {}, set(), {}
+    for node, peer, found in _pairs(probe):
+        mtu = found.get("mtu")
+        if not isinstance(mtu, dict) or (node, peer) in routed or (peer, node) in routed:
+            continue
+        pair = tuple(sorted((node, peer)))
+        if mtu.get("ok"):
+            good.update(pair)
+        elif mtu.get("carried"):
+            bad.setdefault(pair, []).append((node, peer, mtu))
+        else:
+            unknown.setdefault(pair, mtu.get("error") or "no answer")
+    for pair, seen in sorted(bad.items()):
+        node, peer, mtu = seen[0]
+        both = " (both ways)" if len(seen) == 2 else f" (from {node} to {peer})"
+        yield Finding(Status.FAIL, f"packets of {mtu['size']} bytes, the MTU of both ends, do not pass between "
+                      f"{pair[0]} and {pair[1]}{both}: the path carries {mtu['carried']}; TCP between them "
+                      "negotiates segments for the larger MTU, so small messages pass and large ones hang",
+                      f"set the MTU of the interface between them to {mtu['carried']} on {pair[0]} and {pair[1]} "
+                      f"(ip link set IF mtu {mtu['carried']}), or make every switch port between them carry "
+                      f"{mtu['size']}", nodes=pair,
+                      evidence={"size": mtu["size"], "carried": mtu["carried"], "from": node, "to": peer})
+    for pair, error in sorted(unknown.items()):
+        yield Finding(Status.SKIP, f"path MTU between {pair[0]} and {pair[1]} not measured: {error}", nodes=pair)
+    blamed = {n for pair in bad for n in pair}
+    clean = sorted(good - blamed)
+    if clean:
+        yield Finding(Status.PASS, "the paths to the other nodes carry full-size packets of the interface's MTU",
+                      nodes=tuple(clean), evidence={"probe_s": probe.get("seconds")})
+
+
+@check("NET009", "ephemeral-ports", "cluster", tags=["network", "port", "firewall"])
+def ephemeral_ports(ctx) -> Iterator[Finding]:
+    """Every node accepts TCP connections from the others on an ephemeral port (a listener on a port the
+    kernel picks from its ip_local_port_range, as NCCL and gloo pick theirs).
+
+    A firewall opened for SSH and the main port only lets the main-port probe and the rendezvous pass; then
+    the ranks cannot connect to each other and the job hangs at its first collective. NCCL and gloo bind
+    port 0 (NCCL's ncclSocketListen, gloo's tcp Listener): only NCCL_COMM_ID fixes a port, that of NCCL's
+    bootstrap root, and gloo has no port setting.
+
+    Open the node's ip_local_port_range (TCP) to the other nodes in its firewall, or narrow
+    net.ipv4.ip_local_port_range to a range the firewall opens.
+    """
+    probe, why = _paths_probe(ctx)
+    if probe is None:
+        yield skip(why)
+        return
+    routed = _route_anomalies(ctx, probe)
+    dialled = {}
+    for node, peer, found in _pairs(probe):
+        if isinstance(found.get("tcp"), dict) and (node, peer) not in routed and (peer, node) not in routed:
+            dialled.setdefault(peer, {})[node] = found["tcp"]
+    closed = set()
+    for target, answers in sorted(dialled.items()):
+        failed = {n: a for n, a in answers.items() if not a.get("ok")}
+        if failed and len(failed) == len(answers):
+            closed.add(target)
+            port = ((probe.get("opened") or {}).get(target) or {}).get("tcp_port")
+            ports = _port_range_text(probe, target)
+            reach = "SSH and the main port reach it" if target == ctx.plan.head else "SSH reaches it"
+            first = next(iter(failed.values())).get("error")
+            yield Finding(Status.FAIL, f"no other node can connect to {target} on an ephemeral port ({port}, from "
+                          f"its ip_local_port_range {ports}): {first}; {reach}, but NCCL and gloo also "
+                          f"listen on ports {ports} (the kernel picks them; NCCL_COMM_ID fixes only NCCL's bootstrap "
+                          "root port, gloo has no port setting), so the ranks cannot connect to each other",
+                          f"open TCP ports {ports} on {target} to the other nodes (firewall, security group), or "
+                          f"narrow net.ipv4.ip_local_port_range on {target} to a range its firewall opens",
+                          nodes=(target,), evidence={"port": port, "port_range": ports, "from": sorted(failed)})
+    for target, answers in sorted(dialled.items()):
+        if target in closed:
+            continue
+        for node, answer in sorted(answers.items()):
+            if not answer.get("ok"):
+                others = sum(1 for a in answers.values() if a.get("ok"))
+                yield Finding(Status.FAIL, f"{node} cannot connect to {target} on an ephemeral port: "
+                              f"{answer.get('error')} ({others} other node(s) can)",
+                              f"open TCP ports {_port_range_text(probe, target)} between {node} and {target}",
+                              nodes=(node, target), evidence={"from": node, "to": target, "error": answer.get("error")})
+    fine = sorted(t for t, answers in dialled.items() if all(a.get("ok") for a in answers.values()))
+    if fine:
+        yield Finding(Status.PASS, "the other nodes connect to an ephemeral port here", nodes=tuple(fine),
+                      evidence={"probe_s": probe.get("seconds")})
+
+
+@check("NET010", "routes-between-nodes", "cluster", tags=["network", "route"])
+def routes_between_nodes(ctx) -> Iterator[Finding]:
+    """Each node reaches every other node over the same interface as it reaches the rest, from an address of
+    that interface.
+
+    A second interface, a bridge or a container network with a more specific route to part of the training
+    subnet captures the traffic to some nodes: those pairs time out while every node reaches the head.
+
+    Remove the route that captures the traffic (`ip route get ADDRESS` shows it), or move that network
+    off the training subnet.
+    """
+    probe, why = _paths_probe(ctx)
+    if probe is None:
+        yield skip(why)
+        return
+    found = _route_anomalies(ctx, probe)
+    by_node = {}
+    for (node, peer), text in sorted(found.items()):
+        by_node.setdefault(node, []).append((peer, text))
+    for node, items in sorted(by_node.items()):
+        peers = [p for p, _ in items]
+        address = probe["peers"][node][peers[0]].get("address")
+        yield Finding(Status.FAIL, "; ".join(text for _, text in items) + ": the traffic to "
+                      f"{'it' if len(peers) == 1 else 'them'} leaves where the peer{'s are' if len(peers) > 1 else ' is'} "
+                      "not", f"on {node}: `ip route get {address}` shows the route that captures it; delete it "
+                      "(ip route del ...) or take that interface off the training subnet", nodes=(node,),
+                      evidence={"peers": peers})
+    fine = sorted(n for n in probe.get("peers", {}) if n not in by_node)
+    if fine:
+        yield Finding(Status.PASS, "reaches every other node over the same interface", nodes=tuple(fine))
+
+
+def _shown_addresses(addresses) -> List[str]:
+    return sorted(a for a in addresses if not _is_loopback(a) and not a.startswith("fe80:"))
+
+
+@check("NET011", "peer-names", "cluster", tags=["network", "dns"])
+def peer_names(ctx) -> Iterator[Finding]:
+    """Every node resolves every other node's name (as given, and its hostname) to an address that node has.
+
+    A stale /etc/hosts entry on one node sends what it starts by name (DeepSpeed's launcher, a MASTER_ADDR
+    by name, the hostnames gloo announces) to another machine, from that node only.
+
+    Correct the entry for the peer in /etc/hosts (or DNS) on the node that resolves it wrongly.
+    """
+    probe, why = _paths_probe(ctx)
+    if probe is None:
+        yield skip(why)
+        return
+    wrong, checked = {}, set()
+    for node, peer, found in _pairs(probe):
+        peer_facts = (ctx.facts.get(peer) or {}).get("facts") or {}
+        own = {a for addrs in (peer_facts.get("host", {}).get("interfaces") or {}).values() for a in addrs}
+        hostname = peer_facts.get("host", {}).get("hostname")
+        for name, addresses in sorted((found.get("names") or {}).items()):
+            if isinstance(addresses, dict):
+                if name == hostname:  # a name given only to SSH (its HostName) need not resolve elsewhere
+                    wrong.setdefault(node, []).append((Status.WARN, f"cannot resolve {peer}'s hostname {name!r} "
+                                                       f"({addresses.get('error')})", peer))
+                continue
+            if own and addresses and addresses[0] not in own:
+                wrong.setdefault(node, []).append((Status.FAIL, f"resolves {name!r} to {addresses[0]}, which is not "
+                                                   f"an address of {peer} ({', '.join(_shown_addresses(own))})",
+                                                   peer))
+        checked.add(node)
+    for node, items in sorted(wrong.items()):
+        status = Status.FAIL if any(s == Status.FAIL for s, _, _ in items) else Status.WARN
+        yield Finding(status, "; ".join(text for _, text, _ in items),
+                      f"correct the entries for {', '.join(sorted({p for _, _, p in items}))} in /etc/hosts (or DNS) "
+                      f"on {node}", nodes=(node,), evidence={"peers": sorted({p for _, _, p in items})})
+    fine = sorted(checked - set(wrong))
+    if fine:
+        yield Finding(Status.PASS, "resolves the other nodes' names to their addresses", nodes=tuple(fine))

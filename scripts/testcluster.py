@@ -8,7 +8,8 @@ in the root namespace (the "login node", where `preflight check` runs):
                         <-veth->  pf-node02 (eth0 10.77.0.12, ...)
 
 Needs root, iproute2 (`ip netns`), util-linux (unshare, nsenter) and openssh-server; the faults need
-nftables (drop_port, block_incoming), iproute2's tc (slow_link), faketime (fake_time) and chrony (start_ntp_server).
+nftables (drop_port, block_incoming), iproute2's tc (slow_link; jumbo_mtu, capture_route and wrong_hosts_entry
+need only iproute2), faketime (fake_time) and chrony (start_ntp_server).
 Stdlib only, Python 3.9+. Importable (``Cluster``, and module-level ``up``/``down``/fault helpers that take
 the cluster folder first) and runnable::
 
@@ -387,7 +388,8 @@ class Cluster:
             out.append({"name": name, "index": i, "ip": f"{c['subnet']}.{10 + i}", "netns": netns, "veth": veth,
                         "dir": str(self.dir / name), "pid": None, "env": {}, "loopback_hostname": False,
                         "shm": None, "drop_ports": [], "allowed_ports": None, "ntp_pid": None, "slow_link": None,
-                        "frozen": False, "stopped": False, "binds": {}})
+                        "frozen": False, "stopped": False, "binds": {}, "mtu": None, "captured": None,
+                        "hosts_override": {}})
         return out
 
     # ---- ssh and exec helpers
@@ -519,10 +521,11 @@ class Cluster:
         if node.get("loopback_hostname"):
             lines.append(f"{LOOPBACK_TRAP_IP}\t{node['name']}")
         lines.append(f"{state['login_ip']}\tlogin")
+        wrong = node.get("hosts_override") or {}
         for other in state["nodes"]:
             if other["name"] == node["name"] and node.get("loopback_hostname"):
                 continue
-            lines.append(f"{other['ip']}\t{other['name']}")
+            lines.append(f"{wrong.get(other['name'], other['ip'])}\t{other['name']}")
         return "\n".join(lines) + "\n"
 
     def _write_sshd_config(self, node: Dict[str, Any]) -> None:
@@ -650,7 +653,7 @@ class Cluster:
             banner = self.banner(n["name"], timeout=0.5) if n["netns"] in existing else None
             faults = {k: n[k] for k in ("env", "loopback_hostname", "shm", "binds", "drop_ports", "allowed_ports",
                                         "ntp_pid", "slow_link",
-                                        "frozen", "stopped") if n.get(k)}
+                                        "frozen", "stopped", "mtu", "captured", "hosts_override") if n.get(k)}
             out["nodes"].append({"name": n["name"], "ip": n["ip"], "netns": n["netns"], "netns_exists":
                                  n["netns"] in existing, "sshd_pid": n.get("pid"), "sshd_alive":
                                  bool(n.get("pid")) and _alive(n["pid"]), "banner": banner.decode(errors="replace")
@@ -785,6 +788,19 @@ class Cluster:
         with self._mutate() as state:
             n = self._node(state, node)
             n["loopback_hostname"] = loopback
+            _write_inplace(Path(n["dir"]) / "hosts", self._hosts_text(state, n))
+
+    def wrong_hosts_entry(self, node: str, peer: str, address: str) -> None:
+        """The node's hosts file maps another node's name to a wrong address (a stale entry on one node)."""
+        with self._mutate() as state:
+            n = self._node(state, node)
+            n["hosts_override"] = dict(n.get("hosts_override") or {}, **{self._node(state, peer)["name"]: address})
+            _write_inplace(Path(n["dir"]) / "hosts", self._hosts_text(state, n))
+
+    def right_hosts_entries(self, node: str) -> None:
+        with self._mutate() as state:
+            n = self._node(state, node)
+            n["hosts_override"] = {}
             _write_inplace(Path(n["dir"]) / "hosts", self._hosts_text(state, n))
 
     def small_shm(self, node: str, size: str = "64m") -> None:
@@ -963,6 +979,39 @@ class Cluster:
             _run(["ip", "netns", "exec", n["netns"], "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
             n["slow_link"] = None
 
+    def jumbo_mtu(self, node: str, mtu: int = 9000) -> None:
+        """Jumbo frames on the node's eth0 behind a bridge whose ports carry 1500: on veth, GSO lets oversized
+        super-packets through, so `gso_max_segs 1` makes eth0 send one frame per segment, as a wire does."""
+        with self._mutate() as state:
+            n = self._node(state, node)
+            _run(["ip", "-n", n["netns"], "link", "set", "eth0", "mtu", str(mtu), "gso_max_segs", "1"])
+            n["mtu"] = int(mtu)
+
+    def normal_mtu(self, node: str) -> None:
+        with self._mutate() as state:
+            n = self._node(state, node)
+            _run(["ip", "-n", n["netns"], "link", "set", "eth0", "mtu", "1500", "gso_max_segs", "65535"])
+            n["mtu"] = None
+
+    def capture_route(self, node: str, peer: str) -> None:
+        """A second interface on the node (a veth pair kept inside its namespace: this kernel has no `dummy`)
+        with a more specific route to one peer's address: the traffic to that peer leaves where it is not."""
+        with self._mutate() as state:
+            n, target = self._node(state, node), self._node(state, peer)["ip"]
+            ns = ["ip", "-n", n["netns"]]
+            if not n.get("captured"):
+                _run(ns + ["link", "add", "cap0", "type", "veth", "peer", "name", "cap1"])
+                _run(ns + ["link", "set", "cap0", "up"])
+                _run(ns + ["link", "set", "cap1", "up"])
+            _run(ns + ["route", "replace", f"{target}/32", "dev", "cap0"])
+            n["captured"] = target
+
+    def release_route(self, node: str) -> None:
+        with self._mutate() as state:
+            n = self._node(state, node)
+            _run(["ip", "-n", n["netns"], "link", "del", "cap0"], check=False)  # its routes go with it
+            n["captured"] = None
+
     # ---- NTP server
     def start_ntp_server(self, node: str, timeout: float = 15) -> str:
         """Run chronyd (local stratum 8, -x: never touches the clock) in the node's netns; returns its IP
@@ -1021,6 +1070,12 @@ class Cluster:
             self.unblock_incoming(node)
         if n.get("loopback_hostname"):
             self.real_hostname(node)
+        if n.get("hosts_override"):
+            self.right_hosts_entries(node)
+        if n.get("mtu"):
+            self.normal_mtu(node)
+        if n.get("captured"):
+            self.release_route(node)
         if n.get("frozen"):
             self.thaw_sshd(node)
         overlay = Path(n["dir"]) / "overlay"
@@ -1140,6 +1195,30 @@ class Cluster:
             self.fast_link(node)
 
     @contextlib.contextmanager
+    def jumbo_mtu_fault(self, node: str, mtu: int = 9000) -> Iterator[None]:
+        self.jumbo_mtu(node, mtu)
+        try:
+            yield
+        finally:
+            self.normal_mtu(node)
+
+    @contextlib.contextmanager
+    def captured_route(self, node: str, peer: str) -> Iterator[None]:
+        self.capture_route(node, peer)
+        try:
+            yield
+        finally:
+            self.release_route(node)
+
+    @contextlib.contextmanager
+    def wrong_hosts_entry_fault(self, node: str, peer: str, address: str) -> Iterator[None]:
+        self.wrong_hosts_entry(node, peer, address)
+        try:
+            yield
+        finally:
+            self.right_hosts_entries(node)
+
+    @contextlib.contextmanager
     def ntp_server(self, node: str) -> Iterator[str]:
         ip = self.start_ntp_server(node)
         try:
@@ -1245,6 +1324,8 @@ FAULT_METHODS = ("stop_sshd", "start_sshd", "restart_sshd", "freeze_sshd", "thaw
                  "block_incoming", "unblock_incoming",
                  "loopback_hostname", "real_hostname", "small_shm", "restore_shm", "bind_dir", "unbind_dir",
                  "set_home", "unset_home", "noisy_shell", "quiet_shell", "slow_link", "fast_link",
+                 "jumbo_mtu", "normal_mtu", "capture_route", "release_route", "wrong_hosts_entry",
+                 "right_hosts_entries",
                  "start_ntp_server", "stop_ntp_server", "restore", "restore_all")
 
 
@@ -1278,6 +1359,9 @@ FAULTS_CLI = {
     "noisy-shell": ("noisy_shell", "quiet_shell", ["[text]"]),
     "slow-link": ("slow_link", "fast_link", ["[rate]"]),
     "ntp-server": ("start_ntp_server", "stop_ntp_server", []),
+    "jumbo-mtu": ("jumbo_mtu", "normal_mtu", ["[mtu]"]),
+    "capture-route": ("capture_route", "release_route", ["peer"]),
+    "wrong-hosts-entry": ("wrong_hosts_entry", "right_hosts_entries", ["peer", "address"]),
 }
 
 
@@ -1353,6 +1437,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     method(node, *([" ".join(args.args)] if args.args else []))
                 elif args.kind == "bind-dir" and args.cmd == "fault":
                     print(method(node, *args.args))  # the node's private folder, to put its files in
+                elif args.kind == "jumbo-mtu" and args.cmd == "fault":
+                    method(node, *[int(a) for a in args.args])
                 elif args.cmd == "fault" or args.kind in ("shadow-package", "bind-dir"):
                     method(node, *args.args)
                 else:

@@ -1,6 +1,6 @@
 """The request agent: after the facts, one JSON answer line for each JSON request line the head sends (the
-clock samples, the main-port probe, the shared folder, the files a node's config names), until "done" or the
-end of its input. One process per node serves every phase of a run. Its program: `main`."""
+clock samples, the main-port probe, the shared folder, the files a node's config names, the data path to its
+peers), until "done" or the end of its input. One process per node serves every phase of a run. Its program: `main`."""
 import json
 import os
 import socket
@@ -8,7 +8,7 @@ import struct
 import sys
 import time
 
-from preflight.node import collector, procfs
+from preflight.node import collector, paths, procfs
 from preflight.node.launchfiles import read_file
 
 # The first line of the shipped program's code on its command line (remote.shipping.BOOTSTRAP): it tells a port's
@@ -107,10 +107,12 @@ def shared_file(op, folder, name, token=None):
 class Agent(object):
     """Answers requests: {"op": "time"}, {"op": "listen", "port"}, {"op": "unlisten"},
     {"op": "connect", "address", "port", "timeout_s"}, {"op": "write"|"read"|"remove", "folder", "name",
-    "token"}, {"op": "files", "paths", "cwd"}. While a port is listened on, connections are accepted between requests."""
+    "token"}, {"op": "files", "paths", "cwd"}, {"op": "paths_open"}, {"op": "paths_probe", "peers", "timeout_s",
+    "wait_s"}, {"op": "paths_close"} (preflight.node.paths). While a port is listened on, connections are accepted
+    between requests; the data-path responder answers on its own thread."""
 
     def __init__(self):
-        self.server, self.peers, self.conns = None, [], []
+        self.server, self.peers, self.conns, self.responder = None, [], [], None
 
     def handle(self, request):
         op = request.get("op")
@@ -132,6 +134,18 @@ class Agent(object):
             return dict((p, read_file(p, request["cwd"], True)) for p in request["paths"][:16])
         if op in ("write", "read", "remove"):
             return shared_file(op, request["folder"], request["name"], request.get("token"))
+        if op == "paths_open":
+            self.close_paths()
+            try:
+                self.responder = paths.Responder()
+            except OSError as exc:
+                return {"open": False, "error": exc.strerror or str(exc)}
+            return dict(self.responder.ports(), open=True)
+        if op == "paths_probe":
+            return {"paths": paths.probe(request["peers"], float(request["timeout_s"]), float(request["wait_s"]))}
+        if op == "paths_close":
+            self.close_paths()
+            return {}
         return {"error": "unknown request %r" % op}
 
     def on_readable(self, sock):
@@ -142,6 +156,11 @@ class Agent(object):
         else:
             self.conns.remove(sock)
             sock.close()
+
+    def close_paths(self):
+        if self.responder is not None:
+            self.responder.stop()
+        self.responder = None
 
     def stop_listening(self):
         for conn in self.conns:
@@ -180,6 +199,7 @@ def serve(agent, fd_in, out):
             out.flush()
     finally:
         agent.stop_listening()
+        agent.close_paths()
 
 
 # --- the fabric: RDMA devices and ports, GPUDirect modules, NCCL libraries, Xid events -------------

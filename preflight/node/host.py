@@ -9,6 +9,7 @@ import struct
 import sys
 import time
 
+from preflight.node.paths import port_range
 from preflight.node.secret import REDACTED, secret_name
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_", "ACCELERATE_", "DEEPSPEED_", "DS_", "OMP_",
@@ -28,7 +29,8 @@ def host(options):
     own = {a for addrs in interfaces.values() for a in addrs}
     facts = {"hostname": hostname, "fqdn": socket.getfqdn(), "interfaces": interfaces, "links": links,
              "resolves_to": _resolve(hostname), "kernel": platform.release(),
-             "rdma_devices": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []}
+             "rdma_devices": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else [],
+             "port_range": port_range()}
     facts["resolves_to_own_interface"] = any(a in own for a in facts["resolves_to"] if not a.startswith("127."))
     head = options.get("head")
     if head:
@@ -52,8 +54,8 @@ def _resolve(name):
 def _interfaces(links=None):
     """Interface name -> addresses (IPv4 through an ioctl, IPv6 from /proc). When `links` is a dict, it is
     filled with name -> {"up": IFF_UP, "running": IFF_RUNNING (carrier), "ipv4": ["10.0.0.2/24"] (the
-    interface's primary address and its netmask), "ipv6": ["fe80::1/64", ...]} from the same probe
-    socket (SIOCGIFFLAGS, SIOCGIFNETMASK); an ioctl that fails leaves its field None."""
+    interface's primary address and its netmask), "ipv6": ["fe80::1/64", ...], "mtu": 1500} from the same
+    probe socket (SIOCGIFFLAGS, SIOCGIFNETMASK, SIOCGIFMTU); an ioctl that fails leaves its field None."""
     import fcntl
 
     result = {}
@@ -70,7 +72,11 @@ def _interfaces(links=None):
                 ipv4 = [] if exc.errno == 99 else None  # EADDRNOTAVAIL: no IPv4 address
             if links is None:
                 continue
-            link = links[name] = {"up": None, "running": None, "ipv4": ipv4, "ipv6": []}
+            link = links[name] = {"up": None, "running": None, "ipv4": ipv4, "ipv6": [], "mtu": None}
+            try:
+                link["mtu"] = struct.unpack("i", fcntl.ioctl(probe.fileno(), 0x8921, request)[16:20])[0]  # SIOCGIFMTU
+            except (OSError, struct.error):
+                pass
             try:
                 flags = struct.unpack("H", fcntl.ioctl(probe.fileno(), 0x8913, request)[16:18])[0]  # SIOCGIFFLAGS
                 link["up"], link["running"] = bool(flags & 0x1), bool(flags & 0x40)  # IFF_UP, IFF_RUNNING

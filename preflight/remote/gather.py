@@ -20,9 +20,10 @@ from typing import Callable, Dict, List, Optional
 from preflight import progress
 from preflight.inputs.launchcmd import DEFAULT_PORT
 from preflight.inputs.numbers import bounded_json_int, finite_json_float, refused_json_constant
-from preflight.node import agent, collector, launchfiles
+from preflight.node import agent, collector, launchfiles, paths
 from preflight.runner import is_failed
-from preflight.remote.shapes import FILE, NONE, NUMBER, SECTIONS, kind as _kind, problem, typed as _typed
+from preflight.remote.shapes import (FILE, NONE, NUMBER, PATHS_OPEN, PATHS_PROBE, SECTIONS, kind as _kind, problem,
+                                     typed as _typed)
 from preflight.remote import transport
 from preflight.remote.shipping import AGENT, shipped_command, shipped_input
 from preflight.remote.ssh import load_ssh_settings
@@ -52,6 +53,7 @@ class GatherOptions:
     job_files: Optional[Callable[[dict], List[str]]] = None  # the files a node's own config names (job.view.named_files)
     slurm_job: Optional[str] = None  # srun into this job from outside it (`doctor --slurm-job`)
     census: Optional[dict] = None  # `doctor`: the census of the running job (preflight.node.census); no probes then
+    data_paths: bool = True  # the probes between every pair of nodes (NET007-NET011): routes, names, ports, path MTU
 
 
 BY_HAND = "run the training interpreter (--python) there by hand: does it start, and does anything else write on its output?"
@@ -77,12 +79,14 @@ def node_json(line: str, what: str, **hooks):
 # or missing.
 REQUIRED_SECTIONS = {"schema": int, "python": dict, "packages": dict, "host": dict, "env": dict, "storage": dict,
                      "limits": dict, "memory": dict, "clock": dict, "gpus": dict}
-OTHER_SECTIONS = {"collected_at": NUMBER, "job": (dict, NONE), "fabric": (dict, NONE), "census": (dict, NONE)}
+OTHER_SECTIONS = {"collected_at": NUMBER, "preflight": (str, NONE), "job": (dict, NONE), "fabric": (dict, NONE),
+                  "census": (dict, NONE)}
 # Each request's answer: the keys it must have, and the types of the keys it may have.
 ANSWER_KEYS = {"time": {"time": NUMBER}, "listen": {"bound": bool}, "unlisten": {}, "connect": {"ok": bool},
                "write": {"ok": bool}, "read": {"ok": bool}, "remove": {"ok": bool}, "files": {}}
 ANSWER_OPTIONAL = {"error": (str, NONE), "holders": list, "seconds": NUMBER, "path": (str, NONE),
                    "source": (str, NONE), "peers": list}
+PATH_ANSWERS = {"paths_open": PATHS_OPEN, "paths_probe": PATHS_PROBE}
 
 
 def _shape(value: dict, required: dict, optional: dict) -> Optional[str]:
@@ -101,6 +105,8 @@ def _shape(value: dict, required: dict, optional: dict) -> Optional[str]:
 def _answer_problem(op: str, answer) -> Optional[str]:
     if not isinstance(answer, dict):
         return f"it is {_kind(answer)}, not an object"
+    if op in PATH_ANSWERS:
+        return problem(answer, PATH_ANSWERS[op], "it")
     if op == "files":  # the paths asked for, each with its entry
         return next(filter(None, (problem(entry, FILE, f"the entry for {path[:80]!r}")
                                   for path, entry in answer.items())), None)
@@ -298,6 +304,8 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
         probes = {"port": _probe_port(nodes, options), "head": {"name": names[0], "address": head_address}}
         if options.shared_dir:
             probes["shared_dir"] = _probe_shared_dir(nodes, options)
+        if options.data_paths:
+            probes["paths"] = _probe_paths(nodes, options)
         if options.ntp_server:
             probes["ntp"] = measure_ntp(options.ntp_server, options.timeout)
         if options.collective is not None:  # after the port probe: the slow part, only when COL is selected
@@ -520,3 +528,95 @@ def measure_ntp(server: str, timeout: float) -> dict:
         return {"server": server, "error": str(exc) or type(exc).__name__}
     return {"server": server, "offset_s": response.offset, "bound_s": response.delay / 2,
             "stratum": response.stratum}
+
+
+# --- the data path between every pair: routes, names, an ephemeral port, the path MTU ------------------
+
+PATH_PEERS = 32  # peers each node probes: every pair up to 33 nodes; above, a ring of the next 32 (every node is
+# still dialled by 32 others, so a closed node or a node's bad route shows, at a cost that grows with N, not N^2)
+
+
+def path_schedule(count: int, most: int = PATH_PEERS) -> List[List[int]]:
+    """The peers (indices) each of `count` nodes probes: the next min(count - 1, most) nodes in a ring."""
+    return [[(i + k) % count for k in range(1, min(count - 1, most) + 1)] for i in range(count)]
+
+
+def own_address(facts: Optional[dict]) -> Optional[str]:
+    """The IPv4 address a node reaches the others from: the source of its route to the head, else the first
+    address of an interface other than loopback."""
+    host = (facts or {}).get("host") or {}
+    route = host.get("route_to_head")
+    source = route.get("source") if isinstance(route, dict) else None
+    if isinstance(source, str) and "." in source and not source.startswith("127."):
+        return source
+    for name, addresses in sorted((host.get("interfaces") or {}).items()):
+        for address in addresses if name != "lo" else ():
+            if "." in address and not address.startswith("127."):
+                return address
+    return None
+
+
+def training_interface(facts: Optional[dict]) -> Optional[str]:
+    """The interface that holds the node's own address (own_address)."""
+    address, host = own_address(facts), (facts or {}).get("host") or {}
+    return next((n for n, addrs in sorted((host.get("interfaces") or {}).items()) if address in addrs), None)
+
+
+def training_mtu(facts: Optional[dict]) -> Optional[int]:
+    link = (((facts or {}).get("host") or {}).get("links") or {}).get(training_interface(facts)) or {}
+    mtu = link.get("mtu")
+    return mtu if isinstance(mtu, int) and mtu >= paths.SMALLEST else None
+
+
+def _probe_paths(nodes: List[NodeState], options: GatherOptions) -> dict:
+    """Every reached node opens a listener and a datagram answerer on ephemeral ports; then each probes its
+    scheduled peers at once (route, names, TCP to the listener, do-not-fragment datagrams of the path's MTU);
+    then the listeners close. Each step under its deadline: a node that does not answer is left out."""
+    started = time.monotonic()
+    reached = [n for n in nodes if n.error is None]
+    result = {"peers": {}, "opened": {}, "address": {}, "mtu": {}, "seconds": 0.0}
+    if len(reached) < 2:
+        return result
+    # A SYN is resent after 1 s: 3 s is two tries, and a black-holed peer costs no more than that.
+    step, wait = min(options.timeout, 3.0), min(options.timeout, 1.0)
+    for node in reached:
+        result["address"][node.name], result["mtu"][node.name] = own_address(node.facts), training_mtu(node.facts)
+    opened = _parallel(lambda n: _probe_ask(n, {"op": "paths_open"}, options.timeout), reached, options)
+    result["opened"] = {n.name: answer for n, answer in zip(reached, opened) if answer is not None}
+    schedule = path_schedule(len(reached))
+
+    def peers_of(i: int) -> List[dict]:
+        asked = []
+        for j in schedule[i]:
+            peer, open_ = reached[j], result["opened"].get(reached[j].name) or {}
+            address = result["address"][peer.name]
+            if address is None or not open_.get("open"):
+                continue
+            host = (peer.facts or {}).get("host") or {}
+            names = [peer.name] + ([host["hostname"]] if host.get("hostname") not in (None, peer.name) else [])
+            mine, theirs = result["mtu"][reached[i].name], result["mtu"][peer.name]
+            asked.append({"name": peer.name, "address": address, "names": names, "tcp_port": open_.get("tcp_port"),
+                          "udp_port": open_.get("udp_port"), "mtu": min(mine, theirs) if mine and theirs else None})
+        return asked
+
+    try:
+        def ask(i: int) -> Optional[dict]:
+            node, asked = reached[i], peers_of(i)
+            if node.name not in result["opened"] or not asked:
+                return None
+            budget = paths.probe_budget(len(asked), step, wait)
+            answer = _probe_ask(node, {"op": "paths_probe", "peers": asked, "timeout_s": step, "wait_s": wait},
+                                budget + options.timeout)
+            return None if answer is None else answer["paths"]
+
+        with options.progress.activity("data paths between the nodes", len(reached), reached="",
+                                       answered="probed") as shown:
+            index = {n.name: i for i, n in enumerate(reached)}
+            answers = _parallel(lambda n: ask(index[n.name]), reached, options, shown)
+        result["peers"] = {n.name: a for n, a in zip(reached, answers) if a is not None}
+    finally:
+        _parallel(lambda n: _cleanup_ask(n, {"op": "paths_close"}, options.timeout),
+                  [n for n in reached if n.name in result["opened"] and n.error is None], options)
+    result["seconds"] = round(time.monotonic() - started, 3)
+    return result
+
