@@ -103,6 +103,7 @@ def machine_ranks(ctx) -> Iterator[Finding]:
         yield skip("no node sets its own rank (an elastic rendezvous assigns them, or the head's launcher starts "
                    "every node)")
         return
+    own = [n for n, v in views.items() if v.get("own_rank")]  # `launch` runs the head's launch alone
     ranks = {n: v.get("machine_rank") for n, v in views.items() if isinstance(v.get("machine_rank"), int)}
     views = {n: v for n, v in views.items() if n in ranks}  # a rank that is not a number is JOB001's finding
     count = len(ctx.plan.nodes)
@@ -133,7 +134,11 @@ def machine_ranks(ctx) -> Iterator[Finding]:
                           nodes=tuple(sorted(bad)) or tuple(views), evidence={"missing": missing})
             return
     good = tuple(n for n in views if n not in bad)
-    if good and not bad:
+    if good and not bad and own:
+        yield Finding(Status.PASS, "; ".join(f"machine_rank {ranks[n]} on {_where(views[n], n, 'machine_rank')}"
+                                             for n in good) + f"; {fold(own)} start(s) its own launch with its rank",
+                      nodes=good, evidence={"ranks": ranks, "own_launch": own})
+    elif good and not bad:
         yield Finding(Status.PASS, f"machine ranks 0 to {count - 1}, one per node", nodes=good,
                       evidence={"ranks": ranks})
 
@@ -184,13 +189,23 @@ def rank_zero_host(ctx) -> Iterator[Finding]:
         return
     views = _self_started(ctx)
     static = [n for n, v in views.items() if v.get("rdzv_backend") == "static"]
-    zero = [n for n in static if views[n].get("machine_rank") == 0]
     if not static:
         yield skip("no node sets its own rank (an elastic rendezvous assigns them, or the head's launcher starts "
                    "every node)")
         return
-    if len(zero) != 1:  # JOB002 fails on it
+    # The nodes JOB002 judges: those whose rank is a number (another rank is JOB001's finding)
+    ranked = [n for n in static if isinstance(views[n].get("machine_rank"), int)]
+    zero = [n for n in ranked if views[n].get("machine_rank") == 0]
+    own = [n for n in static if views[n].get("own_rank")]
+    if not ranked:
+        yield skip("no node's machine_rank is a number (see JOB001)", blocked_by="JOB001")
+        return
+    if len(zero) > 1 or not zero and len(ranked) == len(ctx.plan.nodes):  # JOB002 fails on it
         yield skip(f"machine_rank 0 is on {len(zero) or 'no'} node(s), not one (see JOB002)", blocked_by="JOB002")
+        return
+    if not zero:
+        yield skip(f"machine_rank 0 is none of {fold(ranked)}: it is one of {fold(own or static)}, whose own launch "
+                   "is not read here")
         return
     for node in zero:
         view = views[node]
@@ -624,7 +639,9 @@ def _quiet_session(facts: Mapping[str, Any]) -> Iterator[Finding]:
 @check("JOB010", "launcher-on-path", "cluster", tags=["job", "python", "ssh"])
 def launcher_on_path(ctx) -> Iterator[Finding]:
     """The launch command's program (accelerate, torchrun, deepspeed, python) is found on every node's
-    non-interactive SSH PATH, and runs the same interpreter on every node, the one given with --python.
+    non-interactive SSH PATH, and runs the same interpreter on every node, the one given with --python; so are
+    the programs the launch runs by name there: `deepspeed` under accelerate's DeepSpeed runner, and on the
+    head the backend of DeepSpeed's multinode launcher (pdsh, mpirun, ...).
 
     Non-interactive SSH sessions skip the profile that activates the environment: `accelerate` is not
     found, or another one runs (a system Python, another venv) with other versions than the ones
@@ -638,6 +655,7 @@ def launcher_on_path(ctx) -> Iterator[Finding]:
     if not ctx.plan.command:
         yield skip("no launch command given (after `--`)")
         return
+    yield from _run_by_name(views)
     programs = {n: v.get("program") for n, v in views.items() if isinstance(v.get("program"), dict)}
     if not programs:
         yield skip("no node's launch was read")
@@ -665,6 +683,23 @@ def launcher_on_path(ctx) -> Iterator[Finding]:
     if ok:
         yield Finding(Status.PASS, f"{name} is {programs[ok[0]].get('path')}" +
                       (f", run by {majority}" if programs[ok[0]].get("interpreter") else ""), nodes=ok)
+
+
+def _run_by_name(views: Mapping[str, dict]) -> Iterator[Finding]:
+    """A program the launch runs by name on a node (preflight.job.view, "runs"), not on that node's PATH."""
+    missing: Dict[str, List[str]] = {}
+    for node, view in views.items():
+        for name, found in (view.get("runs") if isinstance(view.get("runs"), dict) else {}).items():
+            if isinstance(found, dict) and not found.get("path"):  # None: the node was not asked
+                missing.setdefault(name, []).append(node)
+    for name, nodes in missing.items():
+        why = ("accelerate runs DeepSpeed's runner by that name, and stops with FileNotFoundError: 'deepspeed'"
+               if name == "deepspeed" else
+               "DeepSpeed's runner looks for it to start the nodes, and stops with \"launcher '...' not installed\"")
+        yield Finding(Status.FAIL, f"{name} is not found on the non-interactive SSH PATH of {fold(nodes)}, where the "
+                      f"launch runs it by name: {why}", f"put the folder of {name} on PATH for non-interactive "
+                      "sessions (sshd's SetEnv, the top of ~/.bashrc)", nodes=tuple(nodes),
+                      evidence={"program": name})
 
 
 def _same_environment(a: str, b: str) -> bool:

@@ -58,6 +58,9 @@ def evaluate(reg, args, gather=None):
     words = launch_command(args)
     if batch is not None and not words and batch.main is not None:
         words = list(batch.main.command.argv)  # the script's launch line, as the lines after `--` are judged
+    manifest = k8s_manifest(args)
+    if manifest is not None and not words and manifest.main is not None:
+        words = list(manifest.main[2].launch.command.argv)  # the container's launch, judged as `-- COMMAND` is
     command = launchcmd.parse(words)
     config, deepspeed = args.config, args.deepspeed
     if batch is not None and deepspeed is None:
@@ -94,8 +97,10 @@ def evaluate(reg, args, gather=None):
         python=getattr(args, "python", None),
         memory=models.inputs(args, profile),
         batch=batch,
+        manifest=manifest,
     )
-    given = config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None) or batch
+    given = config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None) or batch \
+        or manifest
     if args.command == "lint" and not given:
         print("preflight: nothing to lint: no --config, --deepspeed, --hostfile or --model, and no accelerate default "
               f"config at {accelerate_default_config()}", file=sys.stderr)
@@ -168,7 +173,9 @@ def run(reg, args) -> int:
         if plan.remote and launchcmd.is_accelerate_launch(command):  # every node, with its rank (README)
             return launcher.run(plan.nodes, ctx.probes["head"]["address"], plan.port, command,
                                 ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, timeout=args.timeout,
-                                progress=for_stderr(args.json))
+                                progress=for_stderr(args.json),
+                                runner=launcher.head_runner(ctx.probes.get("job"), plan.head))
+        command = launcher.here_command(command)
         try:
             os.execvp(command[0], command)  # the job keeps our PID, signals and exit code
         except OSError as exc:
@@ -210,6 +217,18 @@ def sbatch_script(args):
     if path == "":
         raise UsageError("--sbatch is an empty path")
     return batchscript.load(path)
+
+
+def k8s_manifest(args):
+    """--k8s MANIFEST, read as the cluster will run it (preflight.inputs.manifests), or None."""
+    path = getattr(args, "k8s", None)
+    if path is None:
+        return None
+    from preflight.inputs import manifests
+
+    if path == "":
+        raise UsageError("--k8s is an empty path")
+    return manifests.load(path)
 
 
 def batch_deepspeed_file(command) -> Optional[str]:
@@ -315,6 +334,9 @@ def _transport(args) -> str:
     return "srun" if args.command in ("check", "doctor") and getattr(args, "slurm", False) and srun.usable() else "ssh"
 
 
+DATA_PATH_CHECKS = frozenset(("NET007", "NET008", "NET009", "NET010", "NET011"))  # read the pairwise path probes
+
+
 def gather_for(plan, args, specs=()):
     """Facts and probes: over SSH for a target, in-process for this machine alone. The all-reduce (the slow
     part) runs only over SSH, and only when a COL check is selected."""
@@ -340,6 +362,8 @@ def gather_for(plan, args, specs=()):
         ntp_server=getattr(args, "ntp_server", None),
         progress=for_stderr(args.json),
         collective=collective,
+        # the probes between every pair of nodes, only when a check that reads them is selected
+        data_paths=any(s.id in DATA_PATH_CHECKS for s in specs),
         transport=_transport(args),
         job=view.request(plan),
         job_files=view.named_files,

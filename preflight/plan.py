@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from preflight.inputs.inventory import head_first
-from preflight.inputs.launchcmd import DEFAULT_PORT, RANK_FLAGS
+from preflight.inputs.launchcmd import DEFAULT_PORT, RANK_FLAGS, is_accelerate_launch
 from preflight.inputs.configs import (
     AccelerateConfig,
     DISTRIBUTED_TYPES,
@@ -63,11 +63,13 @@ class Plan:
     config_path: Optional[str] = None  # --config as given: each node resolves it in the job's directory
     deepspeed_path: Optional[str] = None  # --deepspeed as given
     workdir: Optional[str] = None  # the job's working directory on every node (this one's)
-    expand_vars: bool = True  # $VAR in the command is each node's (check); `launch` quotes every word
+    expand_vars: bool = True  # $VAR in the command is each node's; `launch` over SSH quotes every word
     sets_ranks: bool = False  # `launch` over SSH gives each node its rank flags (preflight.gate.launcher)
+    runs_here: bool = False  # `launch` execs the command on the head alone: the other nodes start their own
     python: Optional[str] = None  # --python: the interpreter whose versions the facts hold
     memory: Optional[Any] = None  # preflight.inputs.models.Inputs: --model, --gpu-memory, --host-memory, --seq-len
     batch: Optional[Any] = None  # preflight.inputs.batchscript.BatchScript: --sbatch; its launch line is `command`
+    manifest: Optional[Any] = None  # preflight.inputs.manifests.Manifest: --k8s; its main container's launch is `command`
 
     @property
     def head(self) -> Optional[str]:
@@ -164,6 +166,7 @@ def build_plan(
     python: Optional[str] = None,
     memory: Optional[Any] = None,
     batch: Optional[Any] = None,
+    manifest: Optional[Any] = None,
 ) -> Plan:
     """Load every input; unreadable input raises InputError (exit 2).
 
@@ -211,11 +214,13 @@ def build_plan(
         config_path=config_path,
         deepspeed_path=deepspeed,
         workdir=os.getcwd(),
-        expand_vars=not launching,
+        expand_vars=not (launching and remote and is_accelerate_launch(command)),
         sets_ranks=launching and remote,
+        runs_here=launching and remote and not is_accelerate_launch(command),
         python=python,
         memory=memory,
         batch=batch,
+        manifest=manifest,
     )
 
 

@@ -4,7 +4,9 @@ Each node gets the same command, run in the same working directory, with `--mach
 `--main_process_ip <the head's checked address>`, `--main_process_port <the plan's port>` and
 `--num_machines <the number of nodes>` inserted after `accelerate launch` (the user's own values of these
 four are dropped). Nothing of this machine's environment is passed: each node runs the command in the
-environment its SSH session gets (sshd's SetEnv, the shell's startup files).
+environment its SSH session gets (sshd's SetEnv, the shell's startup files). When the launch is DeepSpeed's
+runner from the head (accelerate's DeepSpeed with the pdsh, openmpi, mvapich, mpich or slurm multinode
+launcher), it starts on the head alone: that runner starts every node itself.
 
 Every node's output comes here as it comes, each line (and each `\\r` redraw of a progress bar) prefixed
 with `[node] `. When one node's launcher exits
@@ -23,7 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, TextIO
+from typing import List, Mapping, Optional, Sequence, TextIO
 
 from preflight.progress import Activity, Progress, for_stderr
 from preflight.inputs.launchcmd import rank_command
@@ -31,6 +33,23 @@ from preflight.remote.ssh import SSHConnection, load_ssh_settings
 from preflight.remote.session import NodeError, run_with_deadline
 
 EXIT_LOST = 255  # a node whose session ended without an exit status (as ssh says it)
+
+
+def head_runner(job: Optional[Mapping], head: str) -> Optional[str]:
+    """The multinode launcher with which DeepSpeed's runner on the head starts every node, when the head's
+    effective launch is that runner (preflight.job.view: started_by "head"); None when every node starts its own.
+    accelerate/utils/launch.py, prepare_deepspeed_cmd_env: any deepspeed_multinode_launcher but 'standard'
+    (torchrun) and 'nossh' (--no_ssh, with each node's --node_rank) runs `deepspeed --launcher L` on the head."""
+    view = ((job or {}).get("nodes") or {}).get(head) or {}
+    if view.get("started_by") != "head":
+        return None
+    return str(view.get("multinode_launcher") or "pdsh")
+
+
+def here_command(command: Sequence[str]) -> List[str]:
+    """The command `launch` execs on this node, as a shell here reads `$VAR`: the verdict judged each node's
+    launch with that node's own values (preflight.node.launchfiles.facts, os.path.expandvars)."""
+    return [os.path.expandvars(word) for word in command]
 
 
 def remote_command(cwd: str, args: Sequence[str]) -> str:
@@ -140,13 +159,16 @@ def _pump(recv, output: _Output, stream: TextIO, prefix: str) -> None:
 
 def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *, ssh_config: Optional[str] = None,
         accept_new: bool = False, timeout: float = 30.0, cwd: Optional[str] = None, pty: bool = True,
-        out: TextIO = None, err: TextIO = None, progress: Optional[Progress] = None) -> int:
+        out: TextIO = None, err: TextIO = None, progress: Optional[Progress] = None,
+        runner: Optional[str] = None) -> int:
     """Run `command` (an `accelerate launch` line) on every node; the first non-zero exit, or 0. `progress`: the
-    status line while the nodes are reached and the job started (default: live when `err` is a terminal)."""
+    status line while the nodes are reached and the job started (default: live when `err` is a terminal).
+    `runner`: head_runner's answer; then the head alone is started, and its DeepSpeed runner starts the rest."""
     out, err = out or sys.stdout, err or sys.stderr
     progress = progress or for_stderr(False, err)
     cwd = cwd or os.getcwd()
     runs = [_Node(name, rank, rank_command(command, rank, address, port, len(nodes))) for rank, name in enumerate(nodes)]
+    runs = runs[:1] if runner else runs
     output = _Output(out, err, progress.stop)
     exits: "queue.Queue[_Node]" = queue.Queue()
     threads: List[threading.Thread] = []
@@ -175,8 +197,12 @@ def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *
             for name, exc in errors:
                 say(f"not launching: {name}: {exc.message} ({exc.remediation})")
             return 1
-        say(f"launching on {len(runs)} node(s), main process {address}:{port}: "
-            + ", ".join(f"{n.name} (machine_rank {n.rank})" for n in runs))
+        if runner:
+            say(f"launching on {runs[0].name} (machine_rank 0) alone, main process {address}:{port}: DeepSpeed's "
+                f"runner there starts the job's {len(nodes)} node(s) over {runner}")
+        else:
+            say(f"launching on {len(runs)} node(s), main process {address}:{port}: "
+                + ", ".join(f"{n.name} (machine_rank {n.rank})" for n in runs))
         starting = progress.activity("launch: starting the job", len(runs), reached="", answered="started")
         for node in runs:
             starting.start(node.name)

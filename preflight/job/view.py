@@ -40,6 +40,10 @@ NOT_DIGESTED_KEYS = PER_NODE_KEYS | NOT_READ_KEYS | {"main_process_ip"}
 # Script arguments that name a DeepSpeed config: transformers' TrainingArguments.deepspeed, and deepspeed's own
 # --deepspeed_config (deepspeed/__init__.py, add_config_arguments).
 DEEPSPEED_ARGUMENTS = ("--deepspeed", "--deepspeed_config")
+# The program each of DeepSpeed's multinode launchers needs on the head, by name on its PATH: the runner stops
+# with "launcher '...' not installed" without it (deepspeed/launcher/multinode_runner.py, each backend_exists).
+RUNNER_BACKENDS = {"pdsh": "pdsh", "openmpi": "ompi_info", "mpich": "mpirun", "impi": "mpirun", "mvapich": "mpiname",
+                   "slurm": "sinfo"}
 
 
 def request(plan) -> dict:
@@ -62,6 +66,8 @@ def request(plan) -> dict:
     programs = ["python3"]
     if cmd is not None and cmd.from_program:
         programs.insert(0, cmd.from_program[0])
+    if cmd is not None and cmd.launcher in ("accelerate", "deepspeed"):  # what they may run by name (launch())
+        programs += ["deepspeed", *dict.fromkeys(RUNNER_BACKENDS.values())]
     return {"cwd": plan.workdir or os.getcwd(), "argv": list(plan.command), "config": config,
             "default_config": accelerate and not (cmd is not None and cmd.flag("cpu")),
             "files": list(dict.fromkeys(f for f in files if f)), "text": text, "programs": programs,
@@ -273,6 +279,7 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         return flag_int(value), source
 
     ds_doc = None
+    by_name: List[str] = []  # the programs the launch runs by name on this node, beside its own launcher
     if launcher == "accelerate":
         # accelerate takes int() of it: "1" in the file works
         out.first("machine_rank", flag("machine_rank"), number_in_file("machine_rank"), default=0)
@@ -361,8 +368,11 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
             out.set("world_size", None, f"accelerate's {path} launcher")
             out.set("rdzv_backend", "none", f"accelerate's {path} launcher")
         # nossh: every node runs DeepSpeed's runner itself with --node_rank (utils/launch.py).
-        head_starts = deepspeed_runner(path, machines, out.values["multinode_launcher"]) == "head"
+        runner = deepspeed_runner(path, machines, out.values["multinode_launcher"])
+        head_starts = runner == "head"
         started_by = "head" if head_starts else "self"
+        if runner is not None:  # prepare_deepspeed_cmd_env: cmd = ["deepspeed", ...], found on this node's PATH
+            by_name.append("deepspeed")
         if head_starts:  # accelerate passes --hostfile str(deepspeed_hostfile): "None" when it is not set
             out.first("hostfile", flag("deepspeed_hostfile"), in_file("deepspeed_config", "deepspeed_hostfile"),
                       default="None")
@@ -403,10 +413,15 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
             out.set("rdzv_backend", "static", "DeepSpeed's runner")
         else:
             started_by = "head"  # the runner on the first node starts every node (pdsh by default)
+            out.first("multinode_launcher", flag("launcher"), default="pdsh")
         out.first("hostfile", flag("hostfile"), default=DEEPSPEED_HOSTFILE)
         out.first("host_filter", flag("include"), flag("exclude"), flag("num_nodes"))
     else:
         started_by = "self"
+    if started_by == "head" and isinstance(out.values.get("multinode_launcher"), str):
+        backend = RUNNER_BACKENDS.get(out.values["multinode_launcher"].lower())  # runner.py: args.launcher.lower()
+        by_name += [backend] if backend else []
+    programs = job.get("programs") if isinstance(job.get("programs"), dict) else {}
     facts = {
         # Without a command or a config, nothing says how this node launches: not compared.
         "known": command is not None or doc is not None or bool(problems),
@@ -421,6 +436,7 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         if ds_doc is not None else None,
         "accelerate_settings": {k: (v, doc.line(k)) for k, v in as_launched(data).items()} if doc is not None else None,
         "script": command.script if command is not None else None,
+        "runs": {name: _clean_program(programs.get(name)) for name in by_name},
         "hosts": _hosts(job, out.values.get("hostfile")),
         "files": {name: _clean_file(entry) for name, entry in
                   ((job.get("files") if isinstance(job.get("files"), dict) else {}).items()) if isinstance(entry, dict)},
@@ -550,6 +566,11 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dic
         except Exception as exc:  # what a node sent is not to be trusted: its launch is unknown, said so
             result["nodes"][node] = {"known": True, "launcher": "other", "started_by": "self", "sources": {},
                                      "problems": [f"its job facts cannot be read ({type(exc).__name__}: {exc})"]}
+    if plan.runs_here and not _rank_per_node(raw):
+        for node, view in result["nodes"].items():
+            if node != plan.head and "machine_rank" in view:
+                view.update(machine_rank=None, own_rank=True)
+                view["sources"]["machine_rank"] = "its own launch: the gate starts the head's alone"
     head = result["nodes"].get(plan.head) or {}
     if head.get("started_by") == "head":
         for node, view in result["nodes"].items():
@@ -559,6 +580,13 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dic
                 result["nodes"][node].update(started_by="head", sources={}, problems=[])
     result["reached"] = nodes
     return result
+
+
+def _rank_per_node(command: Optional[launchcmd.LaunchCommand]) -> bool:
+    """Whether the command's rank (torchrun's and DeepSpeed's --node_rank) is each node's own, a `$VAR` each node
+    sets: a rank written out (or the launcher's default) is the launch of the node that runs this command."""
+    rank = command.get("node_rank") if command is not None else None
+    return isinstance(rank, str) and UNEXPANDED.search(rank) is not None
 
 
 def _node_view(node: str, node_facts: dict, job: dict, argv: List[str], names: Mapping[str, Optional[str]],
@@ -594,7 +622,8 @@ def plan_rows(job: Mapping[str, Any]) -> List[dict]:
         program = v.get("program") or {}
         main = f"{v.get('main_ip') or '?'}:{v.get('main_port') or '?'}" if v.get("main_ip") or v.get("main_port") else None
         rows.append({
-            "node": node, "machine_rank": v.get("machine_rank") if v.get("started_by") == "self" else "by head",
+            "node": node, "machine_rank": "by head" if v.get("started_by") != "self" else
+            "its own" if v.get("own_rank") else v.get("machine_rank"),
             "main": main, "num_machines": v.get("num_machines"), "processes": v.get("processes"),
             "world_size": v.get("world_size"), "distributed_type": v.get("distributed_type"),
             "precision": v.get("mixed_precision"), "zero_stage": v.get("zero_stage"), "config": v.get("config"),
