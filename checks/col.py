@@ -8,6 +8,7 @@ from preflight.api import Finding, Status, cause_of, check, fold, skip
 from preflight.job.nccl import rdma_devices_nccl_may_use
 from preflight.collective.options import format_size
 from preflight.collective.nccllog import over_sockets
+from preflight.collective.pairwise import SLOWER, findings
 
 FIXES = {
     "import": "make `{python} -c 'import torch'` work on {node}: install torch there (the same version as on the "
@@ -26,6 +27,11 @@ FIXES = {
               "address (NET001), GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME must name that interface (NET005), and "
               "the firewall must let the nodes connect to each other on any port (gloo and NCCL use ephemeral ports)",
     "failed": "run the job's backend by hand on {node} to see the error; the tail in the evidence is its output",
+    "link": "check the path between {node} and {peers}: a firewall or security group between them (gloo and NCCL "
+            "connect on ephemeral ports), a route that takes another interface, a switch port; `preflight check "
+            "--only COL` again shows the matrix (COL004)",
+    "link-row": "check {node}'s network: the other nodes cannot exchange data with it point to point (a firewall on "
+                "{node} that lets in only some ports, its training interface, its route to the others)",
 }
 
 
@@ -118,7 +124,11 @@ def allreduce(ctx) -> Iterator[Finding]:
             done += f"; {_measured(result)}"
         yield Finding(Status.PASS, done, nodes=tuple(passed), evidence=figures)
     cleared = list(probe.get("cleared") or [])
-    if cleared:
+    by_pairs = any(f.get("kind") in ("link", "link-row") for f in (probe.get("blamed") or {}).values())
+    if cleared and by_pairs:
+        yield Finding(Status.PASS, "passes point to point with every peer it met in pairs of nodes (the full group "
+                      "failed: see the nodes named, and COL004)", nodes=tuple(cleared), evidence=figures)
+    elif cleared:
         yield Finding(Status.PASS, f"passes an all-reduce with the head {head} (the full group failed: see the node "
                       "named)", nodes=tuple(cleared), evidence=figures)
 
@@ -147,6 +157,13 @@ def _blame(node, fault, head, port, python, probe, figures) -> Finding:
         stage = fault.get("stage")
         if stage:
             message = f"{message} (stage {stage})"
+    elif kind == "link":
+        links = fault.get("links") or []
+        message = (f"the all-reduce fails, and in pairs of nodes the link(s) {node} - {fold([p for p, _ in links])} "
+                   f"fail while {node} passes with its other peers: {_line(links[0][1]) if links else error}")
+    elif kind == "link-row":
+        message = (f"the all-reduce fails, and in pairs of nodes {node} fails with every peer "
+                   f"({fold(fault.get('peers') or [])}) while they pass with each other: {error}")
     elif kind == "died":
         message = f"a rank process died: {error}"
     elif kind == "start":
@@ -158,7 +175,8 @@ def _blame(node, fault, head, port, python, probe, figures) -> Finding:
     else:
         message = f"the all-reduce failed: {error}"
         kind = "failed"
-    fix = FIXES.get(kind, FIXES["failed"]).format(node=node, head=head, port=port, python=python)
+    peers = fold([p for p, _ in fault.get("links") or []]) or "its peers"
+    fix = FIXES.get(kind, FIXES["failed"]).format(node=node, head=head, port=port, python=python, peers=peers)
     evidence = dict(figures, kind=fault.get("kind"), stage=fault.get("stage"), error=fault.get("error"),
                     tail=fault.get("tail"))
     return Finding(Status.FAIL, message, fix, nodes=(node,), evidence=evidence)
@@ -238,11 +256,13 @@ def allreduce_bandwidth(ctx) -> Iterator[Finding]:
 @check("COL003", "nccl-transport", "cluster", tags=["collective", "nccl", "rdma"])
 def nccl_transport(ctx) -> Iterator[Finding]:
     """After the all-reduce with NCCL, NCCL moved data between the nodes over the RDMA devices they have, not
-    over TCP sockets (read from its INFO lines: 'Using network IB', the channels 'via NET/IB').
+    over TCP sockets (read from its INFO lines: 'Using network IB', the channels 'via NET/IB'), and with
+    GPUDirect RDMA where the node has HCAs.
 
     NCCL falls back to sockets without an error when it finds no usable HCA (a port down, no libibverbs in
-    the training environment, NCCL_IB_HCA naming nothing, a container without the devices): the job runs,
-    several times slower, and nothing says why.
+    the training environment, NCCL_IB_HCA naming nothing, a container without the devices), and to staging
+    every transfer through host memory when it sees no peer-memory client (RDMA004): the job runs, several
+    times slower, and nothing says why.
 
     Read the INFO lines in the evidence: 'NET/IB : No device found' means NCCL saw no HCA; bring the ports up
     (RDMA001), install rdma-core / libibverbs in the training environment, or set NCCL_IB_HCA to the HCAs.
@@ -280,6 +300,13 @@ def nccl_transport(ctx) -> Iterator[Finding]:
                           evidence=dict(evidence, rdma_devices=devices))
             continue
         said = f"NCCL network {found.get('network') or ', '.join(found.get('channels') or [])}"
+        if not over_sockets(found) and found.get("gdr") is False and devices:
+            # Over the HCAs, but every transfer between nodes staged through host memory: a job that runs slowly.
+            yield Finding(Status.WARN, f"{said} without GPUDirect RDMA on {node}, which has HCAs NCCL may use "
+                          f"({', '.join(devices)}): NCCL stages every transfer between nodes through host memory",
+                          f"see RDMA004 on {node}: load nvidia_peermem, or install NCCL 2.23 or newer where it is loaded",
+                          nodes=(node,), evidence=dict(evidence, rdma_devices=devices))
+            continue
         if over_sockets(found):
             said += " (TCP sockets: no RDMA device NCCL may use on this node)"
         elif found.get("gdr") is not None:
@@ -289,3 +316,72 @@ def nccl_transport(ctx) -> Iterator[Finding]:
         yield Finding(Status.PASS, said, nodes=tuple(nodes), evidence=evidence)
 
 
+
+
+@check("COL004", "pairwise-links", "cluster", tags=["collective", "network", "pairwise", "bandwidth"])
+def pairwise_links(ctx) -> Iterator[Finding]:
+    """Every pair of nodes moves data point to point (a gloo group of two per pair, in rounds of disjoint pairs
+    that cover every pair, or a sample of rounds on large clusters), and no node is several times slower against
+    every peer than the links between the other nodes (a straggler); the node x node matrix of bandwidth and
+    failures is in the evidence and drawn in the HTML report.
+
+    One link that drops traffic (a firewall rule between two nodes, a route over the wrong interface) breaks
+    every collective with an error that names no node, and one node on a slow link makes the whole job run at
+    its speed; the all-reduce alone says only that the group fails or crawls, the matrix says which link.
+
+    Check the path between the nodes named (firewall rules between them on any port, their routes and
+    interfaces: ip route get ADDR, ethtool, ip -s link); a straggler row is the node's own link.
+    """
+    probe, figures, skipped = _collective(ctx)
+    if skipped:
+        yield skipped
+        return
+    matrix = probe.get("pairwise")
+    if not matrix:
+        nodes = len(probe.get("nodes") or [])
+        why = ("one node: no pair to measure" if nodes < 2 else
+               "the pairwise phase did not run (the all-reduce failed at a node COL001 names, or no time was left: "
+               "raise --timeout)")
+        yield skip(why, blocked_by="COL001", **figures)
+        return
+    said = findings(matrix)
+    evidence = dict(figures, matrix=matrix)
+    named = set()
+    out = []
+    for node in said["failed_rows"]:
+        named.add(node)
+        errors = [e for e in matrix["errors"][matrix["nodes"].index(node)] if e]
+        out.append(Finding(Status.FAIL, f"fails point to point with every peer it was paired with, while they pass "
+                           f"with each other: {_line(errors[0] if errors else None)}",
+                           f"check {node}'s network: its firewall (gloo and NCCL connect on ephemeral ports), its "
+                           "training interface and its routes to the other nodes", nodes=(node,)))
+    for a, b, why in said["failed_links"]:
+        named.update((a, b))
+        out.append(Finding(Status.FAIL, f"the link {a} - {b} fails point to point ({_line(why)}); both pass with "
+                           "their other peers", f"check the path between {a} and {b}: a firewall rule between them, "
+                           f"a route that takes another interface (ip route get on each), the switch ports",
+                           nodes=(a, b)))
+    for node, row in sorted(said["stragglers"].items()):
+        named.add(node)
+        ratio = row["peers_median_gbps"] / row["gbps"] if row["gbps"] else float("inf")
+        out.append(Finding(Status.FAIL, f"a straggler: every link of {node} is at most {row['gbps']:.3g} GB/s, "
+                           f"{ratio:.0f}x below the {row['peers_median_gbps']:.3g} GB/s median of the links between "
+                           f"the other nodes (more than {SLOWER:g}x)",
+                           f"check {node}'s link: its speed and errors (ethtool, ip -s link), a shaper (tc qdisc), "
+                           "the interface NCCL/gloo use (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME)", nodes=(node,)))
+    for a, b, gbps, expected in said["slow_links"]:
+        out.append(Finding(Status.WARN, f"the link {a} - {b} moves {gbps:.3g} GB/s, over {SLOWER:g}x below the "
+                           f"{expected:.3g} GB/s of both ends' other links", f"check the path between {a} and {b}",
+                           nodes=(a, b)))
+    rest = [n for n in matrix["nodes"] if n not in named]
+    if rest:
+        rates = [v for row in matrix["gbps"] for v in row if v is not None]
+        span = f", {min(rates):.3g}-{max(rates):.3g} GB/s" if rates else ""
+        sample = (f" (a sample of {matrix['rounds']} of {matrix['tournament_rounds']} rounds)"
+                  if matrix["sampled"] else "")
+        out.append(Finding(Status.PASS, f"{matrix['pairs_measured']} pair(s) of {len(matrix['nodes'])} node(s) "
+                           f"measured point to point{sample}{span}: no failed link, no straggler",
+                           nodes=tuple(rest)))
+    for i, finding in enumerate(out):  # the matrix once, in the first result (it grows with the nodes squared)
+        yield Finding(finding.status, finding.message, finding.remediation, nodes=finding.nodes,
+                      evidence=evidence if i == 0 else dict(figures, matrix_in_first_result=True))

@@ -12,8 +12,11 @@ controller closing every session at the run's end (outside; a closed session kil
 1. the full run over every node that was reached (a node without torch is blamed without running);
 2. when it fails and the reports name nodes at fault (torch does not import, a process died, nothing
    reached the head's rendezvous), a rerun without them, so that the others get a verdict of their own;
-3. when a run fails without naming anyone (a hang, wrong values), or is below --min-busbw, a bisect:
-   the head with halves of the other nodes, down to pairs, as far as the time allows.
+3. when a run fails without naming anyone (a hang, wrong values): the pairwise phase's matrix
+   (preflight.collective.pairwise; measured by the run's own workers at the rendezvous, else in a run of its
+   own) names the failed links or the node that fails with every peer; when it names none, or the run is
+   below --min-busbw, a bisect: the head with halves of the other nodes, down to pairs, as far as the time
+   allows.
 
 Each run has a token of its own that every rank must find in the store (preflight.node.allreduce): a run
 whose port another run (or another process) holds ends with doc["clash"], which blames no node.
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from preflight import progress
-from preflight.collective import nccllog
+from preflight.collective import nccllog, pairwise
 from preflight.collective.options import DEFAULT_SIZES, format_size
 from preflight.inputs.numbers import is_int, is_number
 from preflight.remote.shapes import worker_report_problem
@@ -48,6 +51,7 @@ RETURN_S = 1.0  # time for a node's line to come back after its worker's own dea
 ABORT_GRACE_S = 1.5  # how long an aborted node has to send its line
 MIN_RUN_S = 4.0  # below this, a run cannot even import torch and meet: do not start one
 MAX_RERUNS = 2
+PAIR_SHARE = 0.6  # of the time left after a failed run, for the pairwise phase alone (the bisect gets the rest)
 TAIL_CHARS = 1200
 
 # Kinds of rank failure that name their own node, and make waiting for the others pointless.
@@ -301,9 +305,15 @@ class _Phase:
         return resolved[0] if isinstance(resolved, list) and resolved else self.head_address
 
     def run(self, names: List[str], budget: float, sizes: Sequence[int], purpose: str) -> dict:
-        """One all-reduce over `names` (the first is rank 0's node); every session closed on return."""
+        """One all-reduce over `names` (the first is rank 0's node), its workers measuring the pairwise phase at
+        the rendezvous first (a full run or a rerun); purpose "pairwise": that phase alone, one gloo rank per
+        node. Every session closed on return."""
         budget = max(0.0, min(budget, self.left()))
-        world = len(names) * self.procs
+        alone = purpose == "pairwise"
+        procs, backend = (1, "gloo") if alone else (self.procs, self.backend)
+        pairs = pairwise.spec(len(names), max(sizes or [pairwise.PAIR_BYTES])) \
+            if len(names) > 1 and purpose != "bisect" else None
+        world = len(names) * procs
         started = time.monotonic()
         deadline = started + budget
         env: Dict[str, str] = {}  # NCCL_DEBUG is the worker's to set: it keeps the user's (preflight.node.allreduce)
@@ -314,13 +324,17 @@ class _Phase:
         token = secrets.token_hex(8)  # this run's, not the phase's: a previous run's store may still be closing
 
         def node_run(index: int, name: str) -> None:
-            ranks = list(range(index * self.procs, (index + 1) * self.procs))
+            ranks = list(range(index * procs, (index + 1) * procs))
+            payload = {"master_addr": self.master_addr(name), "master_port": self.port, "world_size": world,
+                       "ranks": ranks, "backend": backend, "sizes": list(sizes), "timeout_s": self.options.timeout,
+                       "budget_s": max(1.0, budget - RETURN_S), "env": env, "run": token, "progress": True}
+            if pairs:
+                payload["pairs"] = pairs
+            if alone:
+                payload["mode"] = "pairs"
             try:
-                report = self._node_report(name, ranks, {
-                    "master_addr": self.master_addr(name), "master_port": self.port, "world_size": world,
-                    "ranks": ranks, "backend": self.backend, "sizes": list(sizes), "timeout_s": self.options.timeout,
-                    "budget_s": max(1.0, budget - RETURN_S), "env": env, "run": token, "progress": True},
-                    deadline, stop, sessions, lock, lambda position: moved(name, position))
+                report = self._node_report(name, ranks, payload, deadline, stop, sessions, lock,
+                                           lambda position: moved(name, position))
             except Exception as exc:  # whatever the node sent: its failure, never a thread's traceback
                 report = _protocol_failure(f"preflight could not read it: {type(exc).__name__}: {exc}")
             with lock:
@@ -333,7 +347,10 @@ class _Phase:
             stage, size = position
             if stage == 2:
                 return f"size {size} of {len(sizes)} ({format_size(sizes[size - 1])})"
-            return "rendezvous" if stage == 1 else f"importing torch, rendezvous, sizes to {format_size(max(sizes))}"
+            if stage == 1:
+                return "rendezvous"
+            return f"importing torch, rendezvous, sizes to {format_size(max(sizes))}" if sizes else \
+                "importing torch, rendezvous, pairs of nodes"
 
         positions = {name: (0, 0) for name in names}  # (0 import, 1 rendezvous, 2 sweep; size), from the lines
 
@@ -346,10 +363,11 @@ class _Phase:
                 shown.note("starting ranks", place(min(positions[n] for n in names if n not in reports)))
 
         step = f"bisect step {1 + sum(r['purpose'] == 'bisect' for r in self.runs)}" if purpose == "bisect" else (
-            "full run" if purpose == "full" else f"rerun {purpose}")
+            "full run" if purpose == "full" else "pairs of nodes" if alone else f"rerun {purpose}")
         shown = self.shown = progress.of(self.options.progress).activity(  # the status line while this run lasts
-            f"all-reduce {step} ({world} {self.backend} ranks)", len(names), "started",
-            "reported", limit=budget, short="all-reduce" + {"full": "", "bisect": f" {step}"}.get(purpose, " rerun"))
+            f"all-reduce {step} ({world} {backend} ranks)", len(names), "started",
+            "reported", limit=budget, short="all-reduce" + {"full": "", "bisect": f" {step}",
+                                                            "pairwise": " pairs"}.get(purpose, " rerun"))
         shown.note("starting ranks", place((0, 0)))
         shown.starts(names)
         threads = [threading.Thread(target=node_run, args=(i, n), daemon=True) for i, n in enumerate(names)]
@@ -375,7 +393,8 @@ class _Phase:
                "master_addr": self.master_addr(names[0]), "budget_s": round(budget, 3),
                "elapsed_s": round(time.monotonic() - started, 3), "sizes": list(sizes),
                "figures": figures(rank0.get("sizes") or []) if ok else None,
-               "skipped_sizes": rank0.get("skipped_sizes") or [], "sum_check": rank0.get("check"), "reports": final}
+               "skipped_sizes": rank0.get("skipped_sizes") or [], "sum_check": rank0.get("check"), "reports": final,
+               "pairwise": pairwise.matrix(names, final, pairs, run_elapsed(final)) if pairs else None}
         self.runs.append(run)
         return run
 
@@ -392,12 +411,13 @@ class _Phase:
             with lock:
                 sessions[name] = proc
             self.shown.reach(name)
-            report = self._read(proc, deadline, stop, ranks, len(payload["sizes"]), moved)
+            report = self._read(proc, deadline, stop, ranks, len(payload["sizes"]), moved,
+                                payload.get("mode") == "pairs")
         report["master_addr"] = payload["master_addr"]
         return report
 
     def _read(self, proc, deadline: float, stop: threading.Event, ranks: List[int], sizes: int,
-              moved: Callable[[Tuple[int, int]], None]) -> dict:
+              moved: Callable[[Tuple[int, int]], None], pairs_only: bool = False) -> dict:
         """The node's report line (its lines of progress before it go to `moved`), or why there is none."""
         abort_sent = False
         while True:
@@ -441,11 +461,19 @@ class _Phase:
                 if position is not None:
                     moved(position)
                 continue
-            wrong = worker_report_problem(report, ranks)
+            wrong = pairwise.report_problem(report, ranks) if pairs_only else \
+                worker_report_problem(report, ranks) or pairwise.pairs_problem(report)
             if wrong:
                 return _protocol_failure(wrong, _stderr(proc))
             report.setdefault("kind", None)
             return report
+
+
+def run_elapsed(reports: Dict[str, dict]) -> Optional[float]:
+    """The pairwise phase's cost: the slowest node's time in it (its ranks' "pairs_s")."""
+    times = [r.get("pairs_s") for report in reports.values() for r in report.get("ranks") or []
+             if is_number(r.get("pairs_s")) and not isinstance(r.get("pairs_s"), bool)]
+    return round(max(times), 3) if times else None
 
 
 def progress_position(line, ranks: Sequence[int], sizes: int) -> Optional[Tuple[int, int]]:
@@ -553,6 +581,7 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
             doc["untested"][name] = "still failing after reruns without the nodes at fault"
         return
     if run["ok"]:
+        doc["pairwise"] = run.get("pairwise")
         doc["passed"] = list(group)
         doc["result"] = {"nodes": list(group), "world_size": run["world_size"], **run["figures"]} \
             if run["figures"] else {"nodes": list(group), "world_size": run["world_size"], "bytes": None,
@@ -585,6 +614,8 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
         doc["blamed"].update({n: {"kind": "failed", "stage": summary["stage"], "error": summary["error"],
                                   "tail": _tail_of(run["reports"].get(n))} for n in group})
         return
+    if _links_named(phase, doc, group, summary, run):
+        return
     doc["bisect"] = dict(reason="failed", **_bisect(phase, group, head, [min(col.sizes)], lambda r: not r["ok"]))
     if phase.clash:
         doc["bisect"] = None
@@ -597,6 +628,41 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
                                    "tail": _tail_of(run["reports"].get(name)), "suspects": suspects}
         else:
             doc["cleared"].append(name)  # passed the bisect with the head
+
+
+def _links_named(phase: _Phase, doc: dict, group: List[str], summary: dict, failed: dict) -> bool:
+    """After a failed run that names nobody: the pairs its workers measured at the rendezvous, else (none
+    measured) the pairwise phase alone, in PAIR_SHARE of the time left. When the matrix names failed links or a
+    node that fails with every peer, those nodes are blamed and the others cleared (True: no bisect is
+    needed); else the bisect follows (False)."""
+    found = failed.get("pairwise")
+    if not found or not found["pairs_measured"]:
+        if phase.left() < MIN_RUN_S:
+            return False
+        run = phase.run(list(group), max(MIN_RUN_S, PAIR_SHARE * phase.left()), [], "pairwise")
+        if run.get("clash") or not run.get("pairwise"):
+            return False
+        found = run["pairwise"]
+    doc["pairwise"] = found
+    said = pairwise.findings(found)
+    links = {}
+    for a, b, why in said["failed_links"]:
+        links.setdefault(a, []).append([b, why])
+        links.setdefault(b, []).append([a, why])
+    rows = said["failed_rows"]
+    if not rows and not links:
+        return False
+    for name in group:
+        if name in rows:
+            doc["blamed"][name] = {"kind": "link-row", "stage": summary["stage"], "error": summary["error"],
+                                   "tail": _tail_of(failed["reports"].get(name)), "peers": [
+                                       n for n in group if n != name]}
+        elif name in links:
+            doc["blamed"][name] = {"kind": "link", "stage": summary["stage"], "error": summary["error"],
+                                   "tail": _tail_of(failed["reports"].get(name)), "links": links[name]}
+        else:
+            doc["cleared"].append(name)  # passed with every peer it met in pairs
+    return True
 
 
 def nccl_transport(run: dict) -> Dict[str, dict]:

@@ -10,7 +10,9 @@ line of JSON on stdout when every rank has finished, failed, been killed at the 
                 "skipped_sizes": [bytes...], "check": {"ok", "expected", "mismatches", "first"},
                 "joined": [ranks that reached the store] or null, "tail": last output of the rank or null,
                 "nccl": {"lines": [NCCL's INFO lines about the network], "debug": the user's NCCL_DEBUG or null}
-                        (with nccl, on local rank 0 only)}]}
+                        (with nccl, on local rank 0 only),
+                "pairs": [{"round", "peer" (a node index), "ok", "stage", "error", "gbps", "time_s", "connect_s"}],
+                "pairs_s": F (with options["pairs"], on local rank 0 only)}]}
 
 stage is where the rank was (import, store, init, sweep, done); kind says how it failed: import
 (torch cannot be imported), timeout, error, clash (the port is another run's), died (the process
@@ -24,7 +26,9 @@ that name the network are sent as they are, for the head to read (preflight.coll
 Its program is `main(options)`. options: master_addr, master_port, world_size, ranks (the global ranks of this
 node, in local-rank order), backend (gloo or nccl), sizes (bytes), timeout_s (the cap on the store,
 init and collective timeouts), budget_s (seconds after start at which every rank is killed), env
-(variables for the ranks), target_s (time spent timing each size), max_iters, run (this run's token).
+(variables for the ranks), target_s (time spent timing each size), max_iters, run (this run's token);
+pairs (the pairwise phase: {"rounds": [[[a, b], ...], ...] of node indices, "bytes", "reps", "rep_s"}, run by
+local rank 0 at the rendezvous, see _pair_rounds) and mode "pairs" (that phase alone: no whole group).
 
 Two runs at once (two users, a prolog and a user) may pick the same port: rank 0 writes the run's token
 into its store, the other ranks use a store only once they have read their own token there (kind clash
@@ -116,6 +120,20 @@ def run_rank(rank, local_rank, options, report, deadline):
         store = dist.PrefixStore("preflight/%s/" % token, store)
         store.set(JOIN_KEY % rank, socket.gethostname())
         stage_started = _now()
+        alone = options.get("mode") == "pairs"  # the pairwise phase alone: no group of the whole world to meet
+        if options.get("pairs") and local_rank == 0:
+            # At the rendezvous, before the whole group's init: a dead link between two nodes makes gloo's init
+            # (it connects every pair of ranks) hang, and the pairs have been measured by then. In a full run
+            # they take at most half the time left; the sweep follows.
+            stage("pairs")
+            until = deadline - 1.0 if alone else _now() + (deadline - _now()) / 2
+            result["pairs"] = _pair_rounds(torch, dist, store, options, rank, until, report)
+            result["pairs_s"] = round(_now() - stage_started, 3)
+            stage_started = _now()
+        if alone:
+            stage("done")
+            result["ok"] = True
+            return result
         stage("init")
         backend = options["backend"]
         if backend == "nccl":
@@ -302,6 +320,138 @@ def _sweep(torch, dist, options, result, device, sync, rank, world, deadline, re
         per_byte = per_iter / nbytes
 
 
+def _pair_rounds(torch, dist, store, options, rank, deadline, report):
+    """The pairwise phase from this node's side: in each round of options["pairs"]["rounds"] (pairs of node
+    indices), a 2-rank gloo group of its own with the peer (ProcessGroupGloo over the run's store, as
+    torch.distributed.distributed_c10d._new_process_group_helper makes one: GLOO_SOCKET_IFNAME is honoured),
+    then round trips of "bytes" each way, the best one timed. Every pair has a deadline (its share of the time
+    left); a round waits for every node to finish the previous one (or for that deadline), so that a peer stuck
+    in a dead pair does not make the next pair fail. Returns [{"round", "peer", "ok", "stage", "error", "gbps",
+    "time_s", "connect_s"}]; the rounds the time did not allow are left out. Each pair is also sent to the node
+    process as it is measured: a rank killed later (in a hung init) still has its pairs reported."""
+    spec = options["pairs"]
+    me = rank // max(1, len(options["ranks"]))
+    numel = max(1, int(spec["bytes"]) // 4)
+    rounds = spec["rounds"]
+    store.add("pairs/present", 1)  # a round waits for the nodes that came, not for one that never does
+    address = _local_address(options["master_addr"], int(options["master_port"]))
+    out = []
+    for index, pairs in enumerate(rounds):
+        left = deadline - _now()
+        if left < 0.5:
+            break  # the rounds left are not run (the head sees them missing)
+        # A share of the time left, at least a second (a healthy pair takes milliseconds; a dead one all of it).
+        pair_s = min(float(options["timeout_s"]), left - 0.2, max(1.0, left / max(1, len(rounds) - index) - 0.2))
+        peer = next((b if a == me else a for a, b in pairs if me in (a, b)), None)
+        if peer is not None:
+            out.append(_pair(torch, dist, store, spec, index, me, int(peer), numel, pair_s, address))
+            report({"pair": out[-1]})
+        # After the last round only the head's rank 0 waits: it holds the store the others may still need.
+        _round_barrier(store, "pairs/done/%d" % index, min(deadline, _now() + pair_s + 1.0),
+                       wait=index + 1 < len(rounds) or me == 0)
+    return out
+
+
+def _local_address(host, port):
+    """The address of this node's interface toward the head (where the route to the rendezvous leaves)."""
+    try:
+        family, _, _, _, where = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)[0]
+        probe = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            probe.connect(where)  # UDP: no packet is sent, the kernel only picks the route
+            return probe.getsockname()[0]
+        finally:
+            probe.close()
+    except OSError:
+        return "0.0.0.0"
+
+
+def _both_ways(pstore, me, peer, address, until):
+    """TCP between the two ends, each way, before gloo (whose connect does not always keep its timeout on a
+    path that drops packets): each end listens on an ephemeral port and dials the other's. None when both
+    connections came, else (stage "dial" or "accept", why)."""
+    listener = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((address, 0))
+        listener.listen(2)
+        pstore.set("tcp/%d" % me, "%s %d" % (address, listener.getsockname()[1]))
+        pstore.wait(["tcp/%d" % peer], datetime.timedelta(seconds=max(0.1, until - _now())))
+        host, port = pstore.get("tcp/%d" % peer).decode().split()
+        wait = max(0.1, until - _now())
+        try:  # a connect completes in the peer's kernel, without waiting for its accept
+            socket.create_connection((host, int(port)), timeout=wait).close()
+        except OSError as exc:
+            return "dial", "no TCP connection to the peer's port %s at %s in %.1f s: %s" % (port, host, wait, exc)
+        listener.settimeout(max(0.1, until - _now()))
+        try:
+            listener.accept()[0].close()
+        except OSError:
+            return "accept", "no TCP connection from the peer to this node's port %d at %s (it dialled, nothing came)" \
+                % (listener.getsockname()[1], address)
+        return None
+    finally:
+        listener.close()
+
+
+def _pair(torch, dist, store, spec, index, me, peer, numel, pair_s, address):
+    first = min(me, peer)
+    found = {"round": index, "peer": peer, "ok": False, "stage": "connect", "error": None, "gbps": None,
+             "time_s": None, "connect_s": None}
+    started = _now()
+    until = started + pair_s
+    try:
+        pstore = dist.PrefixStore("pairs/%d/%d-%d/" % (index, first, max(me, peer)), store)
+        failed = _both_ways(pstore, me, peer, address, until)
+        if failed:
+            found["stage"], found["error"] = failed
+            return found
+        group = dist.ProcessGroupGloo(pstore, 0 if me == first else 1, 2,
+                                      datetime.timedelta(seconds=max(0.5, until - _now())))
+        found["connect_s"] = round(_now() - started, 4)
+        found["stage"] = "transfer"
+        buf, more = torch.zeros(numel), torch.zeros(1)
+        other = 1 if me == first else 0
+        best = None
+        spent = 0.0
+
+        def step(send, tensor):
+            work = group.send([tensor], other, index) if send else group.recv([tensor], other, index)
+            work.wait(datetime.timedelta(seconds=max(0.1, until - _now())))
+
+        for rep in range(int(spec.get("reps") or 1)):
+            t = time.perf_counter()
+            step(me == first, buf)  # there and back: the first of the pair sends, then receives
+            step(me != first, buf)
+            took = time.perf_counter() - t
+            best = took if best is None else min(best, took)
+            spent += took
+            # The first of the pair decides whether to go on, and says so: both must make the same transfers.
+            more[0] = float(rep + 1 < int(spec.get("reps") or 1) and spent < float(spec.get("rep_s") or 0)
+                            and _now() + 2 * took < until)
+            step(me == first, more)
+            if not more[0]:
+                break
+        found.update(ok=True, stage="done", time_s=round(best, 6), gbps=round(2 * numel * 4 / best / 1e9, 6))
+    except Exception as exc:  # gloo's connect or transfer past the deadline, a peer gone: this pair failed
+        found["error"] = ("%s: %s" % (type(exc).__name__, exc)).splitlines()[0][:300]
+        found["elapsed_s"] = round(_now() - started, 3)
+    return found
+
+
+def _round_barrier(store, key, until, wait=True):
+    """Say this node finished the round; with `wait`, wait until every node present did (or `until`): True
+    when they all did. The last to finish says so under key/all: the others wait on the store, not in a loop
+    that would load the head's store (and its core) while the next pairs are measured."""
+    try:
+        if store.add(key, 1) >= store.add("pairs/present", 0):
+            store.set(key + "/all", "1")
+        if wait:
+            store.wait([key + "/all"], datetime.timedelta(seconds=max(0.01, until - _now())))
+        return True
+    except Exception:  # past `until` (a node stuck in a dead pair, or gone): go on with the next round
+        return False
+
+
 # --- the node process ---------------------------------------------------------------------------
 
 def _tail(path):
@@ -370,7 +520,7 @@ def _child(rank, local_rank, options, write_fd, log_path, deadline):
     os._exit(code)
 
 
-PLACE = {"import": 0, "store": 1, "init": 1, "sweep": 2, "done": 3}  # store and init: the rendezvous
+PLACE = {"import": 0, "store": 1, "pairs": 1, "init": 1, "sweep": 2, "done": 3}  # store to init: the rendezvous
 
 
 def _progress(children, shown, sizes):
@@ -409,7 +559,8 @@ def main(options):
             _child(rank, local_rank, options, write_fd, log_path, deadline)
         os.close(write_fd)
         children[read_fd] = {"pid": pid, "rank": rank, "local_rank": local_rank, "log": log_path, "buffer": b"",
-                             "stage": "import", "size": 0, "result": None, "open": True, "status": None}
+                             "stage": "import", "size": 0, "result": None, "open": True, "status": None,
+                             "pairs": []}
     sizes = len(options["sizes"])
     shown = (0, 0) if options.get("progress") else None  # the position last said; None: say nothing
     aborted = False
@@ -446,6 +597,8 @@ def main(options):
                     continue
                 if "stage" in message:
                     child["stage"], child["size"] = message["stage"], message.get("size", 0)
+                if "pair" in message:
+                    child["pairs"].append(message["pair"])
                 if "result" in message:
                     child["result"] = message["result"]
         if shown is not None:
@@ -477,6 +630,8 @@ def main(options):
                 error = "the rank's process ended in stage %s without a result (%s)" % (child["stage"], how)
             result = {"rank": child["rank"], "local_rank": child["local_rank"], "ok": False, "stage": child["stage"],
                       "kind": kind, "error": error, "sizes": [], "skipped_sizes": [], "check": None, "joined": None}
+        if child["pairs"] and result.get("pairs") is None:  # measured before the rank hung or was killed
+            result["pairs"] = child["pairs"]
         result["tail"] = None if result.get("ok") else _tail(child["log"])
         if options.get("backend") == "nccl" and child["local_rank"] == 0:
             env = dict(os.environ, **{str(k): str(v) for k, v in (options.get("env") or {}).items()})

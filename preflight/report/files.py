@@ -402,6 +402,14 @@ table.plan{border-collapse:collapse;background:#fff;margin-bottom:16px}
 .plan th,.plan td{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:13px;white-space:nowrap}
 .plan thead th{background:#eef0f3} .plan td{font-family:ui-monospace,monospace}
 .plan td.differs{background:#d9363e;color:#fff;font-weight:bold}
+table.links{border-collapse:collapse;background:#fff;margin-bottom:8px}
+.links th,.links td{border:1px solid #ccc;padding:3px 6px;text-align:center;font-size:12px;white-space:nowrap;
+min-width:44px} .links thead th,.links th.node{background:#eef0f3} .links th.named{background:#d9363e;color:#fff}
+.links td.self{background:#eee} .links td.none,.legend span.none{color:#999;border:1px solid #ccc}
+.links td.fast,.legend span.fast{background:#2e9e5b;color:#fff}
+.links td.slow,.legend span.slow{background:#f0b429;color:#222}
+.links td.straggler,.legend span.straggler{background:#e8743b;color:#fff}
+.links td.failed,.legend span.failed{background:#d9363e;color:#fff;font-weight:bold}
 """
 
 SCRIPT = """
@@ -456,6 +464,31 @@ def table_html(results: Sequence[Result], e: Callable[[object], str]) -> List[st
         cells = (f'<td{_DIFFERS if (i, j) in plan.differs else ""}>{e(table_cell(v))}</td>' for j, v in enumerate(row))
         out.append(f"<tr>{''.join(cells)}</tr>")
     out.append("</tbody></table>")
+    return out
+
+
+LINK_LEGEND = (("fast", "fast"), ("slow", "slow link"), ("straggler", "a straggler's link"), ("failed", "failed"),
+               ("none", "not measured"))
+
+
+def links_html(results: Sequence[Result], e: Callable[[object], str]) -> List[str]:
+    """COL004's node x node matrix as a heat map (render.link_matrix): GB/s in each cell, failed pairs red,
+    a straggler's row and column orange, a slow link amber, the nodes COL004 names in red headers."""
+    from preflight.report.render import link_matrix
+
+    found = link_matrix(results)
+    if not found:
+        return []
+    out = ["<h2>Links between the nodes (COL004, GB/s point to point)</h2>",
+           '<p class="legend">' + "".join(f'<span class="{k}">{e(t)}</span>' for k, t in LINK_LEGEND) + "</p>",
+           '<div class="scroll"><table class="links"><thead><tr><th></th>'
+           + "".join(f'<th scope="col" class="{"named" if n in found.named else "node"}">{e(n)}</th>'
+                     for n in found.nodes) + "</tr></thead><tbody>"]
+    for node, row in zip(found.nodes, found.cells):
+        head = f'<th scope="row" class="{"named" if node in found.named else "node"}">{e(node)}</th>'
+        out.append(f'<tr data-node="{e(node)}">{head}' + "".join(
+            f'<td class="{kind}" title="{e(title)}">{e(text)}</td>' for kind, text, title in row) + "</tr>")
+    out.append("</tbody></table></div>")
     return out
 
 
@@ -527,6 +560,7 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
            f'{e(time.strftime("%Y-%m-%d %H:%M:%S %Z"))}</div>',
            *problems_html(results, e),
            *table_html(results, e),
+           *links_html(results, e),
            '<p class="legend">' + "".join(f'<span style="{_style(s)}">{s.value}</span>' for s in
                                           sorted(STATUSES, key=SEVERITY.get)) + " click a cell for the details</p>",
            '<div class="scroll"><table class="matrix"><thead><tr><th>check</th>']

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Set, TextIO, Tuple
 
+from preflight import __version__
 from preflight.result import SEVERITY, Result, Status
 
 STYLE = {
@@ -24,7 +25,7 @@ VERDICT_STYLE = {"pass": "bold green", "warn": "bold yellow", "fail": "bold red"
 def to_json(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> str:
     """The JSON document with one result per line: greppable, and each line from CPython's C encoder
     (an indented document takes the pure-Python one, several times slower at thousands of nodes)."""
-    head = _ENCODER.encode({"schema": 1, "verdict": verdict, "duration_s": round(duration_s, 6),
+    head = _ENCODER.encode({"schema": 1, "preflight": __version__, "verdict": verdict, "duration_s": round(duration_s, 6),
                             "nodes": list(nodes), "results": []})
     if not results:
         return head
@@ -93,6 +94,51 @@ def evidence_table(results: Sequence[Result]) -> Optional[EvidenceTable]:
         common = Counter(seen).most_common(1)[0][0]  # ties go to the first seen: the first row's value wins
         differs.update((i, j) for i, value in enumerate(seen) if value != common)
     return EvidenceTable(title, columns, values, differs)
+
+
+class LinkMatrix(NamedTuple):
+    nodes: List[str]
+    cells: List[List[Tuple[str, str, str]]]  # (kind: self, failed, slow, straggler, fast, none; text; title)
+    named: Set[str]  # the rows COL004 names (a straggler, a node failing with every peer, an end of a bad link)
+
+
+LINK_MATRIX_MAX = 64  # nodes: above, the matrix stays in the JSON evidence (a page of N^2 cells helps nobody)
+
+
+def link_matrix(results: Sequence[Result]) -> Optional[LinkMatrix]:
+    """COL004's node x node matrix (its first result's evidence), each cell classed for drawing: a failed pair,
+    a link of a straggler, a slow link (COL004's own findings), the others fast. None without one, or above
+    LINK_MATRIX_MAX nodes."""
+    from preflight.collective.pairwise import findings
+
+    found = next((r.evidence["matrix"] for r in results if r.id == "COL004" and isinstance(
+        r.evidence.get("matrix"), Mapping)), None)
+    if not found or len(found.get("nodes") or []) > LINK_MATRIX_MAX:
+        return None
+    try:
+        said = findings(found)
+    except (KeyError, IndexError, TypeError):  # not the phase's matrix
+        return None
+    nodes, gbps, errors = list(found["nodes"]), found["gbps"], found["errors"]
+    slow = {frozenset(link[:2]) for link in said["slow_links"]}
+    stragglers = set(said["stragglers"])
+    named = stragglers | set(said["failed_rows"]) | {n for link in said["failed_links"] for n in link[:2]}
+    cells = []
+    for i, a in enumerate(nodes):
+        row = []
+        for j, b in enumerate(nodes):
+            where = f"{a} - {b}"
+            if i == j:
+                row.append(("self", "", a))
+            elif errors[i][j]:
+                row.append(("failed", "\u2715", f"{where}: failed: {errors[i][j]}"))
+            elif gbps[i][j] is None:
+                row.append(("none", "\u00b7", f"{where}: not measured"))
+            else:
+                kind = "straggler" if {a, b} & stragglers else "slow" if frozenset((a, b)) in slow else "fast"
+                row.append((kind, f"{gbps[i][j]:.3g}", f"{where}: {gbps[i][j]:.3g} GB/s"))
+        cells.append(row)
+    return LinkMatrix(nodes, cells, named)
 
 
 def table_cell(value: Any) -> str:

@@ -1,6 +1,6 @@
 """The all-reduce smoke test (COL): its arithmetic, its diagnosis and bisect, the worker on this machine, and
 the real test cluster (healthy, two ranks per node, a dropped main port, a node without torch, a node behind a
-slow link, a node whose firewall refuses the other ranks)."""
+slow link, a node whose firewall refuses the other ranks: named by the pairwise phase, COL004)."""
 import json
 import os
 import socket
@@ -15,6 +15,7 @@ from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from conftest import preflight_json, results
 from preflight import cli, engine, registry, runner
 from preflight.collective import allreduce as collective
+from preflight.collective import pairwise
 from preflight.node import allreduce as colworker
 from preflight.collective.allreduce import (
     CollectiveOptions,
@@ -185,14 +186,17 @@ def test_diagnose_names_a_node_still_importing_torch_or_leaves_it_to_the_timeout
 class FakePhase:
     """What _drive needs of preflight.collective.allreduce._Phase, with runs made up by `outcome(names)`."""
 
-    def __init__(self, outcome, min_busbw=None):
+    def __init__(self, outcome, min_busbw=None, dead_links=()):
         self.col = CollectiveOptions(sizes=(MIB, 8 * MIB), min_busbw_gbps=min_busbw)
         self.outcome, self.runs, self.clash, self.port = outcome, [], None, 29500
+        self.dead_links = {frozenset(link) for link in dead_links}
 
     def left(self):
         return 100.0
 
     def run(self, names, budget, sizes, purpose):
+        if purpose == "pairwise":  # every pair passes but the dead links
+            return self.pairs_run(list(names), budget)
         ranks = self.outcome(list(names))
         reports = {n: {"ok": all(r["ok"] for r in rs), "kind": None, "ranks": rs} for n, rs in zip(names, ranks)}
         ok = all(r["ok"] for r in reports.values())
@@ -206,9 +210,23 @@ class FakePhase:
         self.runs.append(run)
         return run
 
+    def pairs_run(self, names, budget):
+        given = pairwise.spec(len(names), MIB)
+        reports = {}
+        for i, name in enumerate(names):
+            pairs = [{"round": r, "peer": b if a == i else a, **(
+                {"ok": False, "stage": "connect", "error": "DistStoreError: timed out"}
+                if frozenset((names[a], names[b])) in self.dead_links else {"ok": True, "gbps": 1.0})}
+                for r, rnd in enumerate(given["rounds"]) for a, b in rnd if i in (a, b)]
+            reports[name] = {"ok": True, "kind": None, "ranks": [dict(rank(i), pairs=pairs)]}
+        run = {"ok": True, "nodes": list(names), "purpose": "pairwise", "budget_s": budget, "sizes": [],
+               "reports": reports, "clash": None, "pairwise": pairwise.matrix(names, reports, given, 0.1)}
+        self.runs.append(run)
+        return run
 
-def drive(outcome, min_busbw=None):
-    phase = FakePhase(outcome, min_busbw)
+
+def drive(outcome, min_busbw=None, dead_links=()):
+    phase = FakePhase(outcome, min_busbw, dead_links)
     doc = {"nodes": list(NODES), "untested": {}, "blamed": {}, "passed": [], "cleared": [], "result": None,
            "bisect": None}
     collective._drive(phase, doc, list(NODES), "n01")
@@ -243,7 +261,8 @@ def test_drive_bisects_a_hang_that_names_nobody():
     doc, runs = drive(outcome)
     assert list(doc["blamed"]) == ["n02"] and doc["blamed"]["n02"]["kind"] == "bisect"
     assert sorted(doc["cleared"]) == ["n01", "n03"] and doc["passed"] == []
-    assert all(r["sizes"] == [MIB] for r in runs[1:])
+    assert runs[1]["purpose"] == "pairwise" and doc["pairwise"]["pairs_measured"] == 3  # every pair passed
+    assert all(r["sizes"] == [MIB] for r in runs[2:])
 
 
 def test_drive_out_of_time_while_importing_torch_everywhere_blames_nobody():
@@ -587,18 +606,20 @@ def test_two_gloo_ranks_per_node_make_a_world_of_twice_the_nodes(cluster):
 
 
 @pytest.mark.cluster
-def test_a_worker_whose_firewall_refuses_the_other_ranks_is_among_the_suspects(cluster):
+def test_a_worker_whose_firewall_refuses_the_other_ranks_is_named_by_its_pairs(cluster):
     """node02 lets in SSH and the main port, not the ephemeral ports the ranks connect to each other on: all
-    ranks meet at the rendezvous, then the all-reduce hangs. Each pair with the head passes (in a pair, node02
-    connects out to the head), so the bisect ends with the group that fails only together, and says so."""
+    ranks meet at the rendezvous, then the all-reduce hangs. Each pair with the head passes an all-reduce (in a
+    pair, node02 connects out to the head), so a bisect could not tell; the pairs measured at the rendezvous (TCP
+    both ways, then gloo) fail for node02 with every peer and pass between the others: node02 alone is named."""
     with cluster.blocked_incoming("node02", 29500):
         doc, elapsed = check(cluster)
     allreduce = {node: r for r in doc["results"] if r["id"] == "COL001" for node in r["nodes"]}
-    assert {n: r["status"] for n, r in allreduce.items()} == {"node01": "pass", "node02": "fail", "node03": "fail"}
-    for node in ("node02", "node03"):
-        assert "fails with all of node[02-03] together, and passes in every smaller group with the head" \
-            in allreduce[node]["message"], allreduce[node]["message"]
-        assert "the firewall must let the nodes connect to each other" in allreduce[node]["remediation"]
+    assert {n: r["status"] for n, r in allreduce.items()} == {"node01": "pass", "node02": "fail", "node03": "pass"}
+    assert "in pairs of nodes node02 fails with every peer (node[01,03]) while they pass with each other" \
+        in allreduce["node02"]["message"], allreduce["node02"]["message"]
+    assert "a firewall on node02 that lets in only some ports" in allreduce["node02"]["remediation"]
+    links = results(doc, "COL004")
+    assert links["node02"]["status"] == "fail" and links["node01"]["status"] == "pass"
     assert doc["verdict"] == "fail"
     assert elapsed < 20 + 5 + 5
 

@@ -178,10 +178,13 @@ def test_sockets_without_an_hca_nccl_may_use_is_no_finding(tmp_path, recording, 
     assert "TCP sockets" in results[(Status.PASS, ("n02",))].message
 
 
-def test_a_plugin_without_gpudirect_rdma_passes_and_points_to_rdma004(tmp_path):
+def test_a_plugin_without_gpudirect_rdma_on_nodes_with_hcas_warns_and_points_to_rdma004(tmp_path):
     doc = nccl_probe({n: log("roce-plugin-no-gdr") for n in NODES})
-    [(key, result)] = col003(tmp_path, doc, {n: "roce-node" for n in NODES}).items()
-    assert key == (Status.PASS, NODES) and result.message == "NCCL network IBext_v8 without GPUDirect RDMA (RDMA004)"
+    results = col003(tmp_path, doc, {n: "roce-node" for n in NODES})
+    assert sorted(results) == [(Status.WARN, (n,)) for n in NODES], results
+    for (_, (node,)), result in results.items():
+        assert result.message.startswith(f"NCCL network IBext_v8 without GPUDirect RDMA on {node}, which has HCAs")
+        assert "RDMA004" in result.remediation and result.evidence["rdma_devices"]
 
 
 def test_the_users_nccl_debug_without_the_lines_is_a_skip_that_says_so(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli, run_subprocess
+import preflight
 from preflight import registry, runner
 from preflight.report import render
 from preflight.plan import Plan
@@ -357,8 +358,9 @@ def test_json_document_follows_the_contract(bad):
     proc = run_subprocess("lint", "--config", bad, "--json")
     doc = json.loads(proc.stdout)  # stdout holds exactly one JSON document
     assert proc.returncode == 1
-    assert set(doc) == {"schema", "verdict", "duration_s", "nodes", "results"}
+    assert set(doc) == {"schema", "preflight", "verdict", "duration_s", "nodes", "results"}
     assert doc["schema"] == 1 and doc["verdict"] == "fail" and doc["nodes"] == []
+    assert doc["preflight"] == preflight.__version__  # the build that wrote it
     assert isinstance(doc["duration_s"], float)
     for r in doc["results"]:
         assert set(r) == {"id", "name", "status", "nodes", "message", "remediation", "evidence", "duration_s"}
