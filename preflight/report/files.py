@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from preflight import DISTRIBUTION, __version__
 from preflight.inputs.documents import InputError
 from preflight.inputs.numbers import float_or_none
 from preflight.result import SEVERITY, Result, Status
@@ -236,6 +237,7 @@ def junit_pieces(results: Sequence[Result], verdict: str, nodes: Sequence[str], 
         ("errors", str(count(Status.ERROR))), ("skipped", str(count(Status.SKIP))), ("time", f"{duration_s:.6f}"),
         ("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())), ("hostname", socket.gethostname())])
     yield _utf8("<?xml version='1.0' encoding='utf-8'?>\n" + suite[:-len(" />")] + ">\n  <properties>\n"
+                f"    {_element('property', [('name', 'preflight'), ('value', _xml(__version__))])}\n"
                 f"    {_element('property', [('name', 'verdict'), ('value', verdict)])}\n"
                 f"    {_element('property', [('name', 'nodes'), ('value', _xml(','.join(nodes)))])}\n"
                 "  </properties>\n")
@@ -304,6 +306,7 @@ def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence
     preflight_last_run_timestamp_seconds            when the report was written (Unix time)
     preflight_duration_seconds                      how long the run took
     preflight_nodes                                 the nodes checked
+    preflight_info{version}                         1, labelled with the preflight version that wrote it
     preflight_clock_offset_seconds{check,node}      CLK evidence offset_s (node minus reference); a result
         that covers several nodes carries its largest offset, which each of them gets
     preflight_collective_busbw_gbps{check,node}     COL evidence busbw_gbps (GB/s), the lowest per node
@@ -320,6 +323,8 @@ def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence
           registry=registry).set(time.time() if now is None else now)
     Gauge("preflight_duration_seconds", "how long the preflight run took", registry=registry).set(duration_s)
     Gauge("preflight_nodes", "nodes checked", registry=registry).set(len(nodes))
+    Gauge("preflight_info", "the preflight build that wrote the report", ["version"],
+          registry=registry).labels(__version__).set(1)
 
     offsets: Dict[Tuple[str, str], float] = {}
     busbw: Dict[Tuple[str, str], float] = {}
@@ -557,7 +562,7 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
            "<noscript><style>.detail{display:block}</style></noscript></head><body>",
            f'<h1>preflight <span class="verdict" style="{_style(Status(verdict))}">{e(verdict)}</span></h1>',
            f'<div class="meta">{e(summary(results))} in {duration_s:.2f} s; {len(list(dict.fromkeys(nodes)))} node(s); '
-           f'{e(time.strftime("%Y-%m-%d %H:%M:%S %Z"))}</div>',
+           f'{e(time.strftime("%Y-%m-%d %H:%M:%S %Z"))}; {e(DISTRIBUTION)} {e(__version__)}</div>',
            *problems_html(results, e),
            *table_html(results, e),
            *links_html(results, e),

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import run_cli
+import preflight
 from preflight import engine
 from preflight.report import files as reports
 from preflight.result import Result, Status
@@ -68,7 +69,7 @@ def test_junit_has_one_testcase_per_check_and_node(tmp_path):
     assert float(suite.get("time")) == pytest.approx(1.5)
     assert all(float(c.get("time")) == pytest.approx(0.25) for c in cases)
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
-    assert props == {"verdict": "fail", "nodes": "n1,n2,n3"}
+    assert props == {"preflight": preflight.__version__, "verdict": "fail", "nodes": "n1,n2,n3"}  # the build that wrote it
 
     failures = [(c.get("classname"), c.get("name"), c.find("failure")) for c in cases if c.find("failure") is not None]
     assert [(cls, node) for cls, node, _ in failures] == [("CFG001 accelerate-keys", "config"), ("GPU001 gpu-count", "n2")]
@@ -110,6 +111,7 @@ def test_prometheus_textfile(tmp_path):
     families = parse_prom(path)
     assert {f.type for f in families.values()} == {"gauge"}
     status = samples(families["preflight_check_status"])
+    assert samples(families["preflight_info"]) == {(("version", preflight.__version__),): 1}
     lbl = lambda check, name, node, s: (("check", check), ("name", name), ("node", node), ("status", s))  # noqa: E731
     assert status[lbl("GPU001", "gpu-count", "n2", "fail")] == 1
     assert status[lbl("GPU001", "gpu-count", "n2", "pass")] == 0
@@ -214,6 +216,7 @@ def test_html_matrix(tmp_path):
     reports.write_html(str(path), RESULTS, "fail", NODES, 1.0)
     page = parse_html(path.read_text())
     assert page.header == ["check", "config", "n1", "n2", "n3"]
+    assert f"preflight-multinode {preflight.__version__}</div>" in path.read_text()  # the build that wrote it
     # failures first (CFG001, GPU001), then warnings, then skips, then passes
     assert [row[0] for row in page.rows] == ["CFG001", "GPU001", "CLK001", "SSH001", "CFG030", "COL001"]
     cells = {row[0]: [(c[0], c[1].strip()) for c in row[1]] for row in page.rows}
