@@ -796,7 +796,8 @@ def routes_between_nodes(ctx) -> Iterator[Finding]:
     that interface.
 
     A second interface, a bridge or a container network with a more specific route to part of the training
-    subnet captures the traffic to some nodes: those pairs time out while every node reaches the head.
+    subnet captures the traffic to some nodes: those pairs time out while every node reaches the head (a
+    failure; where the peer still answers over the other way, a warning).
 
     Remove the route that captures the traffic (`ip route get ADDRESS` shows it), or move that network
     off the training subnet.
@@ -811,12 +812,18 @@ def routes_between_nodes(ctx) -> Iterator[Finding]:
         by_node.setdefault(node, []).append((peer, text))
     for node, items in sorted(by_node.items()):
         peers = [p for p, _ in items]
-        address = probe["peers"][node][peers[0]].get("address")
-        yield Finding(Status.FAIL, "; ".join(text for _, text in items) + ": the traffic to "
+        results = [probe["peers"][node][p] for p in peers]
+        address = results[0].get("address")
+        # Another way out is a failure where it loses the peer; where the peer still answers over it (two
+        # rails, a routed second network) the job may run, so it is said, not refused.
+        lost = [p for p, r in zip(peers, results) if r.get("route_error") or (r.get("tcp") or {}).get("ok") is False]
+        yield Finding(Status.FAIL if lost else Status.WARN, "; ".join(text for _, text in items) + ": the traffic to "
                       f"{'it' if len(peers) == 1 else 'them'} leaves where the peer{'s are' if len(peers) > 1 else ' is'} "
-                      "not", f"on {node}: `ip route get {address}` shows the route that captures it; delete it "
+                      "not" + ("" if lost else f", and {'it answers' if len(peers) == 1 else 'they answer'} there: "
+                               "NCCL and gloo connect over it too"),
+                      f"on {node}: `ip route get {address}` shows the route that captures it; delete it "
                       "(ip route del ...) or take that interface off the training subnet", nodes=(node,),
-                      evidence={"peers": peers})
+                      evidence={"peers": peers, "unreachable": lost})
     fine = sorted(n for n in probe.get("peers", {}) if n not in by_node)
     if fine:
         yield Finding(Status.PASS, "reaches every other node over the same interface", nodes=tuple(fine))

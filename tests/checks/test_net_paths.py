@@ -99,9 +99,19 @@ def test_a_captured_route_fails_the_node_that_has_it_and_no_probe_blames_its_pee
 
 
 def test_a_device_without_the_source_address_is_a_captured_route():
-    p = probe({("n02", "n03"): {"device": "cap0"}, ("n02", "n01"): {"device": "cap0"}})
+    lost = {"device": "cap0", "tcp": {"ok": False, "error": "timed out after 5s"}}
+    p = probe({("n02", "n03"): lost, ("n02", "n01"): dict(lost)})
     found = run("NET010", facts(), p)  # every peer over cap0: the route to the head over eth0 still says so
     assert (Status.FAIL, ("n02",)) in statuses(found)
+
+
+def test_another_way_out_to_a_peer_that_still_answers_warns_and_refuses_nothing():
+    # two rails, or a second routed network: the peer answers over the other interface, so the job may run
+    p = probe({("n02", "n03"): {"device": "ib1"}})
+    found = run("NET010", facts(), p)
+    assert statuses(found) == {(Status.WARN, ("n02",)), (Status.PASS, ("n01", "n03"))}
+    warned = next(r for r in found if r.status == Status.WARN)
+    assert "routes to n03 (10.0.0.3) over ib1, not over eth0" in warned.message and "it answers there" in warned.message
 
 
 def test_a_wrong_hosts_entry_fails_the_node_that_has_it():
