@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, Optional
 from preflight import progress
 from preflight.inputs.launchcmd import DEFAULT_PORT
 from preflight.inputs.numbers import bounded_json_int, finite_json_float, refused_json_constant
+from preflight.job.nccl import socket_interface
 from preflight.node import agent, collector, launchfiles, paths
 from preflight.runner import is_failed
 from preflight.remote.shapes import (FILE, NONE, NUMBER, PATHS_OPEN, PATHS_PROBE, SECTIONS, kind as _kind, problem,
@@ -542,8 +543,12 @@ def path_schedule(count: int, most: int = PATH_PEERS) -> List[List[int]]:
 
 
 def own_address(facts: Optional[dict]) -> Optional[str]:
-    """The IPv4 address a node reaches the others from: the source of its route to the head, else the first
-    address of an interface other than loopback."""
+    """The IPv4 address the job's traffic uses on a node: that of the interface NCCL (with GPUs) or gloo binds
+    there (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, else their default: job.nccl.socket_interface), else the
+    source of its route to the head, else the first address of an interface other than loopback."""
+    chosen = (socket_interface(facts or {}) or "").split()
+    if len(chosen) == 2 and chosen[0] != "none" and "." in chosen[1] and not chosen[1].startswith("127."):
+        return chosen[1]
     host = (facts or {}).get("host") or {}
     route = host.get("route_to_head")
     source = route.get("source") if isinstance(route, dict) else None

@@ -279,3 +279,19 @@ def test_a_path_that_loses_the_full_size_once_is_not_a_black_hole(monkeypatch):
     monkeypatch.setattr(paths, "_datagrams", lossy)
     found = paths.path_mtu("10.0.0.2", 1, 9000, 0.1)
     assert found["ok"] is True and found["carried"] == 9000 and found["lossy"] is True
+
+
+def test_the_probed_address_is_the_one_the_jobs_traffic_uses():
+    # A node reaching the head over its management network, with NCCL told to use the training fabric: the
+    # peers probe the fabric's address (a firewall open there only must not read as closed).
+    from preflight.remote.gather import own_address
+
+    host = {"interfaces": {"lo": ["127.0.0.1"], "eth0": ["192.168.1.2"], "ib0": ["10.10.0.2"]},
+            "route_to_head": {"head": "n01", "source": "192.168.1.2", "interface": "eth0"},
+            "resolves_to": ["192.168.1.2"]}
+    with_gpus = {"host": host, "env": {"NCCL_SOCKET_IFNAME": "ib0"}, "gpus": {"available": True}}
+    assert own_address(with_gpus) == "10.10.0.2"
+    assert own_address({"host": host, "env": {"GLOO_SOCKET_IFNAME": "ib0"}, "gpus": {}}) == "10.10.0.2"
+    assert own_address({"host": host, "env": {}, "gpus": {}}) == "192.168.1.2"  # gloo's default: the hostname's
+    assert own_address({"host": host, "env": {"NCCL_SOCKET_IFNAME": "ens9"}, "gpus": {"available": True}}) == \
+        "192.168.1.2"  # a selection that matches nothing (NET005 says so): the route to the head
