@@ -9,7 +9,7 @@ import struct
 import sys
 import time
 
-from preflight.node.paths import port_range
+from preflight.node.paths import port_range, resolve_one
 from preflight.node.secret import REDACTED, secret_name
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_", "ACCELERATE_", "DEEPSPEED_", "DS_", "OMP_",
@@ -28,27 +28,15 @@ def host(options):
     interfaces = _interfaces(links)
     own = {a for addrs in interfaces.values() for a in addrs}
     facts = {"hostname": hostname, "fqdn": socket.getfqdn(), "interfaces": interfaces, "links": links,
-             "resolves_to": _resolve(hostname), "kernel": platform.release(),
+             "resolves_to": resolve_one(hostname), "kernel": platform.release(),
              "rdma_devices": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else [],
              "port_range": port_range()}
     facts["resolves_to_own_interface"] = any(a in own for a in facts["resolves_to"] if not a.startswith("127."))
     head = options.get("head")
     if head:
-        facts["head_resolves_to"] = _resolve(head)
+        facts["head_resolves_to"] = resolve_one(head)
         facts["route_to_head"] = _route(facts["head_resolves_to"], options.get("port") or 0, interfaces)  # the head sends its port
     return facts
-
-
-def _resolve(name):
-    try:
-        infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        return {"error": str(exc)}
-    seen = []
-    for info in infos:
-        if info[4][0] not in seen:
-            seen.append(info[4][0])
-    return seen
 
 
 def _interfaces(links=None):

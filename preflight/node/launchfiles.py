@@ -5,16 +5,14 @@ import hashlib
 import json
 import os
 import re
-import socket
 import stat
-import threading
 import time
+
+from preflight.node.paths import resolve
 
 TEXT_LIMIT = 1 << 20  # a config file's text comes back up to this size; bigger files only as a digest
 DIGEST_LIMIT = 256 << 20  # past this, a file is not read at all (a checkpoint named on the command line)
 READ_S = 10.0  # one file's read stops here (a file on a hung filesystem, or one that never ends)
-RESOLVE_S = 3.0  # the head's names resolve by then, or are said not to (a resolver that hangs holds nothing)
-MAX_NAMES = 8
 
 
 def facts(job):
@@ -70,33 +68,6 @@ def _main_process_ip(config_file):
         return value if isinstance(value, str) else None
     found = re.search(r"^main_process_ip[ \t]*:[ \t]*(['\"]?)([^'\"#\s]+)\1[ \t]*(#.*)?$", text, re.M)
     return found.group(2) if found and found.group(2) not in ("null", "Null", "NULL", "~") else None
-
-
-def resolve(names, seconds=RESOLVE_S):
-    """{name: [address, ...]} as this node's resolver gives them (socket.getaddrinfo, as torch's TCPStore client
-    connects to the name), {name: {"error"}} when it does not resolve, or not within `seconds`: each lookup
-    runs in its own thread, and none is waited for past the deadline."""
-    names = [n for n in dict.fromkeys(names) if isinstance(n, str) and 0 < len(n) <= 255][:MAX_NAMES]
-    found = {}
-
-    def lookup(name):
-        try:
-            infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
-            found[name] = list(dict.fromkeys(info[4][0] for info in infos))[:16]
-        except (OSError, UnicodeError, ValueError) as exc:  # socket.gaierror is an OSError
-            found[name] = {"error": str(exc) or type(exc).__name__}
-
-    threads = []
-    for name in names:
-        thread = threading.Thread(target=lookup, args=(name,))
-        thread.daemon = True  # a lookup still hanging never holds the agent's exit
-        thread.start()
-        threads.append(thread)
-    until = time.monotonic() + seconds
-    for thread in threads:
-        thread.join(max(0.0, until - time.monotonic()))
-    late = {"error": "no answer from the resolver within %g s" % seconds}
-    return dict((name, found.get(name, late)) for name in names)
 
 
 def accelerate_default_config(env=None):

@@ -21,6 +21,8 @@ MAX_PEERS = 64  # the head sends at most so many (its schedule bounds the pairs)
 THREADS = 16
 ROUND_SIZES = 14  # datagrams of different sizes sent at once per round, while the carried size is searched
 ROUNDS = 3
+RESOLVE_S = 3.0  # a name resolves by then, or is said not to (a resolver that hangs holds nothing)
+MAX_NAMES = 8
 ANSWER = struct.Struct("!II")  # a probe datagram starts with (token, size); the answer is those 8 bytes
 
 
@@ -65,25 +67,36 @@ def route_device(address, table):
     return best[1] if best else None
 
 
-def resolve(name, timeout_s):
-    """The addresses getaddrinfo gives for a name (as gloo and torch resolve one), within timeout_s."""
+def resolve(names, seconds=RESOLVE_S):
+    """{name: [address, ...]} as this node's resolver gives them (socket.getaddrinfo, as torch's TCPStore client
+    connects to the name), {name: {"error"}} when it does not resolve, or not within `seconds`: each lookup
+    runs in its own thread, and none is waited for past the deadline."""
+    names = [n for n in dict.fromkeys(names) if isinstance(n, str) and 0 < len(n) <= 255][:MAX_NAMES]
     found = {}
 
-    def lookup():
+    def lookup(name):
         try:
-            seen = []
-            for info in socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM):
-                if info[4][0] not in seen:
-                    seen.append(info[4][0])
-            found["addresses"] = seen[:16]
-        except (socket.gaierror, UnicodeError) as exc:
-            found["error"] = str(exc)
+            infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+            found[name] = list(dict.fromkeys(info[4][0] for info in infos))[:16]
+        except (OSError, UnicodeError, ValueError) as exc:  # socket.gaierror is an OSError
+            found[name] = {"error": str(exc) or type(exc).__name__}
 
-    thread = threading.Thread(target=lookup)
-    thread.daemon = True  # a resolver stuck past the deadline is left behind, not waited for
-    thread.start()
-    thread.join(timeout_s)
-    return found.get("addresses") or {"error": found.get("error") or "no answer within %gs" % timeout_s}
+    threads = []
+    for name in names:
+        thread = threading.Thread(target=lookup, args=(name,))
+        thread.daemon = True  # a lookup still hanging never holds the agent's exit
+        thread.start()
+        threads.append(thread)
+    until = time.monotonic() + seconds
+    for thread in threads:
+        thread.join(max(0.0, until - time.monotonic()))
+    late = {"error": "no answer from the resolver within %g s" % seconds}
+    return dict((name, found.get(name, late)) for name in names)
+
+
+def resolve_one(name, seconds=RESOLVE_S):
+    """resolve() of one name: its addresses, or {"error"}."""
+    return resolve([name], seconds).get(name) or {"error": "not a host name: %r" % (name,)}
 
 
 class Responder(object):
@@ -247,7 +260,7 @@ def _probe_peer(peer, table, timeout_s, wait_s):
     except OSError as exc:
         found["route_error"] = exc.strerror or str(exc)
     found["device"] = route_device(address, table)
-    found["names"] = dict((name, resolve(name, timeout_s)) for name in (peer.get("names") or [])[:4])
+    found["names"] = resolve((peer.get("names") or [])[:4], timeout_s)
     if peer.get("tcp_port"):
         found["tcp"] = connect(address, int(peer["tcp_port"]), timeout_s)
     if peer.get("udp_port") and peer.get("mtu") and "route_error" not in found:

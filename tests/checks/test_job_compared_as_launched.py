@@ -9,7 +9,7 @@ import pytest
 
 from preflight import registry, runner
 from preflight.job import view as jobview
-from preflight.node import launchfiles
+from preflight.node import launchfiles, paths
 from preflight.plan import build_plan
 from preflight.result import Status
 
@@ -216,10 +216,11 @@ def test_a_json_config_names_its_head_too(tmp_path):
 
 def test_a_resolver_that_hangs_is_not_waited_for(monkeypatch):
     real = socket.getaddrinfo
-    monkeypatch.setattr(launchfiles.socket, "getaddrinfo",
-                        lambda name, *a, **k: time.sleep(30) if name == "slow" else real(name, *a, **k))
+    # the slow lookup answers nothing when it wakes (after the test): a resolver left behind stays harmless
+    monkeypatch.setattr(paths.socket, "getaddrinfo",
+                        lambda name, *a, **k: time.sleep(30) or [] if name == "slow" else real(name, *a, **k))
     started = time.monotonic()
-    found = launchfiles.resolve(["slow", "localhost"], seconds=0.5)
+    found = paths.resolve(["slow", "localhost"], seconds=0.5)
     assert time.monotonic() - started < 5
     assert found["slow"] == {"error": "no answer from the resolver within 0.5 s"} and "127.0.0.1" in found["localhost"]
 
