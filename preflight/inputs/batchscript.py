@@ -17,12 +17,11 @@ from __future__ import annotations
 import ast
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.inputs import launchcmd
-from preflight.inputs.documents import InputError, read_text
+from preflight.inputs.documents import InputError, read_regular
 
 # Real batch scripts are a few KiB; Slurm's own bound is max_script_size (SchedulerParameters, slurm.conf(5); 4 MB by
 # default). Past 1 MiB the file is refused, which keeps the read within seconds.
@@ -737,18 +736,7 @@ def load(path: str, environ: Optional[Mapping[str, str]] = None) -> BatchScript:
     binary, not a batch script) raises InputError naming the file."""
     if not path:
         raise InputError("--sbatch", "the batch script path is empty")
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise InputError(path, f"batch script cannot be read: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise InputError(path, "batch script is a directory, expected a file")
-    if not stat.S_ISREG(info.st_mode):  # a FIFO or a device: sbatch reads a file, and a pipe could block
-        raise InputError(path, "batch script is not a regular file")
-    if info.st_size > MAX_BYTES:
-        raise InputError(path, f"batch script is larger than {MAX_BYTES // 2**20} MiB ({info.st_size} bytes); "
-                               "this is not a batch script preflight reads")
-    text = read_text(path, "batch script")
+    text = read_regular(path, "batch script", MAX_BYTES)
     if not text.startswith("#!"):  # sbatch: "This does not look like a batch script"
         raise InputError(path, "does not look like a batch script: the first line must start with #! followed by "
                                "the interpreter, as sbatch requires", 1)

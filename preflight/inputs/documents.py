@@ -104,6 +104,22 @@ class Document:
         return self.prefix + keys in self.plain_strings
 
 
+def read_regular(path: str, what: str, max_bytes: int) -> str:
+    """The text of a file that must be a regular file of at most `max_bytes` (what sbatch and kubectl read: a
+    FIFO or a device could block), as read_text reads it."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise InputError(path, f"{what} cannot be read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise InputError(path, f"{what} is a directory, expected a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(path, f"{what} is not a regular file")
+    if info.st_size > max_bytes:
+        raise InputError(path, f"{what} is larger than {max_bytes // 2**20} MiB ({info.st_size} bytes)")
+    return read_text(path, what)
+
+
 def read_text(path: str, what: str, bom: bool = False) -> str:
     """The file's text; `bom`: a UTF-8 byte order mark at its start is kept (json.load refuses it), else dropped."""
     if not os.path.exists(path):

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
 from preflight.inputs import launchcmd
-from preflight.inputs.documents import InputError, _check_yaml_graph, _Loader, read_text
+from preflight.inputs.documents import InputError, _check_yaml_graph, _Loader, read_regular
 
 # Real manifests are KiB; an object the API server stores is at most 1.5 MiB (etcd's default request limit).
 MAX_BYTES = 4 * 1024 * 1024
@@ -163,17 +162,7 @@ def load(path: str) -> Manifest:
     what = "Kubernetes manifest"
     if not path:
         raise InputError("--k8s", "the manifest path is empty")
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise InputError(path, f"{what} cannot be read: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise InputError(path, f"{what} is a directory, expected a file")
-    if not stat.S_ISREG(info.st_mode):  # a FIFO or a device: kubectl apply -f reads a file, and a pipe could block
-        raise InputError(path, f"{what} is not a regular file")
-    if info.st_size > MAX_BYTES:
-        raise InputError(path, f"{what} is larger than {MAX_BYTES // 2**20} MiB ({info.st_size} bytes)")
-    return parse(path, read_text(path, what))
+    return parse(path, read_regular(path, what, MAX_BYTES))
 
 
 def _masked(text: str) -> Tuple[str, List[int]]:
