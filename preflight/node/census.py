@@ -178,13 +178,22 @@ def _job_processes(table, pids, port):
         return pid in launchers or pid in table and has_rank_env(pid) and \
             os.path.basename(table[pid]["argv"][0]).startswith("python")
 
+    children = {}
+    for pid, info in table.items():
+        children.setdefault(info["ppid"], []).append(pid)
+
+    def wraps_a_rank(pid):  # `RANK=0 bash run.sh`: the shell handed its rank's variables to the rank it started
+        rank = env(pid).get("RANK")
+        return not os.path.basename(table[pid]["argv"][0]).startswith("python") and \
+            any((env(child) or {}).get("RANK") == rank for child in children.get(pid, ()))
+
     chosen = []
     for pid, info in table.items():
         if pid in launchers:
             kind = "launcher"
         elif info["ppid"] in launchers:
             kind = "rank"
-        elif has_rank_env(pid) and not _ancestor(pid, table, rank_above):
+        elif has_rank_env(pid) and not _ancestor(pid, table, rank_above) and not wraps_a_rank(pid):
             kind = "rank"
         else:
             continue

@@ -192,3 +192,23 @@ def test_the_hosts_a_deepspeed_filter_leaves_out_are_not_missing(flags, missing)
     results = runner.run_check(registry.load().get("RUN001"), runner.CheckContext(plan, facts, {"census": model}))
     failed = [r for r in results if r.status == Status.FAIL]
     assert [list(r.nodes) for r in failed] == ([missing] if missing else []), [r.message for r in results]
+
+
+def test_a_shell_wrapper_holding_the_ranks_variables_is_not_a_rank(tmp_path):
+    """`RANK=0 bash run.sh` (as SLURM and hand-written wrappers start a rank): the shell has the rank's variables
+    in its environment, as its python child does; the python process is the rank, the shell is not a second one."""
+    script = tmp_path / "rank.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29991")
+    shell = subprocess.Popen(["bash", "-c", f"{sys.executable} {script}; true"], env=env, stdout=subprocess.PIPE)
+    try:
+        assert shell.stdout.readline().strip() == b"up"
+        found = census.take_census({"port": 29991, "deadline_s": 4, "stacks": False})
+        ranks = [p for p in found["processes"] if p["kind"] == "rank"]
+        assert [os.path.basename(p["argv"][0]) for p in ranks] == [os.path.basename(sys.executable)], ranks
+        assert shell.pid not in [p["pid"] for p in found["processes"]]
+    finally:
+        for child in [pid for pid in procfs.pids() if procfs.parent(pid) == shell.pid]:
+            os.kill(child, signal.SIGKILL)
+        shell.kill()
+        shell.wait()
