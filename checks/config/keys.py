@@ -17,7 +17,7 @@ from preflight.inputs.deepspeed_keys import (DS_DEPRECATED_ZERO_KEYS, DS_JSON_KE
                                              DS_REMOVED_ZERO_KEYS, DS_REMOVED_ZERO_KEYS_SINCE, DS_TOP_BLOCKS,
                                              DS_TOP_KEYS, STRICT_BLOCKS, ZERO_ALIASES)
 from preflight.inputs.documents import shorten
-from preflight.inputs.profile import version_key
+from preflight.inputs import versions
 
 
 @check("CFG001", "accelerate-keys", "config", tags=["accelerate"])
@@ -272,9 +272,9 @@ def _deepspeed_in_use(ctx) -> Dict[str, List[str]]:
         for node in ctx.reachable:
             # dict.get: a packages section that failed on the node is no version (PKG003 reports it).
             packages = dict.get(ctx.facts[node]["facts"], "packages")
-            versions = packages.get("versions") if isinstance(packages, dict) else None
-            version = versions.get("deepspeed") if isinstance(versions, dict) else None
-            if isinstance(version, str) and version_key(version) is not None:
+            reported = packages.get("versions") if isinstance(packages, dict) else None
+            version = reported.get("deepspeed") if isinstance(reported, dict) else None
+            if isinstance(version, str) and versions.version(version) is not None:
                 found.setdefault(version, []).append(node)
         return found
     from importlib import metadata
@@ -283,18 +283,18 @@ def _deepspeed_in_use(ctx) -> Dict[str, List[str]]:
         version = metadata.version("deepspeed")
     except (metadata.PackageNotFoundError, ValueError):
         return {}
-    return {version: []} if version_key(version) is not None else {}
+    return {version: []} if versions.version(version) is not None else {}
 
 
 def _removed(ds, in_use: Dict[str, List[str]], keys: tuple, what: str, since: str, fix: str) -> Iterator[Finding]:
     """A removed feature: a failure where the DeepSpeed in use is `since` or newer (as pip orders versions), a
     warning where no version is known, nothing where every known one still takes it."""
-    refusing = {v: nodes for v, nodes in in_use.items() if version_key(v) >= version_key(since)}
+    refusing = {v: nodes for v, nodes in in_use.items() if versions.version(v) >= versions.version(since)}
     where = ds.where(*keys)
     evidence = dict(key=dotted(keys), removed_in=since, **at(ds, *keys))
     if refusing:
         who = " and ".join(f"DeepSpeed {v} on {fold(nodes)}" if nodes else f"DeepSpeed {v} (installed here)"
-                           for v, nodes in sorted(refusing.items(), key=lambda item: version_key(item[0])))
+                           for v, nodes in sorted(refusing.items(), key=lambda item: versions.version(item[0])))
         verb = "refuses" if len(refusing) == 1 else "refuse"
         yield fail(f"{where}: {what} was removed from DeepSpeed in {since}: {who} {verb} it and the job stops when "
                    "the engine starts", f"{fix} (or pin DeepSpeed older than {since} on every node)",

@@ -25,31 +25,9 @@ WHAT = "profile"
 PYPROJECT_TABLE = ("tool", "preflight")
 
 
-# --- versions: a tiny comparator for pins ------------------------------------------------------------
+# --- pins: versions as pip compares them (preflight.inputs.versions) ----------------------------------
 
-VERSION = re.compile(r"^\s*v?(\d+(?:\.\d+)*)([A-Za-z0-9.\-_]*?)(?:\+([A-Za-z0-9.]+))?\s*$")
-PRE = re.compile(r"^[.\-_]?(a|alpha|b|beta|c|rc|pre|preview|dev)", re.I)
-POST = re.compile(r"^[.\-_]?(post|rev|r)\d*", re.I)
-PIN_VERSION = re.compile(r"^\d+(\.\d+)*([.\-_]?(a|b|rc|dev|post)\d*)*(\+[A-Za-z0-9.]+)?$")
-OPERATORS = ("==", "!=", ">=", "<=", ">", "<")
-
-
-def version_key(text: str) -> Optional[Tuple[Tuple[int, ...], int]]:
-    """(release numbers without trailing zeros, -1 pre-release / 0 release / 1 post-release), or None
-    when the text is no dotted numeric version. The local label (+cpu, +cu124) is left out."""
-    match = VERSION.match(text or "")
-    if not match:
-        return None
-    release = tuple(int(p) for p in match.group(1).split("."))
-    while len(release) > 1 and release[-1] == 0:
-        release = release[:-1]
-    suffix = match.group(2)
-    rank = 0 if not suffix else -1 if PRE.match(suffix) else 1 if POST.match(suffix) else 0
-    return release, rank
-
-
-def local_label(text: str) -> Optional[str]:
-    return text.split("+", 1)[1].strip().lower() if "+" in text else None
+OPERATORS = ("===", "==", "!=", "~=", ">=", "<=", ">", "<")
 
 
 @dataclass(frozen=True)
@@ -57,44 +35,25 @@ class Pin:
     """A package and its specifiers: `torch = "2.13.0"` (exactly), `accelerate = ">=1.10,<2"`."""
 
     package: str
-    spec: str
-    clauses: Tuple[Tuple[str, str], ...]  # (operator, version)
+    spec: str  # as written
+    specifiers: str  # PEP 440: a bare "2.13.0" is "==2.13.0"
 
     def allows(self, version: str) -> bool:
-        return all(_compare(version, op, wanted) for op, wanted in self.clauses)
+        from preflight.inputs.versions import within  # packaging: imported only where pins are judged
 
-
-def _compare(actual: str, op: str, wanted: str) -> bool:
-    if wanted.endswith(".*"):  # ==2.13.* / !=2.13.*: the release starts with these numbers
-        have, prefix = VERSION.match(actual or ""), VERSION.match(wanted[:-2])
-        numbers = tuple(int(p) for p in have.group(1).split(".")) if have else None
-        want = tuple(int(p) for p in prefix.group(1).split("."))
-        inside = numbers is not None and (numbers + (0,) * len(want))[:len(want)] == want
-        return inside if op == "==" else not inside
-    have, want = version_key(actual), version_key(wanted)
-    if have is None:
-        return False
-    if op in ("==", "!=") and local_label(wanted) is not None:  # pinned exactly, local label included
-        same = have == want and local_label(actual) == local_label(wanted)
-        return same if op == "==" else not same
-    return {"==": have == want, "!=": have != want, ">=": have >= want, "<=": have <= want,
-            ">": have > want, "<": have < want}[op]
+        return within(version, self.specifiers)
 
 
 def parse_pin(package: str, spec: str) -> Optional[Pin]:
-    """None when `spec` is not a comma-separated list of (operator) dotted versions."""
+    """None when `spec` is not a comma-separated list of (operator) versions pip would read."""
+    from preflight.inputs.versions import specifiers
+
     clauses = []
     for part in spec.split(","):
         part = part.strip()
-        op = next((o for o in OPERATORS if part.startswith(o)), "==")
-        version = part[len(op):].strip() if part.startswith(op) else part
-        if version.endswith(".*") and op in ("==", "!="):
-            if not re.match(r"^\d+(\.\d+)*$", version[:-2]):
-                return None
-        elif not PIN_VERSION.match(version):
-            return None
-        clauses.append((op, version))
-    return Pin(normal_name(package), spec, tuple(clauses))
+        clauses.append(part if part.startswith(OPERATORS) else "==" + part)
+    written = ",".join(clauses)
+    return Pin(normal_name(package), spec, written) if specifiers(written) is not None else None
 
 
 def normal_name(package: str) -> str:
@@ -282,7 +241,8 @@ class _Reader:
             pin = parse_pin(package, spec)
             if pin is None:
                 raise self.error(("pins", package), f"pins.{package} {spec!r} is not a version specifier: use "
-                                 "dotted numbers with ==, !=, >=, <=, >, < (comma-separated), such as \">=1.10,<2\"")
+                                 "versions with ==, !=, >=, <=, >, <, ~= (comma-separated, as pip reads them), "
+                                 "such as \">=1.10,<2\"")
             pins.append(pin)
         checks = self.table(data.get("checks", {}), ("checks",), CHECKS_KEYS, "[checks]")
         skip = checks.get("skip", [])

@@ -40,16 +40,24 @@ def version(text) -> Optional[Version]:
         return None
 
 
+def specifiers(spec: str) -> Optional[SpecifierSet]:
+    """The PEP 440 specifiers SPEC as pip reads them (pre-releases included), None where pip would not."""
+    try:
+        return SpecifierSet(spec, prereleases=True)
+    except InvalidSpecifier:
+        return None
+
+
 def within(text, spec: str, posts_affected: bool = False) -> bool:
     """Whether version TEXT is in the range SPEC (PEP 440 specifiers, pre-releases included). With
     POSTS_AFFECTED a .post release counts as the release it follows (`2.29.2.post1` as `2.29.2`)."""
     found = version(text)
     if found is None:
         return False
-    specifiers = SpecifierSet(spec, prereleases=True)
-    if found in specifiers:
+    wanted = SpecifierSet(spec, prereleases=True)
+    if found in wanted:
         return True
-    return posts_affected and found.is_postrelease and Version(found.base_version) in specifiers
+    return posts_affected and found.is_postrelease and Version(found.base_version) in wanted
 
 
 @dataclass(frozen=True)

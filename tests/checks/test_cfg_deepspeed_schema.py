@@ -18,7 +18,7 @@ from preflight import registry, runner
 from preflight.inputs.deepspeed_keys import (DS_REMOVED_KEYS_SINCE, DS_REMOVED_OPTIMIZERS_SINCE,
                                              DS_REMOVED_ZERO_KEYS_SINCE, DS_TOP_BLOCKS, DS_TOP_KEYS, STRICT_BLOCKS,
                                              ZERO_ALIASES)
-from preflight.inputs.profile import version_key
+from preflight.inputs.versions import version as parsed_version
 from preflight.plan import build_plan
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -180,17 +180,17 @@ def test_removed_keys_are_those_the_installed_deepspeed_refuses():
     import torch
     from deepspeed.runtime import config as ds_config
 
-    installed = version_key(metadata.version("deepspeed"))
-    refused = {k for k, since in DS_REMOVED_KEYS_SINCE.items() if version_key(since) <= installed}
+    installed = parsed_version(metadata.version("deepspeed"))
+    refused = {k for k, since in DS_REMOVED_KEYS_SINCE.items() if parsed_version(since) <= installed}
     assert refused == set(getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", ()))  # none before 0.19.7
-    refused_zero = {k for k, since in DS_REMOVED_ZERO_KEYS_SINCE.items() if version_key(since) <= installed}
+    refused_zero = {k for k, since in DS_REMOVED_ZERO_KEYS_SINCE.items() if parsed_version(since) <= installed}
     assert refused_zero == set(getattr(ds_config, "_REMOVED_ZERO_CONFIG_KEYS", ()))
     for key in refused:
         assert "has been removed" in deepspeed_reads({"train_batch_size": 8, key: {}}), key
     for key in refused_zero:
         assert "has been removed" in deepspeed_reads({"train_batch_size": 8, "zero_optimization": {key: 1}}), key
     for name, since in DS_REMOVED_OPTIMIZERS_SINCE.items():
-        gone = version_key(since) <= installed
+        gone = parsed_version(since) <= installed
         # the engine builds one of its own by lower-cased name, else getattr(torch.optim, name) (_do_sanity_check)
         assert (name in ds_config.DEEPSPEED_OPTIMIZERS) == (not gone), name
         assert not any(n.lower() == name for n in dir(torch.optim)), name

@@ -140,6 +140,7 @@ def test_an_unknown_key_in_pyproject_is_found_under_tool_preflight(tmp_path, cap
     ("thresholds = 3\n", ["[thresholds]", "table"]),
     ("[pins]\ntorch = 2.13\n", ["pins.torch", "version string"]),
     ('[pins]\ntorch = "latest"\n', ["pins.torch", "'latest'", "not a version specifier"]),
+    ('[pins]\ntorch = ">=2.4,,<3"\n', ["pins.torch", "not a version specifier"]),
     ('[checks]\nskip = "CLK002"\n', ["checks.skip", "list"]),
     ('[checks]\nskip = ["NOPE"]\n', ["checks.skip", "'NOPE'"]),
     ('[[hosts]]\ngpus = 8\n', ["[[hosts]] entry 1", "hosts ="]),
@@ -232,7 +233,8 @@ def test_the_skip_list_is_merged_with_skip(tmp_path, capsys):
     (">=1.10", "1.9.9", False), (">=1.10", "1.10.0", True), (">=1.10,<2", "2.0.0", False), (">1.0", "1.0", False),
     ("<=0.15", "0.15.0", True), ("!=0.15.1", "0.15.1", False), ("!=0.15.1", "0.15.2", True),
     (">=0.15.1", "0.15.1rc1", False), (">=0.15.1", "0.15.1.post1", True), ("==2.13.*", "2.13.7", True),
-    ("==2.1.*", "2.13.0", False), (">=1", "dev-build", False),
+    ("==2.1.*", "2.13.0", False), (">=1", "dev-build", False), ("~=2.13.0", "2.13.4", True), ("~=2.13.0", "2.14.0", False),
+    ("2.8.0", "2.8.0a0+5228986c39.nv25.05", False), (">=2.4", "2.8.0a0+5228986c39.nv25.05", True),
 ])
 def test_the_pin_comparator(spec, version, allowed):
     assert profile.parse_pin("x", spec).allows(version) is allowed
