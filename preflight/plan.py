@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
+from preflight.inputs.documents import syntax_by_name
 from preflight.inputs.inventory import head_first
 from preflight.inputs.launchcmd import DEFAULT_PORT, RANK_FLAGS, is_accelerate_launch
 from preflight.inputs.configs import (
@@ -171,7 +172,13 @@ def build_plan(
     """Load every input; unreadable input raises InputError (exit 2).
 
     nodes None: a lint, no node at all; () : this machine alone; names: those nodes over SSH."""
+    # A config the launch names that the batch script writes itself, with a text known before it runs: read from the
+    # script (its keys on the script's lines), as the launcher will read the file.
+    written = {reader: h for reader, _, h in batch.named_configs() if not h.runtime and not h.unset} if batch else {}
     accel = load_accelerate_config(config) if config else None
+    if accel is None and "accelerate" in written:
+        h = written["accelerate"]
+        accel = load_accelerate_config(batch.path, h.document_text(), syntax_by_name(h.name))
     # `launch` over SSH sets each node's rank, head and machine count itself (preflight.gate.launcher).
     ignored = RANK_FLAGS if launching and nodes else ()
     if accel is not None and command:  # -- COMMAND: its flags over the file, as accelerate merges them
@@ -198,7 +205,8 @@ def build_plan(
         nodes = tuple(head_first(list(nodes), main_ip)) if nodes else (socket.gethostname(),)
     return Plan(
         accelerate=accel,
-        deepspeed=load_deepspeed_config(ds_path) if ds_path else None,
+        deepspeed=load_deepspeed_config(ds_path) if ds_path else load_deepspeed_config(
+            batch.path, written["deepspeed"].document_text()) if "deepspeed" in written else None,
         hostfile=load_hostfile(hostfile) if hostfile else None,
         world_size_override=world_size,
         deepspeed_file_named=named,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Iterator, Optional
 
 from preflight.api import Finding, check, fail, passed, skip, warn
-from preflight.inputs.documents import shorten
+from preflight.inputs.documents import InputError, parse_deepspeed, parse_json, parse_yaml, shorten, syntax_by_name
 
 MULTI_LAUNCHERS = ("accelerate", "torchrun", "deepspeed")  # each starts its node's processes itself
 NAMES = {"accelerate": "accelerate launch", "torchrun": "torchrun", "deepspeed": "DeepSpeed's runner",
@@ -227,6 +227,17 @@ def node_rank(ctx) -> Iterator[Finding]:
         yield passed(f"{where}: --rdzv_backend {rdzv}: ranks are given as the nodes join; --{option} is not read",
                      **ev)
         return
+    if step.chosen_by is not None:  # each task runs the branch of a `case` its own $SLURM_NODEID picks
+        ranks = [s.value_of(option) for s in (step,) + step.alternatives]
+        given = [r.text if r is not None else "none" for r in ranks]
+        if len(set(given)) < len(given) and not any(r is not None and (r.task_vars or "$" in r.text) for r in ranks):
+            yield fail(f"{where}: the branches of `case {step.chosen_by}` give --{option} {', '.join(given)}: "
+                       "nodes in different branches claim one rank", f"give each branch its own --{option} "
+                       "(or --rdzv_backend c10d)", branches=given, **ev)
+        else:
+            yield passed(f"{where}: --{option} is chosen in each task by `case {step.chosen_by}`: "
+                         f"{', '.join(given)} in its branches", branches=given, **ev)
+        return
     if word is None:
         if step.command.launcher == "accelerate":  # the config's machine_rank, or none: CFG011 judges it
             yield passed(f"{where}: no --machine_rank: accelerate takes the config file's (CFG011)", **ev)
@@ -390,3 +401,68 @@ def world_size(ctx) -> Iterator[Finding]:
     if not found:
         said = f"; not read without running it: {', '.join(unread)}" if unread else ""
         yield passed(f"{where}: the launch's processes match {nodes or '?'} nodes x {gpus or '?'} GPUs{said}", **ev)
+
+
+@check("CFG076", "sbatch-written-config", "config", tags=["slurm"])
+def written_config(ctx) -> Iterator[Finding]:
+    """A config the launch names that the batch script writes itself (`cat > ds_config.json <<EOF`) is written
+    before the launch and reads as the launcher reads it.
+
+    An unquoted heredoc is expanded by the batch shell first: a `$MICRO_BATCH` the script never sets becomes
+    nothing, and `"train_micro_batch_size_per_gpu": ,` stops the job when the config loads (DeepSpeed's
+    hjson.load, accelerate's HfDeepSpeedConfig json.load); a file written after the launch line is not there
+    when the launcher opens it. A quoted delimiter (<<'EOF')
+    writes the text as it is, `$` and all. What the shell computes there at run time ($(...), SLURM's
+    variables) is said, not guessed.
+
+    Set every variable the heredoc uses before it (or quote the delimiter for literal text), and write the
+    file before the srun line that launches the job.
+    """
+    script = _script(ctx)
+    configs = script.named_configs() if script is not None else []
+    if not configs:
+        yield skip("no config the launch names is written by the batch script (cat > FILE <<EOF)")
+        return
+    step = script.main
+    for reader, option, heredoc in configs:
+        where = script.where(heredoc.line)
+        ev = dict(file=script.path, line=heredoc.line, config=heredoc.name, option=option, reader=reader)
+        what = "accelerate config" if reader == "accelerate" else "DeepSpeed config"
+        if heredoc.line > step.line and not step.loop:
+            yield fail(f"{where}: {heredoc.name} (the launch's {option}, line {step.line}) is written after the "
+                       "launch: the launcher opens it before it exists", "move the heredoc above the launch line",
+                       **ev)
+            continue
+        if heredoc.runtime:
+            yield passed(f"{where}: {heredoc.name} ({what}) is computed at run time by the heredoc "
+                         f"({', '.join(heredoc.runtime[:3])}): its contents are not read without running it",
+                         runtime=list(heredoc.runtime), **ev)
+            continue
+        problem = written_config_problem(script.path, reader, heredoc)
+        if problem is not None:
+            unset = f" ({', '.join('$' + n for n in heredoc.unset)}: set nowhere, written as nothing)" \
+                if heredoc.unset else ""
+            yield fail(f"{problem}{unset}: {heredoc.name}, which the launch's {option} names, does not load as "
+                       f"the {what}", "set the variables the heredoc uses before it, or correct its text",
+                       unset=list(heredoc.unset), **ev)
+        else:
+            yield passed(f"{where}: {heredoc.name} ({what}) is written by the script, lines {heredoc.body_line}-"
+                         f"{heredoc.body_line + heredoc.text.count(chr(10))}", **ev)
+
+
+def written_config_problem(path: str, reader: str, heredoc) -> Optional[str]:
+    """Why the heredoc's text does not read as its reader reads the file (one line naming the script's line), or
+    None: an accelerate config by the file's name (documents.syntax_by_name, accelerate's load_config_from_file), a
+    DeepSpeed config as deepspeed/runtime/config.py DeepSpeedConfig (hjson) and accelerate/utils/deepspeed.py
+    HfDeepSpeedConfig (json.load) read it (documents.parse_deepspeed)."""
+    text = heredoc.document_text()
+    try:
+        if reader == "deepspeed":
+            parse_deepspeed(path, text)
+        elif syntax_by_name(heredoc.name) == "json":
+            parse_json(path, text, "accelerate config")
+        else:
+            parse_yaml(path, text, "accelerate config")
+    except InputError as exc:
+        return str(exc)
+    return None

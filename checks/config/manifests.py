@@ -35,6 +35,11 @@ def _launches(m, per_group=False):
                     break
 
 
+def _containers(m):
+    """Every container of every pod template: (training, group, container)."""
+    return [(t, g, c) for t in m.trainings for g in t.groups for c in g.containers]
+
+
 def _job_pods(t) -> Optional[int]:
     """The pods of one distributed job: an LWS group's size; all of them where the operator gives the world
     (WORLD_SIZE, PET_NNODES: PyTorchJob, TrainJob, Volcano's pytorch plugin); else the pods of the groups that run a
@@ -251,49 +256,47 @@ def dev_shm(ctx) -> Iterator[Finding]:
         return
     limits = ctx.plan.limits
     judged = False
-    for t in m.trainings:
-        for g in t.groups:
-            for c in g.containers:
-                if c.launch is None and not manifests.gpus(c):
-                    continue
-                judged = True
-                where = m.where(t.line)
-                ev = dict(file=m.path, kind=t.kind, name=t.name, role=g.role, container=c.name)
-                if not g.template_read:
-                    yield passed(f"{where}: {_label(t, g)}: the pod template is not in this file: /dev/shm not read",
-                                 **ev)
-                    continue
-                if g.host_ipc:
-                    yield passed(f"{where}: {_label(t, g)}: hostIPC: the node's /dev/shm", **ev)
-                    continue
-                volume = next((g.volumes.get(name) for path, name in c.mounts if path.rstrip("/") == "/dev/shm"),
-                              None)
-                empty = volume.get("emptyDir") if isinstance(volume, dict) else None
-                if volume is None or (isinstance(empty, dict) and empty.get("medium") != "Memory"):
-                    procs = _procs(ctx, t, c)[0] if c.launch is not None else None
-                    several = (procs or 0) > 1 or (manifests.gpus(c) or 0) > 1
-                    text = (f"{where}: {_label(t, g)}: container {c.name} has no memory-backed /dev/shm: the "
-                            "runtime's 64 MB" + (f", for {procs or manifests.gpus(c)} ranks in the pod (NCCL's "
-                                                 "shared memory)" if several else " (DataLoader workers)"))
-                    fix = "mount an emptyDir {medium: Memory, sizeLimit: 16Gi} at /dev/shm"
-                    yield (fail if several else warn)(text, fix, **ev)
-                    continue
-                size = manifests.quantity_bytes(empty.get("sizeLimit")) if isinstance(empty, dict) else None
-                if isinstance(empty, dict) and empty.get("sizeLimit") is not None and size is None:
-                    yield passed(f"{where}: {_label(t, g)}: /dev/shm sizeLimit {shorten(empty.get('sizeLimit'))} "
-                                 "is templated: not compared", **ev)
-                elif size is not None and size < limits.shm_fail_bytes:
-                    yield fail(f"{where}: {_label(t, g)}: /dev/shm sizeLimit {empty.get('sizeLimit')} is under "
-                               f"{limits.shm_fail_bytes // 2**20} MiB", "raise sizeLimit (16Gi is common)",
-                               size_bytes=size, **ev)
-                elif size is not None and size < limits.shm_warn_bytes:
-                    yield warn(f"{where}: {_label(t, g)}: /dev/shm sizeLimit {empty.get('sizeLimit')} is under "
-                               f"{limits.shm_warn_bytes // 2**20} MiB", "raise sizeLimit (16Gi is common)",
-                               size_bytes=size, **ev)
-                else:
-                    said = f"sizeLimit {empty.get('sizeLimit')}" if size is not None else \
-                        "no sizeLimit: up to the pod's memory limit" if isinstance(empty, dict) else "a volume"
-                    yield passed(f"{where}: {_label(t, g)}: /dev/shm memory-backed ({said})", size_bytes=size, **ev)
+    for t, g, c in _containers(m):
+        if c.launch is None and not manifests.gpus(c):
+            continue
+        judged = True
+        where = m.where(t.line)
+        ev = dict(file=m.path, kind=t.kind, name=t.name, role=g.role, container=c.name)
+        if not g.template_read:
+            yield passed(f"{where}: {_label(t, g)}: the pod template is not in this file: /dev/shm not read",
+                         **ev)
+            continue
+        if g.host_ipc:
+            yield passed(f"{where}: {_label(t, g)}: hostIPC: the node's /dev/shm", **ev)
+            continue
+        volume = next((g.volumes.get(name) for path, name in c.mounts if path.rstrip("/") == "/dev/shm"),
+                      None)
+        empty = volume.get("emptyDir") if isinstance(volume, dict) else None
+        if volume is None or (isinstance(empty, dict) and empty.get("medium") != "Memory"):
+            procs = _procs(ctx, t, c)[0] if c.launch is not None else None
+            several = (procs or 0) > 1 or (manifests.gpus(c) or 0) > 1
+            text = (f"{where}: {_label(t, g)}: container {c.name} has no memory-backed /dev/shm: the "
+                    "runtime's 64 MB" + (f", for {procs or manifests.gpus(c)} ranks in the pod (NCCL's "
+                                         "shared memory)" if several else " (DataLoader workers)"))
+            fix = "mount an emptyDir {medium: Memory, sizeLimit: 16Gi} at /dev/shm"
+            yield (fail if several else warn)(text, fix, **ev)
+            continue
+        size = manifests.quantity_bytes(empty.get("sizeLimit")) if isinstance(empty, dict) else None
+        if isinstance(empty, dict) and empty.get("sizeLimit") is not None and size is None:
+            yield passed(f"{where}: {_label(t, g)}: /dev/shm sizeLimit {shorten(empty.get('sizeLimit'))} "
+                         "is templated: not compared", **ev)
+        elif size is not None and size < limits.shm_fail_bytes:
+            yield fail(f"{where}: {_label(t, g)}: /dev/shm sizeLimit {empty.get('sizeLimit')} is under "
+                       f"{limits.shm_fail_bytes // 2**20} MiB", "raise sizeLimit (16Gi is common)",
+                       size_bytes=size, **ev)
+        elif size is not None and size < limits.shm_warn_bytes:
+            yield warn(f"{where}: {_label(t, g)}: /dev/shm sizeLimit {empty.get('sizeLimit')} is under "
+                       f"{limits.shm_warn_bytes // 2**20} MiB", "raise sizeLimit (16Gi is common)",
+                       size_bytes=size, **ev)
+        else:
+            said = f"sizeLimit {empty.get('sizeLimit')}" if size is not None else \
+                "no sizeLimit: up to the pod's memory limit" if isinstance(empty, dict) else "a volume"
+            yield passed(f"{where}: {_label(t, g)}: /dev/shm memory-backed ({said})", size_bytes=size, **ev)
     if not judged:
         yield skip(f"{m.path}: no training container (a launch or GPUs)")
 
@@ -469,34 +472,32 @@ def rdma(ctx) -> Iterator[Finding]:
         yield skip(NO_MANIFEST)
         return
     judged = False
-    for t in m.trainings:
-        for g in t.groups:
-            for c in g.containers:
-                env = t.env(c)
-                devices = manifests.rdma_resources(c)
-                hca = env.get("NCCL_IB_HCA")
-                if not devices and "NCCL_IB_HCA" not in env:
-                    continue
-                judged = True
-                where = m.where(t.line)
-                ev = dict(file=m.path, kind=t.kind, name=t.name, role=g.role, container=c.name, resources=devices)
-                found = False
-                if devices and str(env.get("NCCL_IB_DISABLE", "")).strip() == "1":
-                    found = True
-                    yield fail(f"{where}: {_label(t, g)}: asks for {', '.join(devices)} and sets NCCL_IB_DISABLE=1: "
-                               "NCCL uses sockets", "unset NCCL_IB_DISABLE", **ev)
-                if devices and "IPC_LOCK" not in c.capabilities and not c.privileged:
-                    found = True
-                    yield fail(f"{where}: {_label(t, g)}: asks for {', '.join(devices)} without the IPC_LOCK "
-                               "capability: RDMA memory registration fails (locked memory)", "add securityContext: "
-                               "{capabilities: {add: [IPC_LOCK]}} to the container", **ev)
-                if not devices and not c.privileged and not g.host_network:
-                    found = True
-                    yield fail(f"{where}: {_label(t, g)}: NCCL_IB_HCA={shorten(hca)} but the container asks for no "
-                               "RDMA device: it has no /dev/infiniband, NCCL falls back to sockets",
-                               "ask for the RDMA device plugin's resource (e.g. rdma/rdma_shared_device_a: 1)", **ev)
-                if not found:
-                    yield passed(f"{where}: {_label(t, g)}: RDMA: {', '.join(devices) or 'privileged'}"
-                                 + (f", NCCL_IB_HCA={hca}" if hca else ""), **ev)
+    for t, g, c in _containers(m):
+        env = t.env(c)
+        devices = manifests.rdma_resources(c)
+        hca = env.get("NCCL_IB_HCA")
+        if not devices and "NCCL_IB_HCA" not in env:
+            continue
+        judged = True
+        where = m.where(t.line)
+        ev = dict(file=m.path, kind=t.kind, name=t.name, role=g.role, container=c.name, resources=devices)
+        found = False
+        if devices and str(env.get("NCCL_IB_DISABLE", "")).strip() == "1":
+            found = True
+            yield fail(f"{where}: {_label(t, g)}: asks for {', '.join(devices)} and sets NCCL_IB_DISABLE=1: "
+                       "NCCL uses sockets", "unset NCCL_IB_DISABLE", **ev)
+        if devices and "IPC_LOCK" not in c.capabilities and not c.privileged:
+            found = True
+            yield fail(f"{where}: {_label(t, g)}: asks for {', '.join(devices)} without the IPC_LOCK "
+                       "capability: RDMA memory registration fails (locked memory)", "add securityContext: "
+                       "{capabilities: {add: [IPC_LOCK]}} to the container", **ev)
+        if not devices and not c.privileged and not g.host_network:
+            found = True
+            yield fail(f"{where}: {_label(t, g)}: NCCL_IB_HCA={shorten(hca)} but the container asks for no "
+                       "RDMA device: it has no /dev/infiniband, NCCL falls back to sockets",
+                       "ask for the RDMA device plugin's resource (e.g. rdma/rdma_shared_device_a: 1)", **ev)
+        if not found:
+            yield passed(f"{where}: {_label(t, g)}: RDMA: {', '.join(devices) or 'privileged'}"
+                         + (f", NCCL_IB_HCA={hca}" if hca else ""), **ev)
     if not judged:
         yield skip(f"{m.path}: no pod asks for RDMA (no RDMA resource, no NCCL_IB_HCA)")

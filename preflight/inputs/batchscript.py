@@ -9,12 +9,19 @@ SLURM_PROCID and SLURM_NODEID are 0: a variable in a launch line expands there, 
 or escaped into a shell the task runs (`srun bash -c '... $SLURM_PROCID'`).
 
 The reader is one linear pass over the text, a shell word scanner that keeps the quoting of each part; it never
-runs anything. What the script computes at run time (`$(...)`, a variable set by a command) stays unknown and is
-said so; a part it cannot follow (a heredoc it runs, a task that runs another script) is listed in `unread`.
+runs anything. It follows what bash(1) does with the forms real scripts use: a function's body is read where the
+function is called, with the call's words as $1... $@; of a `case` whose word it knows (the directives' SLURM_NNODES,
+a variable the script sets) only the branch that matches runs; an array's elements are words ("${ARGS[@]}"); a
+file written from a heredoc holds the body as written (a quoted delimiter) or as the batch shell expands it. What
+the script computes at run time (`$(...)`, a variable set by a command, SLURM's own SLURM_* variables) stays unknown
+and is said so; a part it cannot follow (a heredoc it runs, a task that runs another script, a function never
+called) is listed in `unread`.
 """
 from __future__ import annotations
 
 import ast
+import dataclasses
+import fnmatch
 import os
 import re
 from dataclasses import dataclass, field
@@ -28,6 +35,7 @@ from preflight.inputs.documents import InputError, read_regular
 MAX_BYTES = 1024 * 1024
 MAX_NOTES = 50  # lines of `unread` kept
 MAX_STEPS = 64  # launch and helper lines read; past them, one note says how many more were not
+MAX_CALLS = 8  # functions called inside functions, read that deep
 
 # sbatch's short options that take a value, as the long option they stand for (sbatch(1)).
 SBATCH_SHORT = {"-N": "nodes", "-n": "ntasks", "-G": "gpus", "-c": "cpus-per-task", "-J": "job-name",
@@ -98,6 +106,10 @@ class Command:
     background: bool = False
     heredoc: Optional[str] = None  # the body of a heredoc fed to it
     redirects: List[Word] = field(default_factory=list)  # the targets of its redirections (> FILE, < FILE)
+    heredoc_quoted: bool = False  # its delimiter quoted (<<'EOF', <<"EOF", <<\EOF): the body is literal text
+    heredoc_line: int = 0  # the body's first line
+    patterns: Optional[List[str]] = None  # a case branch's patterns (`0|1)`): this "command" opens the branch
+    defines: Optional[str] = None  # `NAME()`: a function definition; its body follows
 
 
 def _plain(word: Word) -> str:
@@ -126,6 +138,8 @@ class _Scanner:
         self.commands: List[Command] = []
         self.pending_heredocs: List[Tuple[str, bool, Command]] = []
         self.current = Command(first_line, [])
+        self.cases = 0  # `case ... in` open
+        self.pattern_next = False  # after `in` or `;;`: the words up to `)` are a branch's patterns
 
     def run(self) -> List[Command]:
         s = self.s
@@ -151,6 +165,9 @@ class _Scanner:
                 while self.i < len(s) and s[self.i] != "\n":
                     self.i += 1
                 continue
+            if c == "|" and self.pattern_next and words:  # `0|1)`: one branch, several patterns
+                self.i += 1
+                continue
             if c in ";&|":
                 two = s[self.i:self.i + 2]
                 if c == "&" and s[self.i + 1:self.i + 2] == ">":  # &> file: a redirection
@@ -159,6 +176,18 @@ class _Scanner:
                     continue
                 self.i += 2 if two in ("&&", "||", ";;") else 1
                 self._end(words, start, background=c == "&" and two != "&&")
+                words, start = [], self.line
+                self.pattern_next = self.pattern_next or (two == ";;" and self.cases > 0)
+                continue
+            if c == ")" and words and self._case_branch(words, start):
+                self.i += 1
+                words, start = [], self.line
+                continue
+            if c == "(" and (len(words) == 1 or len(words) == 2 and _plain(words[0]) == "function") and \
+                    re.match(r"\(\s*\)", s[self.i:self.i + 8]):  # NAME() or function NAME(): a function
+                self.i = s.index(")", self.i) + 1
+                self.current.defines = _plain(words[-1])
+                self._end(words, start)
                 words, start = [], self.line
                 continue
             if c in "()" and not words:
@@ -171,7 +200,9 @@ class _Scanner:
                     self.i += strip
                     while self.i < len(s) and s[self.i] in " \t":
                         self.i += 1
+                    at = self.i
                     delimiter = _plain(self._word())
+                    self.current.heredoc_quoted = any(q in s[at:self.i] for q in "'\"\\")  # bash(1), Here Documents
                     self.pending_heredocs.append((delimiter, strip, self.current))
                     continue
                 self.i += 1
@@ -200,13 +231,33 @@ class _Scanner:
         if words or cmd.heredoc is not None or any(cmd is pending for _, _, pending in self.pending_heredocs):
             cmd.line, cmd.words, cmd.background = start, list(words), background
             self.commands.append(cmd)
+            first, last = _plain(words[0]) if words else "", _plain(words[-1]) if words else ""
+            if first == "case" and last == "in" and len(words) == 3:
+                self.cases += 1
+                self.pattern_next = True
+            elif first == "esac":
+                self.cases = max(0, self.cases - 1)
+                self.pattern_next = False
+
+    def _case_branch(self, words: List[Word], start: int) -> bool:
+        """A `)` that closes a case branch's patterns (`0)`, `0|1)`, `case $X in 0)` on one line): the patterns
+        become a branch command of their own. False for any other `)`."""
+        plain = [_plain(w) for w in words]
+        if len(plain) > 3 and plain[0] == "case" and plain[2] == "in":  # case WORD in PATTERN) on one line
+            self._end(words[:3], start)
+            plain = plain[3:]
+        elif not self.pattern_next:
+            return False
+        self.pattern_next = False
+        self.commands.append(Command(start, [], patterns=[p.lstrip("(") for p in plain]))
+        return True
 
     def _heredoc_bodies(self) -> None:
         """After a line that opened heredocs, their bodies, up to each delimiter line."""
         s = self.s
         while self.pending_heredocs:
             delimiter, strip, cmd = self.pending_heredocs.pop(0)
-            body = []
+            body, first = [], self.line
             while self.i < len(s):
                 end = s.find("\n", self.i)
                 end = len(s) if end < 0 else end
@@ -215,8 +266,8 @@ class _Scanner:
                 self.line += 1
                 if (text.lstrip("\t") if strip else text) == delimiter:
                     break
-                body.append(text)
-            cmd.heredoc = "\n".join(body)
+                body.append(text.lstrip("\t") if strip else text)
+            cmd.heredoc, cmd.heredoc_line = "\n".join(body), first
 
     def _word(self) -> Word:
         s, segs, lit = self.s, [], []
@@ -231,9 +282,16 @@ class _Scanner:
             c = s[self.i]
             if not quote and (c in " \t\r\n;&|<>" or (c in "()" and not segs and not lit)):
                 break
+            if not quote and c == "(" and not segs and NAME.fullmatch("".join(lit)) and \
+                    re.match(r"\(\s*\)", s[self.i:self.i + 8]):  # NAME(): a function's name, a word of its own
+                break
             if not quote and c == "(" and (lit and lit[-1].endswith("=") or segs):  # name=( ... ): an array
                 flush()
                 segs.append(Seg("array", self._balanced("(", ")"), ""))
+                continue
+            if c == "\x00" and s[self.i + 1:self.i + 2] == "(":  # a $(...) the batch step left to run time (task_text)
+                self.i += 1
+                lit.append("\x00(" + self._balanced("(", ")") + ")")
                 continue
             if not quote and c == ")":
                 break
@@ -364,6 +422,7 @@ class Var:
     per_task: bool = False  # set inside a task's shell
     expanded: Optional[str] = None  # the value with its run-time parts marked (see Scope.render), when not known
     unset_unless_sourced: Tuple[str, ...] = ()  # the variables in it set nowhere, unless in a sourced file
+    array: Optional[Tuple[str, ...]] = None  # an array's elements (marked as Scope.render marks), when they are known
 
 
 @dataclass
@@ -452,29 +511,28 @@ class Scope:
         return out
 
     def split(self, words: Sequence[Word]) -> List[Word]:
-        """The words after the shell's word splitting of an unquoted $VAR (still to be rendered: its pieces are
-        literal, their run-time parts marked)."""
+        """The words after the shell's word splitting (still to be rendered: each piece literal, its run-time parts
+        marked)."""
         found: List[Word] = []
         for word in words:
-            if len(word) == 1 and word[0].kind == "var" and not word[0].quote:
-                text = self.render(word).text
-                if len(text.split()) > 1:
-                    names = self.render(word).unset_unless_sourced
-                    found.extend((Seg("lit", piece, "", tuple(n for n in names if piece in ("\x00" + n,
-                                                                                          "\x00{" + n + "}"))),)
-                                 for piece in text.split())
-                    continue
-            found.append(word)
+            r = self.render(word)
+            pieces = _pieces(word, r.text)
+            if pieces is None:
+                found.append(word)
+                continue
+            names = r.unset_unless_sourced
+            found.extend((Seg("lit", piece, "", tuple(n for n in names if piece in ("\x00" + n, "\x00{" + n + "}"))),)
+                         for piece in pieces)
         return found
 
     def words(self, words: Sequence[Word]) -> List[Rendered]:
-        """The words after expansion and the shell's word splitting (an unquoted $VAR of several words is several),
-        finished."""
+        """The words after expansion and the shell's word splitting, finished."""
         found = []
         for word in words:
             r = self.render(word)
-            if len(word) == 1 and word[0].kind == "var" and not word[0].quote and len(r.text.split()) > 1:
-                for piece in r.text.split():
+            pieces = _pieces(word, r.text)
+            if pieces is not None:
+                for piece in pieces:
                     found.append(finish(Rendered(piece, list(r.unknown), list(r.batch_task_vars),
                                                  list(r.task_vars), list(r.host_commands), list(r.unset),
                                                  list(r.unset_unless_sourced))))
@@ -488,13 +546,21 @@ class Scope:
         m = NAME.match(text)
         name = m.group(0) if m else text
         rest = text[m.end():] if m else ""
+        var = self.vars.get(name)  # (set nowhere: None)
+        if var is not None and var.array is not None and (not rest or re.fullmatch(r"\[(@|\*|\d+)\]", rest)):
+            index = rest[1:-1] if rest else "0"  # $NAME is its first element
+            if index in ("@", "*"):
+                return "\x04".join(var.array)  # one word each (Scope.words), "${NAME[@]}" quoted or not
+            return var.array[int(index)] if int(index) < len(var.array) else ""
+        if var is not None and var.array is not None and rest.startswith("["):
+            out.unknown.append(f"${{{text}}} (an element chosen at run time)")
+            return "\x00{" + text + "}"
         if name in PER_TASK and (not rest or rest.startswith((":-", "-"))):  # SLURM sets it: a default is unused
             if self.level == "batch":
                 out.batch_task_vars.append(name)
                 return "\x01" + name + "\x02"
             out.task_vars.append(name)
             return "$" + name
-        var = self.vars.get(name)
         if var is not None and var.per_task:
             out.task_vars.append(name)
         if var is not None and not rest and (var.value is not None or var.expanded is not None):
@@ -515,7 +581,9 @@ class Scope:
             if "$" not in default and "`" not in default:
                 return default.strip('"\'')
         written = "${" + text + "}" if rest or not NAME.fullmatch(text) else "$" + text
-        if var is None and NAME.fullmatch(text) and name not in self.environ:
+        # SLURM sets its SLURM_* output variables in the batch step and the tasks (sbatch(1), srun(1)): set, their
+        # values known at run time
+        if var is None and NAME.fullmatch(text) and name not in self.environ and not name.startswith("SLURM_"):
             if not self.sourced:
                 out.unset.append(name)  # set nowhere the reader sees: the shell expands it to nothing
                 return ""
@@ -531,13 +599,23 @@ class Scope:
     sourced: bool = False  # the script sources a file before this point: a variable may be set there
 
 
+def _pieces(word: Word, text: str) -> Optional[List[str]]:
+    """The words one rendered word becomes, or None where it stays one: "${A[@]}" and "$@" one word per element
+    (marked \\x04, quoted or not), an unquoted $VAR of several words split on blanks."""
+    if "\x04" in text:
+        return text.split("\x04")
+    if len(word) == 1 and word[0].kind == "var" and not word[0].quote and len(text.split()) > 1:
+        return text.split()
+    return None
+
+
 def finish(r: Rendered) -> Rendered:
     """A rendered word as text: per-task variables the batch step expanded take their batch-step value (noted),
     run-time parts are written as they are (`$NAME`, `$(cmd)`)."""
     for name in re.findall("\x01([A-Za-z_]+)\x02", r.text):
         r.batch_task_vars.append(name)
     text = re.sub("\x01([A-Za-z_]+)\x02", lambda m: PER_TASK.get(m.group(1)) or "$" + m.group(1), r.text)
-    r.text = text.replace("\x00", "$").replace("\x03", " ")
+    r.text = text.replace("\x00", "$").replace("\x03", " ").replace("\x04", " ")
     r.batch_task_vars = list(dict.fromkeys(r.batch_task_vars))
     return r
 
@@ -566,6 +644,8 @@ class Step:
     loop: bool = False  # inside a for/while loop
     conditional: bool = False  # inside an if/case
     background: bool = False
+    chosen_by: Optional[str] = None  # the per-task value a `case` in each task picks this launch by ($SLURM_PROCID)
+    alternatives: Tuple["Step", ...] = ()  # with chosen_by: the launches of the case's other branches
 
     def value_of(self, *options: str) -> Optional[Rendered]:
         """The rendered word given as the value of one of the launcher's options (the last one given)."""
@@ -602,6 +682,23 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class Heredoc:
+    """A file the script writes from a heredoc (`cat > FILE <<EOF`), as it will hold it."""
+
+    name: str  # the file as the script names it, expanded (its run-time parts as written)
+    line: int  # the line of the command that writes it
+    body_line: int  # the script's line of the body's first line
+    text: str  # the body as the file will hold it (an unquoted heredoc expanded as the batch shell expands it)
+    runtime: Tuple[str, ...] = ()  # what in the body is computed at run time, as written; empty: the text is literal
+    unset: Tuple[str, ...] = ()  # variables in the body the script sets nowhere: the shell writes nothing for them
+
+    def document_text(self) -> str:
+        """The body with as many newlines before it as there are script lines above it: read as the config, every
+        key keeps the script's line number."""
+        return "\n" * (self.body_line - 1) + self.text
+
+
+@dataclass(frozen=True)
 class BatchScript:
     path: str
     directives: Mapping[str, Directive]  # the option sbatch takes, the environment's over the script's
@@ -615,6 +712,29 @@ class BatchScript:
     unread: Tuple[Tuple[int, str], ...]  # what was not read, and why
     written_files: Mapping[str, int]  # files the script writes (cat > FILE <<EOF), by line
     sourced: Tuple[str, ...] = ()  # files it sources (their variables are not read)
+    heredocs: Mapping[str, Heredoc] = field(default_factory=dict)  # what those files hold, by name
+
+    def named_configs(self) -> List[Tuple[str, str, Heredoc]]:
+        """The config files the launch names that this script writes from a heredoc: (what reads it, "accelerate"
+        or "deepspeed"; the option that names it; the heredoc)."""
+        if self.main is None:
+            return []
+        command, found = self.main.command, []
+        named = [("accelerate", "--config_file", command.get("config_file") if command.launcher == "accelerate"
+                  else None), ("deepspeed", "--deepspeed_config_file", command.get("deepspeed_config_file"))]
+        named += [("deepspeed", option, value) for option, value in deepspeed_files_named(command)]
+        for reader, option, value in named:
+            heredoc = self.written(value)
+            if heredoc is not None and all(heredoc is not h for _, _, h in found):
+                found.append((reader, option, heredoc))
+        return found
+
+    def written(self, named: Optional[str]) -> Optional[Heredoc]:
+        """The heredoc that writes the file a launch names (as it names it: `./ds.json` and `ds.json` alike)."""
+        if not isinstance(named, str):
+            return None
+        key = os.path.normpath(named)
+        return next((h for name, h in self.heredocs.items() if os.path.normpath(name) == key), None)
 
     @property
     def allocation(self) -> Allocation:
@@ -622,11 +742,33 @@ class BatchScript:
 
     @property
     def main(self) -> Optional[Step]:
-        """The step that starts the training: the first with a launcher or a Python script."""
-        return next((s for s in self.steps if s.command.launcher in LAUNCHERS), None)
+        """The step that starts the training: the first that runs a launcher (srun's before the batch step's), else
+        the first that runs a Python script (srun's first: a `python prep.py` in the batch step is a helper where an
+        srun starts the job)."""
+        for launchers in (LAUNCHERS[:-1], LAUNCHERS[-1:]):
+            for in_srun in (True, False):
+                found = next((s for s in self.steps if s.command.launcher in launchers and
+                              (s.srun is not None) == in_srun), None)
+                if found is not None:
+                    return found
+        return None
 
     def where(self, line: int) -> str:
         return f"{self.path}:{line}" if line else self.path
+
+
+def deepspeed_files_named(command: launchcmd.LaunchCommand) -> List[Tuple[str, str]]:
+    """The DeepSpeed JSON the launch gives the training script: (option, file) of --deepspeed FILE (the HF
+    Trainer's, transformers TrainingArguments.deepspeed) and --deepspeed_config FILE (DeepSpeed's own,
+    deepspeed.add_config_arguments)."""
+    args, found = list(command.script_args), []
+    for k, word in enumerate(args):
+        name, eq, value = word.partition("=")
+        if name in ("--deepspeed", "--deepspeed_config"):
+            path = value if eq else (args[k + 1] if k + 1 < len(args) else "")
+            if path and not path.startswith("-"):
+                found.append((name, path))
+    return found
 
 
 def _count(value: Optional[str]) -> Optional[int]:
@@ -776,7 +918,7 @@ def parse(path: str, text: str, environ: Mapping[str, str]) -> BatchScript:
     reader.read(scan(text))
     return BatchScript(path, directives, tuple(literal), tuple(ignored), first_command, tuple(overridden),
                        reader.batch.vars, tuple(reader.steps), tuple(reader.helpers), tuple(reader.unread[:MAX_NOTES]),
-                       reader.written, tuple(reader.sourced))
+                       {name: h.line for name, h in reader.heredocs.items()}, tuple(reader.sourced), reader.heredocs)
 
 
 def slurm_values(directives: Mapping[str, Directive]) -> Dict[str, Var]:
@@ -809,20 +951,68 @@ class _Body:
         self.steps: List[Step] = []
         self.helpers: List[Tuple[int, str]] = []
         self.unread: List[Tuple[int, str]] = []
-        self.written: Dict[str, int] = {}
+        self.heredocs: Dict[str, Heredoc] = {}
         self.sourced: List[str] = []
         self.skipped = 0  # srun lines past MAX_STEPS
         self.loops = 0
         self.conditionals = 0
+        self.functions: Dict[str, Tuple[int, List[Command]]] = {}  # name -> (line, body), read where called
+        self.called: List[str] = []  # the function calls being read (a recursion stops at MAX_CALLS)
+        self.ever_called: set = set()
+        self.cases: List[_Case] = []
+        self.branches: Optional[Tuple[str, List[List[Word]]]] = None  # a task's `case` between launches
 
     def note(self, line: int, why: str) -> None:
         self.unread.append((line, why))
 
     def read(self, commands: List[Command]) -> None:
-        for cmd in commands:
-            self.command(cmd)
+        self.block(commands)
+        for name, (line, body) in self.functions.items():
+            if name not in self.ever_called and any(_runs_srun_or_launcher(c) for c in body):
+                self.note(line, f"function {name} is defined but never called: the launch in it does not run")
         if self.skipped:
             self.note(0, f"{self.skipped} more srun lines after the first {MAX_STEPS}: not read")
+
+    def block(self, commands: List[Command]) -> None:
+        """Commands in order: a function's body is kept for its calls, a case branch the value rules out skipped."""
+        i = 0
+        while i < len(commands):
+            cmd = commands[i]
+            i += 1
+            words = [_plain(w) for w in cmd.words]
+            name = cmd.defines or (words[1] if words[:1] == ["function"] and len(words) > 1 else None)
+            if name is not None and NAME.fullmatch(name):
+                body, i = _function_body(commands, i, opened=words[-1:] == ["{"] and len(words) > 1)
+                self.functions[name] = (cmd.line, body)
+                continue
+            if not self.case_command(cmd, words):
+                self.command(cmd)
+
+    def case_command(self, cmd: Command, words: List[str]) -> bool:
+        """`case WORD in`, a branch's patterns and `esac` (True), and the commands of a branch not taken (True:
+        skipped). With WORD known (the directives' SLURM_NNODES, a variable the script sets) only the branch it
+        matches runs, as the shell picks it (the first whose pattern matches); else every branch is read."""
+        if words[:1] == ["case"] and words[-1:] == ["in"] and len(words) == 3:
+            r = self.batch.render(cmd.words[1])
+            known = None if "\x00" in r.text else finish(r).text
+            self.cases.append(_Case(words[1], known, not self.cases or self.cases[-1].active))
+            if known is None and self.cases[-1].active:
+                self.conditionals += 1
+                self.note(cmd.line, f"case {words[1]}: chosen at run time; every branch is read and the first "
+                                    "launch in them judged")
+            return True
+        if not self.cases:
+            return False
+        frame = self.cases[-1]
+        if cmd.patterns is not None:
+            frame.branch(cmd.patterns)
+            return True
+        if words[:1] == ["esac"]:
+            self.cases.pop()
+            if frame.value is None and frame.parent_active:
+                self.conditionals = max(0, self.conditionals - 1)
+            return True
+        return not frame.active
 
     def command(self, cmd: Command) -> None:
         words = list(cmd.words)
@@ -831,6 +1021,8 @@ class _Body:
         if not words:
             return
         head = _plain(words[0])
+        if head in self.functions and len(self.called) < MAX_CALLS:
+            return self.call(cmd, head, words[1:])
         if head in ("for", "while", "until", "select"):
             self.loops += 1
             name = _plain(words[1]) if head in ("for", "select") and len(words) > 1 else ""
@@ -881,6 +1073,30 @@ class _Body:
         elif self.launcher_of([r.text for r in self.batch.words(words[k:])]) is not None:
             self.steps.append(self.make_step(cmd, None, self.batch, words[k:], task_shell=False))
 
+    def call(self, cmd: Command, name: str, args: List[Word]) -> None:
+        """A call of a function the script defines: its body read here, with the variables set by now and $1...
+        $@ the call's words (put back after it)."""
+        self.ever_called.add(name)
+        values = [self.batch.render(w).text for w in self.batch.split(args)]
+        known = all("\x00" not in v and "\x01" not in v for v in values)
+        given = {str(n): v for n, v in enumerate(values, 1)}
+        given.update({"@": "\x04".join(values), "*": " ".join(values), "#": str(len(values))})
+        saved = {n: self.batch.vars.get(n) for n in list(given) + [str(n) for n in range(len(values) + 1, 10)]}
+        for n in saved:
+            value = given.get(n, "")
+            self.batch.vars[n] = Var(value if known else None, cmd.line, False, f"${n} of the call on line {cmd.line}",
+                                     expanded=None if known else value)
+        self.called.append(name)
+        try:
+            self.block(self.functions[name][1])
+        finally:
+            self.called.pop()
+            for n, old in saved.items():
+                if old is None:
+                    self.batch.vars.pop(n, None)
+                else:
+                    self.batch.vars[n] = old
+
     def assignments(self, line: int, words: List[Word], exported: bool) -> None:
         for word in words:
             text = _plain(word)
@@ -894,8 +1110,16 @@ class _Body:
                 continue
             name = m.group(1)
             value_word = _after_assignment(word, len(m.group(0)))
-            if m.group(2) or any(seg.kind == "array" for seg in value_word):  # arrays: not followed
-                self.batch.vars[name] = Var(None, line, exported, _plain(value_word))
+            for seg in value_word:  # head=$(srun -N1 -n1 hostname): a helper step, its output the value
+                inner = scan(seg.text, line)[:1] if seg.kind == "sub" else []
+                if inner and inner[0].words and os.path.basename(_plain(inner[0].words[0])) == "srun":
+                    texts = [_plain(w) for w in inner[0].words[1:]]
+                    k = _options(texts, SRUN_SHORT, SRUN_SHORT_FLAGS, SRUN_FLAGS, SRUN_OPTIONAL)[1]
+                    self.helpers.append((line, " ".join(texts[k:])[:120]))  # what its tasks run, as srun's are
+            if m.group(2) or any(seg.kind == "array" for seg in value_word):
+                self.batch.vars[name] = Var(None, line, exported, _plain(value_word),
+                                            array=None if m.group(2) or m.group(3) == "+=" else
+                                            self.array_elements(value_word))
                 continue
             rendered = self.batch.render(value_word)
             marked = rendered.text
@@ -912,10 +1136,30 @@ class _Body:
                                         expanded=marked if value is None else None,
                                         unset_unless_sourced=tuple(rendered.unset_unless_sourced))
 
+    def array_elements(self, value_word: Word) -> Optional[Tuple[str, ...]]:
+        """NAME=(a b "c d"): the elements as the batch step expands them; None where their number is known only at
+        run time (an unquoted $(...) or $VAR splits into as many as it prints)."""
+        if len(value_word) != 1 or value_word[0].kind != "array":
+            return None
+        elements: List[str] = []
+        for cmd in scan(value_word[0].text):
+            for word in self.batch.split(cmd.words):
+                if any(seg.kind == "sub" and not seg.quote for seg in word):
+                    return None
+                elements.append(self.batch.render(word).text)  # an unknown $VAR: one word, as in a launch line
+        return tuple(elements)
+
     def heredoc_file(self, cmd: Command) -> None:
-        """`cat > FILE <<EOF`: a file the script writes when it runs (often the accelerate or DeepSpeed config)."""
+        """`cat > FILE <<EOF`: a file the script writes when it runs (often the accelerate or DeepSpeed config), as
+        it will hold it: a quoted delimiter keeps the body as written; else the batch shell expands it first."""
+        body = cmd.heredoc or ""
+        rendered = Rendered(body) if cmd.heredoc_quoted else self.batch.render(_heredoc_word(body))
+        runtime = tuple(dict.fromkeys(rendered.unknown + rendered.unset_unless_sourced))
+        text = finish(rendered).text
         for target in cmd.redirects:
-            self.written[finish(self.batch.render(target)).text] = cmd.line
+            name = finish(self.batch.render(target)).text
+            self.heredocs[name] = Heredoc(name, cmd.line, cmd.heredoc_line, text, runtime,
+                                          tuple(dict.fromkeys(rendered.unset)))
 
     def launcher_of(self, words: Sequence[str]) -> Optional[str]:
         launcher, _ = launchcmd.launcher_of(list(words))
@@ -942,7 +1186,12 @@ class _Body:
             else:
                 self.helpers.append((cmd.line, " ".join(plain)[:120]))
             return
-        self.steps.append(self.make_step(cmd, srun_opts, scope, task, task_shell))
+        step = self.make_step(cmd, srun_opts, scope, task, task_shell)
+        if self.branches is not None:  # `case $SLURM_PROCID in 0) LAUNCH;; *) LAUNCH;; esac` in each task
+            (chosen_by, others), self.branches = self.branches, None
+            step = dataclasses.replace(step, chosen_by=chosen_by, alternatives=tuple(
+                self.make_step(cmd, srun_opts, scope, words, task_shell) for words in others))
+        self.steps.append(step)
 
     def unwrap(self, cmd: Command, words: List[Word]):
         """What each task runs, past env, containers and `bash -c STRING` (whose string the task's shell reads):
@@ -997,12 +1246,18 @@ class _Body:
 
     def inner_launch(self, cmd: Command, text: str, scope: Scope) -> Optional[List[Word]]:
         """The launcher inside a task's shell string, its assignments read into the task's scope."""
-        found = None
+        found, case_word, others = None, None, []
         for inner in scan(text, cmd.line):
             words = list(inner.words)
             while words and _plain(words[0]) in KEYWORDS:
                 words.pop(0)
             plain = [_plain(w) for w in words]
+            if plain[:1] == ["case"] and plain[-1:] == ["in"] and len(plain) == 3:
+                r = scope.render(words[1])
+                case_word = plain[1] if r.task_vars or r.host_commands else case_word  # each task its branch
+                continue
+            if inner.patterns is not None or plain[:1] == ["esac"]:
+                continue
             k = 0
             while k < len(words) and ASSIGNMENT.match(plain[k]):
                 k += 1
@@ -1019,10 +1274,15 @@ class _Body:
                         scope.vars[m.group(1)] = Var(value, cmd.line, True, _plain(value_word), per_task=varies,
                                                      expanded=r.text if value is None else None)
                 continue
-            if found is None and self.launcher_of([r.text for r in scope.words(words[k:])]) is not None:
-                found = words
+            if self.launcher_of([r.text for r in scope.words(words[k:])]) is not None:
+                if found is None:
+                    found = words
+                else:
+                    others.append(words)
         if found is None:
             self.note(cmd.line, "the task's shell string runs no launcher read here")
+        if case_word is not None and others:
+            self.branches = (case_word, others)
         return found
 
     def make_step(self, cmd: Command, srun_opts, scope: Scope, words: List[Word], task_shell: bool) -> Step:
@@ -1031,6 +1291,88 @@ class _Body:
         text = " ".join(_plain(w) for w in cmd.words)
         return Step(cmd.line, text[:200], srun_opts, command, tuple(rendered), task_shell, self.loops > 0,
                     self.conditionals > 0, cmd.background)
+
+
+@dataclass
+class _Case:
+    """An open `case WORD in`: its value when known, and whether the branch being read runs."""
+
+    word: str
+    value: Optional[str]
+    parent_active: bool
+    matched: bool = False
+    taken: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.parent_active and (self.value is None or self.taken)
+
+    def branch(self, patterns: Sequence[str]) -> None:
+        # bash(1), case: the first branch whose pattern matches WORD runs (patterns as glob patterns)
+        self.taken = self.value is not None and not self.matched and any(
+            fnmatch.fnmatchcase(self.value, p) for p in patterns)
+        self.matched = self.matched or self.taken
+
+
+def _function_body(commands: List[Command], i: int, opened: bool) -> Tuple[List[Command], int]:
+    """The commands of a function's `{ ... }` body from commands[i] on (opened: its `{` is on the definition's
+    line), and the index after its `}`; a body that is one other command (`f() ( ... )`) is that command."""
+    depth = 1 if opened else 0
+    body: List[Command] = []
+    while i < len(commands):
+        cmd = commands[i]
+        i += 1
+        plain = [_plain(w) for w in cmd.words]
+        opens = next((n for n, p in enumerate(plain) if p != "{"), len(plain))
+        depth += opens
+        if depth == 0:
+            return [cmd], i
+        if plain[:1] == ["}"]:
+            depth -= 1
+            if depth == 0:
+                return body, i
+            continue
+        body.append(cmd)
+    return body, i
+
+
+def _runs_srun_or_launcher(cmd: Command) -> bool:
+    plain = [os.path.basename(_plain(w)) for w in cmd.words]
+    return any(p in ("srun",) + LAUNCHERS for p in plain)
+
+
+def _heredoc_word(body: str) -> Word:
+    """An unquoted heredoc's body as the shell reads it, one word: text, $VAR, ${...}, $(...), `...`, $((...)); a
+    backslash escapes only $, `, \\ and a newline (bash(1), Here Documents)."""
+    scanner, segs, lit = _Scanner(body), [], []
+
+    def flush():
+        if lit:
+            segs.append(Seg("lit", "".join(lit), '"'))
+            lit.clear()
+
+    while scanner.i < len(body):
+        c, nxt = body[scanner.i], body[scanner.i + 1:scanner.i + 2]
+        if c == "\\" and nxt in ("$", "`", "\\", "\n"):
+            lit.append(nxt if nxt != "\n" else "")
+            scanner.i += 2
+            continue
+        seg = scanner._dollar('"') if c == "$" else None
+        if seg is not None:
+            flush()
+            segs.append(seg)
+            continue
+        if c == "`":
+            end = body.find("`", scanner.i + 1)
+            end = len(body) if end < 0 else end
+            flush()
+            segs.append(Seg("sub", body[scanner.i + 1:end], '"'))
+            scanner.i = end + 1
+            continue
+        lit.append(c)
+        scanner.i += 1
+    flush()
+    return tuple(segs)
 
 
 def _after_assignment(word: Word, width: int) -> Word:

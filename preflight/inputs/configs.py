@@ -545,8 +545,9 @@ class AccelerateConfig:
         return value if is_int(value) else None
 
 
-def load_accelerate_config(path: str) -> AccelerateConfig:
-    doc = load(path, "accelerate config")
+def load_accelerate_config(path: str, text: Optional[str] = None, kind: Optional[str] = None) -> AccelerateConfig:
+    """The accelerate config at path; `text` (and its syntax, `kind`): the text a batch script writes there."""
+    doc = load(path, "accelerate config", kind, text=text)
     schema = SAGEMAKER_KEYS if doc.data.get("compute_environment") == "AMAZON_SAGEMAKER" else ACCELERATE_KEYS
     config = AccelerateConfig(doc)
     if not config.uses_deepspeed:  # a section accelerate never reads is not bad input (CFG004 says it is ignored)
@@ -660,9 +661,9 @@ class DeepSpeedConfig:
         return section.get("enabled", False)
 
 
-def load_deepspeed_config(path: str) -> DeepSpeedConfig:
+def load_deepspeed_config(path: str, text: Optional[str] = None) -> DeepSpeedConfig:
     # Read as JSON whatever its name, past what hjson alone takes: CFG008 judges that, by who reads the file
-    doc = parse_deepspeed(path, read_text(path, "DeepSpeed config", bom=True))
+    doc = parse_deepspeed(path, read_text(path, "DeepSpeed config", bom=True) if text is None else text)
     for keys, types in DS_NUMERIC.items():
         section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
         if section is not None:

@@ -5,13 +5,14 @@ InputError: one line that names the file, the line where known, and the problem.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Tuple
 
 import yaml
 
@@ -159,11 +160,14 @@ def syntax_by_name(path: str) -> str:
     return "json" if path.endswith(".json") else "yaml"
 
 
-def load(path: str, what: str, kind: Optional[str] = None, comments: bool = False) -> Document:
+def load(path: str, what: str, kind: Optional[str] = None, comments: bool = False,
+         text: Optional[str] = None) -> Document:
     """Read a YAML or JSON mapping; `kind` defaults to syntax_by_name; `comments`: JSON is read as DeepSpeed's hjson
-    reads it too (parse_json)."""
+    reads it too (parse_json); `text`: the document's text where the caller holds it (a file a batch script writes
+    from a heredoc), `path` then names where it is written."""
     kind = kind or syntax_by_name(path)
-    text = read_text(path, what, bom=kind == "json")  # YAML readers skip a byte order mark themselves
+    if text is None:
+        text = read_text(path, what, bom=kind == "json")  # YAML readers skip a byte order mark themselves
     return parse_json(path, text, what, comments) if kind == "json" else parse_yaml(path, text, what)
 
 
@@ -208,16 +212,11 @@ class _Loader(yaml.SafeLoader):
         return value
 
 
-def parse_yaml(path: str, text: str, what: str) -> Document:
-    loader = None
+@contextlib.contextmanager
+def _yaml_errors(path: str, text: str) -> Iterator[None]:
+    """PyYAML's errors, and a nesting Python cannot follow, as one InputError that names the file and the line."""
     try:
-        loader = _Loader(text)  # its reader refuses control characters here, before any parsing
-        node = loader.get_single_node()
-        if node is None:
-            raise InputError(path, f"{what} is empty")
-        _check_yaml_graph(path, node, loader.alias_lines)
-        lines, plain, dups = _yaml_positions(node)
-        data = loader.construct_document(node)
+        yield
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "syntax error"
@@ -232,10 +231,46 @@ def parse_yaml(path: str, text: str, what: str) -> Document:
         raise InputError(path, f"malformed YAML: {exc}") from None
     except RecursionError:
         raise InputError(path, "YAML nesting is too deep") from None
-    finally:
-        if loader is not None:
-            loader.dispose()
+
+
+def parse_yaml(path: str, text: str, what: str) -> Document:
+    loader = None
+    with _yaml_errors(path, text):
+        try:
+            loader = _Loader(text)  # its reader refuses control characters here, before any parsing
+            node = loader.get_single_node()
+            if node is None:
+                raise InputError(path, f"{what} is empty")
+            _check_yaml_graph(path, node, loader.alias_lines)
+            lines, plain, dups = _yaml_positions(node)
+            data = loader.construct_document(node)
+        finally:
+            if loader is not None:
+                loader.dispose()
     return Document(path, _top_mapping(path, data, what, "YAML"), "yaml", lines, plain, dups)
+
+
+def yaml_documents(path: str, text: str, limit: int) -> List[Tuple[Any, int]]:
+    """Every document of a YAML stream (`---` between them) with its first line, each held to the limits of one
+    configuration file (an alias bomb is refused before it is built: _check_yaml_graph); past `limit` documents
+    the file is refused."""
+    docs: List[Tuple[Any, int]] = []
+    loader = None
+    with _yaml_errors(path, text):
+        try:
+            loader = _Loader(text)
+            while loader.check_node():
+                node = loader.get_node()
+                if node is None:
+                    continue
+                if len(docs) >= limit:
+                    raise InputError(path, f"holds more than {limit} documents")
+                _check_yaml_graph(path, node, loader.alias_lines)
+                docs.append((loader.construct_document(node), node.start_mark.line + 1))
+        finally:
+            if loader is not None:
+                loader.dispose()
+    return docs
 
 
 STR_TAG, MERGE_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"

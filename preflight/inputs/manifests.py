@@ -34,10 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import yaml
-
 from preflight.inputs import launchcmd
-from preflight.inputs.documents import InputError, _check_yaml_graph, _Loader, read_regular
+from preflight.inputs.documents import InputError, read_regular, yaml_documents
 
 # Real manifests are KiB; an object the API server stores is at most 1.5 MiB (etcd's default request limit).
 MAX_BYTES = 4 * 1024 * 1024
@@ -180,37 +178,10 @@ def _masked(text: str) -> Tuple[str, List[int]]:
     return "\n".join(out), lines
 
 
-def _documents(path: str, text: str) -> List[Tuple[Any, int]]:
-    """Every YAML document of the text with its first line, each held to the limits of preflight.inputs.documents
-    (aliases counted as expanded: a "billion laughs" is refused before it is built)."""
-    loader = _Loader(text)
-    docs = []
-    try:
-        while loader.check_node():
-            node = loader.get_node()
-            if node is None:
-                continue
-            if len(docs) >= MAX_DOCUMENTS:
-                raise InputError(path, f"holds more than {MAX_DOCUMENTS} documents")
-            _check_yaml_graph(path, node, loader.alias_lines)
-            docs.append((loader.construct_document(node), node.start_mark.line + 1))
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise InputError(path, f"malformed YAML: {exc.problem or exc.context or 'syntax error'}",
-                         mark.line + 1 if mark else None) from None
-    except yaml.YAMLError as exc:
-        raise InputError(path, f"malformed YAML: {exc}") from None
-    except RecursionError:
-        raise InputError(path, "YAML nesting is too deep") from None
-    finally:
-        loader.dispose()
-    return docs
-
-
 def parse(path: str, text: str) -> Manifest:
     masked, template_lines = _masked(text)
     try:
-        docs = _documents(path, masked)
+        docs = yaml_documents(path, masked, MAX_DOCUMENTS)
     except InputError as exc:
         if template_lines:
             raise InputError(path, f"{exc.problem} (a templated manifest: {{{{ }}}} on line {template_lines[0]}; "

@@ -3,46 +3,23 @@
 the lint pipeline as `-- COMMAND` does. Real scripts from public repositories and threads are in tests/fixtures/sbatch (README there)."""
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 
 import pytest
 
+from lint_results import assert_refused_in_one_line, statuses, unreadable_files, without_slurm_environment
+from lint_results import lint as lint_args
 from preflight import cli, engine, registry
 from preflight.inputs import batchscript
-from preflight.inputs.documents import InputError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sbatch"
 BATCH_IDS = ("CFG070", "CFG071", "CFG072", "CFG073", "CFG074")
 
 
-def checks():
-    """The registry, with the batch-script checks (registered by the config package once it imports them)."""
-    from preflight.checks.config import batch
-
-    reg = registry.load()
-    if reg.get("CFG070") is None:
-        reg = registry.Registry(tuple(sorted(reg.checks + tuple(registry.checks_in(batch)), key=lambda s: s.id)),
-                                reg.problems)
-    return reg
-
-
 def lint(capsys, script, *extra):
-    """`preflight lint --sbatch SCRIPT --json` through the engine: (exit code, {id: [results]})."""
-    args = cli.build_parser().parse_args(["lint", "--json", *map(str, extra)])
-    args.sbatch = str(script)
-    code = engine.run(checks(), args)
-    doc = json.loads(capsys.readouterr().out)
-    by_id = {}
-    for r in doc["results"]:
-        by_id.setdefault(r["id"], []).append(r)
-    return code, by_id
-
-
-def statuses(found, check_id):
-    return [r["status"] for r in found.get(check_id, [])]
+    """`preflight lint --sbatch SCRIPT --json`: (exit code, {id: [results]})."""
+    return lint_args(capsys, "--sbatch", script, *extra)
 
 
 def script(tmp_path, body, directives="#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:8\n"):
@@ -54,9 +31,7 @@ def script(tmp_path, body, directives="#SBATCH --nodes=2\n#SBATCH --ntasks-per-n
 @pytest.fixture(autouse=True)
 def clean_environment(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for name in list(os.environ):
-        if name.startswith(("SBATCH_", "SLURM_")) or name in ("MASTER_ADDR", "MASTER_PORT", "ACCELERATE_DIR"):
-            monkeypatch.delenv(name)
+    without_slurm_environment(monkeypatch)
 
 
 HEALTHY_TORCHRUN = """
@@ -83,9 +58,9 @@ def test_accelerates_fsdp_example_lints_the_config_it_names(capsys, monkeypatch)
         assert statuses(found, check_id) == ["pass"], (check_id, found.get(check_id))
     # the fsdp_config.yaml the launch line names is linted as `lint --config` lints it, its flags over the file
     assert statuses(found, "CFG001") == ["pass"]
-    args = cli.build_parser().parse_args(["lint", "--json"])
-    args.sbatch = str(FIXTURES / "accelerate_submit_multinode_fsdp.sh")
-    plan = engine.evaluate(checks(), args)[0]
+    args = cli.build_parser().parse_args(["lint", "--json", "--sbatch",
+                                          str(FIXTURES / "accelerate_submit_multinode_fsdp.sh")])
+    plan = engine.evaluate(registry.load(), args)[0]
     assert plan.accelerate.doc.path == str(FIXTURES / "accelerate" / "examples" / "slurm" / "fsdp_config.yaml")
     assert plan.accelerate.data["distributed_type"] == "FSDP" and plan.accelerate.data["num_processes"] == 16
 
@@ -312,7 +287,7 @@ c"
     assert [s.command.launcher for s in read.steps] == ["deepspeed"]  # not the heredoc's text
     assert read.steps[0].line == 13 and read.steps[0].srun == {"label": ""}  # lines 1-4: #! and the directives
     assert read.steps[0].command.script_args[-1] == "a b c"  # backslash-newline inside double quotes: removed
-    assert read.helpers == ((11, "hostname"),)
+    assert read.helpers == ((7, "hostname --ip-address"), (11, "hostname"))  # in $(...) too
     assert read.written_files == {"ds_config.json": 8}
     assert read.unread == ((12, "sources env.sh: the variables it sets are not read"),)
 
@@ -325,6 +300,9 @@ c"
     "srun ${A:-${B:-${C}}} `x` $'\\x41' $((1/0)) train.py",
     "((x++))\n{ srun python t.py; } | tee log\n( srun python t.py )",
     "f() { srun torchrun --nnodes 2 train.py; }\nf",
+    "case $X in\n a|b) srun torchrun t.py;;\n (c) srun python t.py;;\nesac\nesac\n;;\n0)",
+    "f() ( srun torchrun t.py )\nf\nfunction g { g \"$@\"; }\ng a\nh() {\nsrun x",
+    "cat <<-EOF > ds.json\n\t{\"a\": $((x\n\tEOF\nA=(a b\nsrun torchrun ${A[9]} ${A[@]} ${A[x]} ${#A[@]} t.py",
 ])
 def test_odd_shell_never_breaks_the_reader(text):
     read = batchscript.parse("job.sh", "#!/bin/bash\n#SBATCH -N 2\n" + text + "\n", {})
@@ -344,28 +322,10 @@ def test_a_large_script_is_read_in_bounded_time():
 # ---- bad input --------------------------------------------------------------------------------------------------
 
 def test_bad_input_is_one_line_naming_the_file(tmp_path):
-    cases = {}
-    cases["not a batch script"] = tmp_path / "train.py"
-    cases["not a batch script"].write_text("import torch\n")
-    cases["binary"] = tmp_path / "a.out"
-    cases["binary"].write_bytes(b"#!\x7fELF\x00\x00")
-    cases["huge"] = tmp_path / "huge.sh"
-    with open(cases["huge"], "wb") as handle:
-        handle.truncate(batchscript.MAX_BYTES + 1)
-    cases["fifo"] = tmp_path / "pipe.sh"
-    os.mkfifo(cases["fifo"])
-    cases["directory"] = tmp_path
-    cases["missing"] = tmp_path / "missing.sh"
-    expected = {"not a batch script": "first line must start with #!", "binary": "binary data",
-                "huge": "larger than 1 MiB", "fifo": "not a regular file", "directory": "is a directory",
-                "missing": "cannot be read"}
-    for case, path in cases.items():
-        started = time.monotonic()
-        with pytest.raises(InputError) as raised:
-            batchscript.load(str(path))
-        assert time.monotonic() - started < 5, case
-        message = str(raised.value)
-        assert message.startswith(str(path)) and expected[case] in message and "\n" not in message, (case, message)
+    cases = unreadable_files(tmp_path, ".sh", batchscript.MAX_BYTES, b"#!")
+    (tmp_path / "train.py").write_text("import torch\n")
+    cases[tmp_path / "train.py"] = "first line must start with #!"
+    assert_refused_in_one_line(batchscript.load, cases)
 
 
 # ---- the files the launch line names ----------------------------------------------------------------------------
@@ -409,3 +369,169 @@ def test_a_rank_kept_in_a_variable_of_the_batch_step_is_zero_on_every_node(capsy
     assert statuses(found, "CFG072") == ["fail"], found["CFG072"]
     assert found["CFG072"][0]["evidence"]["variable"] == "SLURM_NODEID"
     assert statuses(found, "CFG074") == ["pass"]  # ${SLURM_NNODES:-1} is the allocation's 2
+
+
+# ---- shell forms real scripts use: functions, case, arrays, heredocs, SLURM's own variables ----------------------
+
+def test_bigscience_176B_script_reads_its_heredoc_config_and_launcher_strings(capsys):
+    # bigscience tr11-176B-ml.slurm: the DeepSpeed JSON written by an unquoted heredoc from the script's variables,
+    # the launcher and its arguments in strings, `srun bash -c "$LAUNCHER --node_rank \$SLURM_PROCID $CMD"`
+    code, found = lint(capsys, FIXTURES / "bigscience_tr11_176B_ml.slurm")
+    assert code == 0, found
+    for check_id in BATCH_IDS + ("CFG076",):
+        assert statuses(found, check_id) == ["pass"], (check_id, found.get(check_id))
+    assert found["CFG071"][0]["evidence"]["line"] == 219  # not the data-preparing `python` of line 43
+    assert "'$(pwd)/pretrain_gpt.py'" in found["CFG007"][0]["message"]
+    read = batchscript.load(str(FIXTURES / "bigscience_tr11_176B_ml.slurm"))
+    heredoc = read.written("./ds_config.$SLURM_JOB_ID.json")
+    assert heredoc.runtime == () and '"train_batch_size": 2048' in heredoc.text and '"stage": 0' in heredoc.text
+    assert [(reader, option) for reader, option, _ in read.named_configs()] == [("deepspeed", "--deepspeed_config")]
+
+
+def test_slurms_own_variables_are_set_at_run_time(capsys):
+    # AMDResearch/hpcfund#47: `--rdzv_id "$SLURM_JOB_ID"`; SLURM sets it in the batch step: not a variable set nowhere
+    code, found = lint(capsys, FIXTURES / "srun_torchrun_issue_hpcfund47.sh")
+    assert code == 0, found
+    assert statuses(found, "CFG071") == ["pass"], found["CFG071"]
+    body = "srun torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint node01:29500 " \
+           "--rdzv_id $SLURM_JOB_ID train.py\n"
+    code, found = lint(capsys, script(Path("."), body))
+    assert statuses(found, "CFG071") == ["pass"] and "'train.py'" in found["CFG007"][0]["message"]
+
+
+FUNCTION = """
+launch() {
+  srun torchrun --nnodes $SLURM_NNODES --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint $MASTER_ADDR:29500 "$@"
+}
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+launch train.py --lr 1e-4
+"""
+
+
+def test_a_launch_in_a_function_is_read_where_it_is_called(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, FUNCTION))
+    assert code == 0, found
+    assert statuses(found, "CFG071") == ["pass"], found["CFG071"]  # $MASTER_ADDR is set by the time it is called
+    assert "'train.py'" in found["CFG007"][0]["message"]  # "$@": the call's words
+    read = batchscript.load(str(tmp_path / "job.sh"))
+    assert read.main.line == 7 and read.main.command.script_args == ("--lr", "1e-4")
+
+
+def test_a_function_never_called_is_said_not_to_run(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, FUNCTION.replace("launch train.py", "echo train.py")))
+    assert statuses(found, "CFG071") == ["skip"]
+    assert "function launch is defined but never called" in found["CFG071"][0]["message"]
+
+
+CASE = """
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+case $SLURM_NNODES in
+  1) srun torchrun --standalone --nnodes 1 --nproc_per_node 8 train.py ;;
+  *) srun torchrun --nnodes $SLURM_NNODES --nproc_per_node 8 --rdzv_backend c10d \\
+       --rdzv_endpoint $MASTER_ADDR:29500 train.py ;;
+esac
+"""
+
+
+def test_a_case_on_a_value_the_directives_give_runs_its_branch(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, CASE))
+    assert code == 0, found
+    assert [r["evidence"]["line"] for r in found["CFG071"]] == [9], found["CFG071"]  # `*)`: the 2-node branch
+
+
+def test_a_case_decided_at_run_time_is_said(capsys, tmp_path):
+    text = CASE.replace("case $SLURM_NNODES in", "MODE=$(cat mode)\ncase $MODE in")
+    code, found = lint(capsys, script(tmp_path, text))
+    read = batchscript.load(str(tmp_path / "job.sh"))
+    assert read.unread[0] == (8, "case $MODE: chosen at run time; every branch is read and the first launch in "
+                                 "them judged")
+    assert read.main.line == 9 and read.main.conditional
+
+
+PER_TASK_CASE = HEAD + """srun bash -c 'case $SLURM_NODEID in
+0) torchrun --nnodes 2 --node_rank 0 --nproc_per_node 8 --master_addr $MASTER_ADDR --master_port 29500 train.py ;;
+*) torchrun --nnodes 2 --node_rank {rank} --nproc_per_node 8 --master_addr $MASTER_ADDR --master_port 29500 train.py ;;
+esac'
+"""
+
+
+def test_each_task_picks_its_node_rank_by_case(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, PER_TASK_CASE.format(rank=1)))
+    assert statuses(found, "CFG072") == ["pass"], found["CFG072"]
+    assert found["CFG072"][0]["evidence"]["branches"] == ["0", "1"]
+    code, found = lint(capsys, script(tmp_path, PER_TASK_CASE.format(rank=0)))
+    assert statuses(found, "CFG072") == ["fail"] and "claim one rank" in found["CFG072"][0]["message"]
+
+
+def test_an_array_of_launcher_options_is_expanded(capsys, tmp_path):
+    body = HEAD + 'ARGS=(--nnodes $SLURM_NNODES --nproc_per_node 8 --rdzv_backend c10d\n' \
+                  '      --rdzv_endpoint "$MASTER_ADDR:29500")\nsrun torchrun "${ARGS[@]}" train.py\n'
+    code, found = lint(capsys, script(tmp_path, body))
+    assert code == 0, found
+    assert statuses(found, "CFG071") == ["pass"] and statuses(found, "CFG074") == ["pass"]
+    path = script(tmp_path, body.replace("--nproc_per_node 8", "--nproc_per_node 4"))
+    code, found = lint(capsys, path)
+    assert statuses(found, "CFG074") == ["fail"]  # the array's 4 against the allocation's 8 GPUs
+
+
+def test_an_array_of_run_time_values_stays_unknown():
+    read = batchscript.parse("job.sh", "#!/bin/bash\n#SBATCH -N 2\nnodes=( $(scontrol show hostnames) )\n"
+                                       "srun -w ${nodes[0]} torchrun --nnodes 2 --master_addr ${nodes[1]} t.py\n", {})
+    assert read.main.srun == {"nodelist": "${nodes[0]}"}
+    assert read.main.value_of("master_addr").text == "${nodes[1]}"
+
+
+HEREDOC = HEAD + """MICRO=4
+cat > ds.json <<{delimiter}
+{{"train_micro_batch_size_per_gpu": $MICRO, "train_batch_size": $GLOBAL, "zero_optimization": {{"stage": 2}}}}
+{end}
+srun torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint $MASTER_ADDR:29500 \\
+    train.py --deepspeed ds.json
+"""
+
+
+def test_a_heredoc_config_is_read_as_the_batch_shell_writes_it(capsys, tmp_path):
+    text = HEREDOC.replace("MICRO=4\n", "MICRO=4\nGLOBAL=$((MICRO * 16))\n")
+    code, found = lint(capsys, script(tmp_path, text.format(delimiter="EOF", end="EOF")))
+    assert statuses(found, "CFG076") == ["pass"], found["CFG076"]
+    heredoc = batchscript.load(str(tmp_path / "job.sh")).written("ds.json")
+    assert heredoc.text == '{"train_micro_batch_size_per_gpu": 4, "train_batch_size": 64, ' \
+                           '"zero_optimization": {"stage": 2}}'
+    assert heredoc.document_text().count("\n") == 8 and heredoc.body_line == 9  # keys keep the script's lines
+
+
+def test_a_quoted_heredoc_is_written_as_it_is(tmp_path):
+    path = script(tmp_path, HEREDOC.format(delimiter="'EOF'", end="EOF"))
+    heredoc = batchscript.load(str(path)).written("./ds.json")
+    assert "$MICRO" in heredoc.text and heredoc.runtime == () and heredoc.unset == ()
+
+
+def test_a_heredoc_computed_at_run_time_is_said(capsys, tmp_path):
+    text = HEREDOC.replace("MICRO=4\n", "MICRO=4\nGLOBAL=$(python -c 'print(4 * 16)')\n")
+    code, found = lint(capsys, script(tmp_path, text.format(delimiter="EOF", end="EOF")))
+    assert statuses(found, "CFG076") == ["pass"]
+    assert "computed at run time" in found["CFG076"][0]["message"] and "$GLOBAL" in found["CFG076"][0]["message"]
+
+
+def test_a_heredoc_variable_set_nowhere_breaks_the_config(capsys, tmp_path):
+    code, found = lint(capsys, script(tmp_path, HEREDOC.format(delimiter="EOF", end="EOF")))
+    assert statuses(found, "CFG076") == ["fail"]
+    message = found["CFG076"][0]["message"]
+    assert message.startswith(f"{tmp_path / 'job.sh'}:8: malformed JSON") and "$GLOBAL: set nowhere" in message
+
+
+def test_a_config_written_after_the_launch_is_missing_when_it_starts(capsys, tmp_path):
+    text = HEREDOC.replace("MICRO=4\n", "MICRO=4\nGLOBAL=64\n").format(delimiter="EOF", end="EOF")
+    launch = text[text.index("srun torchrun"):]
+    code, found = lint(capsys, script(tmp_path, text.replace(launch, "").replace("cat >", launch + "cat >")))
+    assert statuses(found, "CFG076") == ["fail"] and "written after the launch" in found["CFG076"][0]["message"]
+
+
+def test_a_heredoc_config_is_linted_as_lint_lints_it(capsys, tmp_path):
+    text = HEREDOC.replace("MICRO=4\n", "MICRO=4\nGLOBAL=64\n").replace('"stage": 2', '"stage": 7')
+    code, found = lint(capsys, script(tmp_path, text.format(delimiter="EOF", end="EOF")))
+    assert statuses(found, "CFG040") == ["fail"], found.get("CFG040")  # as `lint --deepspeed` says it
+    assert found["CFG040"][0]["message"].startswith(f"{tmp_path / 'job.sh'}:9: zero_optimization.stage is 7")
+    text = HEREDOC.replace("MICRO=4\n", "MICRO=4\nGLOBAL=$(cat global)\n")  # computed at run time: not linted
+    code, found = lint(capsys, script(tmp_path, text.format(delimiter="EOF", end="EOF")))
+    assert statuses(found, "CFG040") == ["skip"]

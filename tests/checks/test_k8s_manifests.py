@@ -3,35 +3,23 @@ judged by the CFG08x checks (checks/config/manifests.py); its main container's l
 as `-- COMMAND` does. Real manifests from public repositories and threads are in tests/fixtures/k8s (README there)."""
 from __future__ import annotations
 
-import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import run_cli
-from preflight import cli, engine, registry
+from lint_results import lint as lint_args
+from lint_results import assert_exit_2_in_one_line, assert_refused_in_one_line, statuses, unreadable_files
 from preflight.inputs import manifests
-from preflight.inputs.documents import InputError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "k8s"
 K8S_IDS = ("CFG080", "CFG081", "CFG082", "CFG083", "CFG084", "CFG085", "CFG086")
 
 
 def lint(capsys, manifest, *extra):
-    """`preflight lint --k8s MANIFEST --json` through the engine: (exit code, {id: [results]})."""
-    args = cli.build_parser().parse_args(["lint", "--json", "--k8s", str(manifest), *map(str, extra)])
-    code = engine.run(registry.load(), args)
-    doc = json.loads(capsys.readouterr().out)
-    by_id = {}
-    for r in doc["results"]:
-        by_id.setdefault(r["id"], []).append(r)
-    return code, by_id
-
-
-def statuses(found, check_id):
-    return [r["status"] for r in found.get(check_id, [])]
+    """`preflight lint --k8s MANIFEST --json`: (exit code, {id: [results]})."""
+    return lint_args(capsys, "--k8s", manifest, *extra)
 
 
 def write(tmp_path, text, name="job.yaml"):
@@ -329,30 +317,14 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
 
 
 def test_bad_input_is_one_line_naming_the_file(tmp_path):
-    cases = {}
-    cases["not a manifest"] = write(tmp_path, "compute_environment: LOCAL_MACHINE\nnum_machines: 2\n", "a.yaml")
-    cases["bomb"] = write(tmp_path, "apiVersion: v1\nkind: ConfigMap\n" + BOMB, "bomb.yaml")
-    cases["binary"] = tmp_path / "b.yaml"
-    cases["binary"].write_bytes(b"apiVersion: v1\x00\x01")
-    cases["huge"] = tmp_path / "huge.yaml"
-    with open(cases["huge"], "wb") as handle:
-        handle.truncate(manifests.MAX_BYTES + 1)
-    cases["fifo"] = tmp_path / "pipe.yaml"
-    os.mkfifo(cases["fifo"])
-    cases["directory"] = tmp_path
-    cases["malformed"] = write(tmp_path, "apiVersion: v1\nkind: [\n", "bad.yaml")
-    cases["helm"] = write(tmp_path, "apiVersion: v1\nkind: Job\nspec: {{ toYaml .Values.spec | indent 2 }} x: [\n",
-                          "chart.yaml")
-    expected = {"not a manifest": "not a Kubernetes manifest", "bomb": "more than 100000 values",
-                "binary": "binary data", "huge": "larger than 4 MiB", "fifo": "not a regular file",
-                "directory": "is a directory", "malformed": "malformed YAML", "helm": "render it first"}
-    for case, path in cases.items():
-        started = time.monotonic()
-        with pytest.raises(InputError) as raised:
-            manifests.load(str(path))
-        assert time.monotonic() - started < 5, case
-        message = str(raised.value)
-        assert message.startswith(str(path)) and expected[case] in message and "\n" not in message, (case, message)
+    cases = unreadable_files(tmp_path, ".yaml", manifests.MAX_BYTES, b"apiVersion: v1")
+    cases[write(tmp_path, "compute_environment: LOCAL_MACHINE\nnum_machines: 2\n", "a.yaml")] = \
+        "not a Kubernetes manifest"
+    cases[write(tmp_path, "apiVersion: v1\nkind: ConfigMap\n" + BOMB, "bomb.yaml")] = "more than 100000 values"
+    cases[write(tmp_path, "apiVersion: v1\nkind: [\n", "bad.yaml")] = "malformed YAML"
+    cases[write(tmp_path, "apiVersion: v1\nkind: Job\nspec: {{ toYaml .Values.spec | indent 2 }} x: [\n",
+                "chart.yaml")] = "render it first"
+    assert_refused_in_one_line(manifests.load, cases)
 
 
 @pytest.mark.parametrize("make,problem", [
@@ -362,11 +334,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path):
     (lambda d: d / "missing.yaml", "cannot be read"),
 ])
 def test_bad_input_is_exit_2_in_one_line(capsys, tmp_path, make, problem):
-    path = make(tmp_path)
-    code, out, err = run_cli(capsys, "lint", "--k8s", path)
-    assert code == 2
-    assert err.count("\n") == 1 and str(path) in err and problem in err, err
-    assert "Traceback" not in err
+    assert_exit_2_in_one_line(capsys, "--k8s", make(tmp_path), problem)
 
 
 def test_the_command_line_option(capsys):

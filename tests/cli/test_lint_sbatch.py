@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import preflight_json, run_cli
+from lint_results import assert_exit_2_in_one_line, without_slurm_environment
 
 TORCHTITAN = Path(__file__).resolve().parent.parent / "fixtures" / "sbatch" / "torchtitan_multinode_trainer.slurm"
 NO_SRUN = Path(__file__).resolve().parent.parent / "fixtures" / "sbatch" / "no_srun_issue2816.sh"
@@ -16,9 +17,7 @@ NO_SRUN = Path(__file__).resolve().parent.parent / "fixtures" / "sbatch" / "no_s
 @pytest.fixture(autouse=True)
 def no_sbatch_environment(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    for name in list(os.environ):
-        if name.startswith(("SBATCH_", "SLURM_")):
-            monkeypatch.delenv(name)
+    without_slurm_environment(monkeypatch)
 
 
 def test_a_working_batch_script_is_ready(capsys):
@@ -52,11 +51,7 @@ def test_the_command_after_dashes_is_the_launch_the_cfg_checks_read(capsys):
     (lambda d: d / "missing.sh", "cannot be read"),
 ])
 def test_bad_input_is_exit_2_in_one_line(capsys, tmp_path, make, problem):
-    path = make(tmp_path)
-    code, out, err = run_cli(capsys, "lint", "--sbatch", path)
-    assert code == 2
-    assert err.count("\n") == 1 and str(path) in err and problem in err, err
-    assert "Traceback" not in err
+    assert_exit_2_in_one_line(capsys, "--sbatch", make(tmp_path), problem)
 
 
 def test_an_empty_path_is_exit_2(capsys):
