@@ -122,6 +122,8 @@ def build_parser() -> Parser:
                          help="clock offset from the head that fails (default 1 s)")
         sub.add_argument("--port", type=port_number, metavar="N",
                          help=f"main process port (default: main_process_port of the config, else {DEFAULT_PORT})")
+        sub.add_argument("--sbatch", metavar="SCRIPT", help="a SLURM batch script: its directives and launch line, "
+                         "as lint judges them and, inside its allocation, against what SLURM gave the job")
         if name == "node":
             slurm_options(sub)
         if name != "node":

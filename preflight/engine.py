@@ -370,4 +370,24 @@ def gather_for(plan, args, specs=()):
     )
     facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
     probes["job"] = view.launches(plan, facts, (probes.get("head") or {}).get("address"))
+    probes["allocation"] = allocation_for(plan, args)
     return runner.CheckContext(plan, facts, probes)
+
+def allocation_for(plan, args):
+    """Inside a SLURM allocation, given `--slurm` or `--sbatch`: the allocation as SLURM reports it, its SLURM_*
+    variables and `scontrol show job` (CFG075 judges the launch against it); else None."""
+    from preflight.gate import slurm
+    from preflight.inputs import allocation
+
+    if not (getattr(args, "slurm", False) or plan.batch is not None):
+        return None
+    jobid = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID") or ""
+    text, problem = None, None
+    if jobid and slurm.scontrol_path() is not None:
+        try:
+            text = slurm.job_details(jobid, min(10.0, getattr(args, "timeout", 10.0)))
+        except slurm.SlurmError as exc:
+            problem = str(exc)
+    elif jobid:
+        problem = "scontrol is not on PATH"
+    return allocation.read(os.environ, text, problem)

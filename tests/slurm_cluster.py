@@ -24,6 +24,9 @@ and job steps see. slurmd is started with `nsenter --net=/run/netns/X`, not `ip 
 `make_slurm_fixtures(health_check=SCRIPT, health_check_env={...}, health_check_interval=S)` sets
 HealthCheckProgram= (a wrapper that exports the variables and logs each run: `slurm.health_checks(node)`);
 `ports=(CTLD, SLURMD)` and `scope="function"` let such a SLURM run beside the module's, for one test.
+`gpus=N` gives every node N GPUs as a GRES without hardware: gres.conf with `AutoDetect=off` and `File=` naming
+N character devices made here with /dev/null's numbers (slurmd 22.05 drops a GPU without `File=`, "Ignoring
+file-less GPU", and the node is INVAL). slurmctld allocates them and sets the jobs' GPU variables.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -66,8 +70,9 @@ class Slurm:
     def __init__(self, cluster, dir: Path, prolog: Optional[str] = None, prolog_env: Optional[dict] = None,
                  health_check: Optional[str] = None, health_check_env: Optional[dict] = None,
                  health_check_interval: int = 2, health_check_node_state: str = "ANY",
-                 ports: Sequence[int] = (CTLD_PORT, SLURMD_PORT)):
+                 ports: Sequence[int] = (CTLD_PORT, SLURMD_PORT), gpus: int = 0):
         self.cluster = cluster
+        self.gpus = gpus  # GPUs per node, as a GRES that no device backs
         self.dir = Path(dir)
         self.prolog = prolog  # a script for Prolog= (with PrologFlags=Alloc), run through a wrapper that
         self.prolog_env = dict(prolog_env or {})  # exports these variables first
@@ -153,8 +158,17 @@ class Slurm:
             lines += [f"HealthCheckProgram={wrapper}", f"HealthCheckInterval={self.health_check_interval}",
                       f"HealthCheckNodeState={self.health_check_node_state}"]
         cpus = os.cpu_count() or 1
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
+        if self.gpus:  # gres.conf beside slurm.conf, where slurmd looks for it
+            lines.append("GresTypes=gpu")
+            for k in range(self.gpus):
+                device = d / f"gpu{k}"
+                if not device.exists():
+                    os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+            (d / "gres.conf").write_text("AutoDetect=off\n" + "".join(
+                f"NodeName={node} Name=gpu File={d}/gpu[0-{self.gpus - 1}]\n" for node in self.nodes))
         for node in self.nodes:
-            lines.append(f"NodeName={node} NodeAddr={self.cluster.ip(node)} CPUs={cpus} State=UNKNOWN")
+            lines.append(f"NodeName={node} NodeAddr={self.cluster.ip(node)} CPUs={cpus}{gres} State=UNKNOWN")
         lines.append(f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
         (d / "plugstack.conf").write_text("")
         self.conf.write_text("\n".join(lines) + "\n")

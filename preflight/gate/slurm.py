@@ -88,12 +88,23 @@ def undrain(name: str, timeout: float = 10.0) -> Tuple[bool, str]:
     return True, f"node {name} returned to service (it was drained with {reason!r})"
 
 
+JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?(\+[0-9]+)?")  # as squeue shows them: 42, 42_7 (array), 42+1 (het)
+
+
+def job_details(jobid: str, timeout: float) -> str:
+    """`scontrol show job --details JOBID`: the allocation's GRES on each node and its BatchHost, for the
+    allocation check (preflight.inputs.allocation reads the text)."""
+    if not JOB_ID.fullmatch(jobid or ""):
+        raise SlurmError(f"{jobid!r} is not a SLURM job ID")
+    return _scontrol(["show", "job", "--details", jobid], timeout)
+
+
 def job_nodes(jobid: str, timeout: float) -> List[str]:
     """The nodes of a running SLURM job (`scontrol show job JOBID`), for `doctor --slurm-job` from a login node."""
     from preflight.inputs.documents import InputError
     from preflight.inputs.inventory import expand, validate
 
-    if not re.fullmatch(r"[0-9]+(_[0-9]+)?(\+[0-9]+)?", jobid or ""):
+    if not JOB_ID.fullmatch(jobid or ""):
         raise InputError("--slurm-job", f"{jobid!r} is not a SLURM job ID (digits, as squeue shows them)")
     try:
         text = _scontrol(["show", "job", "--oneliner", jobid], timeout)

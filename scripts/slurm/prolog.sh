@@ -12,6 +12,9 @@
 # Only a verdict of fail (exit 1) stops the job: a bad invocation (2) or an internal error (3) of
 # preflight itself is logged and lets the job start, so that a preflight defect cannot drain a cluster.
 # The budget (20 s) bounds the whole run, scontrol included; keep it under PrologEpilogTimeout.
+# The job's launch against its allocation (CFG075: launchers per node, GPUs per node, rank 0's node) is judged
+# in the batch script, by `preflight check --slurm --sbatch "$0"` before the training step, not here: a failed
+# prolog drains the node and requeues the job, and a wrong launch line is no fault of the node.
 PATH=/usr/local/bin:/usr/bin:/bin
 export PATH
 PREFLIGHT=${PREFLIGHT:-/opt/preflight/bin/preflight}    # the preflight of the training environment

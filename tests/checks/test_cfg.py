@@ -76,7 +76,7 @@ def shown(results):
 # The location is FILE:LINE (or the file alone when the key is absent), and must be in the message.
 # Passing cases: every result of the check is "pass" (so it was evaluated, not skipped), and the
 # message holds the text given, if any.
-BATCH_CHECKS = {"CFG070", "CFG071", "CFG072", "CFG073", "CFG074", "CFG076"}  # a SLURM batch script's (--sbatch)
+BATCH_CHECKS = {"CFG070", "CFG071", "CFG072", "CFG073", "CFG074", "CFG075", "CFG076"}  # a SLURM batch script's (--sbatch)
 MANIFEST_CHECKS = {f"CFG08{i}" for i in range(7)}  # a Kubernetes manifest's (--k8s)
 
 CASES = [

@@ -231,3 +231,92 @@ def test_doctor_refuses_a_job_id_that_is_not_running(slurm):
     assert proc.returncode == 2 and proc.stderr.startswith("preflight: error: --slurm-job: job 999999")
     proc = slurm.run([PREFLIGHT, "doctor", "--slurm-job", "12;rm"], check=False)
     assert proc.returncode == 2 and "is not a SLURM job ID" in proc.stderr
+
+
+# ---- a batch script judged against its real allocation (CFG075) ------------------------------------------------
+# A SLURM beside the first, whose nodes have 2 GPUs each as a GRES without hardware (tests/slurm_cluster.py, gpus=2),
+# and no prolog: its jobs start at once.
+slurm_gpu_up, slurm_gpu = make_slurm_fixtures(name="slurm_gpu", ports=(6937, 6938), gpus=2)
+
+TRAIN = """import os, socket
+import torch.distributed as dist
+dist.init_process_group("gloo", rank=int(os.environ["SLURM_NODEID"]), world_size=2)  # at MASTER_ADDR:MASTER_PORT
+dist.barrier()
+open(os.path.join({out!r}, "trained-" + socket.gethostname()), "w").write(str(dist.get_rank()))
+"""
+
+# The batch script as users write it: the head's address, preflight as the gate in the batch step, the training step.
+JOB = """#!/bin/bash
+#SBATCH --nodes=2
+{tasks}#SBATCH --gpus-per-node={gpus}
+#SBATCH --time=3
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+{preflight} check --slurm --sbatch "$0" --python {python} --timeout 20 {select} --json >{out}/check.json || exit 1
+srun {srun} bash -c "{accelerate} launch --num_machines 2 --num_processes {procs} --machine_rank \\$SLURM_NODEID \\
+    --main_process_ip $MASTER_ADDR --main_process_port 29631 {train}"
+"""
+
+
+def submit(slurm, tmp_path, *sbatch, srun="--ntasks-per-node=1", gpus=1, procs=2, select="--skip COL",
+           tasks="#SBATCH --ntasks-per-node=1\n"):
+    """The batch script, submitted with `sbatch --wait [OPTIONS]`: (exit code, CFG075's results, the output)."""
+    (tmp_path / "train.py").write_text(TRAIN.format(out=str(tmp_path)))
+    job = tmp_path / "job.sh"
+    job.write_text(JOB.format(preflight=PREFLIGHT, python=sys.executable, out=tmp_path, select=select, srun=srun,
+                              tasks=tasks, gpus=gpus, procs=procs, accelerate=BIN / "accelerate",
+                              train=tmp_path / "train.py"))
+    proc = slurm.run(["sbatch", "--wait", "--parsable", f"--output={tmp_path}/job.out", *sbatch, str(job)],
+                     timeout=240, check=False)
+    output = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert "Traceback" not in output, output
+    doc = json.loads((tmp_path / "check.json").read_text())
+    return proc.returncode, doc, output
+
+
+def cfg075(doc):
+    return [(r["status"], r["message"]) for r in doc["results"] if r["id"] == "CFG075"]
+
+
+def test_the_gate_in_a_batch_script_names_srun_starting_two_launchers_per_node(slurm_gpu, tmp_path):
+    # Without a task count in the job (no --ntasks, no --ntasks-per-node), srun honours its own --ntasks-per-node
+    # (on whole nodes, as GPU jobs take them: a node's one allocated CPU would refuse a second task):
+    two = slurm_gpu.run(["salloc", "-N2", "--exclusive", "srun", "--ntasks-per-node=2", "hostname"],
+                        timeout=60).stdout.split()
+    assert sorted(two) == ["node01", "node01", "node02", "node02"], two
+    code, doc, output = submit(slurm_gpu, tmp_path, srun="--ntasks-per-node=2", select="--only slurm,SSH",
+                               tasks="#SBATCH --exclusive\n")
+    assert code != 0, output  # the job stopped at the gate
+    [(status, message)] = cfg075(doc)
+    assert status == "fail" and "srun starts 2(x2) tasks on node[01-02]" in message, message
+    assert "srun --ntasks-per-node=2" in message and "accelerate launch" in message
+    assert not list(tmp_path.glob("trained-*")), "the training step ran"
+
+
+def test_a_batch_script_that_fits_its_allocation_passes_the_gate_and_trains(slurm_gpu, tmp_path):
+    code, doc, output = submit(slurm_gpu, tmp_path)
+    assert code == 0, (output, [(r["id"], r["nodes"], r["message"]) for r in doc["results"]
+                                if r["status"] in ("fail", "error")])
+    [(status, message)] = cfg075(doc)
+    assert status == "pass", message
+    assert "job " in message and "2 nodes node[01-02]" in message and "1(x2) GPUs per node" in message, message
+    assert doc["verdict"] != "fail" and doc["nodes"] == ["node01", "node02"]
+    assert sorted(p.name for p in tmp_path.glob("trained-*")) == ["trained-node01", "trained-node02"], output
+    assert (tmp_path / "trained-node01").read_text() == "0"  # rank 0 on the first node, at MASTER_ADDR
+
+
+def test_an_allocation_changed_on_the_sbatch_command_line_is_judged_as_slurm_gave_it(slurm_gpu, tmp_path):
+    """The script is clean as written (lint --sbatch passes it); `sbatch --ntasks-per-node=2 --gpus-per-node=1`
+    gives the job two tasks and one GPU per node, and the gate inside the allocation names both."""
+    code, doc, output = submit(slurm_gpu, tmp_path, "--ntasks-per-node=2", "--gpus-per-node=1", srun="", gpus=2,
+                               procs=4, select="--only slurm,SSH")
+    assert code != 0, output
+    found = cfg075(doc)
+    assert [s for s, _ in found] == ["fail", "fail"], found
+    assert "srun starts 2(x2) tasks on node[01-02] in this allocation (SLURM_NTASKS=4, SLURM_NTASKS_PER_NODE=2)" \
+        in found[0][1], found
+    assert "starts 4 processes on node[01-02] (num_processes 4 / num_machines 2), which have 1 GPUs" in found[1][1]
+    lint = subprocess.run([PREFLIGHT, "lint", "--sbatch", str(tmp_path / "job.sh"), "--json", "--only",
+                           "CFG071,CFG074"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": str(BIN) + ":/usr/bin:/bin"})
+    assert [r["status"] for r in json.loads(lint.stdout)["results"]] == ["pass", "pass"], lint.stdout
+    assert not list(tmp_path.glob("trained-*"))
