@@ -9,11 +9,8 @@ from typing import Iterator, Optional, Tuple
 from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.inputs.allocation import command_script, fold_counts, srun_options, step_layout, written_value
 from preflight.inputs.documents import shorten
+from preflight.inputs.launchcmd import LAUNCHER_NAMES as NAMES, LOCAL_ADDRESSES as LOCAL, MULTI_LAUNCHERS
 
-MULTI_LAUNCHERS = ("accelerate", "torchrun", "deepspeed")  # each starts its node's processes itself
-NAMES = {"accelerate": "accelerate launch", "torchrun": "torchrun", "deepspeed": "DeepSpeed's runner",
-         "python": "python"}
-LOCAL = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 NODE_COUNT_VARS = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
 HEAD_FIX = ("name the allocation's first node: export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | "
             "head -n 1)")

@@ -8,11 +8,8 @@ from typing import Iterator, Optional
 
 from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.inputs.documents import InputError, parse_deepspeed, parse_json, parse_yaml, shorten, syntax_by_name
+from preflight.inputs.launchcmd import LAUNCHER_NAMES as NAMES, LOCAL_ADDRESSES as LOCAL, MULTI_LAUNCHERS
 
-MULTI_LAUNCHERS = ("accelerate", "torchrun", "deepspeed")  # each starts its node's processes itself
-NAMES = {"accelerate": "accelerate launch", "torchrun": "torchrun", "deepspeed": "DeepSpeed's runner",
-         "python": "python"}
-LOCAL = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 
 
 def _script(ctx):

@@ -11,8 +11,8 @@ from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.inputs import manifests
 from preflight.inputs.documents import shorten
 from preflight.inputs.settings import processes_per_machine
+from preflight.inputs.launchcmd import LOCAL_ADDRESSES as LOCAL
 
-LOCAL = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 HOST_WORDS = ("$(hostname", "`hostname", "$HOSTNAME", "${HOSTNAME}", "$POD_IP", "${POD_IP}", "$(POD_IP)")
 ISTIO = "sidecar.istio.io/inject"
 NO_MANIFEST = "no Kubernetes manifest given (--k8s)"

@@ -314,6 +314,10 @@ def parse(argv: Sequence[str]) -> LaunchCommand:
 # The main process port of torchrun, accelerate and DeepSpeed's runner when nothing names one (torch.distributed's
 # MASTER_PORT default), and so preflight's.
 DEFAULT_PORT = 29500
+MULTI_LAUNCHERS = ("accelerate", "torchrun", "deepspeed")  # each starts its node's processes itself
+LAUNCHER_NAMES = {"accelerate": "accelerate launch", "torchrun": "torchrun", "deepspeed": "DeepSpeed's runner",
+                  "python": "python"}
+LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1", "0.0.0.0")  # each node's own: no way to reach the head
 
 # The flags that tell a node of a multi-node accelerate launch who it is: `preflight launch` sets them on each
 # node (rank_command), and the plan leaves the user's own values of them out of what it judges.

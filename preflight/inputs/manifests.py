@@ -41,7 +41,7 @@ from preflight.inputs.documents import InputError, read_regular, yaml_documents
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DOCUMENTS = 1000
 SHELLS = ("bash", "sh", "zsh", "dash", "ash")
-MULTI_LAUNCHERS = ("accelerate", "torchrun", "deepspeed")
+MULTI_LAUNCHERS = launchcmd.MULTI_LAUNCHERS
 TEMPLATE = re.compile(r"\{\{.*?\}\}", re.S)
 MARK = "PREFLIGHT-TEMPLATED"  # what a {{ ... }} becomes while the YAML is read
 ENV_TEMPLATE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(:?-[^}]*)?\}|\$[A-Za-z_][A-Za-z0-9_]*")

@@ -292,7 +292,7 @@ def specs():
     (["zero"], [], ["CFG040", "CFG041", "MEM001"]),
     (["batch-size", "CFG011"], [], ["CFG011", "CFG030"]),
     (["CFG0"], ["deepspeed", "slurm", "kubernetes"], ["CFG001", "CFG002", "CFG010", "CFG011", "CFG020", "CFG090"]),
-    (["CFG07", "kubernetes"], ["multinode"], ["CFG070", "CFG080", "CFG082", "CFG083", "CFG086"]),
+    (["CFG07", "kubernetes"], ["multinode"], ["CFG070", "CFG076", "CFG080", "CFG082", "CFG083", "CFG086"]),
 ])
 def test_selection_by_id_prefix_tag_and_name(only, skip, expected):
     assert [s.id for s in registry.select(specs(), only, skip)] == expected
