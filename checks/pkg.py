@@ -1,6 +1,7 @@
 """PKG: the same software and environment on every node."""
 from __future__ import annotations
 
+import functools
 import re
 from typing import Iterator, Optional
 
@@ -411,17 +412,13 @@ def known_bad_versions(ctx) -> Iterator[Finding]:
     facts = ctx.fact
     found, unknown, nccl_from = _node_versions(facts)
     env = facts.get("env") or {}
-    flagged, skipped, worked_around = 0, [], []
-    for defect in known_defects():
-        verdict = judge(defect, found, unknown, env)
-        if verdict is None:
-            continue
-        if verdict == "worked around":
-            worked_around.append(defect.id)
-            continue
-        if verdict != "applies":
-            skipped.append((defect.id, verdict[1]))
-            continue
+    packages = facts.get("packages") or {}
+    installed = packages.get("distributions") or {}
+    applies, skipped, worked_around, unmet = _judged(
+        _frozen(found), _frozen(unknown), tuple((name, env.get(name)) for name in _defect_variables()),
+        tuple((owner, tuple(lines)) for owner, lines in sorted(_requires(facts).items())), _frozen(installed))
+    flagged = 0
+    for defect in applies:
         flagged += 1
         have = found.get(defect.package)
         judged = f" (NCCL from {nccl_from})" if "nccl" in defect.needs else ""
@@ -432,9 +429,7 @@ def known_bad_versions(ctx) -> Iterator[Finding]:
                       evidence={"defect": defect.id, "package": defect.package, "version": have,
                                 "affected": defect.shown(), "fixed": defect.fixed or None, "source": defect.source,
                                 "confirmed": defect.confirmed, "nccl": nccl_from if judged else None})
-    packages = facts.get("packages") or {}
-    installed = packages.get("distributions") or {}
-    for owner, requirement, name, have in unmet_requirements(_requires(facts), installed, found.get("python")):
+    for owner, requirement, name, have in unmet:
         flagged += 1
         yield Finding(Status.FAIL, f"{owner} {installed.get(owner)} requires {requirement} (its metadata), the node "
                       f"has {name} {have}", f"pip install '{requirement}' on {ctx.node}, or the {owner} release that "
@@ -449,6 +444,44 @@ def known_bad_versions(ctx) -> Iterator[Finding]:
         yield Finding(Status.PASS, f"{shown or 'no training stack'}: none of {len(known_defects())} known defects "
                       f"applies{notes}", evidence={"versions": {p: v for p, v in found.items() if v},
                                                   "nccl": nccl_from, "worked_around": worked_around})
+
+
+def _frozen(mapping) -> tuple:
+    """A mapping of facts as a key of _judged (the same keys in another order are only another key): a value
+    that cannot be hashed (a malformed fact) by its repr, which reads as a version just as the value does
+    (versions.version reads str(value))."""
+    items = tuple(mapping.items())
+    try:
+        hash(items)
+        return items
+    except TypeError:
+        return tuple((k, v if isinstance(v, (str, int, float, type(None))) else repr(v)) for k, v in items)
+
+
+@functools.lru_cache(maxsize=1)
+def _defect_variables() -> tuple:
+    """The variables the table's rows read (their conditions and workarounds)."""
+    return tuple(sorted({name for d in known_defects() for name, _ in d.env + d.workaround}))
+
+
+@functools.lru_cache(maxsize=256)
+def _judged(found: tuple, unknown: tuple, env: tuple, requires: tuple, installed: tuple) -> tuple:
+    """(the rows that apply, (row ID, why not judged) of the skipped ones, the IDs worked around, the unmet
+    requirements) for one node's versions. A function of the versions alone, kept for the next node with the
+    same ones: thousands of nodes have a few sets of versions, and parsing every Requires-Dist line and
+    marker (packaging) for each node took seconds."""
+    found, unknown, env, installed = dict(found), dict(unknown), dict(env), dict(installed)
+    applies, skipped, worked_around = [], [], []
+    for defect in known_defects():
+        verdict = judge(defect, found, unknown, env)
+        if verdict == "worked around":
+            worked_around.append(defect.id)
+        elif verdict == "applies":
+            applies.append(defect)
+        elif verdict is not None:
+            skipped.append((defect.id, verdict[1]))
+    unmet = unmet_requirements({owner: list(lines) for owner, lines in requires}, installed, found.get("python"))
+    return tuple(applies), tuple(skipped), tuple(worked_around), tuple(unmet)
 
 
 def _grouped(skipped):

@@ -5,7 +5,7 @@ from collections import Counter
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple
 
 from preflight.inputs.inventory import fold
-from preflight.result import Finding
+from preflight.result import Finding, finding_key
 
 
 def odd_ones_out(values: Mapping[str, Any], head: str = None,
@@ -50,7 +50,7 @@ def grouped(judge: Callable[[str], Iterable[Finding]], nodes: Iterable[str]) -> 
     groups: Dict[tuple, list] = {}
     for node in nodes:
         for finding in judge(node):
-            key = (finding.status, finding.message, finding.remediation, repr(sorted(finding.evidence.items())))
+            key = finding_key(finding)
             groups.setdefault(key, [finding, []])[1].append(node)
     return [Finding(finding.status, finding.message, finding.remediation, nodes=tuple(members),
                     evidence=finding.evidence) for finding, members in groups.values()]

@@ -40,6 +40,13 @@ class Finding:
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
 
+def finding_key(finding) -> tuple:
+    """What makes a Finding (or a Result) on one node the same as on another: its status, message, fix and
+    evidence, by repr (1, 1.0, True and "1" stay apart, as the JSON document shows them; the same keys in
+    another order only stay apart)."""
+    return finding.status, finding.message, finding.remediation, repr(dict(finding.evidence))
+
+
 def passed(message: str, **evidence: Any) -> Finding:
     return Finding(Status.PASS, message, evidence=evidence)
 
@@ -78,6 +85,12 @@ class Result:
             "evidence": dict(self.evidence),
             "duration_s": round(self.duration_s, 6),
         }
+
+
+def counted(result: Result) -> int:
+    """How many results `result` counts for in a report: one per node it concerns (the same finding on several
+    nodes is one Result), one when it concerns none."""
+    return len(result.nodes) or 1
 
 
 def verdict(results: Iterable[Result]) -> str:

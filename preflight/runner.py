@@ -1,6 +1,7 @@
 """Running selected checks over a plan: every check yields Results, none can kill the run."""
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from preflight.node.collector import SECTION_FAILED
 from preflight.inputs.documents import one_line
 from preflight.registry import CheckSpec
-from preflight.result import Finding, Result, Status
+from preflight.result import Finding, Result, Status, finding_key
 
 SECTION_FAILED_PREFIX = SECTION_FAILED.split("%s")[0]
 
@@ -37,6 +38,11 @@ class CheckContext:
     def fact(self) -> Mapping[str, Any]:
         """The facts document of `node`."""
         return self.facts[self.node]["facts"]
+
+    @functools.cached_property  # (set in the instance's __dict__: a frozen dataclass allows it)
+    def on_node(self) -> Dict[str, "CheckContext"]:
+        """node -> this context for that node: made once per run for every node check, not once per check."""
+        return {node: CheckContext(self.plan, self.facts, self.probes, node) for node in self.facts}
 
     @property
     def reachable(self) -> list:
@@ -117,8 +123,7 @@ def _run_on_node(spec: CheckSpec, ctx: CheckContext, node: str) -> List[Result]:
             return [Result(spec.id, spec.name, Status.ERROR, (node,), f"not evaluated: {error['message']}",
                            error.get("remediation"), {}, 0.0)]
         return [_not_checked(spec, node, error)]
-    # Built directly: dataclasses.replace costs more than many checks, once per check and node.
-    return _run(spec, CheckContext(plan=ctx.plan, facts=ctx.facts, probes=ctx.probes, node=node), (node,))
+    return _run(spec, ctx.on_node[node], (node,))
 
 
 def _not_checked(spec: CheckSpec, node: str, error: Mapping) -> Result:
@@ -194,10 +199,30 @@ def run(specs: Iterable[CheckSpec], ctx: CheckContext, deadline: Optional[float]
     ctx = guarded(ctx)
     for spec in specs:
         if deadline is None:
-            results.extend(run_check(spec, ctx))
+            found = run_check(spec, ctx)
         else:
-            results.extend(_run_bounded(spec, ctx, deadline, budget_s))
+            found = _run_bounded(spec, ctx, deadline, budget_s)
+        results.extend(grouped(found) if spec.scope == "node" else found)
     return unhidden(results, specs, ctx)
+
+
+def grouped(results: Iterable[Result]) -> List[Result]:
+    """The same finding of a check on several nodes as one Result naming them all, in the order first found
+    (its duration the sum of theirs): a node check over 4,096 nodes says "pass" once, not once a node, and
+    every result costs the reports. Results that differ in status, message, fix or evidence stay apart."""
+    groups: Dict[tuple, list] = {}
+    for r in results:
+        key = (r.id, finding_key(r))
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [r, list(r.nodes), r.duration_s, 1]
+        else:
+            group[1] += r.nodes
+            group[2] += r.duration_s
+            group[3] += 1
+    return [r if count == 1 else Result(r.id, r.name, r.status, tuple(dict.fromkeys(nodes)), r.message, r.remediation,
+                                        r.evidence, duration)
+            for r, nodes, duration, count in groups.values()]
 
 
 def unhidden(results: List[Result], specs: List[CheckSpec], ctx: CheckContext) -> List[Result]:
@@ -227,8 +252,8 @@ def unhidden(results: List[Result], specs: List[CheckSpec], ctx: CheckContext) -
             r = results[i]
             cause = r.evidence["blocked_by"]
             why = "was not selected" if cause not in ran else "does not report it"
-            error = unusable.get(r.nodes[0]) if len(r.nodes) == 1 else None
-            fix = (error or {}).get("remediation") or r.remediation or \
+            fixes = {(unusable.get(n) or {}).get("remediation") for n in r.nodes}  # the nodes' own, when one
+            fix = (fixes.pop() if len(fixes) == 1 else None) or r.remediation or \
                 f"run with {cause} selected (`--only {cause}`) for the cause and its fix"
             said = "" if cause == r.id else f" ({cause}, which reports the cause, {why})"
             out[i] = Result(r.id, r.name, Status.ERROR, r.nodes, f"not evaluated: {r.message}{said}", fix,

@@ -23,7 +23,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 from preflight import DISTRIBUTION, __version__
 from preflight.inputs.documents import InputError
 from preflight.inputs.numbers import float_or_none
-from preflight.result import SEVERITY, Result, Status
+from preflight.result import SEVERITY, Result, Status, counted
 
 CONFIG = "config"  # the node name of results that concern no node (config lint, cluster-wide skips)
 STATUSES = (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR)
@@ -199,7 +199,7 @@ def _per_node(results: Iterable[Result]) -> Iterable[Tuple[Result, str]]:
 
 
 def _worst(statuses: Iterable[Status]) -> Status:
-    return min(statuses, key=lambda s: SEVERITY[s])
+    return min(statuses, key=SEVERITY.__getitem__)
 
 
 # --- JUnit XML ------------------------------------------------------------------------------------
@@ -230,10 +230,9 @@ def _element(tag: str, attributes: Iterable[Tuple[str, str]], text: Optional[str
 
 def junit_pieces(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> Iterator[bytes]:
     """junit's document, a testcase at a time."""
-    cases = list(_per_node(results))
-    count = lambda *statuses: sum(1 for r, _ in cases if r.status in statuses)  # noqa: E731
+    count = lambda *statuses: sum(counted(r) for r in results if r.status in statuses)  # noqa: E731
     suite = _element("testsuite", [
-        ("name", "preflight"), ("tests", str(len(cases))), ("failures", str(count(Status.FAIL))),
+        ("name", "preflight"), ("tests", str(count(*STATUSES))), ("failures", str(count(Status.FAIL))),
         ("errors", str(count(Status.ERROR))), ("skipped", str(count(Status.SKIP))), ("time", f"{duration_s:.6f}"),
         ("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())), ("hostname", socket.gethostname())])
     yield _utf8("<?xml version='1.0' encoding='utf-8'?>\n" + suite[:-len(" />")] + ">\n  <properties>\n"
@@ -241,7 +240,7 @@ def junit_pieces(results: Sequence[Result], verdict: str, nodes: Sequence[str], 
                 f"    {_element('property', [('name', 'verdict'), ('value', verdict)])}\n"
                 f"    {_element('property', [('name', 'nodes'), ('value', _xml(','.join(nodes)))])}\n"
                 "  </properties>\n")
-    for r, node in cases:
+    for r in results:  # a result's test case is the same on each of its nodes but for the name: made once
         inside = []
         tag = _OUTCOME.get(r.status)
         if tag:
@@ -253,11 +252,11 @@ def junit_pieces(results: Sequence[Result], verdict: str, nodes: Sequence[str], 
         if r.evidence:
             inside.append(_element("system-err", (), "evidence: " + json.dumps(dict(r.evidence), default=str,
                                                                                sort_keys=True)))
-        case = _element("testcase", [("classname", _xml(f"{r.id} {r.name}")), ("name", _xml(node)),
-                                     ("time", f"{r.duration_s:.6f}")])
-        if inside:
-            case = case[:-len(" />")] + ">" + "".join(f"\n    {x}" for x in inside) + "\n  </testcase>"
-        yield _utf8(f"  {case}\n")
+        classname = escape(_xml(f"{r.id} {r.name}"), _ATTRIBUTE)
+        end = f' time="{r.duration_s:.6f}"' + (
+            ">" + "".join(f"\n    {x}" for x in inside) + "\n  </testcase>" if inside else " />")
+        yield _utf8("".join(f'  <testcase classname="{classname}" name="{escape(_xml(node), _ATTRIBUTE)}"{end}\n'
+                            for node in r.nodes or (CONFIG,)))
     yield b"</testsuite>\n"
 
 
@@ -289,12 +288,20 @@ def check_status_lines(results: Sequence[Result]) -> Iterator[str]:
     worst: Dict[Tuple[str, str, str], Status] = OrderedDict()
     for r, node in _per_node(results):
         key = (r.id, r.name, node)
-        worst[key] = _worst((worst.get(key, r.status), r.status))
+        found = worst.get(key)
+        if found is None or SEVERITY[r.status] < SEVERITY[found]:
+            worst[key] = r.status
     yield f"# HELP {STATUS_METRIC} {STATUS_HELP}\n"
     yield f"# TYPE {STATUS_METRIC} gauge\n"
+    # What follows `status="` in each of the five samples, for each status the node may have: made once.
+    samples = {c: [f'{s.value}"}} {"1.0" if s is c else "0.0"}\n' for s in STATUSES] for c in STATUSES}
+    checks: Dict[Tuple[str, str], str] = {}
     for (check_id, name, node), current in worst.items():
-        labels = f'{STATUS_METRIC}{{check="{_label(check_id)}",name="{_label(name)}",node="{_label(node)}",status="'
-        yield "".join(f'{labels}{s.value}"}} {"1.0" if s is current else "0.0"}\n' for s in STATUSES)
+        check = checks.get((check_id, name))
+        if check is None:
+            check = checks[(check_id, name)] = f'{STATUS_METRIC}{{check="{_label(check_id)}",name="{_label(name)}",node="'
+        labels = f'{check}{_label(node)}",status="'
+        yield labels + labels.join(samples[current])  # labels before each sample
 
 
 def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float,
@@ -329,19 +336,22 @@ def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence
     offsets: Dict[Tuple[str, str], float] = {}
     busbw: Dict[Tuple[str, str], float] = {}
     gpus: Dict[str, float] = {}
-    for r, node in _per_node(results):
+    for r in results:  # the value a result carries, then each of its nodes
         if r.id.startswith("CLK"):
             value = float_or_none(r.evidence.get("offset_s"))
-            if value is not None and abs(value) >= abs(offsets.get((r.id, node), 0.0)):
-                offsets[(r.id, node)] = value
+            for node in r.nodes or (CONFIG,):
+                if value is not None and abs(value) >= abs(offsets.get((r.id, node), 0.0)):
+                    offsets[(r.id, node)] = value
         elif r.id.startswith("COL"):
             value = float_or_none(r.evidence.get("busbw_gbps"))
-            if value is not None and value < busbw.get((r.id, node), float("inf")):
-                busbw[(r.id, node)] = value
-        elif r.id.startswith("GPU") and node != CONFIG:
+            for node in r.nodes or (CONFIG,):
+                if value is not None and value < busbw.get((r.id, node), float("inf")):
+                    busbw[(r.id, node)] = value
+        elif r.id.startswith("GPU"):
             value = float_or_none(r.evidence.get("count"))
-            if value is not None:
-                gpus[node] = value
+            for node in r.nodes:
+                if value is not None and node != CONFIG:
+                    gpus[node] = value
     if offsets:
         gauge = Gauge("preflight_clock_offset_seconds", "clock offset of the node from the reference (CLK evidence)",
                       ["check", "node"], registry=registry)
@@ -572,6 +582,17 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
     out += [f'<th class="node" scope="col">{e(c)}</th>' for c in cols]
     out.append("</tr></thead><tbody>")
     details: List[str] = []
+    shown: Dict[int, Tuple[str, str]] = {}  # id(result) -> its detail's head and body: the same on each of its nodes
+
+    def detail(r: Result) -> Tuple[str, str]:
+        if id(r) not in shown:
+            fix = f'<p class="fix"><b>fix:</b> {e(r.remediation)}</p>' if r.remediation else ""
+            evidence = (f"<pre>{html.escape(json.dumps(dict(r.evidence), indent=2, default=str, sort_keys=True))}</pre>"
+                        if r.evidence else "")
+            shown[id(r)] = (f'style="border-left-color:{COLORS[r.status][0]}"><h3>{e(r.status.value.upper())} '
+                            f"{e(r.id)} {e(r.name)} on ", f'</h3><p class="message">{e(r.message)}</p>{fix}{evidence}</div>')
+        return shown[id(r)]
+
     for cid in rows:
         out.append(f'<tr data-check="{e(cid)}"><th class="check" scope="row"><b>{e(cid)}</b>{e(names[cid])}</th>')
         for col in cols:
@@ -579,17 +600,12 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
             if not found:
                 out.append('<td class="none">&ndash;</td>')
                 continue
-            status = _worst(r.status for r in found)
+            status = found[0].status if len(found) == 1 else _worst(r.status for r in found)
             ids = []
-            for r in sorted(found, key=lambda x: SEVERITY[x.status]):
+            for r in sorted(found, key=lambda x: SEVERITY[x.status]) if len(found) > 1 else found:
                 ids.append(f"d{len(details)}")
-                fix = f'<p class="fix"><b>fix:</b> {e(r.remediation)}</p>' if r.remediation else ""
-                evidence = (f"<pre>{html.escape(json.dumps(dict(r.evidence), indent=2, default=str, sort_keys=True))}</pre>"
-                            if r.evidence else "")
-                details.append(
-                    f'<div class="detail" id="{ids[-1]}" style="border-left-color:{COLORS[r.status][0]}">'
-                    f"<h3>{e(r.status.value.upper())} {e(r.id)} {e(r.name)} on {e(col)}</h3>"
-                    f'<p class="message">{e(r.message)}</p>{fix}{evidence}</div>')
+                head, body = detail(r)
+                details.append(f'<div class="detail" id="{ids[-1]}" {head}{e(col)}{body}')
             title = f"{e(cid)} on {e(col)}: {e(found[0].message)}"  # escaped in parts: each part repeats
             out.append(f'<td class="cell {status.value}" data-node="{e(col)}"><button type="button" '
                        f'class="{status.value}" style="{_style(status)}" title="{title}" '
@@ -602,7 +618,10 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
 
 
 def write_html(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
-    write_file(path, (f"{line}\n".encode("utf-8") for line in html_lines(results, verdict, nodes, duration_s)))
+    lines = html_lines(results, verdict, nodes, duration_s)
+    # A few thousand lines a piece: a piece per line (a cell, at 4,096 nodes half a million) cost more than the page.
+    write_file(path, ("".join(f"{line}\n" for line in lines[i:i + 4096]).encode("utf-8")
+                      for i in range(0, len(lines), 4096)))
 
 
 WRITERS = (("junit", "--junit", write_junit), ("prometheus", "--prometheus", write_prometheus),

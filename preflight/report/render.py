@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Set, TextIO, Tuple
 
 from preflight import __version__
-from preflight.result import SEVERITY, Result, Status
+from preflight.result import SEVERITY, Result, Status, counted
 
 STYLE = {
     Status.FAIL: "bold red",
@@ -55,7 +55,9 @@ def fold(results: Sequence[Result]) -> List[Tuple[Result, Tuple[str, ...]]]:
 
 
 def summary(results: Sequence[Result]) -> str:
-    counts = Counter(r.status for r in results)
+    counts = Counter()
+    for r in results:
+        counts[r.status] += counted(r)
     words = [(Status.FAIL, "failed", "failed"), (Status.ERROR, "error", "errors"), (Status.WARN, "warning", "warnings"),
              (Status.PASS, "passed", "passed"), (Status.SKIP, "skipped", "skipped")]
     return ", ".join(f"{counts[s]} {one if counts[s] == 1 else many}" for s, one, many in words if counts[s]) or "no checks ran"
@@ -216,7 +218,10 @@ SKIP_REASONS = 5  # on the one line of skips; -v lists every skip
 def skip_line(results: Sequence[Result]) -> Optional[str]:
     """The skips as one line of counts by reason, the commonest first (as pytest's short summary counts
     them); None without a skip."""
-    reasons = Counter(skip_reason(r.message) for r in results if r.status is Status.SKIP)
+    reasons = Counter()
+    for r in results:
+        if r.status is Status.SKIP:
+            reasons[skip_reason(r.message)] += counted(r)
     if not reasons:
         return None
     common = reasons.most_common()  # ties in the order first seen

@@ -112,3 +112,12 @@ def test_measure_runs_fresh_interpreters():
     assert measured["every_report_s"] > measured["wall_s"] and measured["every_report_peak_mb"] >= measured["peak_mb"]
     assert all(measured[k] > 0 for k in ("junit_s", "prometheus_s", "html_s", "synthesis_s"))
     assert "--json" in bench_scale.DESCRIPTION and "\n" not in bench_scale.DESCRIPTION
+
+
+def test_the_same_finding_of_a_node_check_on_many_nodes_is_one_result(run):
+    _, document = run
+    planted = bench_scale.planted_nodes(N)
+    odd = set(planted["small-shm"] + planted["ssh-timeout"])
+    (passing,) = [r for r in document["results"] if r["id"] == "FS001" and r["status"] == "pass"]
+    assert passing["nodes"] == [bench_scale.name_of(i) for i in range(N) if bench_scale.name_of(i) not in odd]
+    assert len(document["results"]) < 6 * N  # a result per check and node would be over 25 a node

@@ -57,5 +57,5 @@ def test_a_node_check_sets_aside_only_the_node_it_read():
     ctx = cluster(4, failed_from=3)
     ctx.facts["n0000"]["facts"]["host"] = FAILED
     results = runner.run([spec(head_host, "node")], ctx)
-    assert [r.nodes for r in results if r.status is Status.ERROR] == [("n0000",)] * 4
+    assert [r.nodes for r in results if r.status is Status.ERROR] == [("n0000",)]
     assert [r.nodes for r in results if r.status is Status.PASS] == [("n0001",), ("n0002",), ("n0003",)]
