@@ -30,6 +30,9 @@ FIXES = {
     "link": "check the path between {node} and {peers}: a firewall or security group between them (gloo and NCCL "
             "connect on ephemeral ports), a route that takes another interface, a switch port; `preflight check "
             "--only COL` again shows the matrix (COL004)",
+    "path": "fix what {checks} say(s) of {node}: the route that takes the traffic elsewhere (NET010), the firewall "
+            "on the ephemeral ports NCCL and gloo listen on (NET009), the MTU the path carries (NET008); `preflight "
+            "check --only NET008,NET009,NET010` shows each",
     "link-row": "check {node}'s network: the other nodes cannot exchange data with it point to point (a firewall on "
                 "{node} that lets in only some ports, its training interface, its route to the others)",
 }
@@ -124,8 +127,11 @@ def allreduce(ctx) -> Iterator[Finding]:
             done += f"; {_measured(result)}"
         yield Finding(Status.PASS, done, nodes=tuple(passed), evidence=figures)
     cleared = list(probe.get("cleared") or [])
-    by_pairs = any(f.get("kind") in ("link", "link-row") for f in (probe.get("blamed") or {}).values())
-    if cleared and by_pairs:
+    kinds = {f.get("kind") for f in (probe.get("blamed") or {}).values()}
+    if cleared and "path" in kinds:
+        yield Finding(Status.PASS, "reaches every peer it probed on the data path, and no probe names it (the full "
+                      "group failed: see the nodes named, and NET008-NET010)", nodes=tuple(cleared), evidence=figures)
+    elif cleared and kinds & {"link", "link-row"}:
         yield Finding(Status.PASS, "passes point to point with every peer it met in pairs of nodes (the full group "
                       "failed: see the nodes named, and COL004)", nodes=tuple(cleared), evidence=figures)
     elif cleared:
@@ -161,6 +167,14 @@ def _blame(node, fault, head, port, python, probe, figures) -> Finding:
         links = fault.get("links") or []
         message = (f"the all-reduce fails, and in pairs of nodes the link(s) {node} - {fold([p for p, _ in links])} "
                    f"fail while {node} passes with its other peers: {_line(links[0][1]) if links else error}")
+    elif kind == "path":
+        # Found before the run by the data-path probes (preflight.collective.datapath): no bisect looked again.
+        links, checks = fault.get("links") or [], ", ".join(fault.get("checks") or [])
+        if fault.get("own"):
+            message = f"the all-reduce fails, and the data-path probes name {node} itself ({checks}): {_line(fault['own'])}"
+        else:
+            message = (f"the all-reduce fails, and the data-path probes found the link(s) {node} - "
+                       f"{fold(sorted({p for p, _ in links}))} broken ({checks}): {_line(links[0][1] if links else error)}")
     elif kind == "link-row":
         message = (f"the all-reduce fails, and in pairs of nodes {node} fails with every peer "
                    f"({fold(fault.get('peers') or [])}) while they pass with each other: {error}")
@@ -176,9 +190,12 @@ def _blame(node, fault, head, port, python, probe, figures) -> Finding:
         message = f"the all-reduce failed: {error}"
         kind = "failed"
     peers = fold([p for p, _ in fault.get("links") or []]) or "its peers"
-    fix = FIXES.get(kind, FIXES["failed"]).format(node=node, head=head, port=port, python=python, peers=peers)
+    fix = FIXES.get(kind, FIXES["failed"]).format(node=node, head=head, port=port, python=python, peers=peers,
+                                                  checks=", ".join(fault.get("checks") or []) or "NET008-NET010")
     evidence = dict(figures, kind=fault.get("kind"), stage=fault.get("stage"), error=fault.get("error"),
                     tail=fault.get("tail"))
+    if fault.get("kind") == "path":
+        evidence.update(own=fault.get("own"), links=fault.get("links"), checks=fault.get("checks"))
     return Finding(Status.FAIL, message, fix, nodes=(node,), evidence=evidence)
 
 
@@ -355,12 +372,17 @@ def pairwise_links(ctx) -> Iterator[Finding]:
                            f"with each other: {_line(errors[0] if errors else None)}",
                            f"check {node}'s network: its firewall (gloo and NCCL connect on ephemeral ports), its "
                            "training interface and its routes to the other nodes", nodes=(node,)))
+    blamed = probe.get("blamed") or {}
     for a, b, why in said["failed_links"]:
-        named.update((a, b))
-        out.append(Finding(Status.FAIL, f"the link {a} - {b} fails point to point ({_line(why)}); both pass with "
-                           "their other peers", f"check the path between {a} and {b}: a firewall rule between them, "
-                           f"a route that takes another interface (ip route get on each), the switch ports",
-                           nodes=(a, b)))
+        # An end the data-path probes found at fault on its own (its route, its firewall: COL001) is the link's
+        # cause: that end is named, not its peer.
+        own = tuple(n for n in (a, b) if (blamed.get(n) or {}).get("own"))
+        named.update(own or (a, b))
+        cause = f"; the data-path probes name {' and '.join(own)} itself (COL001)" if own else \
+            "; both pass with their other peers"
+        out.append(Finding(Status.FAIL, f"the link {a} - {b} fails point to point ({_line(why)}){cause}",
+                           f"check the path between {a} and {b}: a firewall rule between them, a route that takes "
+                           "another interface (ip route get on each), the switch ports", nodes=own or (a, b)))
     for node, row in sorted(said["stragglers"].items()):
         named.add(node)
         ratio = row["peers_median_gbps"] / row["gbps"] if row["gbps"] else float("inf")

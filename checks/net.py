@@ -12,6 +12,7 @@ from preflight.api import Finding, Status, cause_of, check, fail, odd_ones_out, 
 from preflight.inputs import launchcmd
 from preflight.report import redact
 from preflight.node.agent import PROGRAM_MARK
+from preflight.collective import datapath
 from preflight.job.nccl import interface_spec, nccl_list, nccl_matches, selected_interfaces
 
 
@@ -592,55 +593,17 @@ def route_to_head(ctx) -> Iterator[Finding]:
 # --- the data path between every pair of nodes (remote/gather.py `_probe_paths`, node/paths.py) --------------
 
 def _paths_probe(ctx):
-    """(the data-path probe, None) or (None, why there is nothing to judge)."""
+    """(the data-path probe, each node's facts, the route anomalies, None), or (None, None, None, why there is
+    nothing to judge)."""
     if not ctx.plan.remote:
-        return None, "this machine alone: there is no path between nodes"
+        return None, None, None, "this machine alone: there is no path between nodes"
     probe = (ctx.probes or {}).get("paths")
     if not probe:
-        return None, "the data-path probe did not run"
+        return None, None, None, "the data-path probe did not run"
     if not probe.get("peers"):
-        return None, "fewer than two nodes answered the data-path probe"
-    return probe, None
-
-
-def _pairs(probe) -> Iterator[Tuple[str, str, Mapping]]:
-    """(prober, peer, what the prober found) for every pair probed."""
-    for node, peers in sorted(probe.get("peers", {}).items()):
-        for peer, found in sorted(peers.items()):
-            yield node, peer, found
-
-
-def _interface_of(ctx, node: str, address: Optional[str]) -> Optional[str]:
-    interfaces = ((ctx.facts.get(node) or {}).get("facts") or {}).get("host", {}).get("interfaces") or {}
-    return next((n for n, addrs in sorted(interfaces.items()) if address in addrs), None)
-
-
-def _route_anomalies(ctx, probe) -> dict:
-    """{(node, peer): why} for each peer a node reaches over another device than its other peers and the head
-    (a more specific route captures it), over a device that does not hold the source address the kernel picks,
-    or not at all."""
-    from collections import Counter
-
-    found = {}
-    for node, peers in probe.get("peers", {}).items():
-        host = ((ctx.facts.get(node) or {}).get("facts") or {}).get("host", {})
-        route = host.get("route_to_head") if isinstance(host.get("route_to_head"), dict) else {}
-        devices = Counter(p.get("device") for p in peers.values() if p.get("device"))
-        if route.get("interface") and route.get("interface") != "lo":
-            devices[route["interface"]] += 1
-        usual = max(devices, key=lambda d: (devices[d], d == route.get("interface"))) if devices else None
-        for peer, result in peers.items():
-            device, source = result.get("device"), result.get("source")
-            own = _interface_of(ctx, node, source)
-            where = f"{peer} ({result.get('address')})"
-            if result.get("route_error"):
-                found[(node, peer)] = f"has no route to {where}: {result['route_error']}"
-            elif device and usual and device != usual:
-                found[(node, peer)] = (f"routes to {where} over {device}, not over {usual} as to its other peers"
-                                       + (" and the head" if route.get("interface") == usual else ""))
-            elif device and own and own != "lo" and device != own:  # an address on lo (unnumbered) is no capture
-                found[(node, peer)] = f"routes to {where} over {device}, from {source}, an address of {own}"
-    return found
+        return None, None, None, "fewer than two nodes answered the data-path probe"
+    facts = {node: (state or {}).get("facts") or {} for node, state in (ctx.facts or {}).items()}
+    return probe, facts, datapath.route_anomalies(probe, facts), None
 
 
 def _port_range_text(probe, node: str) -> str:
@@ -659,7 +622,7 @@ def interface_mtu(ctx) -> Iterator[Finding]:
     Set the same MTU on the training interface of every node (`ip link set IF mtu N`), and on the switch
     ports between them.
     """
-    probe, why = _paths_probe(ctx)
+    probe, facts, routed, why = _paths_probe(ctx)
     if probe is None:
         yield skip(why)
         return
@@ -668,14 +631,14 @@ def interface_mtu(ctx) -> Iterator[Finding]:
         yield skip("the MTU of the training interface is known on fewer than two nodes")
         return
     # What the paths were measured to carry decides which side is odd; without a black hole, the majority.
-    carried = [m["carried"] for _, _, f in _pairs(probe) for m in [f.get("mtu")]
+    carried = [m["carried"] for _, _, f in datapath.pairs(probe) for m in [f.get("mtu")]
                if isinstance(m, dict) and not m.get("ok") and m.get("carried")]
     majority, odd = odd_ones_out(mtus, ctx.plan.head)
     if carried and any(m > min(carried) for m in mtus.values()):
         majority = min(carried)
         odd = {n: m for n, m in mtus.items() if m > majority}
     for node, mtu in sorted(odd.items()):
-        interface = _interface_of(ctx, node, probe["address"].get(node)) or "its training interface"
+        interface = datapath.interface_of(facts, node, probe["address"].get(node)) or "its training interface"
         than = f"the {majority} that the paths carry" if carried else f"the other nodes' {majority}"
         effect = "full-size packets from here vanish on the way (see NET008)" if carried else \
             f"{'larger' if mtu > majority else 'smaller'} packets than the others take (NET008 says whether the paths carry them)"
@@ -700,23 +663,11 @@ def path_mtu(ctx) -> Iterator[Finding]:
 
     Lower the MTU of both nodes to what the path carries, or raise the MTU of the switch ports between them.
     """
-    probe, why = _paths_probe(ctx)
+    probe, facts, routed, why = _paths_probe(ctx)
     if probe is None:
         yield skip(why)
         return
-    routed = _route_anomalies(ctx, probe)
-    bad, good, unknown = {}, set(), {}
-    for node, peer, found in _pairs(probe):
-        mtu = found.get("mtu")
-        if not isinstance(mtu, dict) or (node, peer) in routed or (peer, node) in routed:
-            continue
-        pair = tuple(sorted((node, peer)))
-        if mtu.get("ok"):
-            good.update(pair)
-        elif mtu.get("carried"):
-            bad.setdefault(pair, []).append((node, peer, mtu))
-        else:
-            unknown.setdefault(pair, mtu.get("error") or "no answer")
+    bad, good, unknown = datapath.path_mtus(probe, routed)
     for pair, seen in sorted(bad.items()):
         node, peer, mtu = seen[0]
         both = " (both ways)" if len(seen) == 2 else f" (from {node} to {peer})"
@@ -749,41 +700,33 @@ def ephemeral_ports(ctx) -> Iterator[Finding]:
     Open the node's ip_local_port_range (TCP) to the other nodes in its firewall, or narrow
     net.ipv4.ip_local_port_range to a range the firewall opens.
     """
-    probe, why = _paths_probe(ctx)
+    probe, facts, routed, why = _paths_probe(ctx)
     if probe is None:
         yield skip(why)
         return
-    routed = _route_anomalies(ctx, probe)
-    dialled = {}
-    for node, peer, found in _pairs(probe):
-        if isinstance(found.get("tcp"), dict) and (node, peer) not in routed and (peer, node) not in routed:
-            dialled.setdefault(peer, {})[node] = found["tcp"]
-    closed = set()
-    for target, answers in sorted(dialled.items()):
-        failed = {n: a for n, a in answers.items() if not a.get("ok")}
-        if failed and len(failed) == len(answers):
-            closed.add(target)
-            port = ((probe.get("opened") or {}).get(target) or {}).get("tcp_port")
-            ports = _port_range_text(probe, target)
-            reach = "SSH and the main port reach it" if target == ctx.plan.head else "SSH reaches it"
-            first = next(iter(failed.values())).get("error")
-            yield Finding(Status.FAIL, f"no other node can connect to {target} on an ephemeral port ({port}, from "
-                          f"its ip_local_port_range {ports}): {first}; {reach}, but NCCL and gloo also "
-                          f"listen on ports {ports} (the kernel picks them; NCCL_COMM_ID fixes only NCCL's bootstrap "
-                          "root port, gloo has no port setting), so the ranks cannot connect to each other",
-                          f"open TCP ports {ports} on {target} to the other nodes (firewall, security group), or "
-                          f"narrow net.ipv4.ip_local_port_range on {target} to a range its firewall opens",
-                          nodes=(target,), evidence={"port": port, "port_range": ports, "from": sorted(failed)})
-    for target, answers in sorted(dialled.items()):
-        if target in closed:
-            continue
-        for node, answer in sorted(answers.items()):
-            if not answer.get("ok"):
-                others = sum(1 for a in answers.values() if a.get("ok"))
-                yield Finding(Status.FAIL, f"{node} cannot connect to {target} on an ephemeral port: "
-                              f"{answer.get('error')} ({others} other node(s) can)",
-                              f"open TCP ports {_port_range_text(probe, target)} between {node} and {target}",
-                              nodes=(node, target), evidence={"from": node, "to": target, "error": answer.get("error")})
+    dialled, closed, failed = datapath.dials(probe, routed)
+    for target in closed:
+        answers = dialled[target]
+        port = ((probe.get("opened") or {}).get(target) or {}).get("tcp_port")
+        ports = _port_range_text(probe, target)
+        reach = "SSH and the main port reach it" if target == ctx.plan.head else "SSH reaches it"
+        first = next(iter(answers.values())).get("error")
+        yield Finding(Status.FAIL, f"no other node can connect to {target} on an ephemeral port ({port}, from "
+                      f"its ip_local_port_range {ports}): {first}; {reach}, but NCCL and gloo also "
+                      f"listen on ports {ports} (the kernel picks them; NCCL_COMM_ID fixes only NCCL's bootstrap "
+                      "root port, gloo has no port setting), so the ranks cannot connect to each other",
+                      f"open TCP ports {ports} on {target} to the other nodes (firewall, security group), or "
+                      f"narrow net.ipv4.ip_local_port_range on {target} to a range its firewall opens",
+                      nodes=(target,), evidence={"port": port, "port_range": ports, "from": sorted(answers)})
+    for pair, seen in sorted(failed.items()):  # one result a pair, whichever end dialled (each end named once)
+        node, target, answer = seen[0]
+        others = sum(1 for a in dialled[target].values() if a.get("ok"))
+        both = " (both ways)" if len(seen) == 2 else ""
+        yield Finding(Status.FAIL, f"{node} cannot connect to {target} on an ephemeral port{both}: "
+                      f"{answer.get('error')} ({others} other node(s) can)",
+                      f"open TCP ports {_port_range_text(probe, target)} between {node} and {target}",
+                      nodes=pair, evidence={"from": node, "to": target, "error": answer.get("error"),
+                                            "both_ways": len(seen) == 2})
     fine = sorted(t for t, answers in dialled.items() if all(a.get("ok") for a in answers.values()))
     if fine:
         yield Finding(Status.PASS, "the other nodes connect to an ephemeral port here", nodes=tuple(fine),
@@ -802,13 +745,12 @@ def routes_between_nodes(ctx) -> Iterator[Finding]:
     Remove the route that captures the traffic (`ip route get ADDRESS` shows it), or move that network
     off the training subnet.
     """
-    probe, why = _paths_probe(ctx)
+    probe, facts, routed, why = _paths_probe(ctx)
     if probe is None:
         yield skip(why)
         return
-    found = _route_anomalies(ctx, probe)
     by_node = {}
-    for (node, peer), text in sorted(found.items()):
+    for (node, peer), text in sorted(routed.items()):
         by_node.setdefault(node, []).append((peer, text))
     for node, items in sorted(by_node.items()):
         peers = [p for p, _ in items]
@@ -816,7 +758,7 @@ def routes_between_nodes(ctx) -> Iterator[Finding]:
         address = results[0].get("address")
         # Another way out is a failure where it loses the peer; where the peer still answers over it (two
         # rails, a routed second network) the job may run, so it is said, not refused.
-        lost = [p for p, r in zip(peers, results) if r.get("route_error") or (r.get("tcp") or {}).get("ok") is False]
+        lost = [p for p, r in zip(peers, results) if datapath.lost(r)]
         yield Finding(Status.FAIL if lost else Status.WARN, "; ".join(text for _, text in items) + ": the traffic to "
                       f"{'it' if len(peers) == 1 else 'them'} leaves where the peer{'s are' if len(peers) > 1 else ' is'} "
                       "not" + ("" if lost else f", and {'it answers' if len(peers) == 1 else 'they answer'} there: "
@@ -842,13 +784,13 @@ def peer_names(ctx) -> Iterator[Finding]:
 
     Correct the entry for the peer in /etc/hosts (or DNS) on the node that resolves it wrongly.
     """
-    probe, why = _paths_probe(ctx)
+    probe, facts, routed, why = _paths_probe(ctx)
     if probe is None:
         yield skip(why)
         return
     wrong, checked = {}, set()
-    for node, peer, found in _pairs(probe):
-        peer_facts = (ctx.facts.get(peer) or {}).get("facts") or {}
+    for node, peer, found in datapath.pairs(probe):
+        peer_facts = facts.get(peer) or {}
         own = {a for addrs in (peer_facts.get("host", {}).get("interfaces") or {}).values() for a in addrs}
         hostname = peer_facts.get("host", {}).get("hostname")
         for name, addresses in sorted((found.get("names") or {}).items()):

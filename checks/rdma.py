@@ -53,6 +53,17 @@ def _rdma_ports(ctx) -> Tuple[Optional[dict], List[Tuple[str, str, dict]], Optio
     return fabric, ports, None
 
 
+def _rdma_nodes(ctx) -> Iterator[Tuple[str, dict, dict, dict]]:
+    """(node, its facts, its environment, its fabric) for every reached node whose fabric facts were read and
+    where NCCL may use the RDMA devices (NCCL_IB_DISABLE not set): the nodes the cluster-wide RDMA checks compare."""
+    for node in ctx.reachable:
+        facts = ctx.facts[node]["facts"]
+        fabric, why = fabric_of(facts)
+        env = facts.get("env") or {}
+        if not why and not ib_disabled(env):
+            yield node, facts, env, fabric
+
+
 @check("RDMA001", "rdma-ports", "node", tags=["rdma", "infiniband", "roce", "nccl"])
 def rdma_ports(ctx) -> Iterator[Finding]:
     """On a node with RDMA devices, the ports NCCL uses (those NCCL_IB_HCA selects, else all) are ACTIVE with
@@ -97,12 +108,8 @@ def rdma_rate(ctx) -> Iterator[Finding]:
     the node out of the job.
     """
     ports: Dict[str, Dict[str, Optional[float]]] = {}  # node -> port name -> rate (None: not readable)
-    for node in ctx.reachable:
-        facts = ctx.facts[node]["facts"]
-        fabric, why = fabric_of(facts)
-        if why or ib_disabled(facts.get("env") or {}):
-            continue
-        for device, port, found in selected_ports(facts.get("env") or {}, fabric.get("rdma") or {}):
+    for node, _, env, fabric in _rdma_nodes(ctx):
+        for device, port, found in selected_ports(env, fabric.get("rdma") or {}):
             if active(found):
                 ports.setdefault(node, {})[f"{device}:{port}"] = rate_of(found)
     if not ports:
@@ -152,12 +159,7 @@ def roce_gid(ctx) -> Iterator[Finding]:
     choose.
     """
     used: Dict[str, Dict[str, tuple]] = {}  # node -> port -> (index, entry, how, usable indices)
-    for node in ctx.reachable:
-        facts = ctx.facts[node]["facts"]
-        fabric, why = fabric_of(facts)
-        env = facts.get("env") or {}
-        if why or ib_disabled(env):
-            continue
+    for node, facts, env, fabric in _rdma_nodes(ctx):
         for device, port, found in selected_ports(env, fabric.get("rdma") or {}):
             if found.get("link_layer") == "Ethernet" and active(found):
                 index, entry, how = used_gid(env, found, nccl_version(facts))
@@ -388,12 +390,7 @@ def roce_mtu(ctx) -> Iterator[Finding]:
     """
     ports: Dict[str, Dict[str, tuple]] = {}  # node -> port -> (active MTU, netdev, its MTU)
     older: Dict[str, bool] = {}
-    for node in ctx.reachable:
-        facts = ctx.facts[node]["facts"]
-        fabric, why = fabric_of(facts)
-        env = facts.get("env") or {}
-        if why or ib_disabled(env):
-            continue
+    for node, facts, env, fabric in _rdma_nodes(ctx):
         nccl = nccl_version(facts)
         older[node] = nccl is not None and tuple(nccl[:2]) < MTU_NOT_NEGOTIATED_SINCE
         devices = fabric.get("rdma") or {}

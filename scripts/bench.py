@@ -13,6 +13,8 @@ the noisiest, at least 7). Sections:
   col      busbw of preflight's all-reduce against a plain torch.distributed loop, same hosts and sizes
   scale    synthetic facts for 1,024 and 4,096 nodes through the checks and every renderer
   startup  import time of the preflight command (python -X importtime)
+  datapath the path probes (NET007-NET011) and the pairwise phase (COL004) at 4, 16 and 32 test hosts, and the
+           verdict with one slow link (scripts/bench_datapath.py)
 
 The test hosts are the test cluster of scripts/testcluster.py (root, ip netns, OpenSSH server). A full,
 error-free run rewrites the generated part of BENCHMARKS.md; a partial or failed one only prints.
@@ -51,7 +53,7 @@ GOLDEN = ROOT / "tests" / "fixtures" / "config" / "golden" / "two-machines"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 PNG = ROOT / "BENCHMARKS-fanout.png"
 BEGIN, END = "<!-- scripts/bench: begin -->", "<!-- scripts/bench: end -->"
-SECTIONS = ("local", "fanout", "hang", "col", "scale", "startup", "doctor")
+SECTIONS = ("local", "fanout", "hang", "col", "scale", "startup", "doctor", "datapath")
 DOCTOR_HOSTS = 3
 HANG_TIMEOUT_S = 5
 COL_HOSTS = 4
@@ -495,10 +497,27 @@ def bench_doctor(section: Section, repeat: int, cluster, folder: Path, **_):
                          f"({rendezvous / median(times):.0f}x doctor's time).")
 
 
+def bench_datapath_section(section: Section, repeat: int, cluster, **_):
+    import bench_datapath
+
+    try:
+        measured = bench_datapath.measure(run, lambda hosts, *extra: check_argv(cluster, hosts, *extra), cluster,
+                                          repeat=repeat)
+    except bench_datapath.DataPathError as exc:
+        raise BenchError(str(exc)) from None
+    section.table = bench_datapath.table(measured)
+    largest = max(measured["paths"])
+    probe = median(measured["paths"][largest]["probe_s"])
+    section.targets.append(Target(f"the path probes between every pair of {largest} healthy hosts in under 2 s",
+                                  secs(probe), probe < 2))
+    section.notes.append(bench_datapath.DESCRIPTION)
+
+
 BENCHES = {"local": ("1. Local speed", bench_local), "fanout": ("2. Fan-out", bench_fanout),
            "hang": ("3. Time to a verdict with a hung node", bench_hang), "col": ("4. Collective", bench_col),
            "scale": ("5. Scale beyond this machine", bench_scale_section), "startup": ("6. Start-up", bench_startup),
-           "doctor": ("7. Time to a diagnosis of a stuck job", bench_doctor)}
+           "doctor": ("7. Time to a diagnosis of a stuck job", bench_doctor),
+           "datapath": ("8. The data path between every pair", bench_datapath_section)}
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -598,8 +617,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         compileall.compile_dir(str(ROOT / folder), quiet=1)
     signal.signal(signal.SIGTERM, on_sigterm)
     sections = {name: Section(BENCHES[name][0]) for name in args.only}
-    needs_cluster = [n for n in ("fanout", "hang", "col", "doctor") if n in sections]
+    needs_cluster = [n for n in ("fanout", "hang", "col", "doctor", "datapath") if n in sections]
     cluster_nodes = max([COL_HOSTS, HANG_HOSTS] + (args.hosts if "fanout" in sections else []))
+    if "datapath" in sections:
+        import bench_datapath
+
+        cluster_nodes = max(cluster_nodes, max(bench_datapath.SIZES))
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="preflight-bench-")))
         cluster = None

@@ -495,6 +495,7 @@ class Cluster:
             (ndir / "hosts").write_text(self._hosts_text(state, node))
             (ndir / "resolv.conf").write_text(RESOLV_CONF)
             self._write_sshd_config(node)
+        self._pin_neighbours(state)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         for node in state["nodes"]:
             node["pid"] = self._spawn_sshd(node)
@@ -514,6 +515,19 @@ class Cluster:
             f"    LogLevel ERROR\n\n" for n in state["nodes"]))
         state["status"] = "up"
         self._save(state)
+
+    def _pin_neighbours(self, state: Dict[str, Any]) -> None:
+        """Each node's neighbour entries for the other nodes, permanent. The kernel has one ARP table for the whole
+        machine (net/core/neighbour.c): its gc_thresh3 (1024) counts the entries of every namespace, and only the
+        initial namespace has the sysctl, so 32 nodes that each reach every other would overflow it ("neighbor table
+        overflow") and lose pairs; permanent entries are exempt from that limit (neigh_alloc's exempt_from_gc).
+        The login node's (the bridge's MAC follows its ports) stays learned."""
+        macs = {n["netns"]: json.loads(_run(["ip", "-j", "-n", n["netns"], "link", "show", "eth0"]).stdout)[0]["address"]
+                for n in state["nodes"]}
+        for node in state["nodes"]:
+            _run(["ip", "-n", node["netns"], "-batch", "-"], input="".join(
+                f"neigh replace {peer['ip']} lladdr {macs[peer['netns']]} dev eth0 nud permanent\n"
+                for peer in state["nodes"] if peer is not node))
 
     # ---- per-node files
     def _hosts_text(self, state: Dict[str, Any], node: Dict[str, Any]) -> str:

@@ -12,7 +12,9 @@ controller closing every session at the run's end (outside; a closed session kil
 1. the full run over every node that was reached (a node without torch is blamed without running);
 2. when it fails and the reports name nodes at fault (torch does not import, a process died, nothing
    reached the head's rendezvous), a rerun without them, so that the others get a verdict of their own;
-3. when a run fails without naming anyone (a hang, wrong values): the pairwise phase's matrix
+3. when a run fails without naming anyone (a hang, wrong values): what the data-path probes found broken
+   before the run (preflight.collective.datapath: a node's own route or firewall, a pair's closed port or path
+   MTU) names those nodes at once; else the pairwise phase's matrix
    (preflight.collective.pairwise; measured by the run's own workers at the rendezvous, else in a run of its
    own) names the failed links or the node that fails with every peer; when it names none, or the run is
    below --min-busbw, a bisect: the head with halves of the other nodes, down to pairs, as far as the time
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from preflight import progress
-from preflight.collective import nccllog, pairwise
+from preflight.collective import datapath, nccllog, pairwise
 from preflight.collective.options import DEFAULT_SIZES, format_size
 from preflight.inputs.numbers import is_int, is_number
 from preflight.remote.shapes import worker_report_problem
@@ -70,9 +72,10 @@ class CollectiveOptions:
     port: Optional[int] = None  # None: the main port
     min_busbw_gbps: Optional[float] = None
 
-    def run(self, nodes, head_address: str, options) -> dict:
-        """The all-reduce phase, as gather runs a probe over the nodes' open sessions (run_collective)."""
-        return run_collective(nodes, head_address, options)
+    def run(self, nodes, head_address: str, options, paths: Optional[dict] = None) -> dict:
+        """The all-reduce phase, as gather runs a probe over the nodes' open sessions (run_collective); paths: the
+        data-path probe's document when it ran before (probes["paths"])."""
+        return run_collective(nodes, head_address, options, paths)
 
 
 def options_from_args(plan, args) -> CollectiveOptions:
@@ -510,9 +513,10 @@ def _torch_missing(node) -> bool:
     return isinstance(versions, dict) and not versions.get("torch")
 
 
-def run_collective(nodes, head_address: str, options) -> dict:
+def run_collective(nodes, head_address: str, options, paths: Optional[dict] = None) -> dict:
     """The all-reduce phase over gather's NodeStates (the first is the head); options: GatherOptions with
-    .collective set. Returns the document COL001/COL002 read."""
+    .collective set; paths: the data-path probe's document, when it ran (what it found broken names the nodes
+    of a failed run at once: preflight.collective.datapath). Returns the document COL001/COL002 read."""
     col: CollectiveOptions = options.collective
     reached = [n for n in nodes if n.error is None and n.connection is not None and n.facts is not None]
     backend = choose_backend(col.backend, [n.facts for n in reached])
@@ -534,14 +538,17 @@ def run_collective(nodes, head_address: str, options) -> dict:
                                         "error": f"cannot import torch: no torch distribution is installed for "
                                                  f"{options.python}"}
     group = [n.name for n in reached if n.name not in doc["blamed"]]
+    broken = datapath.broken(paths, {n.name: n.facts or {} for n in reached})
     try:
-        _drive(phase, doc, group, head)
+        _drive(phase, doc, group, head, broken)
     finally:
         doc["duration_s"] = round(time.monotonic() - phase.started, 3)
     return doc
 
 
-def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
+def _drive(phase: _Phase, doc: dict, group: List[str], head: str, broken: Optional[Dict[str, dict]] = None) -> None:
+    """The runs, reruns and bisects of the phase; broken: the nodes the data-path probes named
+    (datapath.broken), which a failed run that names nobody blames without a pairwise run or a bisect."""
     col = phase.col
     if head not in group:
         for name in group:
@@ -614,7 +621,7 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
         doc["blamed"].update({n: {"kind": "failed", "stage": summary["stage"], "error": summary["error"],
                                   "tail": _tail_of(run["reports"].get(n))} for n in group})
         return
-    if _links_named(phase, doc, group, summary, run):
+    if _paths_named(doc, group, summary, run, broken or {}) or _links_named(phase, doc, group, summary, run):
         return
     doc["bisect"] = dict(reason="failed", **_bisect(phase, group, head, [min(col.sizes)], lambda r: not r["ok"]))
     if phase.clash:
@@ -628,6 +635,24 @@ def _drive(phase: _Phase, doc: dict, group: List[str], head: str) -> None:
                                    "tail": _tail_of(run["reports"].get(name)), "suspects": suspects}
         else:
             doc["cleared"].append(name)  # passed the bisect with the head
+
+
+def _paths_named(doc: dict, group: List[str], summary: dict, failed: dict, broken: Dict[str, dict]) -> bool:
+    """After a failed run that names nobody: the nodes of the group the data-path probes found broken, as they
+    name them (a node's own route or firewall names it alone, a broken pair its two ends), are blamed and the
+    others cleared (True: neither a pairwise run nor a bisect finds them again); False when they name none."""
+    named = {n: found for n, found in broken.items() if n in group}
+    if not named:
+        return False
+    if (failed.get("pairwise") or {}).get("pairs_measured"):
+        doc["pairwise"] = failed["pairwise"]  # measured by the run's own workers: COL004 shows it
+    for name in group:
+        if name in named:
+            doc["blamed"][name] = dict(named[name], kind="path", stage=summary["stage"], error=summary["error"],
+                                       tail=_tail_of(failed["reports"].get(name)))
+        else:
+            doc["cleared"].append(name)  # reached every peer it probed, and no probe names it
+    return True
 
 
 def _links_named(phase: _Phase, doc: dict, group: List[str], summary: dict, failed: dict) -> bool:

@@ -333,7 +333,17 @@ def _pair_rounds(torch, dist, store, options, rank, deadline, report):
     me = rank // max(1, len(options["ranks"]))
     numel = max(1, int(spec["bytes"]) // 4)
     rounds = spec["rounds"]
-    store.add("pairs/present", 1)  # a round waits for the nodes that came, not for one that never does
+    nodes = max(1, int(options["world_size"]) // max(1, len(options["ranks"])))
+    # Every node at the rendezvous before the first round: a peer still importing torch would fail its first pair
+    # for nothing. At most half the time left, and never the second each round needs: a node that never comes
+    # fails its row with every peer, not the phase. A round then waits for the nodes that came ("pairs/present").
+    wait = min((deadline - _now()) / 2, deadline - _now() - len(rounds) * 1.0)
+    try:
+        if store.add("pairs/present", 1) >= nodes:
+            store.set("pairs/start", "1")
+        store.wait(["pairs/start"], datetime.timedelta(seconds=max(0.01, wait)))
+    except Exception:
+        pass  # not every node came in time: the rounds go on with those that did
     address = _local_address(options["master_addr"], int(options["master_port"]))
     out = []
     for index, pairs in enumerate(rounds):

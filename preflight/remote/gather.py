@@ -47,7 +47,8 @@ class GatherOptions:
     ntp_server: Optional[str] = None
     progress: object = True  # a preflight.progress.Progress; True: its plain lines only, False: nothing
     # The all-reduce (COL), a probe over the nodes' open sessions after the port probe: an object with a port (None:
-    # the main port) and run(nodes, head_address, options) -> probes["collective"] (collective.CollectiveOptions).
+    # the main port) and run(nodes, head_address, options, paths: probes["paths"] or None) -> probes["collective"]
+    # (collective.CollectiveOptions).
     collective: Optional[object] = None
     transport: str = "ssh"  # a name of preflight.remote.transport: "srun" runs job steps inside a SLURM allocation
     job: Optional[dict] = None  # what each node's launch would read (preflight.node.launchfiles.facts; job.view.request)
@@ -315,7 +316,8 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
                 probes["collective"] = {"not_run": blocked}
             else:
                 _say(options, "all-reduce across the nodes (COL)")
-                probes["collective"] = options.collective.run(nodes, head_address, options)
+                # what the data-path probes found broken names a failed run's nodes (collective.datapath)
+                probes["collective"] = options.collective.run(nodes, head_address, options, probes.get("paths"))
     finally:
         options.progress.stop()  # the status line cleared, also on Ctrl-C
         _parallel(NodeState.close, nodes, options)

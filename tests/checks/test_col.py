@@ -225,11 +225,12 @@ class FakePhase:
         return run
 
 
-def drive(outcome, min_busbw=None, dead_links=()):
+def drive(outcome, min_busbw=None, dead_links=(), broken=None):
+    """_drive over FakePhase; broken: what the data-path probes named (collective.datapath.broken)."""
     phase = FakePhase(outcome, min_busbw, dead_links)
     doc = {"nodes": list(NODES), "untested": {}, "blamed": {}, "passed": [], "cleared": [], "result": None,
            "bisect": None}
-    collective._drive(phase, doc, list(NODES), "n01")
+    collective._drive(phase, doc, list(NODES), "n01", broken)
     return doc, phase.runs
 
 

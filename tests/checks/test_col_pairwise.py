@@ -1,6 +1,7 @@
 """The pairwise phase (COL004): its schedule, the node x node matrix and what it says, the phase's place in the
-all-reduce's decisions, the worker's pairs on this machine, the heat map in headless Chromium, and the real test
-cluster (healthy, a slow link shaped with tc tbf, a dead link between two nodes dropped with nft)."""
+all-reduce's decisions (with what the data-path probes found broken, collective.datapath), the worker's pairs on
+this machine, the heat map in headless Chromium, and the real test cluster (healthy, a slow link shaped with tc
+tbf, a dead link between two nodes dropped with nft, a route that captures the traffic to a peer)."""
 import importlib.util
 import json
 import socket
@@ -13,14 +14,16 @@ import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from conftest import preflight_json, results
+from node_facts import facts as node_facts
 from preflight import registry, runner
-from preflight.collective import pairwise
+from preflight.collective import datapath, pairwise
 from preflight.collective.pairwise import findings, matrix, schedule
 from preflight.plan import Plan
 from preflight.remote.shipping import ALLREDUCE, shipped_command, shipped_input
 from preflight.report import files as reports
 from preflight.result import Status
 from test_col import drive, probe, rank, run_check
+from test_net_paths import probe as path_probe
 
 MIB = 1 << 20
 SPECS = {c.id: c for c in registry.load().checks}
@@ -197,6 +200,81 @@ def test_a_healthy_run_keeps_its_matrix_and_runs_no_pairs_of_its_own():
     assert [r["purpose"] for r in runs] == ["full"] and doc["blamed"] == {}
 
 
+# --- what the data-path probes found, in the all-reduce's decisions ------------------------------
+
+def path_faults(changes):
+    """What collective.datapath names in a data-path probe of three nodes (test_net_paths.probe) with changes."""
+    return datapath.broken(path_probe(changes)["paths"], {n: s["facts"] for n, s in node_facts().items()})
+
+
+TIMED_OUT = {"tcp": {"ok": False, "error": "timed out after 3s"}}
+CAPTURED = {("n02", "n03"): {"device": "cap0", **TIMED_OUT}, ("n03", "n02"): TIMED_OUT}
+
+
+def test_a_captured_route_is_the_fault_of_the_node_that_has_it_alone():
+    named = path_faults(CAPTURED)
+    assert list(named) == ["n02"] and named["n02"]["checks"] == ["NET010"] and named["n02"]["links"] == []
+    assert named["n02"]["own"].startswith("n02 routes to n03 (10.0.0.3) over cap0, not over eth0")
+
+
+def test_a_pair_that_cannot_connect_either_way_names_its_two_ends_once_and_nobody_else():
+    refused = {"tcp": {"ok": False, "error": "Connection refused"}}
+    named = path_faults({("n02", "n03"): refused, ("n03", "n02"): refused})
+    assert sorted(named) == ["n02", "n03"] and [p for p, _ in named["n02"]["links"]] == ["n03"]
+    assert [p for p, _ in named["n03"]["links"]] == ["n02"] and named["n03"]["own"] is None
+    assert "cannot connect to" in named["n02"]["links"][0][1] and "Connection refused" in named["n02"]["links"][0][1]
+
+
+def test_a_node_nobody_can_dial_and_a_black_holed_pair_are_named_as_net009_and_net008_say():
+    named = path_faults({("n01", "n03"): TIMED_OUT, ("n02", "n03"): TIMED_OUT})
+    assert list(named) == ["n03"] and named["n03"]["own"].startswith("no other node can connect to n03")
+    jumbo = {"mtu": {"size": 9000, "ok": False, "carried": 1500}}
+    named = path_faults({("n02", "n03"): jumbo, ("n03", "n02"): jumbo})
+    assert sorted(named) == ["n02", "n03"] and named["n02"]["checks"] == ["NET008"]
+    assert named["n02"]["links"] == [["n03", "packets of 9000 bytes do not pass between n02 and n03: the path "
+                                              "carries 1500"]]
+
+
+def test_a_healthy_path_probe_names_nobody():
+    assert path_faults({}) == {} and datapath.broken(None, {}) == {}
+
+
+def test_a_hang_the_path_probes_explain_is_blamed_from_them_without_a_pairwise_run_or_a_bisect():
+    doc, runs = drive(hang_between("n02", "n03"), broken=path_faults(CAPTURED))
+    assert list(doc["blamed"]) == ["n02"] and doc["blamed"]["n02"]["kind"] == "path"
+    assert sorted(doc["cleared"]) == ["n01", "n03"] and doc["bisect"] is None
+    assert [r["purpose"] for r in runs] == ["full"]
+    found = by_node(run_check("COL001", {**probe(), **doc, "result": None, "passed": []}))
+    assert found["n02"].status == Status.FAIL and found["n02"].nodes == ("n02",)
+    assert "the data-path probes name n02 itself (NET010): n02 routes to n03 (10.0.0.3) over cap0" in \
+        found["n02"].message and "NET010" in found["n02"].remediation
+    assert found["n03"].status == Status.PASS and found["n01"].status == Status.PASS
+    assert found["n03"].message.startswith("reaches every peer it probed on the data path")
+
+
+def test_a_hang_with_a_pair_the_probes_found_closed_blames_its_two_ends():
+    refused = {"tcp": {"ok": False, "error": "Connection refused"}}
+    doc, runs = drive(hang_between("n02", "n03"), broken=path_faults({("n02", "n03"): refused}))
+    assert sorted(doc["blamed"]) == ["n02", "n03"] and doc["cleared"] == ["n01"]
+    assert [r["purpose"] for r in runs] == ["full"] and doc["bisect"] is None
+    found = by_node(run_check("COL001", {**probe(), **doc, "result": None, "passed": []}))
+    assert "the data-path probes found the link(s) n02 - n03 broken (NET009)" in found["n02"].message
+    assert "the link(s) n03 - n02 broken (NET009)" in found["n03"].message
+
+
+def test_what_the_path_probes_found_decides_nothing_when_the_run_passes():
+    doc, runs = drive(lambda names: [[rank(i)] for i in range(len(names))], broken=path_faults(CAPTURED))
+    assert doc["blamed"] == {} and doc["passed"] == list(NODES) and [r["purpose"] for r in runs] == ["full"]
+
+
+def test_col004_names_only_the_end_the_path_probes_found_at_fault():
+    m = matrix(list(NODES), *reports_for(list(NODES), dead={frozenset(("n02", "n03"))}))
+    blamed = {"n02": {"kind": "path", "own": "n02 routes to n03 over cap0", "links": [], "checks": ["NET010"]}}
+    found = run_check("COL004", probe(pairwise=m, blamed=blamed))
+    [failed] = [r for r in found if r.status == Status.FAIL]
+    assert failed.nodes == ("n02",) and "the data-path probes name n02 itself" in failed.message
+
+
 # --- COL004 over probe documents ----------------------------------------------------------------
 
 def with_matrix(**kwargs):
@@ -294,6 +372,36 @@ def test_worker_pairs_of_three_local_nodes_all_pass():
     assert elapsed < 12, elapsed  # torch's import, then milliseconds per pair: not the 15 s budget
 
 
+def test_the_first_round_waits_for_every_node_at_the_rendezvous_for_half_the_time_left():
+    """A peer still importing torch would fail its first pair: the phase starts once every node is there, or
+    once half the time left has passed (a node that never comes then fails its row)."""
+    from preflight.node import allreduce as worker
+
+    said = []
+
+    class Store:
+        count = 0
+
+        def add(self, key, amount):
+            self.count += amount
+            return self.count
+
+        def set(self, key, value):
+            said.append(("set", key))
+
+        def wait(self, keys, timeout):
+            said.append(("wait", keys[0], timeout.total_seconds()))
+
+    options = {"pairs": {"rounds": [], "bytes": 4}, "ranks": [0], "world_size": 4, "master_addr": "127.0.0.1",
+               "master_port": 1}
+    assert worker._pair_rounds(None, None, Store(), options, 0, worker._now() + 20, print) == []
+    [(what, key, seconds)] = said
+    assert (what, key) == ("wait", "pairs/start") and 9 < seconds <= 10
+    said.clear()
+    worker._pair_rounds(None, None, Store(), dict(options, world_size=1), 0, worker._now() + 20, print)
+    assert said[0] == ("set", "pairs/start")  # the last node to come starts the phase
+
+
 def test_worker_pairs_with_a_node_that_never_comes_fail_only_its_row_within_the_budget():
     started = time.monotonic()
     names, node_reports, given = local_nodes(4, absent=(3,), budget=12.0)
@@ -369,9 +477,12 @@ def drop_between(cluster, node, peer):
                                    table], check=False)
 
 
+PATHS = "COL,NET008,NET009,NET010"  # the all-reduce with the data-path probes it blames from
+
+
 @pytest.mark.cluster
 def test_healthy_cluster_passes_col004_within_a_bounded_pairwise_cost(cluster):
-    doc, elapsed = check(cluster)
+    doc, elapsed = check(cluster, "--only", PATHS)
     assert doc["verdict"] == "pass", [(r["id"], r["status"], r["message"]) for r in doc["results"]]
     [links] = [r for r in doc["results"] if r["id"] == "COL004"]
     assert links["status"] == "pass" and links["nodes"] == list(cluster.nodes)
@@ -411,3 +522,19 @@ def test_a_dead_link_between_two_workers_is_named_and_the_head_is_cleared(cluste
     assert "the link(s) node02 - node03 fail" in allreduce["node02"]["message"]
     print(f"verdict with one dead link in {elapsed:.1f} s")
     assert elapsed < 20 + 5 + 5
+
+
+@pytest.mark.cluster
+def test_a_route_the_path_probes_found_is_named_on_its_node_alone_by_col001(cluster):
+    """node02 reaches node03 over a more specific route into a dead end: the all-reduce hangs, and COL001 names
+    node02 from what NET010 found, not the link's two ends."""
+    with cluster.captured_route("node02", "node03"):
+        doc, elapsed = check(cluster, "--only", PATHS)
+    allreduce = results(doc, "COL001")
+    assert {n: r["status"] for n, r in allreduce.items()} == {"node01": "pass", "node02": "fail", "node03": "pass"}
+    assert "the data-path probes name node02 itself (NET010)" in allreduce["node02"]["message"]
+    assert allreduce["node02"]["evidence"]["kind"] == "path"
+    assert [(r["status"], r["nodes"]) for r in doc["results"] if r["id"] == "NET010" and r["status"] == "fail"] == \
+        [("fail", ["node02"])]
+    assert not [r for r in doc["results"] if r["status"] == "fail" and "node03" in r["nodes"]], doc["results"]
+    print(f"verdict with a captured route in {elapsed:.1f} s")

@@ -84,6 +84,14 @@ def test_one_pair_that_cannot_connect_names_the_pair():
     assert not any(r.status == Status.FAIL and r.nodes == ("n03",) for r in found)
 
 
+def test_a_pair_that_cannot_connect_either_way_is_one_result_that_names_each_end_once():
+    refused = {"tcp": {"ok": False, "error": "Connection refused"}}
+    found = run("NET009", facts(), probe({("n02", "n03"): refused, ("n03", "n02"): refused}))
+    assert sorted(statuses(found)) == sorted({(Status.FAIL, ("n02", "n03")), (Status.PASS, ("n01",))})
+    [failed] = [r for r in found if r.status == Status.FAIL]
+    assert "(both ways)" in failed.message and failed.evidence["both_ways"] is True
+
+
 def test_a_captured_route_fails_the_node_that_has_it_and_no_probe_blames_its_peer():
     lost = {"device": "cap0", "tcp": {"ok": False, "error": "timed out after 5s"},
             "mtu": {"size": 1500, "ok": False, "carried": None, "error": "no datagram came back"}}
