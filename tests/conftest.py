@@ -1,17 +1,41 @@
 """What every test shares: the CLI run in-process (run_cli) and as a user runs it (run_subprocess,
-preflight_json), a HF_HOME of the test's own, and the hooks of check_outcomes.py (the statuses each built-in
-check was shown to give, for checks/test_every_check_fails_and_passes.py). The helpers beside this file
+preflight_json), a HF_HOME of the test's own, the run's test cluster (cluster.py, shared_cluster), and the hooks
+of check_outcomes.py (the statuses each built-in check was shown to give, for
+checks/test_every_check_fails_and_passes.py). The helpers beside this file
 (cluster.py, node_facts.py, ...) are imported by bare name: pyproject's pytest `pythonpath` holds tests/."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from check_outcomes import (  # noqa: F401  (hooks: the statuses each built-in check was shown to give)
     pytest_collection_modifyitems, pytest_configure, pytest_runtest_logreport, pytest_runtest_protocol)
+from cluster import shared_cluster  # noqa: F401  (fixture: the run's one test cluster, which cluster_up hands out)
 from preflight.cli import main
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory):
+    """(wheel, sdist) built by setuptools' own build backend from a copy of the tracked files: once for the run,
+    for each test that installs the distribution."""
+    root = Path(__file__).resolve().parents[1]
+    out, tree = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("tree") / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True,
+                           check=True).stdout.split("\n")
+    for name in filter(None, files):
+        if (root / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, tree / name)
+    build = ("import sys; from setuptools import build_meta as b; out = sys.argv[1];"
+             "w = b.build_wheel(out); s = b.build_sdist(out); print('built:', w, s)")
+    proc = subprocess.run([sys.executable, "-c", build, out], capture_output=True, text=True, timeout=600, cwd=tree)
+    assert proc.returncode == 0, f"building the distribution: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    wheel, sdist = [line for line in proc.stdout.splitlines() if line.startswith("built: ")][-1].split()[1:]
+    return out / wheel, out / sdist
 
 
 @pytest.fixture(autouse=True)

@@ -5,9 +5,12 @@ three looks preflight takes at them: `preflight check` before the start, the ver
 A job is a folder (shared by every node, or one private folder per node at the same path, as without a
 shared filesystem), its files, and the processes started for it. Every rank writes its PID (and its
 DataLoader workers theirs) into the job's marks folder, so that `stop` ends every process of the job by PID.
+`start_on`, `end` and `tails` are how any test starts, ends and reads the processes of a job on the cluster
+(checks/test_run.py's stuck jobs too).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -57,6 +60,46 @@ while True:
     dist.all_reduce(t)
     time.sleep(0.05)
 '''
+
+
+def start_on(cluster, node: str, argv: Sequence[str], log: Path, cwd: Optional[Path] = None,
+             err: Optional[Path] = None, **env: str) -> subprocess.Popen:
+    """A process on a node as a session there runs it (from `cwd`), in a process group of its own, its output in
+    `log` (its stderr in `err`, when given); `env` on top of this process's environment."""
+    if cwd is not None:
+        argv = ["sh", "-c", f"cd {shlex.quote(str(cwd))} && exec {shlex.join(argv)}"]
+    with open(log, "wb") as out, open(err, "wb") if err else contextlib.nullcontext(subprocess.STDOUT) as errors:
+        return cluster.node_popen(node, list(argv), stdout=out, stderr=errors, env=dict(os.environ, **env))
+
+
+def end(started: Sequence[subprocess.Popen], pids: Sequence[int]) -> None:
+    """End a job: its launchers' process groups (SIGTERM, which a launcher passes on to its ranks, then SIGKILL),
+    then every rank and worker left, by the PIDs they wrote (the job's own, not found by name)."""
+    for proc in started:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for proc in started:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def tails(folder: Path, pattern: str = "*", size: int = 800) -> Dict[str, str]:
+    """The end of each log in the folder, by name."""
+    return {p.name: p.read_bytes()[-size:].decode(errors="replace") for p in sorted(folder.glob(pattern))}
 
 
 def accelerate_config(machines: int, machine_rank: int, main: str, port: int, **changes) -> str:
@@ -128,12 +171,10 @@ class Job:
                 *options, "--json", "--", *command]
         out = self.logs / f"gate-{len(self.started)}.out"
         err = self.logs / f"gate-{len(self.started)}.err"
-        with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            if on:
-                line = f"cd {shlex.quote(str(self.folder))} && exec {shlex.join(argv)}"
-                proc = self.cluster.node_popen(on, ["sh", "-c", line], stdout=stdout, stderr=stderr,
-                                               env=dict(os.environ, **{"PATH": PATH, **env}))
-            else:
+        if on:
+            proc = start_on(self.cluster, on, argv, out, cwd=self.folder, err=err, **{"PATH": PATH, **env})
+        else:
+            with open(out, "wb") as stdout, open(err, "wb") as stderr:
                 proc = subprocess.Popen(argv, cwd=self.folder, stdout=stdout, stderr=stderr, start_new_session=True,
                                         stdin=subprocess.DEVNULL)
         self.started.append(proc)
@@ -162,11 +203,8 @@ class Job:
 
     def start(self, node: str, argv: Sequence[str], **env: str) -> subprocess.Popen:
         """A launcher on a node, as a session there runs it, from the job's folder."""
-        log = open(self.logs / f"{node}-{len(self.started)}.log", "wb")
-        line = f"cd {shlex.quote(str(self.folder))} && exec {shlex.join(argv)}"
-        proc = self.cluster.node_popen(node, ["sh", "-c", line], stdout=log, stderr=subprocess.STDOUT,
-                                       env=dict(os.environ, **{"PATH": PATH, **env}))
-        log.close()
+        proc = start_on(self.cluster, node, argv, self.logs / f"{node}-{len(self.started)}.log", cwd=self.folder,
+                        **{"PATH": PATH, **env})
         self.started.append(proc)
         return proc
 
@@ -198,34 +236,14 @@ class Job:
         return out
 
     def tail(self) -> Dict[str, str]:
-        return {p.name: p.read_bytes()[-800:].decode(errors="replace") for p in sorted(self.logs.iterdir())}
+        return tails(self.logs)
 
     def pids(self) -> List[int]:
         return [int(p.read_text()) for p in self.marks.glob("*.pid") if p.read_text().strip().isdigit()]
 
     def stop(self) -> None:
-        """End the job: its launchers' process groups (the gate's SIGTERM stops every node it started), then
-        every rank and worker that is left, by the PIDs they wrote."""
-        for proc in self.started:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for proc in self.started:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=10)
-        for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """End the job: its launchers (the gate's SIGTERM stops every node it started) and what is left of it."""
+        end(self.started, self.pids())
 
 
 def _first_json(text: str) -> Optional[dict]:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
+from healthy_jobs import end, start_on, tails
 
 pytestmark = pytest.mark.cluster
 
@@ -27,6 +28,7 @@ if mode == f"sleep-before-init:{rank}":
     (marks / f"{rank}-sleeping").touch()
     time.sleep(900)
 import torch, torch.distributed as dist
+(marks / f"{rank}-init").touch()
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
 t = torch.ones(1)
 if os.environ.get("PF_LOADER"):  # a DataLoader whose 2 workers (processes that inherit RANK) stay alive
@@ -91,9 +93,8 @@ class Jobs:
         return self._start(node, [str(VENV / "accelerate"), "launch", str(self.script)], mode, HF_HOME=str(home), **env)
 
     def _start(self, node, argv, mode, **env):
-        log = open(self.tmp / f"{node}-{len(self.started)}.log", "wb")
-        proc = self.cluster.node_popen(node, argv, stdout=log, stderr=subprocess.STDOUT,
-                                       env=dict(os.environ, PF_MARKS=str(self.marks), PF_MODE=mode, **env))
+        proc = start_on(self.cluster, node, argv, self.tmp / f"{node}-{len(self.started)}.log",
+                        PF_MARKS=str(self.marks), PF_MODE=mode, **env)
         self.started.append(proc)
         return proc
 
@@ -127,26 +128,32 @@ class Jobs:
             assert state in ("S", "R", "D"), f"rank pid {pid} is in state {state}"
 
     def logs(self):
-        return {p.name: p.read_bytes()[-600:].decode(errors="replace") for p in self.tmp.glob("*.log")}
+        return tails(self.tmp, "*.log", 600)
 
     def stop(self):
-        for proc in self.started:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for proc in self.started:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        for pid in self.rank_pids().values():  # ranks that a killed launcher left behind: ours, by PID
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        end(self.started, list(self.rank_pids().values()))
+
+
+# Run, in this same process, the command read on stdin: [argv, variables to add].
+EXEC_WHEN_TOLD = ("import json, os, sys; argv, env = json.loads(sys.stdin.readline()); "
+                  "os.execve(argv[0], argv, dict(os.environ, **env))")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def older_process(cluster_up, tmp_path_factory):
+    """(process, when it was forked) on node01, forked as the module starts and idle (neither a launcher nor a
+    rank to the census) until the old job's test has it exec that job's launcher. A process's start time is its
+    fork's, so by then it is older than the launchers that test starts by the other tests' run time: RUN008's
+    30 s are taken from them instead of waited out."""
+    log = tmp_path_factory.mktemp("older") / "node01.log"
+    with open(log, "wb") as out:
+        proc = cluster_up.node_popen("node01", [sys.executable, "-c", EXEC_WHEN_TOLD], stdin=subprocess.PIPE,
+                                     stdout=out, stderr=subprocess.STDOUT)
+    forked = time.monotonic()
+    try:
+        yield proc, forked
+    finally:
+        end([proc], [])
 
 
 @pytest.fixture
@@ -184,28 +191,41 @@ def messages(doc):
     return [r["message"] for r in doc["results"] if r["status"] != "pass"]
 
 
-def test_a_healthy_running_job_gives_no_false_alarm(cluster, jobs):
-    launchers = [jobs.torchrun(node, rank, 29651, mode="loop") for rank, node in enumerate(cluster.nodes)]
-    jobs.wait_for("0-loop", "1-loop", "2-loop")
-    doc, _ = doctor(cluster, "--port", "29651")
-    assert problems(doc) == [], messages(doc)
-    [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
-    assert sorted(row["rank"] for row in census if row["kind"] == "rank") == [0, 1, 2]
-    jobs.untouched(launchers, jobs.rank_pids().values())
+@pytest.fixture(scope="class")
+def running(cluster_up, tmp_path_factory):
+    """(the jobs, the launchers) of one healthy job on port 29651 (torchrun on the three nodes, small all-reduces
+    for ever), for the tests of one class; ended after them."""
+    jobs = Jobs(cluster_up, tmp_path_factory.mktemp("healthy-job"))
+    try:
+        launchers = [jobs.torchrun(node, rank, 29651, mode="loop") for rank, node in enumerate(cluster_up.nodes)]
+        jobs.wait_for("0-loop", "1-loop", "2-loop")
+        yield jobs, launchers
+    finally:
+        jobs.stop()
 
 
-def test_a_part_of_a_healthy_job_is_not_read_as_ranks_that_died(cluster, jobs):
-    """doctor on two of the job's three nodes, or on one rank's PID, sees only part of the job: the ranks it
-    did not look at are not "not running"."""
-    launchers = [jobs.torchrun(node, rank, 29660, mode="loop") for rank, node in enumerate(cluster.nodes)]
-    jobs.wait_for("0-loop", "1-loop", "2-loop")
-    doc, _ = doctor(cluster, "--port", "29660", hosts=cluster.nodes[:2])
-    assert problems(doc) == [], messages(doc)
-    doc, _ = doctor(cluster, "--port", "29660", "--pid", str(jobs.rank_pids()[0]))
-    assert problems(doc) == [], messages(doc)
-    [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
-    assert [row["rank"] for row in census] == [0]
-    jobs.untouched(launchers, jobs.rank_pids().values())
+class TestAHealthyRunningJob:
+    """One healthy job, started once for these looks at it."""
+
+    def test_a_healthy_running_job_gives_no_false_alarm(self, cluster, running):
+        jobs, launchers = running
+        doc, _ = doctor(cluster, "--port", "29651")
+        assert problems(doc) == [], messages(doc)
+        [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
+        assert sorted(row["rank"] for row in census if row["kind"] == "rank") == [0, 1, 2]
+        jobs.untouched(launchers, jobs.rank_pids().values())
+
+    def test_a_part_of_a_healthy_job_is_not_read_as_ranks_that_died(self, cluster, running):
+        """doctor on two of the job's three nodes, or on one rank's PID, sees only part of the job: the ranks it
+        did not look at are not "not running"."""
+        jobs, launchers = running
+        doc, _ = doctor(cluster, "--port", "29651", hosts=cluster.nodes[:2])
+        assert problems(doc) == [], messages(doc)
+        doc, _ = doctor(cluster, "--port", "29651", "--pid", str(jobs.rank_pids()[0]))
+        assert problems(doc) == [], messages(doc)
+        [census] = [r["evidence"]["census"] for r in found(doc, "RUN001", "pass")]
+        assert [row["rank"] for row in census] == [0]
+        jobs.untouched(launchers, jobs.rank_pids().values())
 
 
 def test_dataloader_workers_of_a_healthy_job_are_not_ranks(cluster, jobs):
@@ -411,8 +431,7 @@ def test_the_master_port_dropped_for_one_node(cluster, jobs):
 
 def test_a_rank_killed_while_the_others_wait(cluster, jobs):
     launchers = [jobs.torchrun(node, rank, 29657, mode="sleep-before-init:2") for rank, node in enumerate(cluster.nodes)]
-    jobs.wait_for("2-sleeping", "0.pid", "1.pid")
-    time.sleep(8)  # ranks 0 and 1 import torch and wait in init_process_group for rank 2
+    jobs.wait_for("2-sleeping", "0-init", "1-init")  # ranks 0 and 1 wait in init_process_group for rank 2
     os.kill(jobs.rank_pids()[2], signal.SIGKILL)  # our own rank's PID, from its mark
     time.sleep(1)
     doc, _ = doctor(cluster, "--port", "29657")
@@ -422,9 +441,10 @@ def test_a_rank_killed_while_the_others_wait(cluster, jobs):
     jobs.untouched(launchers[:2], [jobs.rank_pids()[0], jobs.rank_pids()[1]])
 
 
-def test_an_old_job_holding_the_port(cluster, jobs, tmp_path):
+def test_an_old_job_holding_the_port(cluster, jobs, tmp_path, older_process):
     """The old job's command line holds a URL with a password, placed where the message's cut of the command
-    line falls inside it: the report shows neither the password nor a piece of it, in any output."""
+    line falls inside it: the report shows neither the password nor a piece of it, in any output. The old
+    job's launcher runs in the process forked when the module started (older_process)."""
     old = tmp_path / "old.py"
     old.write_text("import time\ntime.sleep(900)\n")
     interpreter = (VENV / "torchrun").read_text().splitlines()[0][2:].strip()  # as /proc shows a console script
@@ -433,10 +453,13 @@ def test_an_old_job_holding_the_port(cluster, jobs, tmp_path):
     assert pad, before
     flags = ["--rdzv-id", pad, "--role", "https://user:hunter2@example.org/x", "--nnodes", "2", "--node_rank", "0",
              "--master_addr", "node01", "--master_port", "29658"]
-    start = time.monotonic()
-    stale = jobs.torchrun("node01", 0, 29658, script=old, flags=flags)
+    stale, forked = older_process
+    jobs.started.append(stale)
+    argv = [str(VENV / "torchrun"), *flags, str(old)]
+    stale.stdin.write(json.dumps([argv, {"PF_MARKS": str(jobs.marks), "PF_MODE": ""}]).encode() + b"\n")
+    stale.stdin.close()
     jobs.wait_listening("node01", 29658)
-    time.sleep(max(0.0, start + 32 - time.monotonic()))  # a job left waiting for its second node, for a while
+    time.sleep(max(0.0, forked + 32 - time.monotonic()))  # a job left waiting for its second node, for a while
     launchers = [jobs.torchrun(node, rank, 29658) for rank, node in enumerate(cluster.nodes) if node != "node01"]
     time.sleep(6)
     junit, html = tmp_path / "doctor.xml", tmp_path / "doctor.html"

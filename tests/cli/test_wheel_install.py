@@ -30,24 +30,6 @@ def run(*argv, cwd, env=None, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory):
-    """(wheel, sdist) built by setuptools' own build backend from a copy of the tracked files."""
-    out, tree = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("tree") / "src"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split("\n")
-    for name in filter(None, files):
-        if (ROOT / name).is_file():
-            (tree / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, tree / name)
-    build = ("import sys; from setuptools import build_meta as b; out = sys.argv[1];"
-             "w = b.build_wheel(out); s = b.build_sdist(out); print('built:', w, s)")
-    built = [line for line in run(sys.executable, "-c", build, out, cwd=tree).stdout.splitlines()
-             if line.startswith("built: ")]
-    wheel, sdist = built[-1].split()[1:]
-    return out / wheel, out / sdist
-
-
-@pytest.fixture(scope="module")
 def installed(dist, tmp_path_factory):
     """The `preflight` command of a fresh virtual environment with the wheel installed."""
     venv = tmp_path_factory.mktemp("venv") / "env"

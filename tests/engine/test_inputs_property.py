@@ -6,6 +6,7 @@ Reproducible: derandomized, no example database. About 30 s on two cores.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -75,6 +76,9 @@ yaml_only = st.one_of(st.dates(), st.datetimes(), st.binary(max_size=4), st.froz
 scalars = st.one_of(st.none(), st.booleans(), ints, floats, strings, yaml_only)
 
 
+# Every strategy is built once (cached, or a constant below) and only drawn from in the composites: building
+# one costs more than drawing from it (most of the run time when they were built at every draw).
+@functools.lru_cache(maxsize=None)
 def anything(max_leaves=8):
     return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                         | st.dictionaries(st.one_of(strings, st.sampled_from(KNOWN_KEYS)), inner, max_size=4),
@@ -85,6 +89,7 @@ numeric_strings = st.one_of(st.sampled_from(["5e8", "1e-5", "16", " 8 ", "-1", "
                             st.from_regex(r"[+-]?\d{1,4}(\.\d{0,3})?([eE][+-]?\d{1,3})?", fullmatch=True))
 
 
+@functools.lru_cache(maxsize=None)
 def of_types(types: tuple, wild: bool = False):
     """Values of the types a key accepts, so that the loaders let them through to the checks (numbers
     also as the strings that the CFG checks explain); with `wild`, sometimes any value at all."""
@@ -105,26 +110,52 @@ KNOWN_KEYS = sorted(set(jobconfig.ACCELERATE_KEYS) | set(jobconfig.ACCELERATE_DS
                     | {k for path in jobconfig.DS_NUMERIC for k in path} | set(DS_TOP))
 
 
+@functools.lru_cache(maxsize=None)
+def some_of(keys: tuple, wild: bool):
+    """A mapping of some of these (key, types) pairs, each with a value of its types."""
+    return st.fixed_dictionaries({}, optional={k: of_types(t, wild) for k, t in keys})
+
+
+SAGEMAKER_FIELDS, ACCELERATE_FIELDS = (tuple(keys.items()) for keys in (jobconfig.SAGEMAKER_KEYS, jobconfig.ACCELERATE_KEYS))
+ACCELERATE_DS_FIELDS = tuple(jobconfig.ACCELERATE_DS_KEYS.items())
+UNKNOWN_SCALARS = st.dictionaries(strings, scalars, max_size=2)
+UNKNOWN_OR_REMOVED = st.dictionaries(st.one_of(strings, st.sampled_from(sorted(jobconfig.ACCELERATE_REMOVED_KEYS))),
+                                     anything(3), max_size=3)
+
+
 @st.composite
 def accelerate_docs(draw):
     # integers shrink to 0: `== N` makes a failing example shrink to the plain document, without extras
     wild = draw(st.integers(0, 9)) == 9  # mostly documents that load, so that the checks run on them
-    schema = jobconfig.SAGEMAKER_KEYS if draw(st.integers(0, 4)) == 4 else jobconfig.ACCELERATE_KEYS
-    doc = draw(st.fixed_dictionaries({}, optional={k: of_types(t, wild) for k, t in schema.items()}))
-    if schema is jobconfig.SAGEMAKER_KEYS:
+    sagemaker = draw(st.integers(0, 4)) == 4
+    doc = draw(some_of(SAGEMAKER_FIELDS if sagemaker else ACCELERATE_FIELDS, wild))
+    if sagemaker:
         doc["compute_environment"] = "AMAZON_SAGEMAKER"
     if draw(st.booleans()):
-        section = draw(st.fixed_dictionaries(
-            {}, optional={k: of_types(t, wild) for k, t in jobconfig.ACCELERATE_DS_KEYS.items()}))
+        section = draw(some_of(ACCELERATE_DS_FIELDS, wild))
         if draw(st.integers(0, 3)) == 3:  # DeepSpeed-JSON keys pasted inline
             section.update(draw(ds_docs()))
         if draw(st.integers(0, 3)) == 3:  # keys accelerate does not know
-            section.update(draw(st.dictionaries(strings, scalars, max_size=2)))
+            section.update(draw(UNKNOWN_SCALARS))
         doc["deepspeed_config"] = draw(anything(3)) if wild and draw(st.booleans()) else section
     if draw(st.integers(0, 3)) == 3:  # unknown and removed keys
-        doc.update(draw(st.dictionaries(st.one_of(strings, st.sampled_from(sorted(jobconfig.ACCELERATE_REMOVED_KEYS))),
-                                        anything(3), max_size=3)))
+        doc.update(draw(UNKNOWN_OR_REMOVED))
     return doc
+
+
+# the blocks DeepSpeed refuses unknown keys in: known keys, and misspelt or odd ones
+STRICT_ENTRIES = {path: st.dictionaries(st.one_of(st.sampled_from(keys), st.sampled_from(keys), strings), scalars,
+                                        max_size=4) for path, keys in STRICT.items()}
+ENABLED = st.one_of(st.booleans(), st.just("auto"), scalars)
+OFFLOAD_DEVICE = st.one_of(st.sampled_from(["none", "cpu", "nvme", "auto", "gpu", "CPU"]), scalars)
+NVME_PATH = st.one_of(st.just("/local_nvme"), scalars)
+RATIO = st.one_of(floats, ints, scalars)
+ZERO_NOT_A_MAPPING = {False: st.one_of(st.booleans(), st.none(), st.none()),
+                      True: st.one_of(st.booleans(), st.none(), anything(3))}  # by `wild`
+OTHERS = [k for k in DS_TOP if k not in jobconfig.DS_SECTIONS and (k,) not in jobconfig.DS_NUMERIC]
+OTHER_TOP = {wild: st.dictionaries(st.sampled_from(DS_TOP if wild else OTHERS), anything(3), max_size=3)
+             for wild in (False, True)}
+UNKNOWN_TOP = st.dictionaries(strings, anything(3), max_size=2)
 
 
 @st.composite
@@ -143,41 +174,43 @@ def ds_docs(draw):
     for path, types in jobconfig.DS_NUMERIC.items():
         if draw(st.integers(0, 3)) == 3 and block(*path[:-1]) is not None:
             block(*path[:-1])[path[-1]] = draw(of_types(types, wild))
-    for path, keys in STRICT.items():  # known keys, and misspelt or odd ones
+    for path, entries in STRICT_ENTRIES.items():
         if draw(st.integers(0, 2)) == 2 and block(*path) is not None:
-            block(*path).update(draw(st.dictionaries(st.one_of(st.sampled_from(keys), st.sampled_from(keys), strings),
-                                                     scalars, max_size=4)))
+            block(*path).update(draw(entries))
     for name in ("fp16", "bf16", "bfloat16"):
         if draw(st.integers(0, 2)) == 2:
-            block(name)["enabled"] = draw(st.one_of(st.booleans(), st.just("auto"), scalars))
+            block(name)["enabled"] = draw(ENABLED)
     for name in ("offload_param", "offload_optimizer"):
         if draw(st.integers(0, 2)) == 2 and block("zero_optimization", name) is not None:
             settings_ = block("zero_optimization", name)
-            settings_["device"] = draw(st.one_of(st.sampled_from(["none", "cpu", "nvme", "auto", "gpu", "CPU"]), scalars))
+            settings_["device"] = draw(OFFLOAD_DEVICE)
             if draw(st.booleans()):
-                settings_["nvme_path"] = draw(st.one_of(st.just("/local_nvme"), scalars))
+                settings_["nvme_path"] = draw(NVME_PATH)
             if draw(st.booleans()):
-                settings_["ratio"] = draw(st.one_of(floats, ints, scalars))
+                settings_["ratio"] = draw(RATIO)
     if draw(st.integers(0, 6)) == 6:
-        doc["zero_optimization"] = draw(st.one_of(st.booleans(), st.none(), anything(3) if wild else st.none()))
-    others = [k for k in DS_TOP if k not in jobconfig.DS_SECTIONS and (k,) not in jobconfig.DS_NUMERIC]
-    doc.update(draw(st.dictionaries(st.sampled_from(DS_TOP if wild else others), anything(3), max_size=3)))
+        doc["zero_optimization"] = draw(ZERO_NOT_A_MAPPING[wild])
+    doc.update(draw(OTHER_TOP[wild]))
     if draw(st.integers(0, 4)) == 4:  # unknown keys
-        doc.update(draw(st.dictionaries(strings, anything(3), max_size=2)))
+        doc.update(draw(UNKNOWN_TOP))
     return doc
+
+
+HOSTS = st.one_of(st.sampled_from(["n1", "n2", "node-01", "10.0.0.1", "a", "a"]), st.from_regex(r"\S{1,8}", fullmatch=True))
+GOOD_LINES = [
+    st.builds(lambda h, n: f"{h} slots={n}", HOSTS, st.integers(1, 20) | st.sampled_from([10 ** 20])),
+    st.builds(lambda h, n, sp: f"{h}{sp}slots{sp}={sp}{n} # c", HOSTS, st.integers(1, 8), st.sampled_from([" ", "\t", "  "])),
+    st.sampled_from(["", "# comment", "   "]),
+]
+BAD_LINES = [st.sampled_from(["n1 slots=0", "n1", "n1 slots=", "n1 slots=x", "slots=4", "n1 slots=-1"]), st.text(max_size=20)]
+HOSTFILE_LINES = {False: st.lists(st.one_of(*GOOD_LINES), max_size=6),  # by `wild`
+                  True: st.lists(st.one_of(*(GOOD_LINES + BAD_LINES)), max_size=6)}
 
 
 @st.composite
 def hostfiles(draw):
-    hosts = st.one_of(st.sampled_from(["n1", "n2", "node-01", "10.0.0.1", "a", "a"]), st.from_regex(r"\S{1,8}", fullmatch=True))
-    good = [
-        st.builds(lambda h, n: f"{h} slots={n}", hosts, st.integers(1, 20) | st.sampled_from([10 ** 20])),
-        st.builds(lambda h, n, sp: f"{h}{sp}slots{sp}={sp}{n} # c", hosts, st.integers(1, 8), st.sampled_from([" ", "\t", "  "])),
-        st.sampled_from(["", "# comment", "   "]),
-    ]
-    bad = [st.sampled_from(["n1 slots=0", "n1", "n1 slots=", "n1 slots=x", "slots=4", "n1 slots=-1"]), st.text(max_size=20)]
     wild = draw(st.integers(0, 9)) == 9
-    lines = draw(st.lists(st.one_of(*(good + bad if wild else good)), max_size=6))
+    lines = draw(HOSTFILE_LINES[wild])
     ending = draw(st.sampled_from(["\n", "\r\n", "\r"]))
     return ending.join(lines) + draw(st.sampled_from(["", ending]))
 

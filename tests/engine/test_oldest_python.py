@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 OLDEST = "python3.9"
 
 
@@ -23,14 +22,15 @@ def oldest_python():
 
 
 @pytest.fixture(scope="module")
-def old_preflight(tmp_path_factory):
+def old_preflight(dist, tmp_path_factory):
+    """The `preflight` command of a fresh virtual environment of the oldest Python, the wheel installed."""
     python = oldest_python()
     if python is None:
         pytest.skip(f"no {OLDEST} here (on PATH or installed by pyenv)")
     venv = tmp_path_factory.mktemp("py39") / "venv"
     subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
     install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                              "--disable-pip-version-check", str(ROOT)], capture_output=True, text=True, timeout=600)
+                              "--disable-pip-version-check", str(dist[0])], capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stderr[-2000:]
     return venv / "bin" / "preflight"
 
