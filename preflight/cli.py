@@ -294,18 +294,27 @@ def _main(argv: List[str]) -> int:
     for option in ("config", "deepspeed", "hostfile", "checkpoint_dir", "shared_dir"):
         if getattr(args, option, None) == "":
             raise UsageError(f"--{option.replace('_', '-')} is an empty path")
+    if args.command in ("check", "launch"):
+        from preflight.remote import early
+
+        # The first nodes are reached, and their programs started, while the checks load and the plan is built.
+        args.early_start = early.start(args)
     from preflight import registry
 
-    reg = registry.load()
-    for problem in reg.problems:
-        print(f"preflight: warning: {problem}", file=sys.stderr)
-    if args.command == "list":
-        return _list(reg, args)
-    if args.command == "explain":
-        return _explain(reg, args.id)
-    from preflight import engine  # the pipeline's imports cost only the commands that run checks
+    try:
+        reg = registry.load()
+        for problem in reg.problems:
+            print(f"preflight: warning: {problem}", file=sys.stderr)
+        if args.command == "list":
+            return _list(reg, args)
+        if args.command == "explain":
+            return _explain(reg, args.id)
+        from preflight import engine  # the pipeline's imports cost only the commands that run checks
 
-    return engine.run(reg, args)
+        return engine.run(reg, args)
+    finally:
+        if getattr(args, "early_start", None) is not None:
+            args.early_start.close()  # what a run that stopped early (bad input) did not take
 
 
 

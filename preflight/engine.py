@@ -327,11 +327,9 @@ def _slurm_state(args, results, outcome: str, started: float, budget) -> None:
 
 
 def _transport(args) -> str:
-    """`check --slurm` and `doctor --slurm` inside an allocation reach the nodes with srun job steps; everything else over SSH
-    (`launch` too: it starts the launcher on each node over SSH)."""
-    from preflight.remote import srun
+    from preflight.remote.early import transport_for
 
-    return "srun" if args.command in ("check", "doctor") and getattr(args, "slurm", False) and srun.usable() else "ssh"
+    return transport_for(args)
 
 
 DATA_PATH_CHECKS = frozenset(("NET007", "NET008", "NET009", "NET010", "NET011"))  # read the pairwise path probes
@@ -341,7 +339,7 @@ def gather_for(plan, args, specs=()):
     """Facts and probes: over SSH for a target, in-process for this machine alone. The all-reduce (the slow
     part) runs only over SSH, and only when a COL check is selected."""
     from preflight.job import view
-    from preflight.remote import gather
+    from preflight.remote import early, gather
 
     collective = None
     if plan.remote and any(s.family == "COL" for s in specs):  # its module (and transport) only then
@@ -349,11 +347,7 @@ def gather_for(plan, args, specs=()):
 
         collective = options_from_args(plan, args)
     options = gather.GatherOptions(
-        python=getattr(args, "python", sys.executable),
-        timeout=getattr(args, "timeout", 30.0),
-        fanout=getattr(args, "fanout", 64),
-        ssh_config=getattr(args, "ssh_config", None),
-        accept_new=getattr(args, "ssh_accept_new", False),
+        **early.reaching(args),
         port=plan.port,
         main_address=plan.main_address,
         # The job starts in this directory on every node: each node says whether it has it.
@@ -364,14 +358,15 @@ def gather_for(plan, args, specs=()):
         collective=collective,
         # the probes between every pair of nodes, only when a check that reads them is selected
         data_paths=any(s.id in DATA_PATH_CHECKS for s in specs),
-        transport=_transport(args),
         job=view.request(plan),
         job_files=view.named_files,
+        early=getattr(args, "early_start", None),
     )
     facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
     probes["job"] = view.launches(plan, facts, (probes.get("head") or {}).get("address"))
     probes["allocation"] = allocation_for(plan, args)
     return runner.CheckContext(plan, facts, probes)
+
 
 def allocation_for(plan, args):
     """Inside a SLURM allocation, given `--slurm` or `--sbatch`: the allocation as SLURM reports it, its SLURM_*

@@ -205,19 +205,29 @@ def fanout_contenders(cluster, hosts: Sequence[str]) -> Dict[str, Callable[[], f
     return {"preflight check": preflight, "clush": clush, "pdsh -R ssh": pdsh}
 
 
+FANOUT_SIZES = (1, 16, 64, 96)
+
+
+def fanout_limit(n: int) -> float:
+    """preflight check's time at most this times the faster of clush and pdsh: 1.1 for one host (it does more
+    than they do: clock samples, the port probe, every check), 1.0 from 16 hosts on."""
+    return 1.1 if n == 1 else 1.0
+
+
 def bench_fanout(section: Section, repeat: int, cluster, sizes: Sequence[int], png: Path, **_):
     medians: Dict[str, Dict[int, float]] = {}
-    section.table.append(["hosts", "preflight check", "clush", "pdsh -R ssh", "preflight / pdsh"])
+    section.table.append(["hosts", "preflight check", "clush", "pdsh -R ssh", "preflight / the faster of the two"])
     for n in sizes:
         times = interleaved(fanout_contenders(cluster, cluster.nodes[:n]), repeat, warm_up=n == sizes[0])
         for name, values in times.items():
             medians.setdefault(name, {})[n] = median(values)
-        ratio = median(times["preflight check"]) / median(times["pdsh -R ssh"])
-        section.table.append([str(n)] + [spread(v) for v in times.values()] + [f"{ratio:.2f}"])
-    largest = max(sizes)
-    ratio = medians["preflight check"][largest] / medians["pdsh -R ssh"][largest]
-    section.targets.append(Target(f"fan-out at N = {largest} no slower than `pdsh -R ssh`",
-                                  f"{ratio:.2f} of pdsh's time", ratio <= 1.0))
+        faster = min(("clush", "pdsh -R ssh"), key=lambda name: medians[name][n])
+        ratio = medians["preflight check"][n] / medians[faster][n]
+        section.table.append([str(n)] + [spread(v) for v in times.values()] + [f"{ratio:.2f} ({faster})"])
+        if n in FANOUT_SIZES:
+            limit = fanout_limit(n)
+            section.targets.append(Target(f"fan-out at N = {n} at most {limit:.1f}x the faster of clush and pdsh",
+                                          f"{ratio:.2f}x {faster}'s time", ratio <= limit))
     section.notes.append("preflight also takes clock samples, probes the main port and runs every check; clush and "
                          f"pdsh only run `python -m {AGENT}` (the same facts, no verdict). Fan-out 64 "
                          "for all three; each run is verified to bring back every host's facts.")
@@ -242,7 +252,7 @@ def plot_fanout(medians: Dict[str, Dict[int, float]], png: Path):
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend()
-    ax.set_title("facts from N hosts over SSH")
+    ax.set_title("facts from N hosts over SSH (fan-out 64)")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
@@ -604,8 +614,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--repeat", type=positive, default=5, help="timed rounds per comparison (default 5; the collective at least 7)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), metavar="SECTION",
                         help=f"run only these sections: {', '.join(SECTIONS)}")
-    parser.add_argument("--hosts", nargs="+", type=positive, default=[1, 4, 16, 32], metavar="N",
-                        help="fan-out sizes (default 1 4 16 32; at most 99)")
+    parser.add_argument("--hosts", nargs="+", type=positive, default=list(FANOUT_SIZES), metavar="N",
+                        help=f"fan-out sizes (default {' '.join(map(str, FANOUT_SIZES))}; at most 99)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md as it is")
     args = parser.parse_args(argv)
     if max(args.hosts) > 99:
@@ -638,7 +648,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"scripts/bench: {section.title} ...", file=sys.stderr, flush=True)
             t = time.monotonic()
             try:
-                BENCHES[name][1](section, args.repeat, cluster=cluster, folder=folder, sizes=args.hosts, png=PNG)
+                # --no-write leaves the plot as it is too: this run's goes to its temporary folder
+                BENCHES[name][1](section, args.repeat, cluster=cluster, folder=folder, sizes=args.hosts,
+                                 png=folder / PNG.name if args.no_write else PNG)
             except (BenchError, testcluster.ClusterError) as exc:
                 section.error = str(exc)
             section.seconds = time.monotonic() - t

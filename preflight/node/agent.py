@@ -205,9 +205,14 @@ def serve(agent, fd_in, out):
 # --- the fabric: RDMA devices and ports, GPUDirect modules, NCCL libraries, Xid events -------------
 
 
-def main(options):
+def prepare():
+    """What the agent reads before its options come (remote.shipping's bootstrap calls it first)."""
+    return collector.prepare()
+
+
+def main(options, ready=None):
     """The agent's program: the facts line, then answers until the end of its input."""
-    sys.stdout.write(json.dumps(collector.collect(options)) + "\n")
+    sys.stdout.write(json.dumps(collector.collect(options, ready)) + "\n")
     sys.stdout.flush()
     serve(Agent(), 0, sys.stdout)
 

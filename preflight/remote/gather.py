@@ -56,6 +56,7 @@ class GatherOptions:
     slurm_job: Optional[str] = None  # srun into this job from outside it (`doctor --slurm-job`)
     census: Optional[dict] = None  # `doctor`: the census of the running job (preflight.node.census); no probes then
     data_paths: bool = True  # the probes between every pair of nodes (NET007-NET011): routes, names, ports, path MTU
+    early: Optional[object] = None  # the first nodes' sessions, begun before the plan was built (remote.early)
 
 
 BY_HAND = "run the training interpreter (--python) there by hand: does it start, and does anything else write on its output?"
@@ -320,6 +321,8 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
                 probes["collective"] = options.collective.run(nodes, head_address, options, probes.get("paths"))
     finally:
         options.progress.stop()  # the status line cleared, also on Ctrl-C
+        if options.early is not None:
+            options.early.close()
         _parallel(NodeState.close, nodes, options)
     return {n.name: n.to_context() for n in nodes}, probes
 
@@ -358,8 +361,12 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
              shown: Optional[progress.Activity] = None) -> None:
     try:
         # The connection has its own deadlines; this one also bounds DNS and anything unforeseen.
-        node.connection = run_with_deadline(lambda: transport.connect(options.transport, node.name, options),
-                                            options.timeout * 2 + 1)
+        early = options.early.take(node.name, options.timeout * 2 + 1) if options.early is not None else None
+        if early is None:
+            node.connection = run_with_deadline(lambda: transport.connect(options.transport, node.name, options),
+                                                options.timeout * 2 + 1)
+        else:
+            node.connection, node.agent = early
         if shown is not None:
             shown.reach(node.name)
         payload = {"head": head, "port": options.port, "paths": options.paths, "job": options.job,
@@ -368,8 +375,14 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
         # just in time must not cost many timeouts.
         started = time.monotonic()
         deadline = started + options.timeout
-        node.agent = node.connection.start(shipped_command(options.python), shipped_input(AGENT, payload),
-                                           options.timeout)
+        if node.agent is None:
+            node.agent = node.connection.start(shipped_command(options.python), shipped_input(AGENT, payload),
+                                               options.timeout)
+        else:  # started early: its program waits for this line (one that has ended says why when read)
+            try:
+                node.agent.send_line(json.dumps(payload), options.timeout)
+            except Exception:
+                pass
         step, facts_s = "facts", 0.0
         try:
             line, printed = _facts_line(node, deadline)

@@ -55,3 +55,22 @@ def test_local_and_startup_sections_run_for_real(tmp_path):
         assert row in out
     assert "| torch, deepspeed and accelerate off the start-up path | none imported | yes |" in out
     assert "Not measured" not in out and "## 2. Fan-out" not in out
+
+
+def test_the_fanout_table_compares_with_the_faster_of_clush_and_pdsh_and_plots_all_three(bench, tmp_path,
+                                                                                          monkeypatch):
+    seconds = {1: {"preflight check": 0.5, "clush": 0.6, "pdsh -R ssh": 0.4},  # 1.25x pdsh: over 1.1x
+               16: {"preflight check": 3.0, "clush": 3.2, "pdsh -R ssh": 3.5}}  # 0.94x clush
+    monkeypatch.setattr(bench, "fanout_contenders", lambda cluster, hosts: {
+        name: (lambda s=s: s) for name, s in seconds[len(hosts)].items()})
+    plotted = {}
+    monkeypatch.setattr(bench, "plot_fanout", lambda medians, png: plotted.update(medians))
+    section = bench.Section("2. Fan-out")
+    cluster = type("Cluster", (), {"nodes": [f"bench{i:02d}" for i in range(1, 17)]})()
+    bench.bench_fanout(section, 3, cluster=cluster, sizes=[1, 16], png=tmp_path / "fanout.png")
+    assert section.table[0][-1] == "preflight / the faster of the two"
+    assert [row[-1] for row in section.table[1:]] == ["1.25 (pdsh -R ssh)", "0.94 (clush)"]
+    assert [(t.text, t.met) for t in section.targets] == [
+        ("fan-out at N = 1 at most 1.1x the faster of clush and pdsh", False),
+        ("fan-out at N = 16 at most 1.0x the faster of clush and pdsh", True)]
+    assert plotted == {name: {1: seconds[1][name], 16: seconds[16][name]} for name in seconds[1]}
