@@ -105,6 +105,9 @@ def machine_ranks(ctx) -> Iterator[Finding]:
         return
     own = [n for n, v in views.items() if v.get("own_rank")]  # `launch` runs the head's launch alone
     ranks = {n: v.get("machine_rank") for n, v in views.items() if isinstance(v.get("machine_rank"), int)}
+    if not ranks:
+        yield _no_rank(views)
+        return
     views = {n: v for n, v in views.items() if n in ranks}  # a rank that is not a number is JOB001's finding
     count = len(ctx.plan.nodes)
     by_rank: Dict[Any, List[str]] = {}
@@ -141,6 +144,14 @@ def machine_ranks(ctx) -> Iterator[Finding]:
     elif good and not bad:
         yield Finding(Status.PASS, f"machine ranks 0 to {count - 1}, one per node", nodes=good,
                       evidence={"ranks": ranks})
+
+
+def _no_rank(views: Mapping[str, dict]) -> Finding:
+    """The skip when no node's machine_rank is a number: JOB001 fails a rank it cannot read, and warns of one that
+    is not known here (a SLURM task variable with several tasks per node)."""
+    if any(v.get("problems") for v in views.values()):
+        return skip("no node's machine_rank is a number (see JOB001)", blocked_by="JOB001")
+    return skip("machine_rank is not known here on any node (see JOB001)")
 
 
 def _host(ctx, node: str) -> Mapping[str, Any]:
@@ -198,7 +209,7 @@ def rank_zero_host(ctx) -> Iterator[Finding]:
     zero = [n for n in ranked if views[n].get("machine_rank") == 0]
     own = [n for n in static if views[n].get("own_rank")]
     if not ranked:
-        yield skip("no node's machine_rank is a number (see JOB001)", blocked_by="JOB001")
+        yield _no_rank(views)
         return
     if len(zero) > 1 or not zero and len(ranked) == len(ctx.plan.nodes):  # JOB002 fails on it
         yield skip(f"machine_rank 0 is on {len(zero) or 'no'} node(s), not one (see JOB002)", blocked_by="JOB002")

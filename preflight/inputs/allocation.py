@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.inputs.documents import InputError
-from preflight.inputs.inventory import expand
+from preflight.inputs.inventory import expand, fold
 
 COUNTS = re.compile(r"(\d{1,6})(?:\(x(\d{1,6})\))?")
 
@@ -218,6 +218,36 @@ def step_layout(alloc: Allocation, srun: Optional[Mapping[str, str]]) -> Optiona
     count = min(count, ntasks)  # fewer tasks than nodes: srun takes as many nodes as tasks
     base, extra = divmod(ntasks, count)  # the block distribution: the first nodes take the remainder
     return Layout(alloc.nodes[:count], tuple(base + (k < extra) for k in range(count)), ", ".join(filter(None, said)))
+
+
+# What srun sets in each task of a step (srun(1), OUTPUT ENVIRONMENT VARIABLES; Slurm's env_array_for_step, in
+# src/common/env.c, with the older SLURM_NNODES, SLURM_NTASKS/SLURM_NPROCS, SLURM_NODELIST and SLURM_TASKS_PER_NODE
+# from the step too): by node, then by task. A one-node helper step (preflight.remote.srun) has SLURM_NODEID=0 and
+# SLURM_NNODES=1 on every node; the training step, across the allocation, has these.
+NODE_VARIABLES = ("SLURM_NODEID", "SLURMD_NODENAME", "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_STEP_NODELIST",
+                  "SLURM_NODELIST")
+TASK_VARIABLES = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_GTIDS", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
+                  "SLURM_NPROCS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+STEP_VARIABLES = NODE_VARIABLES + TASK_VARIABLES
+
+
+def step_variables(alloc: Allocation, node: str) -> Dict[str, Optional[str]]:
+    """The step variables of the task on `node` in an srun step without options across the allocation (its
+    layout: step_layout), {} when the step does not run there. SLURM_NODEID is the node's index in the step's
+    nodes, in SLURM's order; the task variables are known with one task per node (SLURM_PROCID is then the
+    node's index, SLURM_LOCALID 0), else None: they depend on which of the node's tasks runs the command."""
+    layout = step_layout(alloc, {})
+    if layout is None or node not in layout.nodes:
+        return {}
+    index, count = layout.nodes.index(node), len(layout.nodes)
+    nodelist = alloc.nodelist if layout.nodes == alloc.nodes else fold(layout.nodes)
+    found: Dict[str, Optional[str]] = dict(zip(NODE_VARIABLES, (str(index), node, str(count), str(count), nodelist,
+                                                                nodelist)))
+    one_each = all(t == 1 for t in layout.tasks)
+    per_node = fold_counts(layout.tasks)
+    values = (str(index), "0", str(index), str(count), str(count), str(count), per_node, per_node)
+    found.update(zip(TASK_VARIABLES, values if one_each else (None,) * len(TASK_VARIABLES)))
+    return found
 
 
 def command_script(words: Sequence[str]):

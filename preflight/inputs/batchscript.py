@@ -636,7 +636,7 @@ class Step:
     """A line that starts the job's processes: srun with what each task runs, or a launcher run in the batch step."""
 
     line: int
-    text: str  # the command as written (shortened)
+    text: str  # the command as written, whole (a report shortens it)
     srun: Optional[Mapping[str, str]]  # srun's options (long names; "" for a flag); None without srun
     command: launchcmd.LaunchCommand  # what runs (the launcher), words expanded where the script tells their value
     words: Tuple[Rendered, ...]  # the launcher's words with where their unknown parts come from
@@ -921,9 +921,10 @@ def parse(path: str, text: str, environ: Mapping[str, str]) -> BatchScript:
                        {name: h.line for name, h in reader.heredocs.items()}, tuple(reader.sourced), reader.heredocs)
 
 
-def slurm_values(directives: Mapping[str, Directive]) -> Dict[str, Var]:
+def slurm_values(directives: Mapping[str, Directive], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Var]:
     """The allocation's variables SLURM sets in the batch step that the directives tell (sbatch(1), OUTPUT
-    ENVIRONMENT VARIABLES)."""
+    ENVIRONMENT VARIABLES); inside the allocation (SLURM_JOB_ID set), the environment's own: what the script's
+    $SLURM_NNODES will be, whatever the directives ask (sbatch's command line and SBATCH_* override them)."""
     alloc = allocation(directives)
     known = {}
     if alloc.nodes is not None:
@@ -938,7 +939,18 @@ def slurm_values(directives: Mapping[str, Directive]) -> Dict[str, Var]:
         known["SLURM_GPUS_ON_NODE"] = str(alloc.gpus_per_node)
     if "gpus-per-node" in directives and alloc.gpus_per_node is not None:
         known["SLURM_GPUS_PER_NODE"] = str(alloc.gpus_per_node)
-    return {k: Var(v, 0, True, f"from the directives ({k})") for k, v in known.items()}
+    found = {k: Var(v, 0, True, f"from the directives ({k})") for k, v in known.items()}
+    if environ and environ.get("SLURM_JOB_ID"):
+        for name in SLURM_COUNTS:
+            found.pop(name, None)
+            if name in environ:
+                found[name] = Var(environ[name], 0, True, f"${name} of this allocation")
+    return found
+
+
+# The batch step's variables that slurm_values tells.
+SLURM_COUNTS = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS", "SLURM_NPROCS",
+                "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")
 
 
 class _Body:
@@ -946,7 +958,7 @@ class _Body:
 
     def __init__(self, path: str, directives: Mapping[str, Directive], environ: Mapping[str, str]):
         self.path = path
-        self.batch = Scope(slurm_values(directives), "batch")
+        self.batch = Scope(slurm_values(directives, environ), "batch")
         self.batch.environ = environ
         self.steps: List[Step] = []
         self.helpers: List[Tuple[int, str]] = []
@@ -1289,7 +1301,7 @@ class _Body:
         rendered = scope.words(words)
         command = launchcmd.parse([r.text for r in rendered])
         text = " ".join(_plain(w) for w in cmd.words)
-        return Step(cmd.line, text[:200], srun_opts, command, tuple(rendered), task_shell, self.loops > 0,
+        return Step(cmd.line, text, srun_opts, command, tuple(rendered), task_shell, self.loops > 0,
                     self.conditionals > 0, cmd.background)
 
 

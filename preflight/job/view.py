@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from preflight.inputs import launchcmd
+from preflight.inputs import allocation, launchcmd
 from preflight.inputs.launchcmd import DEFAULT_PORT
 from preflight.inputs.documents import (Document, InputError, parse_deepspeed, parse_json, parse_yaml, shorten,
                                        syntax_by_name)
@@ -23,6 +23,7 @@ from preflight.inputs.configs import (DEEPSPEED_HOSTFILE_LINE, accelerate_launch
                                       text_number_stops_launch)
 from preflight.inputs.numbers import flag_int, is_int, is_numeric_string, text_number
 from preflight.job.nccl import socket_interface
+from preflight.node.launchfiles import expand
 
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner reads this one when none is named
 CONFIG_TEXT_LIMIT = 256 * 1024  # a config's text past this is not parsed (PyYAML takes seconds a megabyte)
@@ -46,8 +47,21 @@ RUNNER_BACKENDS = {"pdsh": "pdsh", "openmpi": "ompi_info", "mpich": "mpirun", "i
                    "slurm": "sinfo"}
 
 
-def request(plan) -> dict:
-    """What the collector reads on each node for the job (preflight.node.launchfiles.facts' argument)."""
+def step_allocation(plan, environ: Optional[Mapping[str, str]] = None) -> Optional[allocation.Allocation]:
+    """The SLURM allocation the job's steps run in, when the nodes are reached from inside it and their
+    sessions expand the command: theirs are SSH sessions or one-node helper steps, not the training step,
+    so a SLURM step variable in the command is the step's (allocation.step_variables), filled in here."""
+    if not (plan.remote and plan.expand_vars and plan.command):
+        return None
+    try:
+        return allocation.read(os.environ if environ is None else environ)
+    except InputError:  # a node list not read: the sessions' own values stand
+        return None
+
+
+def request(plan, environ: Optional[Mapping[str, str]] = None) -> dict:
+    """What the collector reads on each node for the job (preflight.node.launchfiles.facts' argument).
+    `environ`: this process's environment (default os.environ), where a SLURM allocation is read."""
     cmd = launchcmd.parse(plan.command) if plan.command else None
     accelerate = cmd is None or cmd.launcher == "accelerate"
     # `accelerate launch` reads its --config_file, else each node's default: --config is for no command only.
@@ -72,7 +86,8 @@ def request(plan) -> dict:
             "default_config": accelerate and not (cmd is not None and cmd.flag("cpu")),
             "files": list(dict.fromkeys(f for f in files if f)), "text": text, "programs": programs,
             "expand": plan.expand_vars, "env": dict(cmd.env) if cmd is not None else {},
-            "deadline_s": JOB_READ_S, "resolve": head_names(cmd)}
+            "deadline_s": JOB_READ_S, "resolve": head_names(cmd),
+            "keep": list(allocation.STEP_VARIABLES) if step_allocation(plan, environ) else []}
 
 
 def head_names(cmd: Optional[launchcmd.LaunchCommand]) -> List[str]:
@@ -233,20 +248,24 @@ class _Fields:
 
 
 def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.LaunchCommand], gpus: int = 0,
-           kinds: Optional[Mapping[str, str]] = None) -> dict:
+           kinds: Optional[Mapping[str, str]] = None, unknown: Optional[Mapping[str, str]] = None) -> dict:
     """One node's effective launch: {"launcher", "started_by", field: value..., "sources": {field: where},
     "problems": [...], "files": {...}}. `command` is this node's launch command (its $VARs expanded);
     `gpus`, the GPUs the node has (accelerate picks its launcher by them when nothing else says); `kinds`,
-    the command line's config files by the names the node read them under (default: settings_files(command))."""
+    the command line's config files by the names the node read them under (default: settings_files(command));
+    `unknown`, the variables of the command whose value is not known here, with why (step_variables)."""
     out = _Fields(node)
     problems: List[str] = []
-    if command is not None:
-        unset = sorted({m.group(0) for word in command.argv for m in UNEXPANDED.finditer(word)})
-        if unset:
-            problems.append(f"{', '.join(unset)} in the command {'is' if len(unset) == 1 else 'are'} not set in this "
-                            "node's SSH session: the launcher would get the text itself")
     warnings = [f"the command cannot be read as {command.launcher} reads it: {command.problem}"] \
         if command is not None and command.problem else []
+    if command is not None:
+        found = _variables(command.argv)
+        unset = sorted(found - set(unknown or {}))
+        if unset:
+            problems.append(f"{', '.join('$' + v for v in unset)} in the command {'is' if len(unset) == 1 else 'are'} "
+                            "not set in this node's SSH session: the launcher would get the text itself")
+        warnings += [f"${name} in the command is not known: {(unknown or {})[name]}"
+                     for name in sorted(found & set(unknown or {}))]
     launcher = command.launcher if command is not None else "accelerate"
     config_entry = job.get("config")
     doc, why = parsed(config_entry, "accelerate") if config_entry else (None, "none")
@@ -312,8 +331,8 @@ def launch(node: str, job: Mapping[str, Any], command: Optional[launchcmd.Launch
         for key, keys in (("num_machines", ("num_machines",)), ("num_processes", ("num_processes",)),
                           ("main_port", ("main_process_port",)), ("machine_rank", ("machine_rank",))):
             value = out.values[key]
-            if not isinstance(value, str):
-                continue
+            if not isinstance(value, str) or _variables([value]) & set(unknown or {}):
+                continue  # a value not known here (a warning says so) is not judged as text
             launch_values = {"distributed_type": dtype, "cpu": cpu, "use_cpu": data.get("use_cpu"),
                              "num_cpu_threads_per_process": data.get("num_cpu_threads_per_process"),
                              "num_machines": out.values["num_machines"], "machine_rank": out.values["machine_rank"],
@@ -539,12 +558,15 @@ def hostfile_hosts(text: str) -> Tuple[List[Tuple[str, int]], Optional[str]]:
     return found, None
 
 
-def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dict[str, Any]:
+def launches(plan, facts: Mapping[str, Any], head_address: Optional[str],
+             environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """Every reached node's effective launch, in node order: probes["job"] for the JOB checks.
     With `preflight launch` over SSH, each node's command is the one preflight will run there (its
     rank flags inserted by preflight.gate.launcher). When the head's launcher starts every node (DeepSpeed's
-    runner), the other nodes' own configs are never read: their views keep only what they run."""
+    runner), the other nodes' own configs are never read: their views keep only what they run. Inside a SLURM
+    allocation, each node's SLURM step variables are those of its task in the job's step (step_allocation)."""
     nodes = [n for n in plan.nodes if (facts.get(n) or {}).get("facts")]
+    slurm = step_allocation(plan, environ)
     result: Dict[str, Any] = {"command": list(plan.command), "nodes": {}}
     sets_ranks = plan.sets_ranks and plan.command and launchcmd.is_accelerate_launch(plan.command)
     raw = launchcmd.parse(plan.command) if plan.command else None
@@ -560,9 +582,12 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dic
             continue
         try:
             argv = [str(a) for a in job["argv"]] if isinstance(job.get("argv"), list) else list(plan.command)
+            unknown: Dict[str, str] = {}
+            if slurm is not None:  # the node left the step variables to be filled in here (request's "keep")
+                argv, unknown = _step_command(argv, slurm, node)
             if sets_ranks:
                 argv = launchcmd.rank_command(argv, index, head_address or plan.head, plan.port, len(plan.nodes))
-            result["nodes"][node] = _node_view(node, node_facts, job, argv, names, kinds, head_address)
+            result["nodes"][node] = _node_view(node, node_facts, job, argv, names, kinds, head_address, unknown)
         except Exception as exc:  # what a node sent is not to be trusted: its launch is unknown, said so
             result["nodes"][node] = {"known": True, "launcher": "other", "started_by": "self", "sources": {},
                                      "problems": [f"its job facts cannot be read ({type(exc).__name__}: {exc})"]}
@@ -582,6 +607,23 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str]) -> Dic
     return result
 
 
+def _variables(words) -> set:
+    """The names of the $VARs left in these words."""
+    return {m.group(0).lstrip("${") for word in words for m in UNEXPANDED.finditer(word)}
+
+
+def _step_command(argv: List[str], alloc: allocation.Allocation, node: str) -> Tuple[List[str], Dict[str, str]]:
+    """The command with the SLURM step variables of the node's task in it, and those not known, with why."""
+    values = allocation.step_variables(alloc, node)
+    if not values:
+        why = f"{node} is not a node of the allocation's srun step ({alloc.nodelist})"
+    else:
+        why = ("it depends on which of the node's tasks runs the command, and an srun step in this allocation starts "
+               "more than one task per node (SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE)")
+    known = {k: v for k, v in values.items() if v is not None}
+    return [expand(word, known) for word in argv], {k: why for k in allocation.STEP_VARIABLES if k not in known}
+
+
 def _rank_per_node(command: Optional[launchcmd.LaunchCommand]) -> bool:
     """Whether the command's rank (torchrun's and DeepSpeed's --node_rank) is each node's own, a `$VAR` each node
     sets: a rank written out (or the launcher's default) is the launch of the node that runs this command."""
@@ -590,10 +632,10 @@ def _rank_per_node(command: Optional[launchcmd.LaunchCommand]) -> bool:
 
 
 def _node_view(node: str, node_facts: dict, job: dict, argv: List[str], names: Mapping[str, Optional[str]],
-               kinds: Mapping[str, str], head_address: Optional[str]) -> dict:
+               kinds: Mapping[str, str], head_address: Optional[str], unknown: Mapping[str, str]) -> dict:
     command = launchcmd.parse(argv) if argv else None
     devices = (node_facts.get("gpus") or {}).get("devices") if isinstance(node_facts.get("gpus"), dict) else None
-    view = launch(node, job, command, len(devices) if isinstance(devices, list) else 0, kinds)
+    view = launch(node, job, command, len(devices) if isinstance(devices, list) else 0, kinds, unknown)
     host = node_facts.get("host") if isinstance(node_facts.get("host"), dict) else {}
     if view.get("main_resolved") is None and head_address and view.get("main_ip") == head_address:
         # the head address every node was asked about (preflight launch puts it on the command)

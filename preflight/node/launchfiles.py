@@ -19,13 +19,17 @@ def facts(job):
     """What this node's launch would read, as its SSH session sees it: the accelerate config (the one
     named, else accelerate's default under this session's HF_HOME / XDG_CACHE_HOME), the files of the
     command line, and where the launcher and python resolve on this session's PATH. None: not asked.
-    With "expand", $VAR in the command is this session's variable, as a shell on the node reads it."""
+    With "expand", $VAR in the command is this session's variable, as a shell on the node reads it, but for
+    the names in "keep" in the command's words: the head fills those in (a SLURM step's per-task variables,
+    which this session's step has for itself, not for the job's)."""
     if not job:
         return None
     cwd = job.get("cwd") or os.getcwd()
+    keep = set(job.get("keep") or ())
+    session = dict((k, v) for k, v in os.environ.items() if k not in keep)
 
-    def word(text):
-        return os.path.expandvars(text) if job.get("expand") else text
+    def word(text, environ=os.environ):
+        return expand(text, environ) if job.get("expand") else text
 
     config = job.get("config")
     if config:
@@ -46,11 +50,25 @@ def facts(job):
             files[name] = read_file(word(name), cwd, name in (job.get("text") or ()), until)
     names = [word(name) for name in job.get("resolve") or ()] + [_main_process_ip(config_file)]
     return {
-        "cwd": cwd, "cwd_exists": os.path.isdir(cwd), "argv": [word(a) for a in job.get("argv") or ()],
+        "cwd": cwd, "cwd_exists": os.path.isdir(cwd), "argv": [word(a, session) for a in job.get("argv") or ()],
         "config": config_file, "files": files,
         "programs": dict((name, _program(word(name), cwd)) for name in job.get("programs") or ()),
         "resolved": resolve(names),
     }
+
+
+VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)  # posixpath.expandvars' own pattern
+
+
+def expand(text, environ):
+    """$NAME and ${NAME} in `text` from `environ`, as os.path.expandvars reads them from os.environ (posixpath's
+    expandvars): a name that is not there is left as it is."""
+    def value(match):
+        name = match.group(1)
+        name = name[1:-1] if name.startswith("{") and name.endswith("}") else name
+        return environ[name] if name in environ else match.group(0)
+
+    return VARIABLE.sub(value, text) if "$" in text else text
 
 
 def _main_process_ip(config_file):
