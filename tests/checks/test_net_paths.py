@@ -5,6 +5,8 @@ each path carries with do-not-fragment (NET008), a listener on an ephemeral port
 each fault planted (MTU and gso_max_segs, an nft rule, a second interface with a more specific route, a
 per-node hosts file)."""
 import copy
+import socket
+import threading
 import time
 
 import pytest
@@ -178,6 +180,76 @@ def test_a_closed_port_is_said_within_the_deadline():
     responder.stop()
     found = paths.probe([{"name": "me", "address": "127.0.0.1", "tcp_port": port}], 1.0, 0.2)["me"]
     assert found["tcp"]["ok"] is False and found["tcp"]["error"]
+
+
+def loopback_peers(responders, **change):
+    return [dict({"name": f"n{k:02d}", "address": "127.0.0.1", "names": [], "tcp_port": r.ports()["tcp_port"],
+                  "udp_port": r.ports()["udp_port"], "mtu": 1500}, **change) for k, r in enumerate(responders)]
+
+
+def test_healthy_peers_are_probed_at_once_without_a_thread_each(monkeypatch):
+    responders = [paths.Responder() for _ in range(8)]
+    started, real = [], threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self) or real(self))
+    try:
+        found = paths.probe(loopback_peers(responders), 2.0, 0.5)
+    finally:
+        for responder in responders:
+            responder.stop()
+    assert all(f["tcp"]["ok"] and f["mtu"] == {"size": 1500, "ok": True, "carried": 1500} for f in found.values())
+    assert len(started) <= 1, started  # the resolver's, at most: nothing to search on a healthy path
+
+
+def test_a_closed_peer_among_healthy_ones_fails_alone():
+    responders = [paths.Responder() for _ in range(3)]
+    closed = paths.Responder()
+    peers = loopback_peers(responders) + loopback_peers([closed], name="shut")
+    closed.stop()
+    try:
+        found = paths.probe(peers, 1.0, 0.2)
+    finally:
+        for responder in responders:
+            responder.stop()
+    assert found["shut"]["tcp"]["ok"] is False and found["shut"]["mtu"]["ok"] is False
+    assert "no datagram came back" in found["shut"]["mtu"]["error"]
+    assert all(found[f"n{k:02d}"]["tcp"]["ok"] and found[f"n{k:02d}"]["mtu"]["ok"] for k in range(3))
+
+
+def test_a_name_several_peers_share_is_looked_up_once_and_lookups_are_bounded(monkeypatch):
+    calls, running, most, lock = [], [0], [0], threading.Lock()
+
+    def lookup(name, *args):
+        with lock:
+            calls.append(name)
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return [(2, 1, 6, "", ("10.0.0.9", 0))]
+
+    monkeypatch.setattr(paths.socket, "getaddrinfo", lookup)
+    peers = [{"name": f"p{k}", "address": "127.0.0.1", "names": [f"p{k}", "shared"]} for k in range(24)]
+    found = paths.probe(peers, 2.0, 0.2)
+    assert sorted(calls) == sorted([f"p{k}" for k in range(24)] + ["shared"])
+    assert 1 < most[0] <= paths.RESOLVERS
+    assert found["p3"]["names"] == {"p3": ["10.0.0.9"], "shared": ["10.0.0.9"]}
+
+
+def test_a_responder_stops_at_once_while_it_serves():
+    responder = paths.Responder()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.settimeout(2.0)
+        sock.sendto(paths.ANSWER.pack(7, 600), ("127.0.0.1", responder.ports()["udp_port"]))
+        assert sock.recv(64) == paths.ANSWER.pack(7, 600)  # its thread has just gone back to waiting
+        started = time.monotonic()
+        responder.stop()
+        assert time.monotonic() - started < 0.1
+        assert not responder.thread.is_alive()
+    finally:
+        sock.close()
+        responder.stop()
 
 
 def test_the_search_names_the_largest_size_a_path_carries(monkeypatch):
