@@ -93,7 +93,7 @@ def offload_path(ctx) -> Iterator[Finding]:
 
     Create nvme_path on a local NVMe drive of every node, writable by the training user.
     """
-    paths = ctx.plan.paths  # worked out from the DeepSpeed config at each call: once per node, not per key
+    paths = ctx.plan.paths
     keys = [k for k in ("offload_param.nvme_path", "offload_optimizer.nvme_path") if k in paths]
     if not keys:
         yield skip("the DeepSpeed config offloads nothing to NVMe")

@@ -221,13 +221,13 @@ def gpu_health(ctx) -> Iterator[Finding]:
     best_links = max((sum(d["nvlink_active"]) for d in devices if d.get("nvlink_active")), default=0)
     found = 0
     for gpu in chosen:
-        where, n = label(gpu), gpu["index"]
-        evidence = {"gpu": n, "pci_bus_id": gpu.get("pci_bus_id")}
+        n = gpu["index"]
 
-        def problem(status, message, fix, **values):
+        def problem(status, message, fix, **values):  # its label and evidence only for a GPU with a problem
             nonlocal found
             found += 1
-            return Finding(status, f"{where}: {message}", fix, evidence=dict(evidence, **values))
+            return Finding(status, f"{label(gpu)}: {message}", fix,
+                           evidence=dict({"gpu": gpu["index"], "pci_bus_id": gpu.get("pci_bus_id")}, **values))
 
         if gpu.get("errors"):
             fields = sorted(gpu["errors"])

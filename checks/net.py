@@ -406,7 +406,7 @@ def _network_to_head(host: Mapping, links: Optional[Mapping]):
     for name in names:
         link = links.get(name) or {}
         for entry in (link.get("ipv4") or []) + (link.get("ipv6") or []):
-            if not isinstance(entry, str) or entry.split("/", 1)[0] != source:
+            if not isinstance(entry, str) or not entry.startswith(source) or entry.split("/", 1)[0] != source:
                 continue  # parse only the address it reaches the head from: thousands of nodes, several each
             try:
                 address = ipaddress.ip_interface(entry)

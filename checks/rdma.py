@@ -451,7 +451,12 @@ SWITCH, HOST_BRIDGE, SOCKETS = "the same PCIe switch", "the same CPU socket", "a
 
 
 def _pci_of(ctx) -> Tuple[Dict[str, dict], Dict[str, dict], Dict[str, dict], Optional[Finding]]:
-    """(GPUs by PCI address, the HCAs NCCL may use by name, ACS by bridge) on this node, or a skip."""
+    """(GPUs by PCI address, the HCAs NCCL may use by name, ACS by bridge) on this node, or a skip: worked out
+    once per node for the three checks that read it (callers do not change what it returns)."""
+    return ctx.memo(_pci_of, lambda: _pci_on_node(ctx))
+
+
+def _pci_on_node(ctx) -> Tuple[Dict[str, dict], Dict[str, dict], Dict[str, dict], Optional[Finding]]:
     fabric, why = fabric_of(ctx.fact)
     if why:
         return {}, {}, {}, why

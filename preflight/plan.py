@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import socket
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ class Plan:
         ip = self.accelerate.data.get("main_process_ip") if self.accelerate is not None else None
         return ip if isinstance(ip, str) and ip else None
 
-    @property
+    @functools.cached_property  # once per plan (a frozen dataclass keeps it in its __dict__), not once per node
     def paths(self) -> dict:
         """Folders whose existence and free space every node reports, as the job sees them (job_path)."""
         paths = {}

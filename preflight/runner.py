@@ -5,7 +5,7 @@ import functools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from preflight.node.collector import SECTION_FAILED
 from preflight.inputs.documents import one_line
@@ -17,7 +17,8 @@ SECTION_FAILED_PREFIX = SECTION_FAILED.split("%s")[0]
 
 def is_failed(section: Any) -> bool:
     """Whether a facts section is the collector's word that it failed on the node (or was not of its shape)."""
-    return isinstance(section, dict) and str(section.get("error", "")).startswith(SECTION_FAILED_PREFIX)
+    error = section.get("error") if isinstance(section, dict) else None  # (JSON: only a text can be the collector's)
+    return isinstance(error, str) and error.startswith(SECTION_FAILED_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -34,19 +35,30 @@ class CheckContext:
     probes: Mapping[str, Any] = field(default_factory=dict)
     node: Optional[str] = None
 
-    @property
+    @functools.cached_property  # read a dozen times by each of the checks on a node
     def fact(self) -> Mapping[str, Any]:
         """The facts document of `node`."""
         return self.facts[self.node]["facts"]
 
     @functools.cached_property  # (set in the instance's __dict__: a frozen dataclass allows it)
-    def on_node(self) -> Dict[str, "CheckContext"]:
-        """node -> this context for that node: made once per run for every node check, not once per check."""
-        return {node: CheckContext(self.plan, self.facts, self.probes, node) for node in self.facts}
+    def on_node(self) -> Dict[str, Optional["CheckContext"]]:
+        """node -> this context for that node, None where the gathering could not use the node: made once per run
+        for every node check, not once per check and node."""
+        return {node: CheckContext(self.plan, self.facts, self.probes, node)
+                if state.get("error") is None and state.get("facts") else None for node, state in self.facts.items()}
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """compute(), once per context and key: what several checks derive from a node's facts (its GPUs as the job
+        selects them) is derived once per node. Checks do not change facts, so a node's context keeps its answer."""
+        memos = self.__dict__.setdefault("_memos", {})
+        if key not in memos:
+            memos[key] = compute()
+        return memos[key]
 
     @property
     def reachable(self) -> list:
-        return [name for name, state in self.facts.items() if state.get("error") is None and state.get("facts")]
+        """The nodes the gathering could use (a new list each time: a check may change it)."""
+        return [node for node, on_node in self.on_node.items() if on_node is not None]
 
 
 class SectionFailed(Exception):
@@ -110,20 +122,44 @@ def cause_of(ctx: "CheckContext", node: str) -> Optional[str]:
 
 
 def run_check(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
+    """The check's Results, a node check's one per node and finding (`run` records them grouped)."""
     if spec.scope == "node":
         return [r for node in ctx.facts for r in _run_on_node(spec, ctx, node)]
     return _run(spec, ctx)
 
 
+def _run_grouped(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
+    """A node check's Results on every node as `run` records them: its findings grouped as `grouped` groups
+    run_check's Results, without making a Result per node and finding first (4,096 nodes x every node check)."""
+    groups: Dict[tuple, list] = {}  # finding_key -> [the first finding, every node, duration, count, its nodes]
+    for node, on_node in ctx.on_node.items():
+        if on_node is None:
+            found = [(r, r.nodes, r.duration_s) for r in _run_on_node(spec, ctx, node)]
+        else:
+            findings, each = _findings(spec, on_node)
+            found = [(_recorded(f), tuple(f.nodes) or (node,), each) for f in findings]
+        for r, nodes, duration in found:
+            key = finding_key(r)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [r, list(nodes), duration, 1, nodes]
+            else:
+                group[1] += nodes
+                group[2] += duration
+                group[3] += 1
+    return [Result(spec.id, spec.name, r.status, first if count == 1 else tuple(dict.fromkeys(nodes)), r.message,
+                   r.remediation, dict(r.evidence), duration) for r, nodes, duration, count, first in groups.values()]
+
+
 def _run_on_node(spec: CheckSpec, ctx: CheckContext, node: str) -> List[Result]:
-    state = ctx.facts[node]
-    if state.get("error") is not None or not state.get("facts"):
-        error = state.get("error") or {}
+    on_node = ctx.on_node[node]
+    if on_node is None:
+        error = ctx.facts[node].get("error") or {}
         if error.get("kind") == "budget":  # a deadline, not "not applicable": never silently a pass
             return [Result(spec.id, spec.name, Status.ERROR, (node,), f"not evaluated: {error['message']}",
                            error.get("remediation"), {}, 0.0)]
         return [_not_checked(spec, node, error)]
-    return _run(spec, ctx.on_node[node], (node,))
+    return _run(spec, on_node, (node,))
 
 
 def _not_checked(spec: CheckSpec, node: str, error: Mapping) -> Result:
@@ -151,7 +187,28 @@ def _set_aside(exc: SectionFailed, ctx: CheckContext) -> Tuple[Dict[str, str], O
 
 
 def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
-    """The check's Results; `nodes` for those whose finding names none (a node check's own node)."""
+    """The check's Results; `nodes` for those whose finding names none (a node check's own node). A node check
+    in the context of no node runs on every node, its Results grouped (_run_grouped): what `run` records."""
+    if spec.scope == "node" and ctx.node is None:
+        return _run_grouped(spec, ctx)
+    findings, each = _findings(spec, ctx)
+    return [Result(spec.id, spec.name, f.status, tuple(f.nodes) or nodes, f.message, f.remediation, dict(f.evidence),
+                   each) for f in map(_recorded, findings)]
+
+
+def _recorded(f: Finding) -> Finding:
+    """A Finding as a Result records it. Messages quote what users wrote (keys, paths): one_line keeps each on one
+    printable line."""
+    message = one_line(f.message)
+    remediation = one_line(f.remediation) if f.remediation is not None else None
+    if message is f.message and remediation is f.remediation:  # most: nothing to escape, no copy
+        return f
+    return Finding(f.status, message, remediation, f.nodes, f.evidence)
+
+
+def _findings(spec: CheckSpec, ctx: CheckContext) -> Tuple[List[Finding], float]:
+    """What the check found in ctx (a broken check's error, the nodes it could not be evaluated on, a pass when
+    it found nothing), and the seconds it took per finding."""
     started = time.perf_counter()
     set_aside: List[Finding] = []  # the nodes whose failed section the check read
     while True:
@@ -178,16 +235,11 @@ def _run(spec: CheckSpec, ctx: CheckContext, nodes: tuple = ()) -> List[Result]:
                 )
             ]
         break
-    findings = set_aside + findings
-    if not findings:
-        findings = [Finding(Status.PASS, "no problem found")]
-    elapsed = (time.perf_counter() - started) / len(findings)
-    # Messages quote what users wrote (keys, paths): one_line keeps each on one printable line.
-    return [
-        Result(spec.id, spec.name, f.status, tuple(f.nodes) or nodes, one_line(f.message),
-               one_line(f.remediation) if f.remediation is not None else None, dict(f.evidence), elapsed)
-        for f in findings
-    ]
+    findings = set_aside + findings or [NO_PROBLEM]
+    return findings, (time.perf_counter() - started) / len(findings)
+
+
+NO_PROBLEM = Finding(Status.PASS, "no problem found")
 
 
 def run(specs: Iterable[CheckSpec], ctx: CheckContext, deadline: Optional[float] = None,
@@ -199,10 +251,9 @@ def run(specs: Iterable[CheckSpec], ctx: CheckContext, deadline: Optional[float]
     ctx = guarded(ctx)
     for spec in specs:
         if deadline is None:
-            found = run_check(spec, ctx)
+            results.extend(_run(spec, ctx))
         else:
-            found = _run_bounded(spec, ctx, deadline, budget_s)
-        results.extend(grouped(found) if spec.scope == "node" else found)
+            results.extend(_run_bounded(spec, ctx, deadline, budget_s))
     return unhidden(results, specs, ctx)
 
 
@@ -295,15 +346,15 @@ def budget_skips(spec: CheckSpec, ctx: CheckContext, budget_s: Optional[float]) 
 def _run_bounded(spec: CheckSpec, ctx: CheckContext, deadline: float, budget_s: Optional[float]) -> List[Result]:
     left = deadline - time.monotonic()
     if left <= 0:
-        return budget_skips(spec, ctx, budget_s)
+        return grouped(budget_skips(spec, ctx, budget_s))
     box: dict = {}
 
     def target() -> None:
-        box["results"] = run_check(spec, ctx)  # run_check never raises
+        box["results"] = _run(spec, ctx)  # never raises
 
     thread = threading.Thread(target=target, name=f"check-{spec.id}", daemon=True)
     thread.start()
     thread.join(left)
     if thread.is_alive() or "results" not in box:  # abandoned: a check does no I/O, it cannot hold anything
-        return budget_skips(spec, ctx, budget_s)
+        return grouped(budget_skips(spec, ctx, budget_s))
     return box["results"]

@@ -1,6 +1,7 @@
 """Which nodes the job runs on: from --hosts, a hostfile or SLURM. The first node is the head (rank 0)."""
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from typing import List, Optional, Sequence, Tuple
@@ -123,9 +124,43 @@ def head_first(names: List[str], main_process_ip: Optional[str]) -> List[str]:
 
 def fold(names: Sequence[str]) -> str:
     """n01,n02,n03 -> n[01-03] (names hostlist cannot fold are listed as they are)."""
+    numbered = _fold_numbered(names)
+    if numbered is not None:
+        return numbered
     import hostlist
 
     try:
         return hostlist.collect_hostlist(list(names))
     except Exception:
         return ",".join(names)
+
+
+# A name as hostlist splits it to fold: what comes before its last number (no digit at its end), and that number.
+NUMBERED = re.compile(r"([^\s\[\],]*?)([0-9]+)")
+
+
+def _fold_numbered(names: Sequence[str]) -> Optional[str]:
+    """hostlist.collect_hostlist's answer for the usual cluster without its general walk (milliseconds at
+    4,096 names, and a report folds many sets): names that are one prefix and a number of one width. As
+    collect_hostlist_1 does, the numbers are sorted, duplicates dropped, runs of consecutive ones become
+    low-high, and a single name stays as it is. None for any other names."""
+    first = NUMBERED.fullmatch(names[0]) if names else None
+    if first is None:
+        return None
+    prefix, width = first.group(1), len(first.group(2))
+    if len(set(map(len, names))) != 1 or not all(map(str.startswith, names, itertools.repeat(prefix))):
+        return None
+    tails = [name[len(prefix):] for name in names]
+    digits = "".join(tails)
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    ordered = sorted(set(map(int, tails)))
+    if len(ordered) == 1:
+        return names[0]
+    runs, low = [], ordered[0]
+    for before, number in zip(ordered, ordered[1:]):
+        if number != before + 1:
+            runs.append((low, before))
+            low = number
+    runs.append((low, ordered[-1]))
+    return prefix + "[" + ",".join(f"{a:0{width}d}" if a == b else f"{a:0{width}d}-{b:0{width}d}" for a, b in runs) + "]"

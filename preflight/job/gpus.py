@@ -34,6 +34,14 @@ def needs_gpus(plan) -> Optional[str]:
 
 
 def selection(ctx, gpus: dict) -> Tuple[List[dict], int, str, List[Finding]]:
+    """_selection of the node's own GPUs, once per node however many checks ask (the GPU, MEM and RDMA checks
+    do, about nine of them); callers do not change what it returns."""
+    if gpus is ctx.fact.get("gpus"):
+        return ctx.memo(selection, lambda: _selection(ctx, gpus))
+    return _selection(ctx, gpus)
+
+
+def _selection(ctx, gpus: dict) -> Tuple[List[dict], int, str, List[Finding]]:
     """The GPUs the job will use on this node, how many CUDA devices that is, how they are chosen, and
     what is wrong with the choice. accelerate launch sets CUDA_VISIBLE_DEVICES to gpu_ids when gpu_ids
     is not 'all'; otherwise the node's CUDA_VISIBLE_DEVICES (as SLURM sets it) decides; else all GPUs.

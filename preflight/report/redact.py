@@ -15,8 +15,20 @@ from typing import Any, Iterable, List, Sequence, Set
 from preflight.node.secret import REDACTED, secret_name, secret_text
 # NAME=value as a shell, Hydra (trainer.hf_token=, +wandb.api_key=) or a launcher takes it.
 ASSIGNMENT = re.compile(r"^\+{0,2}[A-Za-z_][A-Za-z0-9_.-]*=")
-# What a text must hold to be worth a closer look (most messages hold none of it: they are returned as they are).
-SUSPECT = re.compile(r"token|secret|pass|pwd|auth|key|credential|@|hf_", re.I)
+# What a text must hold to be worth a closer look (most messages hold none of it: they are returned as they are):
+# every word of secret_name's rule, the @ of URL credentials, the hf_ of a Hugging Face token.
+SUSPECT_WORDS = ("token", "secret", "pass", "pwd", "auth", "key", "credential", "@", "hf_")
+SUSPECT = re.compile("|".join(SUSPECT_WORDS), re.I)
+
+
+def suspect(said: str) -> bool:
+    """Whether SUSPECT is in `said`. An ASCII text by substring (an IGNORECASE search tries every position:
+    20 us a result at thousands of results); in any other, re's IGNORECASE also takes K (Kelvin) for k, so the
+    search decides."""
+    if said.isascii():
+        low = said.lower()
+        return any(word in low for word in SUSPECT_WORDS)
+    return SUSPECT.search(said) is not None
 # Evidence of a setting: {"variable" or "key" or "name": NAME, "value": ..., "expected": ...}.
 NAMING_KEYS = ("variable", "key", "name")
 
@@ -25,7 +37,7 @@ NAMING_KEYS = ("variable", "key", "name")
 def text(value: str) -> str:
     """A string with its secrets redacted: URL credentials, Hugging Face tokens, and the values of
     `--token X`, `--password=X`, `NAME=X` written in it (as in a command line)."""
-    if not SUSPECT.search(value):
+    if not suspect(value):
         return value
     pieces = re.split(r"(\s+)", value)  # words and the spaces between them, kept as they were
     pieces[0::2] = argv(pieces[0::2])
@@ -70,6 +82,9 @@ def results(found: Iterable[Any]) -> List[Any]:
     of that result's message (`HF_TOKEN is X on n2`)."""
     shown = []
     for r in found:
+        if not suspect(f"{r.message}\0{r.remediation}\0{r.evidence!r}"):
+            shown.append(r)  # most results: no word a secret is named by, no URL, no token in any of their text
+            continue
         hidden: Set[str] = set()
         evidence = _evidence(r.evidence, hidden)
         message, remediation = _scrub(r.message, hidden), _scrub(r.remediation, hidden)
