@@ -493,8 +493,11 @@ def test_a_hostname_resolving_to_loopback_is_named(cluster):
 
 @pytest.mark.cluster
 def test_main_port_taken_on_the_head_names_the_process(cluster):
-    holder = cluster.netns_popen("node01", [sys.executable, "-c", "import socket, time; s = socket.socket();"
-                                            "s.bind(('0.0.0.0', 29500)); s.listen(); time.sleep(60)  # old_job"])
+    # Bound as torch's TCPStore binds (SO_REUSEADDR): a connection of an earlier test on the run's cluster may
+    # still be in TIME_WAIT on the port, which a job's store (and preflight's probe) binds over.
+    holder = cluster.netns_popen("node01", [sys.executable, "-c", "import socket, time; old_job = socket.socket();"
+                                            "old_job.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
+                                            "old_job.bind(('0.0.0.0', 29500)); old_job.listen(); time.sleep(60)"])
     try:
         deadline = time.monotonic() + 10
         while cluster.netns_exec("node01", ["ss", "-ltn", "sport = :29500"]).stdout.count("LISTEN") == 0:

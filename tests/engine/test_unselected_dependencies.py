@@ -32,7 +32,8 @@ def test_col_alone_with_the_heads_port_dropped_is_not_a_pass(cluster):
 @pytest.mark.cluster
 def test_net004_alone_with_the_port_taken_on_the_head_is_not_a_pass(cluster):
     head = cluster.nodes[0]
-    holder = cluster.node_popen(head, [sys.executable, "-c", "import socket, time; s = socket.socket(); "
+    holder = cluster.node_popen(head, [sys.executable, "-c", "import socket, time; s = socket.socket(); "  # as TCPStore binds: over a
+                                       "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "  # TIME_WAIT
                                        "s.bind(('0.0.0.0', 29500)); s.listen(); time.sleep(60)"])
     try:
         for _ in range(50):
