@@ -11,7 +11,7 @@ from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 from preflight.api import Finding, Status, cause_of, check, fail, odd_ones_out, passed, skip
 from preflight.inputs import launchcmd
 from preflight.report import redact
-from preflight.node.agent import PROGRAM_MARK
+from preflight.node import PROGRAM_MARK
 from preflight.collective import datapath
 from preflight.job.nccl import interface_spec, nccl_list, nccl_matches, selected_interfaces
 

@@ -1,3 +1,3 @@
-from preflight.cli import main
+from preflight.cli import command
 
-raise SystemExit(main())
+command()

@@ -16,6 +16,9 @@ import sys
 
 MIN_PYTHON = (3, 9)  # pyproject.toml's requires-python: the oldest interpreter preflight is tested with
 UNSUPPORTED = "preflight: unsupported interpreter"
+# The first line of the shipped program's code on its command line (remote.shipping.BOOTSTRAP): it tells a port's
+# holder, or a line of `ps` on the node, to be preflight's own program (its agent or its all-reduce worker).
+PROGRAM_MARK = "# preflight\n"
 
 
 def shipped_by():

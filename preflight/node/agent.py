@@ -11,9 +11,6 @@ import time
 from preflight.node import collector, paths, procfs
 from preflight.node.launchfiles import read_file
 
-# The first line of the shipped program's code on its command line (remote.shipping.BOOTSTRAP): it tells a port's
-# holder, or a line of `ps` on the node, to be preflight's own program (its agent or its all-reduce worker).
-PROGRAM_MARK = "# preflight\n"
 # The variables a launcher gives its ranks: all that is read of a port holder's environment.
 JOB_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")

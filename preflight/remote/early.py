@@ -54,6 +54,8 @@ def start(args) -> Optional["EarlyStart"]:
     except Exception:
         return None
     started = EarlyStart(names, options)
+    # Built here while the sessions connect (the network's time, mostly), not by the first of them once connected.
+    shipped_bundle(AGENT)
     # Python's threads share one interpreter lock: the rest of the head's start-up would slow the first session's
     # start as much as it overlaps it, and that session is what the node waits for.
     started.first.wait(min(FIRST_WAIT_S, options.timeout))

@@ -26,7 +26,7 @@ import types
 import zlib
 
 import preflight.node
-from preflight.node.agent import PROGRAM_MARK
+from preflight.node import PROGRAM_MARK
 
 AGENT = "preflight.node.agent"  # the facts, then answers to the head's requests
 ALLREDUCE = "preflight.node.allreduce"  # the all-reduce worker

@@ -189,3 +189,28 @@ def test_paramiko_comes_without_invoke_unless_the_config_has_match_exec(tmp_path
     said = [subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
                            check=True).stdout.split() for path in (plain, matching)]
     assert said == [["10.0.0.1", "False"], ["10.0.0.7", "True"]]
+
+
+def test_what_the_head_imports_before_its_first_connection_holds_no_yaml_parser_and_no_node_program():
+    """The first session starts once the CLI and preflight.remote.early are imported: PyYAML (20 ms) comes only
+    with a YAML file to read, the node's programs (the agent, the collector) are shipped as files, not imported."""
+    code = ("import sys, preflight.cli, preflight.remote.early; "
+            "print(sorted(m for m in ('yaml', 'preflight.node.agent', 'preflight.node.collector') if m in sys.modules))")
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert said.stdout.split() == ["[]"], said.stdout
+
+
+def test_the_program_ends_at_once_with_everything_it_wrote_flushed(tmp_path):
+    """`python -m preflight` (and the console script, cli.command) ends without the interpreter's teardown: what
+    it printed is whole, through a pipe too, and its exit status is main()'s."""
+    listed = subprocess.run([sys.executable, "-m", "preflight", "list", "--json"], capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0 and json.loads(listed.stdout)  # the whole document, flushed
+    bad = subprocess.run([sys.executable, "-m", "preflight", "lint", "--config", str(tmp_path / "missing.yaml")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "missing.yaml" in bad.stderr and bad.stderr.count("\n") == 1
+    import tomllib
+    from pathlib import Path
+
+    scripts = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"preflight": "preflight.cli:command"}
