@@ -344,7 +344,11 @@ def pairwise_links(ctx) -> Iterator[Finding]:
 
     One link that drops traffic (a firewall rule between two nodes, a route over the wrong interface) breaks
     every collective with an error that names no node, and one node on a slow link makes the whole job run at
-    its speed; the all-reduce alone says only that the group fails or crawls, the matrix says which link.
+    its speed; the all-reduce alone says only that the group fails or crawls, the matrix says which link. A busy
+    moment is not a fault: a single link several times slower than both ends' other links is a warning (from four
+    nodes on) once the nodes have measured it again alone, every other pair idle; a link that was only busy in
+    its round (hosts that share cores, a busy switch port) is fast alone and not named, and the matrix keeps both
+    figures of a link measured again ("retested").
 
     Check the path between the nodes named (firewall rules between them on any port, their routes and
     interfaces: ip route get ADDR, ethtool, ip -s link); a straggler row is the node's own link.
@@ -391,9 +395,13 @@ def pairwise_links(ctx) -> Iterator[Finding]:
                            f"the other nodes (more than {SLOWER:g}x)",
                            f"check {node}'s link: its speed and errors (ethtool, ip -s link), a shaper (tc qdisc), "
                            "the interface NCCL/gloo use (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME)", nodes=(node,)))
+    in_round = {frozenset(link[:2]): link[2] for link in matrix.get("retested") or [] if link[3] is not None}
     for a, b, gbps, expected in said["slow_links"]:
-        out.append(Finding(Status.WARN, f"the link {a} - {b} moves {gbps:.3g} GB/s, over {SLOWER:g}x below the "
-                           f"{expected:.3g} GB/s of both ends' other links", f"check the path between {a} and {b}",
+        # Measured again alone by the nodes (no other pair's traffic): still slow, so not a busy moment.
+        again = (f" measured again alone ({in_round[frozenset((a, b))]:.3g} GB/s in its round)"
+                 if frozenset((a, b)) in in_round else "")
+        out.append(Finding(Status.WARN, f"the link {a} - {b} moves {gbps:.3g} GB/s{again}, over {SLOWER:g}x below "
+                           f"the {expected:.3g} GB/s of both ends' other links", f"check the path between {a} and {b}",
                            nodes=(a, b)))
     rest = [n for n in matrix["nodes"] if n not in named]
     if rest:

@@ -8,8 +8,8 @@ in the root namespace (the "login node", where `preflight check` runs):
                         <-veth->  pf-node02 (eth0 10.77.0.12, ...)
 
 Needs root, iproute2 (`ip netns`), util-linux (unshare, nsenter) and openssh-server; the faults need
-nftables (drop_port, block_incoming), iproute2's tc (slow_link; jumbo_mtu, capture_route and wrong_hosts_entry
-need only iproute2), faketime (fake_time) and chrony (start_ntp_server).
+nftables (drop_port, block_incoming), iproute2's tc (slow_link, slow_path; jumbo_mtu, capture_route and
+wrong_hosts_entry need only iproute2), faketime (fake_time) and chrony (start_ntp_server).
 Stdlib only, Python 3.9+. Importable (``Cluster``, and module-level ``up``/``down``/fault helpers that take
 the cluster folder first) and runnable::
 
@@ -388,8 +388,8 @@ class Cluster:
             out.append({"name": name, "index": i, "ip": f"{c['subnet']}.{10 + i}", "netns": netns, "veth": veth,
                         "dir": str(self.dir / name), "pid": None, "env": {}, "loopback_hostname": False,
                         "shm": None, "drop_ports": [], "allowed_ports": None, "ntp_pid": None, "slow_link": None,
-                        "frozen": False, "stopped": False, "binds": {}, "mtu": None, "captured": None,
-                        "hosts_override": {}})
+                        "slow_path": None, "frozen": False, "stopped": False, "binds": {}, "mtu": None,
+                        "captured": None, "hosts_override": {}})
         return out
 
     # ---- ssh and exec helpers
@@ -666,7 +666,7 @@ class Cluster:
         for n in state["nodes"]:
             banner = self.banner(n["name"], timeout=0.5) if n["netns"] in existing else None
             faults = {k: n[k] for k in ("env", "loopback_hostname", "shm", "binds", "drop_ports", "allowed_ports",
-                                        "ntp_pid", "slow_link",
+                                        "ntp_pid", "slow_link", "slow_path",
                                         "frozen", "stopped", "mtu", "captured", "hosts_override") if n.get(k)}
             out["nodes"].append({"name": n["name"], "ip": n["ip"], "netns": n["netns"], "netns_exists":
                                  n["netns"] in existing, "sshd_pid": n.get("pid"), "sshd_alive":
@@ -993,6 +993,26 @@ class Cluster:
             _run(["ip", "netns", "exec", n["netns"], "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
             n["slow_link"] = None
 
+    def slow_path(self, node: str, peer: str, rate: str = "100mbit") -> None:
+        """Shape only what the node sends to one peer (htb: a class at `rate` for the peer's address, u32 picks it;
+        the rest at full speed): one slow link between two nodes, each fast with every other. This kernel has no
+        prio qdisc; htb's default class is given a rate no veth reaches."""
+        with self._mutate() as state:
+            n, target = self._node(state, node), self._node(state, peer)["ip"]
+            tc = ["ip", "netns", "exec", n["netns"], "tc"]
+            _run(tc + ["qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10"])
+            _run(tc + ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb", "rate", "100gbit"])
+            _run(tc + ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:20", "htb", "rate", rate])
+            _run(tc + ["filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                       "match", "ip", "dst", f"{target}/32", "flowid", "1:20"])
+            n["slow_path"] = peer
+
+    def fast_path(self, node: str) -> None:
+        with self._mutate() as state:
+            n = self._node(state, node)
+            _run(["ip", "netns", "exec", n["netns"], "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+            n["slow_path"] = None
+
     def jumbo_mtu(self, node: str, mtu: int = 9000) -> None:
         """Jumbo frames on the node's eth0 behind a bridge whose ports carry 1500: on veth, GSO lets oversized
         super-packets through, so `gso_max_segs 1` makes eth0 send one frame per segment, as a wire does."""
@@ -1076,6 +1096,8 @@ class Cluster:
             self.stop_ntp_server(node)
         if n.get("slow_link"):
             self.fast_link(node)
+        if n.get("slow_path"):
+            self.fast_path(node)
         if n.get("binds"):
             self.unbind_dir(node)
         if n.get("drop_ports"):
@@ -1209,6 +1231,14 @@ class Cluster:
             self.fast_link(node)
 
     @contextlib.contextmanager
+    def slowed_path(self, node: str, peer: str, rate: str = "100mbit") -> Iterator[None]:
+        self.slow_path(node, peer, rate)
+        try:
+            yield
+        finally:
+            self.fast_path(node)
+
+    @contextlib.contextmanager
     def jumbo_mtu_fault(self, node: str, mtu: int = 9000) -> Iterator[None]:
         self.jumbo_mtu(node, mtu)
         try:
@@ -1338,7 +1368,7 @@ FAULT_METHODS = ("stop_sshd", "start_sshd", "restart_sshd", "freeze_sshd", "thaw
                  "block_incoming", "unblock_incoming",
                  "loopback_hostname", "real_hostname", "small_shm", "restore_shm", "bind_dir", "unbind_dir",
                  "set_home", "unset_home", "noisy_shell", "quiet_shell", "slow_link", "fast_link",
-                 "jumbo_mtu", "normal_mtu", "capture_route", "release_route", "wrong_hosts_entry",
+                 "slow_path", "fast_path", "jumbo_mtu", "normal_mtu", "capture_route", "release_route", "wrong_hosts_entry",
                  "right_hosts_entries",
                  "start_ntp_server", "stop_ntp_server", "restore", "restore_all")
 
@@ -1372,6 +1402,7 @@ FAULTS_CLI = {
     "bind-dir": ("bind_dir", "unbind_dir", ["target"]),
     "noisy-shell": ("noisy_shell", "quiet_shell", ["[text]"]),
     "slow-link": ("slow_link", "fast_link", ["[rate]"]),
+    "slow-path": ("slow_path", "fast_path", ["peer", "[rate]"]),
     "ntp-server": ("start_ntp_server", "stop_ntp_server", []),
     "jumbo-mtu": ("jumbo_mtu", "normal_mtu", ["[mtu]"]),
     "capture-route": ("capture_route", "release_route", ["peer"]),

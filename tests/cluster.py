@@ -176,7 +176,8 @@ def cluster_up(shared_cluster):
     """The 3-node cluster, for this module; taken down after it when the module left it changed."""
     _available()
     yield shared_cluster.get()
-    if shared_cluster.changes():
+    # A cluster of a test's own (make_cluster_fixtures) may have taken it down already.
+    if shared_cluster.cluster is not None and shared_cluster.changes():
         shared_cluster.release()
 
 

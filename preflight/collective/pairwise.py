@@ -12,12 +12,20 @@ The phase runs inside the all-reduce's workers at the rendezvous, before the who
 healthy cost: a bounded, measured time, no second start of torch; and a dead link, which makes gloo's init
 hang, is measured by then), and as a run of its own when a failed all-reduce measured no pair. Everything here is pure: the schedule, the node x node matrix from the nodes' reports, and what the
 matrix says (failed links, a node that fails with every peer, a straggler row, a slow link).
+
+A link that looks slow in its round may only have been busy (the other pairs' traffic on hosts that share cores,
+a switch port): after the rounds the nodes find the suspects themselves, by the same rule as the head
+(preflight.node.pairlinks), and measure each again alone, every other node idle (preflight.node.allreduce,
+`_retests`: at most MAX_RETESTS or one per node, none when the time is short). The matrix takes a retest's figure
+for its cell and keeps the round's ("retested"); the links are judged from the rounds' figures, and a suspect
+fast alone is not a slow link, one still slow alone is warned.
 """
 from __future__ import annotations
 
-import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from preflight.node import pairlinks
+from preflight.node.pairlinks import SLOW_LINK_NODES, SLOWER  # noqa: F401  (the rule's figures, named here too)
 from preflight.remote.shapes import (
     NONE, TEXT, WORKER_REPORT, Each, Either, Need, Obj, Test, problem,
 )
@@ -26,8 +34,6 @@ MAX_ROUNDS = 31  # the whole tournament up to 32 nodes; a sample of rounds above
 PAIR_BYTES = 1 << 20  # each way, per round trip: enough to move past TCP's first windows, small enough to be cheap
 PAIR_REPS = 8  # round trips per pair at most, the best one counts (a busy core delays some, rarely all)
 PAIR_REP_S = 0.1  # no further round trip once a pair has spent this long
-SLOWER = 4.0  # "several times slower": a row, or a link, this many times below its peers' median
-SLOW_LINK_NODES = 4  # a single slow link is judged from this many nodes on (each end then has two other links)
 
 
 def schedule(count: int, max_rounds: int = MAX_ROUNDS) -> List[List[Tuple[int, int]]]:
@@ -61,7 +67,7 @@ _FINITE = Test(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
 PAIR = Obj(round=Need(Test(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a round")),
            peer=Need(Test(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a node index")),
            ok=Need(bool), stage=TEXT, error=TEXT, gbps=Either(NONE, _FINITE), time_s=Either(NONE, _FINITE),
-           connect_s=Either(NONE, _FINITE))
+           connect_s=Either(NONE, _FINITE), retest=Either(NONE, bool))
 
 
 def report_problem(report, ranks: Sequence[int]) -> Optional[str]:
@@ -99,12 +105,16 @@ def node_pairs(report: Optional[dict]) -> Optional[List[dict]]:
 def matrix(names: Sequence[str], reports: Dict[str, dict], given: dict, elapsed_s: Optional[float] = None) -> dict:
     """The node x node matrix from both ends of every pair: "gbps" (the slower end's best round trip, None when
     not measured), "errors" (why a pair failed, by either end; None when it passed or was not run). A node
-    without pair results (it did not answer, never reached the store) is judged by its peers' ends."""
+    without pair results (it did not answer, never reached the store) is judged by its peers' ends. A link the
+    nodes re-measured alone (it looked slow in its round) has the retest's figure (the slower end's), and
+    "retested" [a, b, round gbps, retest gbps or None when the retest failed] says so."""
     n = len(names)
     gbps: List[List[Optional[float]]] = [[None] * n for _ in range(n)]
     errors: List[List[Optional[str]]] = [[None] * n for _ in range(n)]
-    seen = {name: {p["peer"]: p for p in node_pairs(reports.get(name)) or [] if p.get("peer") is not None}
-            for name in names}
+    seen, again = ({name: {p["peer"]: p for p in node_pairs(reports.get(name)) or []
+                           if p.get("peer") is not None and bool(p.get("retest")) == retest} for name in names}
+                   for retest in (False, True))
+    retested = []
     answered = {name: node_pairs(reports.get(name)) is not None for name in names}
     measured = 0
     for rnd in given.get("rounds") or []:
@@ -120,16 +130,21 @@ def matrix(names: Sequence[str], reports: Dict[str, dict], given: dict, elapsed_
                 continue
             rates = [pair.get("gbps") for pair in ends if pair.get("gbps") is not None]
             gbps[a][b] = gbps[b][a] = round(min(rates), 6) if rates else None
+            alone = [p for p in (again[names[a]].get(b), again[names[b]].get(a)) if p is not None]
+            if alone and gbps[a][b] is not None and (len(alone) == 2 or len(ends) == 1):  # as the round: both ends
+                # Measured again alone (it looked slow): that figure is the link's, the round's is kept beside it.
+                # A retest that failed (a peer gone by then) leaves the round's figure.
+                speed = None if not all(p.get("ok") for p in alone) else \
+                    min((p["gbps"] for p in alone if p.get("gbps") is not None), default=None)
+                retested.append([names[a], names[b], gbps[a][b], speed])
+                if speed is not None:
+                    gbps[a][b] = gbps[b][a] = round(speed, 6)
     rounds = len(given.get("rounds") or [])
     total = given.get("tournament_rounds") or rounds
     return {"nodes": list(names), "bytes": given.get("bytes"), "gbps": gbps, "errors": errors,
             "pairs_given": sum(len(r) for r in given.get("rounds") or []), "pairs_measured": measured,
             "rounds": rounds, "tournament_rounds": total, "sampled": rounds < total,
-            "elapsed_s": elapsed_s}
-
-
-def _median(values: Sequence[float]) -> Optional[float]:
-    return statistics.median(values) if values else None
+            "retested": retested, "elapsed_s": elapsed_s}
 
 
 def findings(m: dict) -> dict:
@@ -137,7 +152,7 @@ def findings(m: dict) -> dict:
     pass), "failed_links" [a, b, why] (the other failed pairs), "stragglers" {node: {"gbps": its best link,
     "peers_median_gbps"}} (every link of the node SLOWER times below the median of the links between the others),
     "slow_links" [a, b, gbps, expected] (one link SLOWER times below the median of each end's other links, from
-    SLOW_LINK_NODES nodes on)."""
+    SLOW_LINK_NODES nodes on, and still so when measured again alone: preflight.node.pairlinks.still_slow)."""
     names, gbps, errors = m["nodes"], m["gbps"], m["errors"]
     n = len(names)
     idx = range(n)
@@ -147,23 +162,18 @@ def findings(m: dict) -> dict:
     # When every pair fails, no row stands out: the nodes are not told apart (the failed links say it all).
     rows = [a for a in idx if len(tried[a]) >= 2 and all(errors[a][b] for b in tried[a]) and passed_any]
     links = [[names[a], names[b], errors[a][b]] for a, b in sorted(failed) if a not in rows and b not in rows]
+    # Judged from the rounds' figures (every link measured with the other pairs' traffic), the retests then
+    # clear the suspects that were fast alone.
     rates = {(a, b): gbps[a][b] for a in idx for b in idx if a < b and gbps[a][b] is not None}
-    stragglers = {}
-    for x in idx:
-        own = [v for (a, b), v in rates.items() if x in (a, b)]
-        others = [v for (a, b), v in rates.items() if x not in (a, b)]
-        if len(own) >= 2 and others and max(own) * SLOWER < _median(others):
-            stragglers[names[x]] = {"gbps": max(own), "peers_median_gbps": round(_median(others), 6)}
-    slow = []
-    for (a, b), v in sorted(rates.items()):
-        # With three nodes a link's ends have one other link each: one busy moment would make a slow link.
-        if n < SLOW_LINK_NODES or names[a] in stragglers or names[b] in stragglers:
-            continue
-        ends = []
-        for x in (a, b):
-            rest = [w for (c, d), w in rates.items() if x in (c, d) and (c, d) != (a, b)]
-            ends.append(_median(rest))
-        if all(e is not None for e in ends) and v * SLOWER < min(ends):
-            slow.append([names[a], names[b], v, round(min(ends), 6)])
+    alone = {}
+    where = {name: i for i, name in enumerate(names)}
+    for a, b, in_round, again in m.get("retested") or []:
+        link = tuple(sorted((where[a], where[b])))
+        if again is not None and link in rates:
+            rates[link], alone[link] = in_round, again
+    stragglers = {names[x]: {"gbps": best, "peers_median_gbps": round(median, 6)}
+                  for x, (best, median) in pairlinks.stragglers(rates).items()}
+    slow = [[names[a], names[b], v, round(expected, 6)]
+            for a, b, v, expected in pairlinks.still_slow(rates, n, alone)]
     return {"failed_rows": [names[a] for a in rows], "failed_links": links, "stragglers": stragglers,
             "slow_links": slow}

@@ -11,7 +11,8 @@ line of JSON on stdout when every rank has finished, failed, been killed at the 
                 "joined": [ranks that reached the store] or null, "tail": last output of the rank or null,
                 "nccl": {"lines": [NCCL's INFO lines about the network], "debug": the user's NCCL_DEBUG or null}
                         (with nccl, on local rank 0 only),
-                "pairs": [{"round", "peer" (a node index), "ok", "stage", "error", "gbps", "time_s", "connect_s"}],
+                "pairs": [{"round", "peer" (a node index), "ok", "stage", "error", "gbps", "time_s", "connect_s",
+                           "retest": true for a link measured again alone after the rounds}],
                 "pairs_s": F (with options["pairs"], on local rank 0 only)}]}
 
 stage is where the rank was (import, store, init, sweep, done); kind says how it failed: import
@@ -54,6 +55,8 @@ import tempfile
 import time
 import traceback
 
+from preflight.node import pairlinks
+
 TAIL_CHARS = 1500
 RUN_KEY = "preflight/run"  # outside every run's prefix: whose store this is
 JOIN_KEY = "joined/%d"  # under the run's prefix, as every key of the run
@@ -64,6 +67,18 @@ REPORT_S = 0.5  # a rank that waits for the store gives up this long before the 
 NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 NCCL_WORDS = ("NET/", "Using network", "NCCL version", "GPU Direct", "Plugin Path")
 NCCL_MAX_LINES, NCCL_LINE_CHARS, NCCL_READ_BYTES = 40, 300, 8 << 20
+# Links measured again alone after the rounds, at most MAX_RETESTS or one per node: a fault is one link or a few
+# (a whole row is a straggler, not retested), while busy hosts can make many look slow (2 to 15 of 66 at 12
+# loopback nodes on 2 busy cores, 25 of 120 at 16 test hosts). One pair alone costs no more than a round of N/2
+# pairs, so N retests at most about double the rounds' N-1; each is tried only with RETEST_S left for it.
+# Beyond, a suspect is judged from its round, as without retests.
+MAX_RETESTS = 16
+RATES_S = 3.0  # how long the head's rank 0 waits for every node's rates after the rounds, at most
+RETEST_S = 1.0  # the time left each retest needs to be tried: as a round, a second at least (a dead pair all)
+# A retest times more round trips than a round (the best counts): alone, a pair still shares its hosts' cores
+# with whatever else runs there, and more tries find a moment they are free. Cheap: a healthy round trip takes
+# a millisecond, and a slow link stops at RETEST_REP_S.
+RETEST_REPS, RETEST_REP_S = 32, 0.3
 
 
 class Clash(Exception):
@@ -327,8 +342,9 @@ def _pair_rounds(torch, dist, store, options, rank, deadline, report):
     then round trips of "bytes" each way, the best one timed. Every pair has a deadline (its share of the time
     left); a round waits for every node to finish the previous one (or for that deadline), so that a peer stuck
     in a dead pair does not make the next pair fail. Returns [{"round", "peer", "ok", "stage", "error", "gbps",
-    "time_s", "connect_s"}]; the rounds the time did not allow are left out. Each pair is also sent to the node
-    process as it is measured: a rank killed later (in a hung init) still has its pairs reported."""
+    "time_s", "connect_s"}]; the rounds the time did not allow are left out; the links that looked slow follow,
+    measured again alone (_retests). Each pair is also sent to the node process as it is measured: a rank killed
+    later (in a hung init) still has its pairs reported."""
     spec = options["pairs"]
     me = rank // max(1, len(options["ranks"]))
     numel = max(1, int(spec["bytes"]) // 4)
@@ -359,7 +375,65 @@ def _pair_rounds(torch, dist, store, options, rank, deadline, report):
         # After the last round only the head's rank 0 waits: it holds the store the others may still need.
         _round_barrier(store, "pairs/done/%d" % index, min(deadline, _now() + pair_s + 1.0),
                        wait=index + 1 < len(rounds) or me == 0)
+    if rounds:
+        out += _retests(torch, dist, store, options, me, nodes, out, deadline, report, address)
     return out
+
+
+def _retests(torch, dist, store, options, me, nodes, measured, deadline, report, address):
+    """Each link that looks slow after the rounds (pairlinks.slow_links over every node's rates), measured again
+    alone: one pair at a time while every other node waits at the round barrier, so that a link that was only
+    busy with the other pairs' traffic (hosts that share cores, a busy switch port) is not warned of. The head's
+    rank 0 decides which (the nodes' rates may reach the store at different times: one list for all), at most
+    MAX_RETESTS or one per node and only as many as the time left allows (RETEST_S each); none when the time is
+    short. Returns the retest pairs, as _pair measures them (RETEST_REPS round trips), with "retest": True."""
+    spec = dict(options["pairs"], reps=RETEST_REPS, rep_s=RETEST_REP_S)
+    start = len(spec["rounds"])  # the retests' round indices follow the scheduled rounds'
+    rates = dict((p["peer"], p["gbps"]) for p in measured if p.get("ok") and p.get("gbps") is not None)
+    try:
+        store.set("pairs/rates/%d" % me, json.dumps(rates))
+        # Every node has finished the last round by now (the head's rank 0 waited for them): its rates follow in
+        # moments, but a busy host may take a second or two (a rate missing would be judged from one end only).
+        _round_barrier(store, "pairs/rates", min(deadline, _now() + RATES_S), wait=me == 0)
+        if me == 0:
+            store.set("pairs/suspects", json.dumps(_suspects(store, nodes, deadline)))
+        store.wait(["pairs/suspects"], datetime.timedelta(seconds=max(0.01, min(deadline - _now(), RATES_S + 2.0))))
+        suspects = [tuple(link) for link in json.loads(store.get("pairs/suspects").decode())]
+    except Exception:  # the head's node gone or stuck: no retest (the head judges from the rounds)
+        return []
+    out = []
+    # Every node has read the list before the first retest (and the head's rank 0 stays until they all have).
+    _round_barrier(store, "pairs/suspects/read", min(deadline, _now() + 1.0), wait=me == 0 or bool(suspects))
+    for i, (a, b) in enumerate(suspects):
+        left = deadline - _now()
+        if left < 0.5:
+            break
+        pair_s = min(float(options["timeout_s"]), left - 0.2, max(1.0, left / (len(suspects) - i) - 0.2))
+        if me in (a, b):
+            found = _pair(torch, dist, store, spec, start + i, me, b if me == a else a,
+                          max(1, int(spec["bytes"]) // 4), pair_s, address)
+            found["retest"] = True
+            out.append(found)
+            report({"pair": found})
+        _round_barrier(store, "pairs/done/%d" % (start + i), min(deadline, _now() + pair_s + 1.0),
+                       wait=i + 1 < len(suspects) or me == 0)
+    return out
+
+
+def _suspects(store, nodes, deadline):
+    """The links to measure again, from the rates of every node that published them: [[a, b], ...] in the order
+    of (a, b), at most MAX_RETESTS or one per node, as many as fit in the time left."""
+    rates = {}
+    for node in range(nodes):
+        key = "pairs/rates/%d" % node
+        if not store.check([key]):
+            continue  # not there (gone, stuck in a dead pair): its peers' ends say its links
+        for peer, gbps in json.loads(store.get(key).decode()).items():
+            link = (min(node, int(peer)), max(node, int(peer)))
+            rates[link] = min(gbps, rates.get(link, gbps))  # the slower end, as the head's matrix takes it
+    slow = pairlinks.slow_links(rates, nodes, pairlinks.stragglers(rates))
+    room = int((deadline - _now() - 1.0) // RETEST_S)
+    return [[a, b] for a, b, _, _ in slow[:max(0, min(max(MAX_RETESTS, nodes), room))]]
 
 
 def _local_address(host, port):

@@ -39,11 +39,12 @@ def test_the_path_probes_time_is_the_probes_own_and_a_finding_is_an_error(datapa
 
 
 def test_the_pairwise_phase_is_read_from_col004s_matrix_and_a_straggler_is_an_error(datapath):
-    matrix = {"elapsed_s": 0.8, "pairs_measured": 120, "rounds": 15}
+    matrix = {"elapsed_s": 0.8, "pairs_measured": 120, "rounds": 15,
+              "retested": [["node02", "node03", 0.01, 0.01], ["node04", "node05", 0.01, 1.0]]}
     out = doc(("COL004", "pass", ["node01"], "fine", {"matrix": matrix}),
               ("COL004", "warn", ["node02", "node03"], "the link node02 - node03 moves", {}))
     assert datapath.pairwise_phase(lambda argv, **_: (30.0, out), lambda hosts, *extra: [], ["a"] * 16) == \
-        {"phase_s": 0.8, "check_s": 30.0, "pairs": 120, "rounds": 15, "slow_links": 1}
+        {"phase_s": 0.8, "check_s": 30.0, "pairs": 120, "rounds": 15, "slow_links": 1, "retested": 2}
     straggler = doc(("COL004", "fail", ["node02"], "a straggler", {"matrix": matrix}))
     with pytest.raises(datapath.DataPathError, match="a straggler"):
         datapath.pairwise_phase(lambda argv, **_: (30.0, straggler), lambda hosts, *extra: [], ["a"] * 16)
@@ -51,10 +52,12 @@ def test_the_pairwise_phase_is_read_from_col004s_matrix_and_a_straggler_is_an_er
 
 def test_the_table_has_a_row_per_size_and_the_slow_link(datapath):
     measured = {"paths": {4: {"probe_s": [0.2, 0.3], "check_s": [2.0, 2.2], "pairs": 12}},
-                "pairwise": {4: {"phase_s": 0.4, "check_s": 9.0, "pairs": 6, "rounds": 3, "slow_links": 0}},
+                "pairwise": {4: {"phase_s": 0.4, "check_s": 9.0, "pairs": 6, "rounds": 3, "slow_links": 0,
+                                 "retested": 1}},
                 "slow": {"check_s": [10.0, 12.0], "probe_s": [0.9]}}
     rows = datapath.table(measured)
-    assert rows[1] == ["4", "12", "250 ms (200 ms-300 ms)", "2.10 s (2.00 s-2.20 s)", "400 ms (6, 3)", "9.00 s", "0"]
+    assert rows[1] == ["4", "12", "250 ms (200 ms-300 ms)", "2.10 s (2.00 s-2.20 s)", "400 ms (6, 3)", "9.00 s",
+                       "0 (1 measured again alone)"]
     assert rows[2][0] == "4, one slow link" and rows[2][3] == "verdict 11.00 s (10.00 s-12.00 s)"
 
 

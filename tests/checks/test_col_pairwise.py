@@ -4,6 +4,7 @@ this machine, the heat map in headless Chromium, and the real test cluster (heal
 tbf, a dead link between two nodes dropped with nft, a route that captures the traffic to a peer)."""
 import importlib.util
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
+from cluster import cluster, cluster_up, make_cluster_fixtures  # noqa: F401  (fixtures)
 from conftest import preflight_json, results
 from node_facts import facts as node_facts
 from preflight import registry, runner
@@ -58,8 +59,9 @@ def test_one_node_has_no_pair():
 
 # --- the matrix and what it says ----------------------------------------------------------------
 
-def reports_for(names, rate=lambda a, b: 1.0, dead=(), silent=()):
-    """Each node's report as the worker writes it, both ends of every pair (a dead link fails at both)."""
+def reports_for(names, rate=lambda a, b: 1.0, dead=(), silent=(), retests=None):
+    """Each node's report as the worker writes it, both ends of every pair (a dead link fails at both);
+    `retests` {(a, b): gbps}: links measured again alone after the rounds, as the worker adds them."""
     given = pairwise.spec(len(names), MIB)
     out = {}
     for i, name in enumerate(names):
@@ -75,6 +77,10 @@ def reports_for(names, rate=lambda a, b: 1.0, dead=(), silent=()):
                     pairs.append({"round": r, "peer": b if a == i else a, "ok": ok,
                                   "stage": "connect", "error": None if link not in dead else "DistStoreError: timeout",
                                   "gbps": rate(names[a], names[b])})
+        for r, ((a, b), gbps) in enumerate((retests or {}).items(), start=len(given["rounds"])):
+            if name in (a, b):
+                pairs.append({"round": r, "peer": names.index(b if name == a else a), "ok": True, "stage": "done",
+                              "error": None, "gbps": gbps, "retest": True})
         out[name] = {"ok": True, "ranks": [dict(rank(i), pairs=pairs)]}
     return out, given
 
@@ -320,6 +326,77 @@ def test_col004_warns_of_one_slow_link():
     assert warned.nodes == ("n01", "n04") and "moves 0.05 GB/s, over 4x below the 1 GB/s" in warned.message
 
 
+def busy_link(a, b):
+    return lambda x, y: 0.05 if {x, y} == {"n02", "n03"} else 1.0
+
+
+def test_a_link_slow_in_its_round_but_fast_alone_is_no_slow_link():
+    names = names_of(8)
+    m = matrix(names, *reports_for(names, busy_link("n02", "n03"), retests={("n02", "n03"): 0.9}))
+    assert findings(m)["slow_links"] == [] and m["gbps"][1][2] == m["gbps"][2][1] == 0.9
+    assert m["retested"] == [["n02", "n03", 0.05, 0.9]]  # the evidence: suspected, and what the retest found
+    found = run_check("COL004", probe(nodes=names, pairwise=m), Plan(nodes=tuple(names), remote=True))
+    assert {r.status for r in found} == {Status.PASS}
+
+
+def test_a_link_still_slow_alone_is_warned_as_measured_again():
+    names = names_of(8)
+    m = matrix(names, *reports_for(names, busy_link("n02", "n03"), retests={("n02", "n03"): 0.04}))
+    assert findings(m)["slow_links"] == [["n02", "n03", 0.04, 1.0]]
+    found = run_check("COL004", probe(nodes=names, pairwise=m), Plan(nodes=tuple(names), remote=True))
+    [warned] = [r for r in found if r.status == Status.WARN]
+    assert warned.nodes == ("n02", "n03") and warned.message.startswith(
+        "the link n02 - n03 moves 0.04 GB/s measured again alone (0.05 GB/s in its round), over 4x below")
+
+
+def test_links_fast_alone_do_not_make_a_link_measured_in_its_round_look_slow():
+    """A retest alone may be far faster than every link measured with the others' traffic: the links are judged
+    from the rounds' figures, the retests only clear suspects (else n01 - n04 would be 8x below its ends' others)."""
+    names = names_of(4)
+    busy = {("n01", "n02"), ("n01", "n03"), ("n02", "n04"), ("n03", "n04")}
+    m = matrix(names, *reports_for(names, lambda a, b: 0.05 if (a, b) in busy else 1.0,
+                                   retests={link: 8.0 for link in sorted(busy)}))
+    assert len(m["retested"]) == 4 and m["gbps"][0][3] == 1.0
+    assert findings(m) == {"failed_rows": [], "failed_links": [], "stragglers": {}, "slow_links": []}
+
+
+def test_a_retest_by_one_end_of_two_that_answered_does_not_clear_the_link():
+    """As a round, a retest counts from both ends when both answered: one node cannot clear a link alone."""
+    names = names_of(8)
+    node_reports, given = reports_for(names, busy_link("n02", "n03"), retests={("n02", "n03"): 0.9})
+    pairs = node_reports["n03"]["ranks"][0]["pairs"]
+    pairs[:] = [p for p in pairs if not p.get("retest")]
+    m = matrix(names, node_reports, given)
+    assert m["retested"] == [] and findings(m)["slow_links"] == [["n02", "n03", 0.05, 1.0]]
+
+
+def test_a_failed_retest_keeps_the_rounds_figure():
+    names = names_of(8)
+    node_reports, given = reports_for(names, busy_link("n02", "n03"), retests={("n02", "n03"): None})
+    for name in ("n02", "n03"):
+        node_reports[name]["ranks"][0]["pairs"][-1].update(ok=False, stage="connect", error="peer gone")
+    m = matrix(names, node_reports, given)
+    assert m["retested"] == [["n02", "n03", 0.05, None]] and findings(m)["slow_links"] == [["n02", "n03", 0.05, 1.0]]
+    assert not any(e for row in m["errors"] for e in row)
+
+
+def test_a_retest_of_the_wrong_shape_is_the_nodes_protocol_failure():
+    for wrong in ("yes", 1, [True]):
+        bad = {"ok": True, "ranks": [{"rank": 0, "ok": True, "pairs": [
+            {"round": 0, "peer": 1, "ok": True, "gbps": 1.0},
+            {"round": 3, "peer": 1, "ok": True, "gbps": 1.0, "retest": wrong}]}]}
+        assert "retest" in pairwise.report_problem(bad, [0]), wrong
+
+
+def test_the_node_and_the_head_judge_slow_links_by_the_same_rule():
+    """The worker picks its suspects with preflight.node.pairlinks, the head judges with it: one rule."""
+    from preflight.node import allreduce as worker, pairlinks
+
+    assert pairwise.pairlinks is pairlinks and worker.pairlinks is pairlinks
+    rates = {(a, b): 0.05 if (a, b) == (1, 2) else 1.0 for a in range(8) for b in range(a + 1, 8)}
+    assert pairlinks.slow_links(rates, 8, pairlinks.stragglers(rates)) == [(1, 2, 0.05, 1.0)]
+
+
 def test_col004_skips_without_a_matrix():
     [skipped] = run_check("COL004", probe())
     assert skipped.status == Status.SKIP and "pairwise phase did not run" in skipped.message
@@ -335,9 +412,9 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def local_nodes(count, absent=(), budget=15.0):
+def local_nodes(count, absent=(), budget=15.0, port=None):
     """`count` workers in pairs mode over loopback, one rank each (the nodes in `absent` never start)."""
-    port, given = free_port(), pairwise.spec(count, MIB)
+    port, given = port or free_port(), pairwise.spec(count, MIB)
     procs = {}
     for i in range(count):
         if i in absent:
@@ -409,6 +486,63 @@ def test_worker_pairs_with_a_node_that_never_comes_fail_only_its_row_within_the_
     node_reports["n3"] = {"ok": False, "kind": "no-answer", "ranks": []}
     said = findings(matrix(names, node_reports, given))
     assert said["failed_rows"] == ["n3"] and said["failed_links"] == [], said
+
+
+def without_retests(node_reports):
+    """The reports as they were before the retests: the rounds' figures alone."""
+    return {name: dict(report, ranks=[dict(r, pairs=[p for p in r.get("pairs") or [] if not p.get("retest")])
+                                      for r in report.get("ranks") or []]) for name, report in node_reports.items()}
+
+
+HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+
+
+def busy_cores_during_the_rounds(port, run="tp"):
+    """A thread that, once the run's rounds start (its store's pairs/start), keeps every core of this machine
+    busy with a process of its own (pinned to it) until the nodes have chosen the links to measure again
+    (pairs/suspects): the rounds share the cores with other work, the retests do not."""
+    import datetime
+    import threading
+
+    import torch.distributed as dist  # here, not in the thread: an import there raced the workers' start (EFAULT)
+
+    def watch():
+        store = dist.PrefixStore(f"preflight/{run}/", dist.TCPStore("127.0.0.1", port, is_master=False,
+                                                                     timeout=datetime.timedelta(seconds=60)))
+        store.wait(["pairs/start"])
+        hogs = [subprocess.Popen([sys.executable, "-c", HOG, str(cpu)]) for cpu in sorted(os.sched_getaffinity(0))]
+        try:
+            store.wait(["pairs/suspects"])
+        finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_worker_links_slow_only_while_their_round_shared_the_cores_are_measured_again_alone():
+    """12 nodes on this machine's cores, every core kept busy by other processes during the rounds: some links
+    look several times slower than their ends' others (0 to 15 of the 66 in each run measured here). Measured
+    again alone after the rounds (the cores then free), they are as fast as the others: no slow link is warned."""
+    started = time.monotonic()
+    port = free_port()
+    watcher = busy_cores_during_the_rounds(port)
+    names, node_reports, given = local_nodes(12, budget=60.0, port=port)
+    watcher.join(timeout=5)
+    elapsed = time.monotonic() - started
+    for name, report in node_reports.items():
+        assert pairwise.report_problem(report, [names.index(name)]) is None, report
+    suspects = findings(matrix(names, without_retests(node_reports), given))["slow_links"]
+    m = matrix(names, node_reports, given)
+    print(f"12 local nodes in {elapsed:.1f} s: {len(suspects)} link(s) slow in their round, retested "
+          f"{m.get('retested')}")
+    assert m["pairs_measured"] == 66
+    assert findings(m)["slow_links"] == [], m.get("retested")
+    assert sorted(link[:2] for link in m["retested"]) == sorted(link[:2] for link in suspects)  # each one, once
+    assert all(again is not None for *_, again in m["retested"]), m["retested"]
 
 
 # --- the heat map -------------------------------------------------------------------------------
@@ -538,3 +672,26 @@ def test_a_route_the_path_probes_found_is_named_on_its_node_alone_by_col001(clus
         [("fail", ["node02"])]
     assert not [r for r in doc["results"] if r["status"] == "fail" and "node03" in r["nodes"]], doc["results"]
     print(f"verdict with a captured route in {elapsed:.1f} s")
+
+
+# Four nodes: a single slow link is judged from pairwise.SLOW_LINK_NODES on, and the run's shared cluster has three.
+# Per test, and the module's last test: the shared cluster is taken down while it is up (one on the bridge).
+four_up, four = make_cluster_fixtures(nodes=4, prefix="four", scope="function", name="four")
+
+
+@pytest.mark.cluster
+def test_a_slow_link_between_two_workers_is_warned_once_measured_again_alone(four):
+    """What node02 sends to node03 goes through a 100 Mbit/s class (tc htb), every other link at full speed: the
+    rounds find it slow, the nodes measure it again alone, still slow, and COL004 warns of that link alone."""
+    with four.slowed_path("four02", "four03", "100mbit"):
+        doc, elapsed = check(four, timeout="30")
+    first = next(r for r in doc["results"] if r["id"] == "COL004")
+    assert "matrix" in first["evidence"], [(r["id"], r["status"], r["message"][:200]) for r in doc["results"]]
+    m = first["evidence"]["matrix"]
+    print(f"verdict in {elapsed:.1f} s; retested {m['retested']}")
+    warned = [r for r in doc["results"] if r["id"] == "COL004" and r["status"] == "warn"]
+    assert [r["nodes"] for r in warned] == [["four02", "four03"]], [(r["status"], r["message"]) for r in
+                                                                     doc["results"] if r["id"] == "COL004"]
+    assert "measured again alone" in warned[0]["message"]
+    assert [link[:2] for link in m["retested"]] == [["four02", "four03"]] and m["retested"][0][3] < 0.05
+    assert not [r for r in doc["results"] if r["id"] == "COL004" and r["status"] == "fail"]

@@ -293,6 +293,56 @@ def test_slow_link(cluster):
     assert transfer_s() < 1.0
 
 
+def node_to_node_s(cluster, src, dst, size=200000):
+    """Seconds to send `size` bytes over TCP from node `src` to node `dst` (a receiver in dst's namespace)."""
+    port = 47111
+    receiver = cluster.netns_popen(dst, [sys.executable, "-c", RECEIVER, str(port)], stdout=subprocess.PIPE)
+    try:
+        sender = cluster.netns_exec(src, [sys.executable, "-c", SENDER, cluster.ip(dst), str(port), str(size)],
+                                    timeout=30, check=True)
+        assert receiver.communicate(timeout=30)[0].strip() == str(size).encode()
+        return float(sender.stdout)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+
+
+RECEIVER = """import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1); s.settimeout(20); c = s.accept()[0]; n = 0
+while True:
+    d = c.recv(65536)
+    if not d: break
+    n += len(d)
+print(n)"""
+SENDER = """import socket, sys, time
+for _ in range(100):
+    try:
+        c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20); break
+    except OSError:
+        time.sleep(0.05)
+t = time.monotonic(); c.sendall(b"x" * int(sys.argv[3])); c.shutdown(socket.SHUT_WR); c.recv(1)
+print(time.monotonic() - t)"""
+
+
+def test_slow_path_shapes_one_link_between_two_nodes_only(cluster):
+    with cluster.slowed_path("node02", "node03", "1mbit"):
+        slow = node_to_node_s(cluster, "node02", "node03")  # 1.6 Mbit through a 1 Mbit/s class
+        other = node_to_node_s(cluster, "node02", "node01")
+        back = node_to_node_s(cluster, "node03", "node02")  # only what node02 sends is shaped (data, not ACKs)
+        assert cluster.status()["nodes"][1]["faults"] == {"slow_path": "node03"}
+    assert slow > 1.2 and other < 0.5 and back < 0.5, (slow, other, back)
+    assert node_to_node_s(cluster, "node02", "node03") < 0.5
+
+
+def test_restore_removes_a_slow_path(cluster):
+    cluster.slow_path("node02", "node03", "1mbit")
+    cluster.restore("node02")
+    assert node_to_node_s(cluster, "node02", "node03") < 0.5
+    assert "htb" not in cluster.netns_exec("node02", ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+
+
 def test_cli_status_and_module_helpers(cluster):
     proc = subprocess.run([sys.executable, str(Path(testcluster.__file__)), "status", "--dir", str(cluster.dir)],
                           capture_output=True, text=True, timeout=30)

@@ -67,10 +67,12 @@ def test_the_shipping_reads_a_modules_node_imports_as_python_does(path):
 def test_a_program_is_shipped_with_the_modules_it_imports_and_no_others():
     agent = json.loads(shipping.bundle(shipping.AGENT))
     assert set(agent["modules"]) == {"preflight", "preflight.node"} | {
-        f"preflight.node.{p.stem}" for p in MODULES if p.stem not in ("__init__", "allreduce")}  # census: lazily
+        f"preflight.node.{p.stem}" for p in MODULES
+        if p.stem not in ("__init__", "allreduce", "pairlinks")}  # census: lazily; pairlinks: the worker's
     assert agent["main"] == "preflight.node.agent" and agent["packages"] == ["preflight", "preflight.node"]
     worker = json.loads(shipping.bundle(shipping.ALLREDUCE))
-    assert set(worker["modules"]) == {"preflight", "preflight.node", "preflight.node.allreduce"}
+    assert set(worker["modules"]) == {"preflight", "preflight.node", "preflight.node.allreduce",
+                                      "preflight.node.pairlinks"}
     # the head's package face stays on the head: the node's `preflight` holds only the head's version
     assert agent["modules"]["preflight"] == f"__version__ = {preflight.__version__!r}\n"
     with pytest.raises(ValueError, match="not a module of preflight.node"):
