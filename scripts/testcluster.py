@@ -904,6 +904,16 @@ class Cluster:
         self.set_env(node, HOME=str(home))
         return home
 
+    def plain_shell(self, node: str) -> Path:
+        """The node's ssh sessions start without this machine's ~/.bashrc: a HOME of its own (set_home) whose
+        .bashrc is empty, as on a node where nothing is set up for the login shell. scripts/bench uses it: this
+        machine's .bashrc may run `pyenv init`, whose rehash takes one lock that every test host shares (they
+        share one filesystem, where each node of a cluster has its own), so that sessions started at once queue
+        for it, seconds at 64 hosts, whatever the tool that starts them. Undone by quiet_shell."""
+        home = self.set_home(node)
+        (home / ".bashrc").write_text("# preflight test cluster: this node's own HOME, no shell start-up\n")
+        return home
+
     def unset_home(self, node: str) -> None:
         """Back to the real HOME; the node's own is removed."""
         self.set_env(node, HOME=None)

@@ -267,6 +267,20 @@ def test_noisy_shell_prints_before_the_command(cluster):
     assert not (cluster.node_dir("node03") / "home").exists() and cluster.healthy() == []
 
 
+def test_plain_shell_starts_sessions_without_this_machines_bashrc(cluster):
+    """What the benchmark's hosts run: no start-up file defines a function or an alias (this machine's .bashrc
+    defines pyenv's), and HOME is the node's own; quiet_shell gives the machine's start-up back."""
+    shown = 'echo "$HOME"; declare -F; alias'
+    usual = plain_ssh(cluster, "node02", shown)
+    home = cluster.plain_shell("node02")
+    try:
+        assert plain_ssh(cluster, "node02", shown) == f"{home}\n"
+        assert plain_ssh(cluster, "node01", shown) == usual
+    finally:
+        cluster.quiet_shell("node02")
+    assert plain_ssh(cluster, "node02", shown) == usual and not home.exists()
+
+
 def test_ntp_server_answers(cluster):
     ntplib = pytest.importorskip("ntplib")
     with cluster.ntp_server("node03") as ip:
