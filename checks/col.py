@@ -348,7 +348,8 @@ def pairwise_links(ctx) -> Iterator[Finding]:
     moment is not a fault: a single link several times slower than both ends' other links is a warning (from four
     nodes on) once the nodes have measured it again alone, every other pair idle; a link that was only busy in
     its round (hosts that share cores, a busy switch port) is fast alone and not named, and the matrix keeps both
-    figures of a link measured again ("retested").
+    figures of a link measured again ("retested"). The most suspect links are measured again first; when all of
+    those were fast, the suspects past the limit on retests (16, or one per node) are taken as busy too.
 
     Check the path between the nodes named (firewall rules between them on any port, their routes and
     interfaces: ip route get ADDR, ethtool, ip -s link); a straggler row is the node's own link.
@@ -409,8 +410,11 @@ def pairwise_links(ctx) -> Iterator[Finding]:
         span = f", {min(rates):.3g}-{max(rates):.3g} GB/s" if rates else ""
         sample = (f" (a sample of {matrix['rounds']} of {matrix['tournament_rounds']} rounds)"
                   if matrix["sampled"] else "")
+        retested = len(matrix.get("retested") or [])
+        busy = (f"; {len(said['busy_links'])} more link(s) looked slow in a busy round, as the {retested} measured "
+                "again alone did, and those were fast" if said["busy_links"] else "")
         out.append(Finding(Status.PASS, f"{matrix['pairs_measured']} pair(s) of {len(matrix['nodes'])} node(s) "
-                           f"measured point to point{sample}{span}: no failed link, no straggler",
+                           f"measured point to point{sample}{span}: no failed link, no straggler{busy}",
                            nodes=tuple(rest)))
     for i, finding in enumerate(out):  # the matrix once, in the first result (it grows with the nodes squared)
         yield Finding(finding.status, finding.message, finding.remediation, nodes=finding.nodes,

@@ -421,8 +421,8 @@ def _retests(torch, dist, store, options, me, nodes, measured, deadline, report,
 
 
 def _suspects(store, nodes, deadline):
-    """The links to measure again, from the rates of every node that published them: [[a, b], ...] in the order
-    of (a, b), at most MAX_RETESTS or one per node, as many as fit in the time left."""
+    """The links to measure again, from the rates of every node that published them: [[a, b], ...], the most
+    suspect first, at most MAX_RETESTS or one per node, as many as fit in the time left."""
     rates = {}
     for node in range(nodes):
         key = "pairs/rates/%d" % node
@@ -431,7 +431,7 @@ def _suspects(store, nodes, deadline):
         for peer, gbps in json.loads(store.get(key).decode()).items():
             link = (min(node, int(peer)), max(node, int(peer)))
             rates[link] = min(gbps, rates.get(link, gbps))  # the slower end, as the head's matrix takes it
-    slow = pairlinks.slow_links(rates, nodes, pairlinks.stragglers(rates))
+    slow = pairlinks.most_suspect_first(pairlinks.slow_links(rates, nodes, pairlinks.stragglers(rates)))
     room = int((deadline - _now() - 1.0) // RETEST_S)
     return [[a, b] for a, b, _, _ in slow[:max(0, min(max(MAX_RETESTS, nodes), room))]]
 

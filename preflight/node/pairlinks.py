@@ -45,10 +45,30 @@ def still_slow(rates, count, alone):
     """The slow links once the suspects were measured again alone: `rates` are the rounds' figures, `alone`
     {(a, b): gbps} the retests'. A suspect is judged from the rounds (the other links were measured as it was, with
     the other pairs' traffic); one measured again is slow only if its retest is still SLOWER times below its ends'
-    other links (its figure is then the retest's), else it was only busy in its round."""
+    other links (its figure is then the retest's), else it was only busy in its round. The nodes measure the most
+    suspect first (allreduce._suspects); when every one they measured again was fast alone, the suspects past their
+    limit looked slow as those did, in the same busy rounds, and are not slow links either (unmeasured)."""
+    suspects = slow_links(rates, count, stragglers(rates))
+    confirmed = [(a, b) for a, b, _, expected in suspects if (a, b) in alone and alone[(a, b)] * SLOWER < expected]
+    busy = not confirmed and any((a, b) in alone for a, b, _, _ in suspects)
     out = []
-    for a, b, v, expected in slow_links(rates, count, stragglers(rates)):
+    for a, b, v, expected in suspects:
         again = alone.get((a, b))
-        if again is None or again * SLOWER < expected:
-            out.append((a, b, v if again is None else again, expected))
+        if again is None and not busy:
+            out.append((a, b, v, expected))
+        elif again is not None and again * SLOWER < expected:
+            out.append((a, b, again, expected))
     return out
+
+
+def unmeasured(rates, count, alone):
+    """The suspects not measured again that still_slow clears (every one measured again was fast alone)."""
+    slow = set((a, b) for a, b, _, _ in still_slow(rates, count, alone))
+    return [s for s in slow_links(rates, count, stragglers(rates)) if (s[0], s[1]) not in alone
+            and (s[0], s[1]) not in slow]
+
+
+def most_suspect_first(links):
+    """slow_links' links, the slowest against its ends' other links first: the order the nodes measure them
+    again in, so that a limit on the retests leaves out the least suspect."""
+    return sorted(links, key=lambda link: (link[2] / link[3] if link[3] else 0.0, link[0], link[1]))

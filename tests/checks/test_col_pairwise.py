@@ -94,7 +94,7 @@ def test_a_healthy_matrix_names_nothing(count):
     names = names_of(count)
     m = matrix(names, *reports_for(names, lambda a, b: 1.0 + 0.3 * (hash(a + b) % 3)))
     assert m["pairs_measured"] == count * (count - 1) // 2 and not m["sampled"]
-    assert findings(m) == {"failed_rows": [], "failed_links": [], "stragglers": {}, "slow_links": []}
+    assert findings(m) == {"failed_rows": [], "failed_links": [], "stragglers": {}, "slow_links": [], "busy_links": []}
 
 
 @pytest.mark.parametrize("count", [3, 4, 8])
@@ -124,7 +124,7 @@ def test_with_three_nodes_one_slow_link_is_not_judged():
     """Each end has one other link: one busy moment on a shared host would be enough to warn."""
     names = names_of(3)
     said = findings(matrix(names, *reports_for(names, lambda a, b: 0.05 if {a, b} == {"n02", "n03"} else 1.0)))
-    assert said == {"failed_rows": [], "failed_links": [], "stragglers": {}, "slow_links": []}
+    assert said == {"failed_rows": [], "failed_links": [], "stragglers": {}, "slow_links": [], "busy_links": []}
 
 
 @pytest.mark.parametrize("count", [3, 4, 8])
@@ -357,7 +357,7 @@ def test_links_fast_alone_do_not_make_a_link_measured_in_its_round_look_slow():
     m = matrix(names, *reports_for(names, lambda a, b: 0.05 if (a, b) in busy else 1.0,
                                    retests={link: 8.0 for link in sorted(busy)}))
     assert len(m["retested"]) == 4 and m["gbps"][0][3] == 1.0
-    assert findings(m) == {"failed_rows": [], "failed_links": [], "stragglers": {}, "slow_links": []}
+    assert findings(m) == {"failed_rows": [], "failed_links": [], "stragglers": {}, "slow_links": [], "busy_links": []}
 
 
 def test_a_retest_by_one_end_of_two_that_answered_does_not_clear_the_link():
@@ -395,6 +395,36 @@ def test_the_node_and_the_head_judge_slow_links_by_the_same_rule():
     assert pairwise.pairlinks is pairlinks and worker.pairlinks is pairlinks
     rates = {(a, b): 0.05 if (a, b) == (1, 2) else 1.0 for a in range(8) for b in range(a + 1, 8)}
     assert pairlinks.slow_links(rates, 8, pairlinks.stragglers(rates)) == [(1, 2, 0.05, 1.0)]
+
+
+def test_suspects_past_the_retests_limit_are_busy_when_every_one_measured_again_was_fast():
+    """Three links slow in their rounds, the nodes' limit let them measure one again: fast alone, so the two others,
+    as slow in the same busy rounds, are not warned of either (COL004 says how many); had it stayed slow alone, the
+    two others would still be warned."""
+    names = names_of(8)
+    busy = {frozenset(p) for p in (("n01", "n02"), ("n03", "n04"), ("n05", "n06"))}
+    rate = lambda a, b: 0.1 if {a, b} in busy else 1.0  # noqa: E731
+    m = matrix(names, *reports_for(names, rate, retests={("n01", "n02"): 1.2}))
+    said = findings(m)
+    assert said["slow_links"] == [] and [link[:2] for link in said["busy_links"]] == [["n03", "n04"], ["n05", "n06"]]
+    found = run_check("COL004", probe(nodes=names, pairwise=m), Plan(nodes=tuple(names), remote=True))
+    assert [r.status for r in found] == [Status.PASS]
+    assert found[0].message.endswith("2 more link(s) looked slow in a busy round, as the 1 measured again alone "
+                                     "did, and those were fast")
+    still = findings(matrix(names, *reports_for(names, rate, retests={("n01", "n02"): 0.1})))
+    assert [link[:2] for link in still["slow_links"]] == [["n01", "n02"], ["n03", "n04"], ["n05", "n06"]]
+    assert still["busy_links"] == []
+
+
+def test_the_nodes_measure_the_most_suspect_link_first():
+    """A limit on the retests leaves out the least suspect: a link 20x below its ends' others before one 5x."""
+    from preflight.node import pairlinks
+
+    rates = {(a, b): 1.0 for a in range(8) for b in range(a + 1, 8)}
+    rates[(0, 1)], rates[(2, 3)], rates[(4, 5)] = 0.2, 0.05, 0.15
+    slow = pairlinks.slow_links(rates, 8, pairlinks.stragglers(rates))
+    assert [link[:2] for link in slow] == [(0, 1), (2, 3), (4, 5)]
+    assert [link[:2] for link in pairlinks.most_suspect_first(slow)] == [(2, 3), (4, 5), (0, 1)]
 
 
 def test_col004_skips_without_a_matrix():
