@@ -139,12 +139,13 @@ def _evaluate_running_job(reg, args, gather):
 def census_for(plan, args, specs=()):
     """The running job's census on every node (doctor's fact source), and the job it makes across them."""
     from preflight.job import running
-    from preflight.remote import gather
+    from preflight.remote import early, gather
 
     census = {"port": args.port, "pids": args.pid, "stacks": not args.no_stacks, "deadline_s": args.timeout * 0.6}
+    transport = "srun" if args.slurm_job else early.transport_for(args)
     options = gather.GatherOptions(python=args.python, timeout=args.timeout, fanout=args.fanout,
                                    ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, port=plan.port,
-                                   progress=for_stderr(args.json), transport="srun" if args.slurm_job else _transport(args),
+                                   progress=for_stderr(args.json), transport=transport,
                                    census=census, slurm_job=args.slurm_job)
     facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
     # Without --port, the port of the one job found (several jobs: RUN001 says so and asks for --port).
@@ -324,12 +325,6 @@ def _slurm_state(args, results, outcome: str, started: float, budget) -> None:
             print(f"preflight: {said}", file=sys.stderr)
     except slurm.SlurmError as exc:
         print(f"preflight: error: SLURM node {name}: {exc}", file=sys.stderr)
-
-
-def _transport(args) -> str:
-    from preflight.remote.early import transport_for
-
-    return transport_for(args)
 
 
 DATA_PATH_CHECKS = frozenset(("NET007", "NET008", "NET009", "NET010", "NET011"))  # read the pairwise path probes

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Iterator, Optional, Tuple
 
 from preflight.api import Finding, check, fail, passed, skip, warn
-from preflight.inputs import manifests
+from preflight.inputs import launchcmd, manifests
 from preflight.inputs.documents import shorten
 from preflight.inputs.settings import processes_per_machine
 from preflight.inputs.launchcmd import LOCAL_ADDRESSES as LOCAL
@@ -28,7 +28,7 @@ def _launches(m, per_group=False):
     for t in m.trainings:
         for groups in ([(g,) for g in t.groups] if per_group else [t.groups]):
             found = [(g, c) for g in groups for c in g.containers if c.launch is not None]
-            for wanted in (manifests.MULTI_LAUNCHERS, ("python",)):
+            for wanted in (launchcmd.MULTI_LAUNCHERS, ("python",)):
                 pick = next(((g, c) for g, c in found if c.launch.command.launcher in wanted), None)
                 if pick is not None:
                     yield t, pick[0], pick[1]

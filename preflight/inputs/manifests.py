@@ -41,7 +41,6 @@ from preflight.inputs.documents import InputError, read_regular, yaml_documents
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DOCUMENTS = 1000
 SHELLS = ("bash", "sh", "zsh", "dash", "ash")
-MULTI_LAUNCHERS = launchcmd.MULTI_LAUNCHERS
 TEMPLATE = re.compile(r"\{\{.*?\}\}", re.S)
 MARK = "PREFLIGHT-TEMPLATED"  # what a {{ ... }} becomes while the YAML is read
 ENV_TEMPLATE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(:?-[^}]*)?\}|\$[A-Za-z_][A-Za-z0-9_]*")
@@ -145,7 +144,7 @@ class Manifest:
     def main(self) -> Optional[Tuple[Training, Group, Container]]:
         """The container whose launch is the job's (a launcher's, else a python script's), the plan's command."""
         found = self.launches
-        for wanted in (MULTI_LAUNCHERS, ("python",)):
+        for wanted in (launchcmd.MULTI_LAUNCHERS, ("python",)):
             for t, g, c in found:
                 if c.launch.command.launcher in wanted:
                     return t, g, c
@@ -371,7 +370,7 @@ def _launch(argv: Sequence[str], env: Mapping[str, Optional[str]]) -> Optional[L
         while words and words[0] in ("exec", "time", "nohup", "command", "then", "do", "else", "eval"):
             words = words[1:]
         command = launchcmd.parse([shell_expand(w, env) for w in words])
-        if command.launcher in MULTI_LAUNCHERS:
+        if command.launcher in launchcmd.MULTI_LAUNCHERS:
             return Launch(command, True, " ".join(words))
         if best is None and _runs_something(command):
             best = Launch(command, True, " ".join(words))
@@ -380,7 +379,7 @@ def _launch(argv: Sequence[str], env: Mapping[str, Optional[str]]) -> Optional[L
 
 def _runs_something(command: launchcmd.LaunchCommand) -> bool:
     """A launcher, or python running a script or module (not `python -c CODE`)."""
-    if command.launcher in MULTI_LAUNCHERS:
+    if command.launcher in launchcmd.MULTI_LAUNCHERS:
         return True
     return command.launcher == "python" and bool(command.script) and "-c" not in command.from_program[1:3]
 
@@ -643,7 +642,7 @@ def _volcano(obj: Mapping, line: int) -> Optional[Training]:
 
 
 def _is_training(group: Group) -> bool:
-    return any(c.launch is not None and c.launch.command.launcher in MULTI_LAUNCHERS or gpus(c) for c in
+    return any(c.launch is not None and c.launch.command.launcher in launchcmd.MULTI_LAUNCHERS or gpus(c) for c in
                group.containers)
 
 
