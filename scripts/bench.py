@@ -157,8 +157,6 @@ def test_cluster(nodes: int):
         cluster = testcluster.Cluster(folder, nodes=nodes, prefix="bench")
         try:
             cluster.up()
-            for node in cluster.nodes:  # every tool's sessions start alike, without this machine's shell start-up
-                cluster.plain_shell(node)
             yield cluster
         finally:
             cluster.down()
@@ -233,9 +231,9 @@ def bench_fanout(section: Section, repeat: int, cluster, sizes: Sequence[int], p
     section.notes.append("preflight also takes clock samples, probes the main port and runs every check; clush and "
                          f"pdsh only run `python -m {AGENT}` (the same facts, no verdict). Fan-out 64 "
                          "for all three; each run is verified to bring back every host's facts. The test hosts' sessions "
-                         "start without this machine's ~/.bashrc (scripts/testcluster.py `plain_shell`): its pyenv "
-                         "init rehashes under one lock that all the test hosts share, and 96 sessions at once "
-                         "would queue for it, whichever tool starts them.")
+                         "run none of this machine's shell start-up files (scripts/testcluster.py "
+                         "`NO_SHELL_START_UP`): a pyenv init there rehashes under one lock that all the test hosts "
+                         "share, and 96 sessions at once would queue for it, whichever tool starts them.")
     plot_fanout(medians, png)
     section.notes.append(f"Scaling curve: [{png.name}]({png.name}).")
 

@@ -272,6 +272,13 @@ def cluster_lock(timeout: float = 600, path: str = LOCK_FILE) -> Iterator[None]:
 
 # ---------------------------------------------------------------------------------------------- cluster
 
+# Every session's environment unless a fault says otherwise. Debian's bash, started by sshd, reads ~/.bashrc only
+# as a top-level shell (SHLVL below 1): this machine's .bashrc is its user's, not a node's, and may run `pyenv init`,
+# whose rehash takes one lock that every test host shares (one filesystem): 80 ms a session here, and sessions
+# started at once queue for it (tens of seconds at 96). A node's own start-up file is set_home's.
+NO_SHELL_START_UP = {"SHLVL": "1"}
+
+
 class Cluster:
     """A test cluster described by DIR/state.json. Every public method re-reads the state from disk, so
     a `Cluster.load(dir)` in another process (the CLI) and the fixture's object stay consistent."""
@@ -552,12 +559,11 @@ class Cluster:
                 "UsePAM no\nStrictModes no\nPrintMotd no\nPrintLastLog no\nUseDNS no\nX11Forwarding no\n"
                 "MaxStartups 200:30:400\nMaxSessions 64\nLoginGraceTime 20\nLogLevel INFO\n"
                 "Subsystem sftp /usr/lib/openssh/sftp-server\n")
-        env = node.get("env") or {}
-        if env:
-            for key, value in env.items():
-                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or '"' in str(value) or "\n" in str(value):
-                    raise ClusterError(f"SetEnv {key}={value!r}: unsupported name or value")
-            text += "SetEnv " + " ".join(f'"{k}={v}"' for k, v in env.items()) + "\n"
+        env = {**NO_SHELL_START_UP, **(node.get("env") or {})}
+        for key, value in env.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or '"' in str(value) or "\n" in str(value):
+                raise ClusterError(f"SetEnv {key}={value!r}: unsupported name or value")
+        text += "SetEnv " + " ".join(f'"{k}={v}"' for k, v in env.items()) + "\n"
         _write_atomic(ndir / "sshd_config", text)
 
     # ---- processes
@@ -895,28 +901,18 @@ class Cluster:
 
     def set_home(self, node: str) -> Path:
         """Give the node's ssh sessions a HOME of their own, DIR/nodeXX/home (SetEnv HOME; restarts sshd),
-        whose .bashrc runs the real one with the real HOME (Debian's bash sources ~/.bashrc in sessions
-        started by sshd: PATH and the rest stay as on the other nodes). Returns the folder."""
+        whose .bashrc bash reads (SHLVL 0: Debian's bash sources ~/.bashrc in sessions started by sshd) and
+        that sets nothing: PATH and the rest stay as on the other nodes. Returns the folder."""
         home = self.node_dir(node) / "home"
         if not (home / ".bashrc").exists():
             home.mkdir(exist_ok=True)
             self._write_bashrc(home, None)
-        self.set_env(node, HOME=str(home))
-        return home
-
-    def plain_shell(self, node: str) -> Path:
-        """The node's ssh sessions start without this machine's ~/.bashrc: a HOME of its own (set_home) whose
-        .bashrc is empty, as on a node where nothing is set up for the login shell. scripts/bench uses it: this
-        machine's .bashrc may run `pyenv init`, whose rehash takes one lock that every test host shares (they
-        share one filesystem, where each node of a cluster has its own), so that sessions started at once queue
-        for it, seconds at 64 hosts, whatever the tool that starts them. Undone by quiet_shell."""
-        home = self.set_home(node)
-        (home / ".bashrc").write_text("# preflight test cluster: this node's own HOME, no shell start-up\n")
+        self.set_env(node, HOME=str(home), SHLVL="0")
         return home
 
     def unset_home(self, node: str) -> None:
-        """Back to the real HOME; the node's own is removed."""
-        self.set_env(node, HOME=None)
+        """Back to the real HOME, and no start-up file; the node's own HOME is removed."""
+        self.set_env(node, HOME=None, SHLVL=None)
         shutil.rmtree(self.node_dir(node) / "home", ignore_errors=True)
 
     def noisy_shell(self, node: str, text: Optional[str] = None) -> Path:
@@ -935,11 +931,8 @@ class Cluster:
         self.unset_home(node)
 
     def _write_bashrc(self, home: Path, text: Optional[str]) -> None:
-        real = shlex.quote(os.path.expanduser("~root"))  # ssh_config logs in as root
         (home / ".bashrc").write_text("# preflight test cluster: this node's own HOME\n"
-                                      + (f"printf '%s\\n' {shlex.quote(text)}\n" if text is not None else "")
-                                      + f"if [ -f {real}/.bashrc ]; then HOME={real}; . {real}/.bashrc; "
-                                      f"HOME={shlex.quote(str(home))}; fi\n")
+                                      + (f"printf '%s\\n' {shlex.quote(text)}\n" if text is not None else ""))
 
     # ---- faults: network
     def drop_port(self, node: str, port: int) -> None:

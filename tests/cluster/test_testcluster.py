@@ -267,18 +267,18 @@ def test_noisy_shell_prints_before_the_command(cluster):
     assert not (cluster.node_dir("node03") / "home").exists() and cluster.healthy() == []
 
 
-def test_plain_shell_starts_sessions_without_this_machines_bashrc(cluster):
-    """What the benchmark's hosts run: no start-up file defines a function or an alias (this machine's .bashrc
-    defines pyenv's), and HOME is the node's own; quiet_shell gives the machine's start-up back."""
+def test_sessions_run_none_of_this_machines_shell_start_up_files(cluster):
+    """This machine's ~/.bashrc is its user's, not a node's (here it defines pyenv's functions and rehashes under a
+    lock every test host shares): no session reads it, HOME stays the real one; a node's own HOME's .bashrc is read
+    (set_home), and quiet_shell takes it away again."""
     shown = 'echo "$HOME"; declare -F; alias'
-    usual = plain_ssh(cluster, "node02", shown)
-    home = cluster.plain_shell("node02")
-    try:
-        assert plain_ssh(cluster, "node02", shown) == f"{home}\n"
-        assert plain_ssh(cluster, "node01", shown) == usual
-    finally:
-        cluster.quiet_shell("node02")
-    assert plain_ssh(cluster, "node02", shown) == usual and not home.exists()
+    assert plain_ssh(cluster, "node02", shown) == os.path.expanduser("~root") + "\n"
+    home = cluster.set_home("node02")
+    (home / ".bashrc").write_text("alias ll='ls -l'\n")
+    assert plain_ssh(cluster, "node02", shown) == f"{home}\nalias ll='ls -l'\n"
+    assert plain_ssh(cluster, "node01", shown) == os.path.expanduser("~root") + "\n"
+    cluster.quiet_shell("node02")
+    assert plain_ssh(cluster, "node02", shown) == os.path.expanduser("~root") + "\n" and not home.exists()
 
 
 def test_ntp_server_answers(cluster):
