@@ -537,12 +537,17 @@ def busy_cores_during_the_rounds(port, run="tp"):
     import torch.distributed as dist  # here, not in the thread: an import there raced the workers' start (EFAULT)
 
     def watch():
-        store = dist.PrefixStore(f"preflight/{run}/", dist.TCPStore("127.0.0.1", port, is_master=False,
-                                                                     timeout=datetime.timedelta(seconds=60)))
-        store.wait(["pairs/start"])
+        try:
+            store = dist.PrefixStore(f"preflight/{run}/", dist.TCPStore("127.0.0.1", port, is_master=False,
+                                                                         timeout=datetime.timedelta(seconds=60)))
+            store.wait(["pairs/start"])
+        except Exception:  # the run's store never came, or went before the rounds: no rounds to keep busy
+            return
         hogs = [subprocess.Popen([sys.executable, "-c", HOG, str(cpu)]) for cpu in sorted(os.sched_getaffinity(0))]
         try:
             store.wait(["pairs/suspects"])
+        except Exception:  # no retests in this run (the time ran short, a node went): the hogs stop all the same
+            pass
         finally:
             for hog in hogs:
                 hog.kill()

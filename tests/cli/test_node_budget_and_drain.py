@@ -147,7 +147,7 @@ def subprocess_run(flag, env):
 def test_check_slurm_uses_srun_only_inside_an_allocation(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from preflight.engine import _transport
+    from preflight.remote.early import transport_for as _transport
 
     (tmp_path / "srun").write_text("#!/bin/sh\n")
     (tmp_path / "srun").chmod(0o755)
