@@ -152,9 +152,9 @@ def findings(m: dict) -> dict:
     pass), "failed_links" [a, b, why] (the other failed pairs), "stragglers" {node: {"gbps": its best link,
     "peers_median_gbps"}} (every link of the node SLOWER times below the median of the links between the others),
     "slow_links" [a, b, gbps, expected] (one link SLOWER times below the median of each end's other links, from
-    SLOW_LINK_NODES nodes on, and still so when measured again alone: preflight.node.pairlinks.still_slow),
+    SLOW_LINK_NODES nodes on, and still so when measured again alone: preflight.node.pairlinks.judged),
     "busy_links" [a, b, gbps, expected] (links that looked slow in their round, past the nodes' limit on retests,
-    while every link measured again was fast alone: pairlinks.unmeasured)."""
+    while every link measured again was fast alone: pairlinks.judged)."""
     names, gbps, errors = m["nodes"], m["gbps"], m["errors"]
     n = len(names)
     idx = range(n)
@@ -175,9 +175,7 @@ def findings(m: dict) -> dict:
             rates[link], alone[link] = in_round, again
     stragglers = {names[x]: {"gbps": best, "peers_median_gbps": round(median, 6)}
                   for x, (best, median) in pairlinks.stragglers(rates).items()}
-    slow = [[names[a], names[b], v, round(expected, 6)]
-            for a, b, v, expected in pairlinks.still_slow(rates, n, alone)]
-    busy = [[names[a], names[b], v, round(expected, 6)]
-            for a, b, v, expected in pairlinks.unmeasured(rates, n, alone)]
+    slow, busy = ([[names[a], names[b], v, round(expected, 6)] for a, b, v, expected in links]
+                  for links in pairlinks.judged(rates, n, alone))
     return {"failed_rows": [names[a] for a in rows], "failed_links": links, "stragglers": stragglers,
             "slow_links": slow, "busy_links": busy}

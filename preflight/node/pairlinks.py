@@ -13,13 +13,31 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+def _by_node(rates):
+    """{node: [the gbps of each of its links]}."""
+    out = {}
+    for (a, b), v in rates.items():
+        out.setdefault(a, []).append(v)
+        out.setdefault(b, []).append(v)
+    return out
+
+
+def _median_without(values, value):
+    """The median of `values` less one occurrence of `value` (None when nothing is left)."""
+    rest = list(values)
+    rest.remove(value)
+    return _median(rest)
+
+
 def stragglers(rates):
     """{node: (its best link, the median of the links between the others)} for every node whose links are all
     SLOWER times below the links between the other nodes."""
     out = {}
-    for x in sorted({n for link in rates for n in link}):
-        own = [v for (a, b), v in rates.items() if x in (a, b)]
-        others = [v for (a, b), v in rates.items() if x not in (a, b)]
+    everything = sorted(rates.values())
+    for x, own in sorted(_by_node(rates).items()):
+        others = list(everything)
+        for v in own:  # the links between the other nodes: all of them but x's own
+            others.remove(v)
         if len(own) >= 2 and others and max(own) * SLOWER < _median(others):
             out[x] = (max(own), _median(others))
     return out
@@ -31,41 +49,39 @@ def slow_links(rates, count, slow_nodes=()):
     `slow_nodes` (the stragglers: their whole row is slow) is not one."""
     if count < SLOW_LINK_NODES:  # with three nodes each end has one other link: one busy moment would be enough
         return []
+    by_node = _by_node(rates)
     out = []
     for (a, b), v in sorted(rates.items()):
         if a in slow_nodes or b in slow_nodes:
             continue
-        ends = [_median([w for (c, d), w in rates.items() if x in (c, d) and (c, d) != (a, b)]) for x in (a, b)]
+        ends = [_median_without(by_node[x], v) for x in (a, b)]
         if all(e is not None for e in ends) and v * SLOWER < min(ends):
             out.append((a, b, v, min(ends)))
     return out
 
 
-def still_slow(rates, count, alone):
-    """The slow links once the suspects were measured again alone: `rates` are the rounds' figures, `alone`
-    {(a, b): gbps} the retests'. A suspect is judged from the rounds (the other links were measured as it was, with
-    the other pairs' traffic); one measured again is slow only if its retest is still SLOWER times below its ends'
-    other links (its figure is then the retest's), else it was only busy in its round. The nodes measure the most
-    suspect first (allreduce._suspects); when every one they measured again was fast alone, the suspects past their
-    limit looked slow as those did, in the same busy rounds, and are not slow links either (unmeasured)."""
+def judged(rates, count, alone):
+    """(the slow links, the busy ones) once the suspects were measured again alone: `rates` are the rounds'
+    figures, `alone` {(a, b): gbps} the retests'. A suspect is judged from the rounds (the other links were measured
+    as it was, with the other pairs' traffic); one measured again is slow only if its retest is still SLOWER times
+    below its ends' other links (its figure is then the retest's), else it was only busy in its round. The nodes
+    measure the most suspect first (allreduce._suspects); when every one they measured again was fast alone, the
+    suspects past their limit looked slow as those did, in the same busy rounds: busy, not slow. Each is a list
+    of (a, b, gbps, expected)."""
     suspects = slow_links(rates, count, stragglers(rates))
-    confirmed = [(a, b) for a, b, _, expected in suspects if (a, b) in alone and alone[(a, b)] * SLOWER < expected]
-    busy = not confirmed and any((a, b) in alone for a, b, _, _ in suspects)
-    out = []
+    confirmed = any((a, b) in alone and alone[(a, b)] * SLOWER < expected for a, b, _, expected in suspects)
+    cleared = not confirmed and any((a, b) in alone for a, b, _, _ in suspects)
+    slow, busy = [], []
     for a, b, v, expected in suspects:
         again = alone.get((a, b))
-        if again is None and not busy:
-            out.append((a, b, v, expected))
-        elif again is not None and again * SLOWER < expected:
-            out.append((a, b, again, expected))
-    return out
-
-
-def unmeasured(rates, count, alone):
-    """The suspects not measured again that still_slow clears (every one measured again was fast alone)."""
-    slow = set((a, b) for a, b, _, _ in still_slow(rates, count, alone))
-    return [s for s in slow_links(rates, count, stragglers(rates)) if (s[0], s[1]) not in alone
-            and (s[0], s[1]) not in slow]
+        if again is not None:
+            if again * SLOWER < expected:
+                slow.append((a, b, again, expected))
+        elif cleared:
+            busy.append((a, b, v, expected))
+        else:
+            slow.append((a, b, v, expected))
+    return slow, busy
 
 
 def most_suspect_first(links):
