@@ -36,7 +36,7 @@ def transport_for(args) -> str:
     return "ssh"
 
 
-FIRST_WAIT_S = 1.0  # the head waits no longer than this for its first session to start
+FIRST_WAIT_S = 1.0  # the head waits no longer than this for its first session's key exchange
 
 
 def start(args) -> Optional["EarlyStart"]:
@@ -54,11 +54,13 @@ def start(args) -> Optional["EarlyStart"]:
     except Exception:
         return None
     started = EarlyStart(names, options)
-    # Built here while the sessions connect (the network's time, mostly), not by the first of them once connected.
+    # Python's threads share one interpreter lock, and until its key exchange is done the first session is CPU
+    # on the head (paramiko's import, the exchange itself): the rest of the head's start-up would slow it as
+    # much as it overlaps it. From then on the session waits for the node's sshd (authentication, the exec
+    # request: 100 ms of a one-node run), and the head builds the bundle, loads the checks and makes its plan
+    # meanwhile.
+    started.handshaken.wait(min(FIRST_WAIT_S, options.timeout))
     shipped_bundle(AGENT)
-    # Python's threads share one interpreter lock: the rest of the head's start-up would slow the first session's
-    # start as much as it overlaps it, and that session is what the node waits for.
-    started.first.wait(min(FIRST_WAIT_S, options.timeout))
     return started
 
 
@@ -68,7 +70,7 @@ class EarlyStart:
 
     def __init__(self, names: List[str], options):
         self.options, self._lock, self._closed = options, threading.Lock(), False
-        self.first = threading.Event()  # one node's program has started, or failed to
+        self.handshaken = threading.Event()  # one node's key exchange is done, or its start has failed
         self._nodes: Dict[str, dict] = {}
         for name in list(dict.fromkeys(names))[:max(1, options.fanout)]:
             box = self._nodes[name] = {"done": threading.Event()}
@@ -76,7 +78,7 @@ class EarlyStart:
 
     def _start(self, name: str, box: dict) -> None:
         try:
-            box["connection"] = transport.connect(self.options.transport, name, self.options)
+            box["connection"] = transport.connect(self.options.transport, name, self.options, self.handshaken.set)
             box["agent"] = box["connection"].start(shipped_command(self.options.python), shipped_bundle(AGENT),
                                                    self.options.timeout)
         except BaseException as exc:  # raised again where the node is gathered
@@ -84,7 +86,7 @@ class EarlyStart:
         with self._lock:
             box["done"].set()
             unwanted = box.get("abandoned") or self._closed
-        self.first.set()
+        self.handshaken.set()
         if unwanted:
             _close_session(box)
 

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from preflight.remote.session import LineReader, NodeError, run_with_deadline
 
@@ -221,8 +221,9 @@ class SSHConnection:
         self._jumps: List["SSHConnection"] = []  # the ProxyJump hops this connection runs through, first first
 
     # -- connecting ------------------------------------------------------------------------------
-    def connect(self, sock=None) -> "SSHConnection":
-        """Connect and authenticate; `sock` is the channel a ProxyJump hop opened to this host, if any."""
+    def connect(self, sock=None, handshaken: Optional[Callable[[], None]] = None) -> "SSHConnection":
+        """Connect and authenticate; `sock` is the channel a ProxyJump hop opened to this host, if any;
+        `handshaken` is called once the key exchange is done and the host key verified."""
         paramiko = _paramiko()
         s = self.settings
         timeout = min(self.timeout, s.connect_timeout or self.timeout)
@@ -267,6 +268,8 @@ class SSHConnection:
                                 f"({transport.remote_version[:60]}): {str(failure) or type(failure).__name__}",
                                 "check the node's sshd and its logs")
             self._verify_host_key(transport.get_remote_server_key())
+            if handshaken is not None:
+                handshaken()
             self._authenticate(transport)
         except BaseException:
             self.close()

@@ -15,9 +15,10 @@ from __future__ import annotations
 NAMES = ("ssh", "srun")
 
 
-def connect(name: str, node: str, options):
+def connect(name: str, node: str, options, handshaken=None):
     """A connection to `node` over the transport `name`, connected. options: timeout, and for ssh ssh_config and
-    accept_new, for srun slurm_job (a GatherOptions)."""
+    accept_new, for srun slurm_job (a GatherOptions). handshaken (ssh): called once the key exchange is done and
+    the host key verified, before authentication."""
     if name == "srun":
         from preflight.remote.srun import SrunConnection
 
@@ -26,5 +27,6 @@ def connect(name: str, node: str, options):
         from preflight.remote.ssh import SSHConnection, load_ssh_settings
 
         settings = load_ssh_settings(node, options.ssh_config)
-        return SSHConnection(settings, options.timeout, options.accept_new, options.ssh_config).connect()
+        return SSHConnection(settings, options.timeout, options.accept_new, options.ssh_config).connect(
+            handshaken=handshaken)
     raise ValueError(f"no transport {name!r}: one of {', '.join(NAMES)}")

@@ -114,7 +114,7 @@ def options(fanout=64):
 
 def test_early_sessions_are_taken_by_the_gather_and_the_rest_closed(monkeypatch):
     log = []
-    monkeypatch.setattr(early.transport, "connect", lambda kind, name, opts: FakeSession(name, log))
+    monkeypatch.setattr(early.transport, "connect", lambda kind, name, opts, handshaken: FakeSession(name, log))
     started = early.EarlyStart(["n1", "n2", "n3"], options(fanout=2))
     connection, agent = started.take("n1", 5)
     assert connection.name == "n1" and agent is connection
@@ -127,7 +127,7 @@ def test_early_sessions_are_taken_by_the_gather_and_the_rest_closed(monkeypatch)
 def test_an_early_start_that_fails_or_hangs_is_that_nodes_failure(monkeypatch):
     log, hold = [], threading.Event()
     sessions = {"bad": FakeSession("bad", log, fail="sshd said no"), "hung": FakeSession("hung", log, hold=hold)}
-    monkeypatch.setattr(early.transport, "connect", lambda kind, name, opts: sessions[name])
+    monkeypatch.setattr(early.transport, "connect", lambda kind, name, opts, handshaken: sessions[name])
     started = early.EarlyStart(["bad", "hung"], options())
     with pytest.raises(NodeError, match="sshd said no"):
         started.take("bad", 5)
@@ -139,6 +139,31 @@ def test_an_early_start_that_fails_or_hangs_is_that_nodes_failure(monkeypatch):
             break
         time.sleep(0.05)
     assert ("closed", "hung") in log and ("closed", "bad") in log
+
+
+def test_the_head_goes_on_once_the_first_key_exchange_is_done_not_the_whole_start(monkeypatch):
+    """Authentication and the exec request are the node's sshd's time (100 ms of a one-node run): the head
+    loads its checks meanwhile, where it waited for the program to start."""
+    log, authenticating = [], threading.Event()
+
+    def connect(kind, name, opts, handshaken):
+        handshaken()
+        authenticating.wait(10)  # the node's sshd checking the key
+        return FakeSession(name, log)
+
+    monkeypatch.setattr(early.transport, "connect", connect)
+    args = types.SimpleNamespace(command="check", hosts="n1", slurm=False, python=sys.executable, timeout=5.0,
+                                 fanout=64, ssh_config=None, ssh_accept_new=False)
+    begun = time.monotonic()
+    started = early.start(args)
+    try:
+        assert time.monotonic() - begun < early.FIRST_WAIT_S / 2 and log == []
+        authenticating.set()
+        connection, agent = started.take("n1", 5)
+        assert ("started", "n1") in log and agent is connection
+    finally:
+        authenticating.set()
+        started.close()
 
 
 def test_only_check_and_launch_on_hosts_start_early():
