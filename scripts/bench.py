@@ -45,6 +45,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import testcluster  # noqa: E402
+from preflight import DISTRIBUTION  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PREFLIGHT = str(BIN / "preflight")
@@ -567,7 +568,9 @@ def machine() -> List[List[str]]:
                         f"{memory_kb / 2**20:.0f} GiB, {first('/etc/os-release', 'PRETTY_NAME')}, "
                         f"kernel {platform.release()}"],
             ["python", platform.python_version()]]
-    for name in ("preflight", "torch", "accelerate", "deepspeed", "paramiko", "clustershell", "matplotlib"):
+    commit = version(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
+    rows.append(["preflight", f"{dist(DISTRIBUTION)} (commit {commit})"])
+    for name in ("torch", "accelerate", "deepspeed", "paramiko", "clustershell", "matplotlib"):
         rows.append([name, dist(name)])
     rows.append(["pdsh", version(["pdsh", "-V"])])
     rows.append(["OpenSSH", version(["ssh", "-V"])])
