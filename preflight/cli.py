@@ -331,32 +331,6 @@ def _main(argv: List[str]) -> int:
             args.early_start.close()  # what a run that stopped early (bad input) did not take
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def _list(reg, args) -> int:
     if args.json:
         print(json.dumps([
