@@ -390,7 +390,8 @@ def stale_port_holder(ctx) -> Iterator[Finding]:
                           nodes=(node,), evidence={"pid": h.get("pid"), "age_s": h.get("age_s")})
     for holder in [p for p in census.launchers if p.listens]:
         others = [p for p in census.launchers if p.node != holder.node]
-        if not others or any(job_command(p) == job_command(holder) for p in others):
+        theirs, its = [job_command(p) for p in others], job_command(holder)
+        if not others or its is None or None in theirs or its in theirs:  # the same job, or not known to differ
             continue
         younger = [p.age_s for p in others if isinstance(p.age_s, (int, float))]
         if isinstance(holder.age_s, (int, float)) and younger and holder.age_s > max(younger) + OLDER_JOB_S:

@@ -64,6 +64,7 @@ class Proc:
     where: Where
     ppid: Optional[int] = None
     sockets_dropped: int = 0  # sockets the node held back (preflight.node.census MAX_SOCKETS): `sockets` is not all
+    argv_dropped: int = 0  # the words past what the node sends (census MAX_ARGS, a launcher's MAX_LAUNCHER_ARGS)
     stable: Optional[bool] = None  # at the same place in both stack samples (None: one sample, or none)
     launcher: Optional[str] = None  # torchrun, accelerate, deepspeed (for a launcher agent)
     node_rank: Optional[int] = None
@@ -154,12 +155,16 @@ def _where(threads: Any) -> Where:
     return best or Where("unknown")
 
 
-def _launch(argv: List[str]) -> Tuple[Optional[str], Optional[launchcmd.LaunchCommand]]:
+def _launch(argv: List[str], dropped: int = 0) -> Tuple[Optional[str], Optional[launchcmd.LaunchCommand]]:
+    """(the launcher, its command as its parser reads it); the command is None when the node cut the command line
+    before its script (`dropped` words not sent): the launcher's own options may be among them."""
     command = launchcmd.parse(argv)
     if command.launcher == "python" and command.script and os.path.basename(command.script) in (
             "torchrun", "accelerate", "deepspeed"):  # python .../bin/torchrun ARGS, as /proc shows a console script
         command = launchcmd.parse([os.path.basename(command.script), *command.script_args])
-    return (command.launcher, command) if command.launcher in NAMES else (None, None)
+    if command.launcher not in NAMES:
+        return None, None
+    return command.launcher, (None if dropped and not command.script else command)
 
 
 def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -> Census:
@@ -245,14 +250,16 @@ def _proc(node: str, item: Any) -> Optional[Proc]:
                 children=[c for c in item.get("children") or () if isinstance(c, int)],
                 ppid=item.get("ppid") if isinstance(item.get("ppid"), int) else None,
                 sockets_dropped=item.get("sockets_dropped") if isinstance(item.get("sockets_dropped"), int) else 0,
+                argv_dropped=item.get("argv_dropped") if isinstance(item.get("argv_dropped"), int) else 0,
                 where=where(item.get("threads"), item.get("kind") == "launcher") if "threads" in item
                 else Where("unknown"),
                 stable=item.get("stable") if isinstance(item.get("stable"), bool) else None)
     proc.run_id = env.get("TORCHELASTIC_RUN_ID")
     if proc.kind == "launcher":
-        launcher, command = _launch(argv)
+        launcher, command = _launch(argv, proc.argv_dropped)
         proc.launcher = launcher
-        if launcher == "accelerate" and isinstance(item.get("config"), dict):
+        # command None: the node cut the line before its script, and its rank, nodes and port stay unknown
+        if command is not None and launcher == "accelerate" and isinstance(item.get("config"), dict):
             _from_accelerate(proc, item["config"], command)
         elif command is not None:
             rank_key, nodes_key, addr_key, port_key = NAMES[launcher]
@@ -332,13 +339,14 @@ def node_of_address(facts: Mapping[str, Any], address: str) -> Optional[str]:
     return None
 
 
-def job_command(p: Proc) -> tuple:
+def job_command(p: Proc) -> Optional[tuple]:
     """A launcher's command as its parser reads it (abbreviations, --flag=value and --flag value alike:
     preflight.inputs.launchcmd, after torch/distributed/run.py's argparse and accelerate's), without the
-    options that differ per node: two launchers of one job give the same."""
-    launcher, command = _launch(p.argv)
+    options that differ per node: two launchers of one job give the same. None when the node cut its command
+    line before its script: what tells it apart may be in the words not sent."""
+    launcher, command = _launch(p.argv, p.argv_dropped)
     if command is None:
-        return tuple(p.argv)
+        return None if launcher is not None else tuple(p.argv)
     options = tuple(sorted((k, v) for k, v in command.options.items() if k not in PER_NODE))
     return launcher, options, command.script, command.script_args
 
@@ -351,7 +359,7 @@ def hosts_in_use(census: Census) -> set:
 
     used = set()
     for p in census.launchers:
-        launcher, command = _launch(p.argv)
+        launcher, command = _launch(p.argv, p.argv_dropped)
         if launcher != "deepspeed" or command is None:
             continue
         text = {k: command.get(k) if isinstance(command.get(k), str) else "" for k in ("include", "exclude")}

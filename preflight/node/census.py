@@ -24,6 +24,10 @@ CENSUS_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
              "deepspeed.launcher.launch", "deepspeed.launcher.runner")
 MAX_ARGS, MAX_ARG, MAX_SOCKETS, MAX_PROCESSES = 64, 200, 64, 256
+# A launcher's command line is read by the head as its parser reads it (its ranks, its nodes, its port, the
+# command that tells two jobs apart): sent whole up to 1,024 words and 64 KiB, a word up to the longest path
+# (PATH_MAX); MAX_PROCESSES of them stay well inside the head's longest line (remote.session.MAX_LINE).
+MAX_LAUNCHER_ARGS, MAX_LAUNCHER_TEXT, MAX_LAUNCHER_ARG = 1024, 64 << 10, 4096
 # The user:password@ of a URL (https://user:hunter2@host/x) and Hugging Face tokens, hidden on the node before
 # an argument or a value is cut: a cut inside the password leaves no "@" for the head's rule to find. The head
 # redacts again (preflight.report.redact, the same patterns).
@@ -58,8 +62,13 @@ def take_census(options):
         info = table[pid]
         info["sockets"], info["sockets_dropped"] = _sockets_of(pid, sockets)
         info["children"] = [p for p, other in table.items() if other["ppid"] == pid]
-        if info["kind"] == "launcher" and "accelerate" in " ".join(info["argv"][:4]):
-            info["config"] = _accelerate_config(pid, info["argv"])
+        if info["kind"] == "launcher":
+            words = procfs.argv(pid)
+            if words:  # else it has just ended: what was read first stands
+                kept = _launcher_words(words)
+                info["argv"], info["argv_dropped"] = shown_argv(kept, MAX_LAUNCHER_ARG), len(words) - len(kept)
+            if "accelerate" in " ".join(info["argv"][:4]):
+                info["config"] = _accelerate_config(pid, info["argv"])
         processes.append(info)
     listeners = []
     if port:
@@ -68,7 +77,8 @@ def take_census(options):
                 continue
             held = [s for s in _sockets_of(pid, sockets)[0] if s["state"] == "LISTEN" and s["local_port"] == port]
             if held:
-                listeners.append({"pid": pid, "argv": info["argv"], "age_s": info["age_s"], "env": _job_env(pid)})
+                listeners.append({"pid": pid, "argv": info["argv"], "argv_dropped": info["argv_dropped"],
+                                  "age_s": info["age_s"], "env": _job_env(pid)})
     stacks = _stacks(processes, options, deadline) if options.get("stacks", True) else {"skipped": "not asked"}
     cpu_before = {p["pid"]: p["cpu_s"] for p in processes}
     time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
@@ -89,7 +99,7 @@ def _process(pid, ticks, boot):
     fields = procfs.stat_fields(pid)
     if not words or not fields:
         return None
-    argv = shown_argv(words[:MAX_ARGS])
+    argv, dropped = shown_argv(words[:MAX_ARGS]), max(0, len(words) - MAX_ARGS)
     try:
         state, ppid = fields[0].decode(), int(fields[1])
         cpu = (int(fields[11]) + int(fields[12])) / float(ticks)
@@ -97,12 +107,24 @@ def _process(pid, ticks, boot):
     except (IndexError, ValueError):
         return None
     age = round(time.time() - (boot + start), 1) if boot else None
-    return {"pid": pid, "ppid": ppid, "argv": argv, "state": state, "cpu_s": round(cpu, 2), "age_s": age}
+    return {"pid": pid, "ppid": ppid, "argv": argv, "argv_dropped": dropped, "state": state, "cpu_s": round(cpu, 2),
+            "age_s": age}
 
 
-def shown_argv(words):
-    """A command line as the node sends it: secrets redacted first, then each argument cut (an empty argument
-    stays, as the launcher's parser reads it). The value of an option or NAME=value whose name looks secret
+def _launcher_words(words):
+    """The first words of a launcher's command line, up to MAX_LAUNCHER_ARGS and MAX_LAUNCHER_TEXT."""
+    kept, size = [], 0
+    for word in words[:MAX_LAUNCHER_ARGS]:
+        size += min(len(word), MAX_LAUNCHER_ARG) + 1
+        if size > MAX_LAUNCHER_TEXT:
+            break
+        kept.append(word)
+    return kept
+
+
+def shown_argv(words, limit=MAX_ARG):
+    """A command line as the node sends it: secrets redacted first, then each argument cut to `limit` (an empty
+    argument stays, as the launcher's parser reads it). The value of an option or NAME=value whose name looks secret
     (--token X, --password=X, HF_TOKEN=X), URL credentials and Hugging Face tokens become <redacted>."""
     shown, hide_next = [], False
     for word in words:
@@ -116,7 +138,7 @@ def shown_argv(words):
             hide_next = not has_value and word.startswith("-")
             shown.append(name + "=" + REDACTED if has_value else word)
             continue
-        shown.append(secret_text(word)[:MAX_ARG])
+        shown.append(secret_text(word)[:limit])
     return shown
 
 

@@ -237,14 +237,15 @@ FABRIC = Obj(
 FILE = Obj(path=str, sha256=str, size=int, text=str, error=str, default=bool)
 ENV = Either(NONE, Keyed(str))
 SECONDS = (int, float, NONE)
-PROCESS = Obj(pid=Need(int), ppid=COUNT, argv=Each(str), state=TEXT, cpu_s=SECONDS, age_s=SECONDS, kind=TEXT, env=ENV,
+PROCESS = Obj(pid=Need(int), ppid=COUNT, argv=Each(str), argv_dropped=COUNT, state=TEXT, cpu_s=SECONDS, age_s=SECONDS,
+              kind=TEXT, env=ENV,
               sockets=Each(Obj(local=TEXT, local_port=COUNT, remote=TEXT, remote_port=COUNT, state=TEXT)),
               children=Each(int), stable=(bool, NONE), cpu_percent=SECONDS, config=FILE, sockets_dropped=COUNT,
               # py-spy's frames: [function, file, line]
               threads=Each(Obj(name=TEXT, active=(bool, NONE), frames=Each(Each((str, int, NONE), length=3)))))
 CENSUS = Obj(
     processes=Each(PROCESS, most=MAX_PROCESSES),  # the collector's cap: the RUN checks pair the processes up
-    listeners=Each(Obj(pid=int, argv=Each(str), age_s=SECONDS, env=ENV)),
+    listeners=Each(Obj(pid=int, argv=Each(str), argv_dropped=COUNT, age_s=SECONDS, env=ENV)),
     stacks=Obj(tool=TEXT, read=int, failed=int, error=TEXT, samples=int, skipped=str),
     elsewhere=int, port=COUNT, seconds=SECONDS, ptrace_scope=COUNT, uid=COUNT, error=ERROR,
     processes_dropped=COUNT, pids=Each(int))

@@ -212,3 +212,79 @@ def test_a_shell_wrapper_holding_the_ranks_variables_is_not_a_rank(tmp_path):
             os.kill(child, signal.SIGKILL)
         shell.kill()
         shell.wait()
+
+
+def test_a_launchers_long_command_line_comes_whole_and_a_ranks_says_what_it_cut(tmp_path):
+    """A launcher with 300 words and a 1,000-character path (as accelerate launch with every FSDP option spelled
+    out): the head reads its options, so it comes whole; a rank's command line is only shown, cut at MAX_ARGS
+    words, and the node says how many words it did not send."""
+    launcher = tmp_path / "torchrun"  # a launcher by its name, as /proc shows a console script
+    launcher.write_text("import os, subprocess, sys, time\n"
+                        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'] + ['--x'] * 100,"
+                        " env=dict(os.environ, RANK='0', WORLD_SIZE='1', MASTER_PORT='29993'))\n"
+                        "print(child.pid, flush=True)\ntime.sleep(60)\n")
+    long_path = "/data/" + "d" * 1000 + "/ds.json"
+    words = ["--nnodes", "1", "--master_port", "29993"] + ["--tee", "3"] * 148 + ["train.py", "--deepspeed", long_path]
+    proc = subprocess.Popen([sys.executable, str(launcher), *words], stdout=subprocess.PIPE)
+    try:
+        rank_pid = int(proc.stdout.readline())
+        found = census.take_census({"port": 29993, "deadline_s": 4, "stacks": False})
+        by_pid = {p["pid"]: p for p in found["processes"]}
+        assert by_pid[proc.pid]["kind"] == "launcher" and by_pid[proc.pid]["argv"][2:] == words
+        assert by_pid[proc.pid]["argv_dropped"] == 0
+        rank = by_pid[rank_pid]
+        assert len(rank["argv"]) == census.MAX_ARGS and rank["argv_dropped"] == 103 - census.MAX_ARGS
+    finally:
+        for child in [pid for pid in procfs.pids() if procfs.parent(pid) == proc.pid]:
+            os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+    words = ["/venv/bin/torchrun"] + ["--tee", "3"] * 600 + ["train.py"]  # 1,202 words
+    assert census._launcher_words(words) == words[:census.MAX_LAUNCHER_ARGS]
+    huge = ["/venv/bin/torchrun"] + ["x" * 10000] * 40  # each counted at its cut, 4,097 bytes: 15 fit in 64 KiB
+    assert census._launcher_words(huge) == huge[:16]
+
+
+def test_a_launcher_cut_before_its_script_has_no_options_the_head_takes_for_known():
+    """A node that cut a launcher's command line before its script (words it did not send): the head takes
+    neither its rank, nodes and port from what came nor its command as another job's; cut after the script,
+    the launcher's own options are all there and are read."""
+    torchrun = ["/venv/bin/python", "/venv/bin/torchrun", "--nnodes", "2", "--node_rank", "1", "--master_addr", "a",
+                "--master_port", "29500"]
+
+    def launcher(argv, dropped):
+        return {"pid": 10, "ppid": 1, "kind": "launcher", "argv": argv, "argv_dropped": dropped, "state": "S",
+                "env": {}, "age_s": 100.0}
+
+    cut = jobcensus._proc("b", launcher(torchrun, 500))
+    assert (cut.launcher, cut.node_rank, cut.nnodes, cut.master_port) == ("torchrun", None, None, None)
+    assert jobcensus.job_command(cut) is None
+    after_script = jobcensus._proc("b", launcher(torchrun + ["train.py", "--lr"], 500))
+    assert (after_script.node_rank, after_script.nnodes, after_script.master_port) == (1, "2", 29500)
+    assert jobcensus.job_command(after_script) is not None
+    whole = jobcensus._proc("b", launcher(torchrun, 0))  # no script, nothing cut: as its parser reads it
+    assert (whole.node_rank, whole.master_port) == (1, 29500)
+
+
+def test_an_old_launcher_whose_command_line_was_cut_is_not_called_another_job():
+    """RUN008 names a launcher holding the port, much older than the other nodes', as another job only when its
+    command is known to differ: one cut before its script by its node is not."""
+    def launcher(node_rank, argv_tail, dropped, age):
+        argv = ["/venv/bin/torchrun", "--nnodes", "2", "--node_rank", str(node_rank), "--master_addr", "a",
+                "--master_port", "29500", *argv_tail]
+        return {"pid": 10 + node_rank, "ppid": 1, "kind": "launcher", "argv": argv, "argv_dropped": dropped,
+                "state": "S", "env": {}, "age_s": age,
+                "sockets": [{"local": "0.0.0.0", "local_port": 29500, "remote": "0.0.0.0", "remote_port": 0,
+                             "state": "LISTEN"}] if node_rank == 0 else []}
+
+    def run008(head_tail, dropped):
+        facts = {"a": {"facts": {"census": {"processes": [launcher(0, head_tail, dropped, 300.0)]}}, "error": None,
+                       "clock": None},
+                 "b": {"facts": {"census": {"processes": [launcher(1, ["train.py"], 0, 10.0)]}}, "error": None,
+                       "clock": None}}
+        plan = build_plan(nodes=("a", "b"))
+        model = jobcensus.build(plan.nodes, facts, 29500)
+        return runner.run_check(registry.load().get("RUN008"), runner.CheckContext(plan, facts, {"census": model}))
+
+    assert [r.status for r in run008(["other.py"], 0)] == [Status.FAIL]  # known to be another command: named
+    assert [r.status for r in run008(["--max_restarts", "3"], 900)] == [Status.PASS]  # cut: not known to differ
