@@ -527,7 +527,10 @@ class SSHConnection:
                 channel.get_pty(term="dumb", width=500)
             channel.exec_command(command)
             if stdin_text:
-                channel.sendall(stdin_text.encode())
+                try:
+                    channel.sendall(stdin_text.encode())
+                except OSError:  # it has ended before reading it all (no such interpreter: 127): its status says
+                    pass
             return channel
 
         try:

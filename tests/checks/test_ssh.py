@@ -438,3 +438,32 @@ def test_a_changed_host_key_is_refused_even_with_accept_new(cluster, tmp_path):
         doc = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120).stdout)
         ssh = results(doc, "SSH001")["node02"]
         assert ssh["status"] == "fail" and "changed host key" in ssh["message"] and "ssh-keygen -R" in ssh["remediation"]
+
+
+def test_a_program_that_ends_before_it_has_read_its_input_is_its_own_failure_not_sshds():
+    """The exec request was answered, then the program ended (no such interpreter: exit 127) while the head still
+    sent it the bundle: paramiko's `Socket is closed` is the program's end, which its exit status explains, not
+    sshd refusing to run it."""
+    from preflight.remote import ssh
+
+    class Channel:
+        def settimeout(self, seconds):
+            pass
+
+        def exec_command(self, command):
+            self.command = command
+
+        def sendall(self, data):
+            raise OSError("Socket is closed")
+
+        def close(self):
+            pass
+
+    class Transport:
+        def open_session(self, timeout):
+            return Channel()
+
+    connection = ssh.SSHConnection(ssh.SSHSettings(alias="n1", hostname="n1"), 5.0)
+    connection.transport = Transport()
+    channel = connection.open_command("exec /bin/sh -c true", "the bundle\n")
+    assert channel.command == "exec /bin/sh -c true"
