@@ -75,7 +75,7 @@ class Proc:
     world_size: Optional[int] = None
     nproc: Optional[int] = None  # a launcher's processes per node
     run_id: Optional[str] = None
-    rdzv: str = "static"
+    rdzv: Optional[str] = "static"  # None: not known (a launcher whose node cut its line before its script)
     gpu: Optional[str] = None  # the GPU NVML sees it on, and the memory it holds there
     # The port that names its job: a launcher's master port (its rendezvous endpoint's, elastic), and for a rank
     # its launcher's; an elastic launcher hands its ranks a store port of its own as MASTER_PORT.
@@ -194,7 +194,7 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
         ranks = _ranks_of(census, launcher)
         if launcher.node_rank is None:
             launcher.node_rank = next((p.node_rank for p in ranks if p.node_rank is not None), None)
-        if launcher.master_port is None:
+        if launcher.master_port is None and launcher.rdzv is not None:  # an elastic one's ranks have its store's
             launcher.master_port = next((p.master_port for p in ranks if p.master_port is not None), None)
         launcher.job_port = launcher.master_port
     for rank in census.ranks:
@@ -250,7 +250,7 @@ def _proc(node: str, item: Any) -> Optional[Proc]:
                 children=[c for c in item.get("children") or () if isinstance(c, int)],
                 ppid=item.get("ppid") if isinstance(item.get("ppid"), int) else None,
                 sockets_dropped=item.get("sockets_dropped") if isinstance(item.get("sockets_dropped"), int) else 0,
-                argv_dropped=item.get("argv_dropped") if isinstance(item.get("argv_dropped"), int) else 0,
+                argv_dropped=max(0, item["argv_dropped"]) if type(item.get("argv_dropped")) is int else 0,
                 where=where(item.get("threads"), item.get("kind") == "launcher") if "threads" in item
                 else Where("unknown"),
                 stable=item.get("stable") if isinstance(item.get("stable"), bool) else None)
@@ -258,8 +258,9 @@ def _proc(node: str, item: Any) -> Optional[Proc]:
     if proc.kind == "launcher":
         launcher, command = _launch(argv, proc.argv_dropped)
         proc.launcher = launcher
-        # command None: the node cut the line before its script, and its rank, nodes and port stay unknown
-        if command is not None and launcher == "accelerate" and isinstance(item.get("config"), dict):
+        if launcher is not None and command is None:  # cut before its script: its rendezvous, rank, port unknown
+            proc.rdzv = None
+        elif launcher == "accelerate" and isinstance(item.get("config"), dict):
             _from_accelerate(proc, item["config"], command)
         elif command is not None:
             rank_key, nodes_key, addr_key, port_key = NAMES[launcher]
@@ -360,8 +361,10 @@ def hosts_in_use(census: Census) -> set:
     used = set()
     for p in census.launchers:
         launcher, command = _launch(p.argv, p.argv_dropped)
-        if launcher != "deepspeed" or command is None:
+        if launcher != "deepspeed":
             continue
+        if command is None:  # its filter was in the words its node did not send: any node may be one of its
+            return set(census.nodes)
         text = {k: command.get(k) if isinstance(command.get(k), str) else "" for k in ("include", "exclude")}
         num_nodes = command.integer("num_nodes")
         hosts, _ = runner_resources({n: MAX_SLOTS for n in census.nodes}, text["include"], text["exclude"],

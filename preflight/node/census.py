@@ -25,9 +25,11 @@ LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "a
              "deepspeed.launcher.launch", "deepspeed.launcher.runner")
 MAX_ARGS, MAX_ARG, MAX_SOCKETS, MAX_PROCESSES = 64, 200, 64, 256
 # A launcher's command line is read by the head as its parser reads it (its ranks, its nodes, its port, the
-# command that tells two jobs apart): sent whole up to 1,024 words and 64 KiB, a word up to the longest path
-# (PATH_MAX); MAX_PROCESSES of them stay well inside the head's longest line (remote.session.MAX_LINE).
-MAX_LAUNCHER_ARGS, MAX_LAUNCHER_TEXT, MAX_LAUNCHER_ARG = 1024, 64 << 10, 4096
+# command that tells two jobs apart): sent whole up to 1,024 words and 64 KiB of JSON, a word up to the longest
+# path (PATH_MAX), and the launchers of one census up to 8 MiB of JSON, well inside the head's longest line
+# (remote.session.MAX_LINE); past any of these a launcher's line is cut where a word would not fit, and the
+# words not sent are counted (argv_dropped).
+MAX_LAUNCHER_ARGS, MAX_LAUNCHER_TEXT, MAX_LAUNCHER_ARG, MAX_LAUNCHERS_TEXT = 1024, 64 << 10, 4096, 8 << 20
 # The user:password@ of a URL (https://user:hunter2@host/x) and Hugging Face tokens, hidden on the node before
 # an argument or a value is cut: a cut inside the password leaves no "@" for the head's rule to find. The head
 # redacts again (preflight.report.redact, the same patterns).
@@ -57,7 +59,7 @@ def take_census(options):
             continue
         table[pid] = info
     chosen, job = _job_processes(table, options.get("pids"), port)
-    processes = []
+    processes, launchers_text = [], [0]
     for pid in chosen[:MAX_PROCESSES]:
         info = table[pid]
         info["sockets"], info["sockets_dropped"] = _sockets_of(pid, sockets)
@@ -65,7 +67,7 @@ def take_census(options):
         if info["kind"] == "launcher":
             words = procfs.argv(pid)
             if words:  # else it has just ended: what was read first stands
-                kept = _launcher_words(words)
+                kept = _launcher_words(words, launchers_text)
                 info["argv"], info["argv_dropped"] = shown_argv(kept, MAX_LAUNCHER_ARG), len(words) - len(kept)
             if "accelerate" in " ".join(info["argv"][:4]):
                 info["config"] = _accelerate_config(pid, info["argv"])
@@ -111,14 +113,20 @@ def _process(pid, ticks, boot):
             "age_s": age}
 
 
-def _launcher_words(words):
-    """The first words of a launcher's command line, up to MAX_LAUNCHER_ARGS and MAX_LAUNCHER_TEXT."""
+def _launcher_words(words, spent):
+    """The first words of a launcher's command line that fit: MAX_LAUNCHER_ARGS of them, none longer than
+    MAX_LAUNCHER_ARG (a word is sent whole or not at all: the head parses what it gets), MAX_LAUNCHER_TEXT of
+    JSON, and MAX_LAUNCHERS_TEXT with what the census's launchers before it took (spent[0], added to), past
+    the first four words (those that name the launcher)."""
     kept, size = [], 0
     for word in words[:MAX_LAUNCHER_ARGS]:
-        size += min(len(word), MAX_LAUNCHER_ARG) + 1
-        if size > MAX_LAUNCHER_TEXT:
+        cost = len(json.dumps(secret_text(word))) + 2  # as the agent writes it (ensure_ascii), and ", "
+        over_census = len(kept) >= 4 and spent[0] + size + cost > MAX_LAUNCHERS_TEXT
+        if len(word) > MAX_LAUNCHER_ARG or size + cost > MAX_LAUNCHER_TEXT or over_census:
             break
         kept.append(word)
+        size += cost
+    spent[0] += size
     return kept
 
 

@@ -5,9 +5,6 @@ the remote command is fixed, and the program and its options travel on stdin.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
 import logging
 import os
 import re
@@ -16,7 +13,6 @@ import socket
 import sys
 import threading
 import time
-import types
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
@@ -50,73 +46,18 @@ _IMPORTING = threading.Lock()
 def _paramiko():
     """paramiko, without invoke: paramiko.config imports it at once (asyncio, unittest.mock: 50 ms of a one-node
     run) for `Match exec` alone, and raises its ImportError only when such a line is evaluated
-    (SSHConfig._does_match); _ssh_config imports it for a config that has one. And without importlib.metadata
-    (_metadata_for_its_version)."""
+    (SSHConfig._does_match); _ssh_config imports it for a config that has one."""
     with _IMPORTING:
-        if "paramiko" in sys.modules:
-            return sys.modules["paramiko"]
-        blocked = "invoke" not in sys.modules
+        blocked = "paramiko" not in sys.modules and "invoke" not in sys.modules
         if blocked:
             sys.modules["invoke"] = None  # `import invoke` fails at once, and paramiko goes on without it
         try:
-            with _metadata_for_its_version():
-                import paramiko
+            import paramiko
 
             return paramiko
         finally:
             if blocked:
                 del sys.modules["invoke"]
-
-
-@contextlib.contextmanager
-def _metadata_for_its_version():
-    """While paramiko is imported, an importlib.metadata that knows paramiko's version from its dist-info's
-    header: paramiko's __init__ asks for it (its SSH banner), and importing importlib.metadata (its e-mail
-    parser, zipfile, ...) and looking the version up took 15 ms of a one-node run before its first connection
-    could start. Anything else asked of it is the real module's, imported then. The real one is found by
-    `import importlib.metadata` afterwards (the head's registry imports it, once the first node is connecting)."""
-    known = None if "importlib.metadata" in sys.modules else _dist_info_version("paramiko")
-    if known is None:
-        yield
-        return
-    stand_in, swapping = types.ModuleType("importlib.metadata"), threading.Lock()
-
-    def real():
-        with swapping:
-            if sys.modules.get("importlib.metadata") is stand_in:
-                del sys.modules["importlib.metadata"]
-            return importlib.import_module("importlib.metadata")
-
-    stand_in.version = lambda name: known if name == "paramiko" else real().version(name)
-    stand_in.__getattr__ = lambda attribute: getattr(real(), attribute)
-    sys.modules["importlib.metadata"] = importlib.metadata = stand_in
-    try:
-        yield
-    finally:
-        if sys.modules.get("importlib.metadata") is stand_in:
-            del sys.modules["importlib.metadata"]
-        if getattr(importlib, "metadata", None) is stand_in:
-            del importlib.metadata
-
-
-def _dist_info_version(name: str) -> Optional[str]:
-    """The Version of `name`'s dist-info beside its package, as installers write it (the header of METADATA);
-    None when there is no one such file."""
-    try:
-        spec = importlib.util.find_spec(name)
-        folder = os.path.dirname(os.path.dirname(spec.origin))
-        infos = [e for e in os.listdir(folder) if e.startswith(name + "-") and e.endswith(".dist-info")]
-        if len(infos) != 1:
-            return None
-        with open(os.path.join(folder, infos[0], "METADATA"), encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip() or None
-                if not line.strip():
-                    return None
-    except (ImportError, AttributeError, TypeError, ValueError, OSError):
-        return None
-    return None
 
 
 _PARSED: dict = {}
@@ -275,8 +216,8 @@ def _prompt(sock):
     algorithm on for a session without a terminal: a small packet of its own waits until the one before it is
     acknowledged, and Linux delays an acknowledgement by 40 ms when it has nothing to send with it (and ours
     wait on sshd's acknowledgements alike). That was 40 ms in authentication, 40 ms in the opening of the
-    session and at times 40 ms in the key exchange: a one-node run took 283 ms, now 197 ms. TCP_NODELAY sends
-    ours at once; TCP_QUICKACK acknowledges theirs at once, set again after every read since Linux clears it."""
+    session and at times 40 ms in the key exchange: about 80 ms of a one-node run's 283. TCP_NODELAY sends ours
+    at once; TCP_QUICKACK acknowledges theirs at once, set again after every read since Linux clears it."""
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError:
@@ -290,8 +231,8 @@ class _QuickAcking:
     def __init__(self, sock):
         self._sock = sock
 
-    def recv(self, size: int) -> bytes:
-        data = self._sock.recv(size)
+    def recv(self, *args) -> bytes:
+        data = self._sock.recv(*args)
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         except OSError:

@@ -1,7 +1,7 @@
 """What reaching a node costs, kept small without changing what comes back: the node runs the head's bytecode when
 its interpreter reads it, the program loads (and reads what needs no options) before its options line comes, the
 first sessions start while the head builds its plan (remote.early), and ssh_config and known_hosts are parsed
-once per run, without paramiko's import of invoke or importlib.metadata; small packets go out and are
+once per run, without paramiko's import of invoke; small packets go out and are
 acknowledged at once."""
 import base64
 import json
@@ -215,57 +215,6 @@ def test_paramiko_comes_without_invoke_unless_the_config_has_match_exec(tmp_path
     said = [subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
                            check=True).stdout.split() for path in (plain, matching)]
     assert said == [["10.0.0.1", "False"], ["10.0.0.7", "True"]]
-
-
-def test_paramiko_comes_with_its_own_version_without_importlib_metadata():
-    """paramiko's __init__ asks importlib.metadata for its version (its SSH banner): it gets it from its dist-info
-    without the module's import, and the real module is what `import importlib.metadata` finds afterwards."""
-    code = ("import sys; from preflight.remote import ssh; p = ssh._paramiko(); "
-            "print(p.__version__, 'importlib.metadata' in sys.modules); "
-            "import importlib.metadata as m; print(m.version('paramiko'), m.version('pip'), "
-            "type(m.Distribution).__name__, p.transport.Transport._CLIENT_ID)")
-    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    import importlib.metadata
-
-    version = importlib.metadata.version("paramiko")
-    assert said.stdout.split() == [version, "False", version, importlib.metadata.version("pip"), "type",
-                                   f"paramiko_{version}"], said.stdout
-
-
-def test_the_stand_in_for_importlib_metadata_hands_on_what_it_does_not_know(monkeypatch):
-    """Anything but paramiko's version, asked while paramiko imports (by paramiko or by a module it imports), is
-    the real module's; with no dist-info, or two, to read the version from, the real module is used."""
-    import importlib
-
-    monkeypatch.delitem(sys.modules, "importlib.metadata")
-    monkeypatch.delattr(importlib, "metadata")
-    monkeypatch.setattr(ssh, "_dist_info_version", lambda name: "9.9.9")
-    with ssh._metadata_for_its_version():
-        from importlib import metadata
-
-        assert metadata.version("paramiko") == "9.9.9"
-        assert metadata.version("pip") == subprocess.run(
-            [sys.executable, "-c", "import importlib.metadata as m; print(m.version('pip'))"],
-            capture_output=True, text=True, check=True).stdout.strip()
-        assert sys.modules["importlib.metadata"] is not metadata  # the real one, imported when it was needed
-        assert metadata.PackageNotFoundError is sys.modules["importlib.metadata"].PackageNotFoundError
-    assert sys.modules["importlib.metadata"].version("paramiko") != "9.9.9"  # the stand-in is gone
-
-
-def test_the_version_is_read_only_from_the_one_dist_info_beside_the_package(tmp_path, monkeypatch):
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert ssh._dist_info_version("pkg") is None  # no dist-info
-    info = tmp_path / "pkg-1.2.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pkg\nVersion: 1.2.3\n\nVersion: 0 (the text)\n")
-    assert ssh._dist_info_version("pkg") == "1.2.3"
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pkg\n\nVersion: 0\n")
-    assert ssh._dist_info_version("pkg") is None  # none in the header
-    (tmp_path / "pkg-1.2.4.dist-info").mkdir()
-    assert ssh._dist_info_version("pkg") is None  # two: which one import finds is not known here
-    assert ssh._dist_info_version("no_such_package_here") is None
 
 
 def test_the_connection_sends_and_acknowledges_small_packets_at_once():

@@ -239,10 +239,25 @@ def test_a_launchers_long_command_line_comes_whole_and_a_ranks_says_what_it_cut(
             os.kill(child, signal.SIGKILL)
         proc.kill()
         proc.wait()
+
+
+def test_a_launchers_line_is_cut_only_between_whole_words_and_within_the_census_budget():
+    """The head parses a launcher's words: each comes whole or not at all, and the cut is counted. The budget is
+    the JSON the agent writes (a non-ASCII character costs six bytes), per launcher and per census."""
     words = ["/venv/bin/torchrun"] + ["--tee", "3"] * 600 + ["train.py"]  # 1,202 words
-    assert census._launcher_words(words) == words[:census.MAX_LAUNCHER_ARGS]
-    huge = ["/venv/bin/torchrun"] + ["x" * 10000] * 40  # each counted at its cut, 4,097 bytes: 15 fit in 64 KiB
-    assert census._launcher_words(huge) == huge[:16]
+    assert census._launcher_words(words, [0]) == words[:census.MAX_LAUNCHER_ARGS]
+    hosts = ",".join(f"node{i:04d}" for i in range(600))  # 5,399 characters: longer than a word may be
+    deepspeed = ["/venv/bin/python", "/venv/bin/deepspeed", "--include", hosts, "train.py"]
+    assert census._launcher_words(deepspeed, [0]) == deepspeed[:3]  # the long value is not sent cut
+    wide = ["/venv/bin/torchrun"] + ["\u00e9" * 4000] * 40  # 4,000 characters, 24,002 bytes of JSON each
+    assert census._launcher_words(wide, [0]) == wide[:3]  # two fit in 64 KiB
+    spent = [census.MAX_LAUNCHERS_TEXT - 10]  # the census's other launchers took nearly all of it
+    assert census._launcher_words(["/venv/bin/torchrun", "--nnodes", "2", "--node_rank", "1", "t.py"], spent) == \
+        ["/venv/bin/torchrun", "--nnodes", "2", "--node_rank"]  # the words that name it, always
+    launcher = {"pid": 10, "ppid": 1, "kind": "launcher", "argv": deepspeed[:3], "argv_dropped": 2, "state": "S",
+                "env": {}}
+    proc = jobcensus._proc("a", launcher)
+    assert proc.launcher == "deepspeed" and jobcensus.job_command(proc) is None
 
 
 def test_a_launcher_cut_before_its_script_has_no_options_the_head_takes_for_known():
@@ -257,7 +272,7 @@ def test_a_launcher_cut_before_its_script_has_no_options_the_head_takes_for_know
                 "env": {}, "age_s": 100.0}
 
     cut = jobcensus._proc("b", launcher(torchrun, 500))
-    assert (cut.launcher, cut.node_rank, cut.nnodes, cut.master_port) == ("torchrun", None, None, None)
+    assert (cut.launcher, cut.node_rank, cut.nnodes, cut.master_port, cut.rdzv) == ("torchrun", None, None, None, None)
     assert jobcensus.job_command(cut) is None
     after_script = jobcensus._proc("b", launcher(torchrun + ["train.py", "--lr"], 500))
     assert (after_script.node_rank, after_script.nnodes, after_script.master_port) == (1, "2", 29500)
@@ -288,3 +303,31 @@ def test_an_old_launcher_whose_command_line_was_cut_is_not_called_another_job():
 
     assert [r.status for r in run008(["other.py"], 0)] == [Status.FAIL]  # known to be another command: named
     assert [r.status for r in run008(["--max_restarts", "3"], 900)] == [Status.PASS]  # cut: not known to differ
+
+
+def test_an_elastic_launcher_cut_before_its_script_stays_in_the_job_on_its_port():
+    """An elastic torchrun whose node cut its line before its script: its ranks' MASTER_PORT is its store's own
+    port, not the rendezvous port, so it is not taken for its port, and doctor --port keeps the launcher and its
+    ranks in the job instead of calling the node one where the job never started; a DeepSpeed runner cut before
+    its filter leaves every node in use."""
+    def node(pid, argv, dropped):
+        return [{"pid": pid, "ppid": 1, "kind": "launcher", "argv": argv, "argv_dropped": dropped, "state": "S",
+                 "env": {}, "children": [pid + 1]},
+                {"pid": pid + 1, "ppid": pid, "kind": "rank", "argv": ["python", "train.py"], "state": "S",
+                 "env": {"RANK": "0", "GROUP_RANK": "0", "MASTER_PORT": "41234", "TORCHELASTIC_RUN_ID": "j"}}]
+
+    elastic = ["/venv/bin/torchrun", "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "a:29400"]
+    facts = {"a": {"facts": {"census": {"processes": node(10, elastic + ["train.py"], 0)}}, "error": None,
+                   "clock": None},
+             "b": {"facts": {"census": {"processes": node(20, elastic, 900)}}, "error": None, "clock": None}}
+    model = jobcensus.build(["a", "b"], facts, 29400)
+    assert sorted((p.node, p.pid) for p in model.procs) == [("a", 10), ("a", 11), ("b", 20), ("b", 21)]
+    [cut] = [p for p in model.launchers if p.node == "b"]
+    assert cut.master_port is None and cut.rdzv is None
+    deepspeed = {"pid": 30, "ppid": 1, "kind": "launcher", "argv": ["/venv/bin/deepspeed", "--include"],
+                 "argv_dropped": 2, "state": "S", "env": {}}
+    whole = {"pid": 40, "ppid": 1, "kind": "launcher", "state": "S", "env": {}, "argv_dropped": 0,
+             "argv": ["/venv/bin/deepspeed", "--include", "a", "train.py"]}
+    facts = {n: {"facts": {"census": {"processes": procs}}, "error": None, "clock": None}
+             for n, procs in (("a", [whole]), ("b", [deepspeed]), ("c", []))}
+    assert jobcensus.hosts_in_use(jobcensus.build(["a", "b", "c"], facts, None)) == {"a", "b", "c"}
