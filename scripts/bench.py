@@ -7,7 +7,8 @@ the noisiest, at least 7). Sections:
 
   local    preflight lint / node against ds_report and accelerate env
   fanout   preflight check (no collective) over N test hosts against clush and pdsh -R ssh running
-           preflight's own fact collector on the same hosts; the scaling curve as a PNG
+           preflight's own fact collector on the same hosts; the scaling curve as a PNG; with --profile DIR,
+           the CPU of the head and of the hosts at each size, and py-spy flame graphs of the head and of a node
   hang     time to a verdict with one node's sshd frozen (--timeout 5) against a plain torch.distributed
            rendezvous missing that node (measured at a 5 s timeout; its default timeout computed)
   col      busbw of preflight's all-reduce against a plain torch.distributed loop, same hosts and sizes
@@ -30,6 +31,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import signal
 import subprocess
@@ -215,7 +217,8 @@ def fanout_limit(n: int) -> float:
     return 1.1 if n == 1 else 1.0
 
 
-def bench_fanout(section: Section, repeat: int, cluster, sizes: Sequence[int], png: Path, **_):
+def bench_fanout(section: Section, repeat: int, cluster, sizes: Sequence[int], png: Path,
+                 profile: Optional[Path] = None, **_):
     medians: Dict[str, Dict[int, float]] = {}
     section.table.append(["hosts", "preflight check", "clush", "pdsh -R ssh", "preflight / the faster of the two"])
     for n in sizes:
@@ -237,6 +240,76 @@ def bench_fanout(section: Section, repeat: int, cluster, sizes: Sequence[int], p
                          "share, and 96 sessions at once would queue for it, whichever tool starts them.")
     plot_fanout(medians, png)
     section.notes.append(f"Scaling curve: [{png.name}]({png.name}).")
+    if profile is not None:
+        table, *graphs = profile_fanout(cluster, sizes, profile)
+        print(f"scripts/bench: {table}:\n{table.read_text()}scripts/bench: flame graphs "
+              + ", ".join(map(str, graphs)), file=sys.stderr, flush=True)
+
+
+PY_SPY = BIN / "py-spy"  # a core dependency of preflight (doctor runs it on the nodes)
+PROFILE_RATE = 1000  # samples a second: a node's agent runs for some 40 ms, the head at one host for 0.3 s
+
+
+def profile_fanout(cluster, sizes: Sequence[int], folder: Path) -> List[Path]:
+    """Where the fan-out's time goes, for a person to read (--profile), each from one more run outside the timings:
+    - what the CPU went to at each size: the head's (its own rusage) and the rest of the machine's, that is the
+      test hosts' sshd and agents (/proc/stat), beside the wall time (fanout-cpu.md);
+    - py-spy's flame graph of the head's `preflight check` at each size, and of one node's agent (every node runs
+      the same program). The head is sampled without being stopped (--nonblocking): stopping a head of 100
+      threads 1,000 times a second doubles its time; the agent, one thread for some 40 ms, is stopped to be
+      sampled (py-spy's non-blocking reads of it often find no stack at all). A flame graph draws CPU, not waiting:
+      at one host most of the wall time is the node's, and at 96 hosts on two cores the nodes' CPU, which the
+      first table shows."""
+    folder.mkdir(parents=True, exist_ok=True)
+    def record(path: Path, *flags: str) -> List[str]:
+        return [str(PY_SPY), "record", *flags, "--rate", str(PROFILE_RATE), "--format", "flamegraph", "-o", str(path)]
+
+    rows, written = [["hosts", "wall", "the head's CPU", "the rest of the machine's CPU (the hosts' sshd, agents)"]], []
+
+    def checked(n: int, text: str, what: str) -> None:
+        try:
+            reach = result(json.loads(text), "SSH001")
+        except (ValueError, StopIteration) as exc:
+            raise BenchError(f"{what} at {n} hosts: no JSON document: {exc}") from None
+        if reach["status"] != "pass":
+            raise BenchError(f"{what} at {n} hosts: SSH001 {reach['status']}: {reach['message']}")
+
+    for n in sizes:
+        argv = check_argv(cluster, cluster.nodes[:n], "--skip", "COL")
+        head, busy = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s()
+        wall, out = run(argv, ok=(0, 1), timeout=120)
+        busy, after = machine_busy_s() - busy, resource.getrusage(resource.RUSAGE_CHILDREN)
+        checked(n, out, "preflight")
+        head = after.ru_utime + after.ru_stime - head.ru_utime - head.ru_stime
+        rows.append([str(n), secs(wall), secs(head), secs(max(0.0, busy - head))])
+        path, answer = folder / f"fanout-head-{n}.svg", folder / f"fanout-head-{n}.json"
+        # py-spy exits 0 whatever its program did (the program's answer says whether the run counts) and writes
+        # its own lines, warnings included, into the program's stdout: the program's goes to a file (the shell
+        # execs it, so py-spy samples the same process)
+        run(record(path, "--nonblocking") + ["--", "sh", "-c", 'exec "$0" "$@" > ' + shlex.quote(str(answer)), *argv],
+            timeout=120)
+        try:
+            text = answer.read_text()
+        except OSError as exc:
+            raise BenchError(f"profiled preflight at {n} hosts: {exc}") from None
+        checked(n, text, "profiled preflight")
+        written.append(path)
+    path = folder / "fanout-node.svg"
+    command = shlex.join(record(path) + ["--", sys.executable, "-m", AGENT]) + " </dev/null"
+    proc = cluster.ssh(cluster.nodes[0], command, timeout=60)
+    if proc.returncode != 0 or "\n{" not in proc.stdout:
+        raise BenchError(f"profiled agent on {cluster.nodes[0]}: exit {proc.returncode}: "
+                         f"{(proc.stderr.strip() or proc.stdout.strip())[-400:]}")
+    table = folder / "fanout-cpu.md"
+    table.write_text(markdown_table(rows) + "\n")
+    return [table] + written + [path]
+
+
+def machine_busy_s() -> float:
+    """CPU seconds this machine's cores have been busy since boot (/proc/stat: all but idle and iowait)."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (
+        int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def plot_fanout(medians: Dict[str, Dict[int, float]], png: Path):
@@ -623,9 +696,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--hosts", nargs="+", type=positive, default=list(FANOUT_SIZES), metavar="N",
                         help=f"fan-out sizes (default {' '.join(map(str, FANOUT_SIZES))}; at most 99)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md as it is")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="also write where the fan-out's time goes to DIR: the CPU of the head and of the hosts "
+                             "at each size (fanout-cpu.md), py-spy flame graphs of the head's preflight check at each "
+                             "size (fanout-head-N.svg) and of one node's agent (fanout-node.svg)")
     args = parser.parse_args(argv)
     if max(args.hosts) > 99:
         parser.error("--hosts: at most 99 test hosts")
+    if args.profile is not None and "fanout" not in args.only:
+        parser.error("--profile: it profiles the fanout section, which --only leaves out")
     started, clock = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
     # Bytecode for the checkout, as pip writes it for an installed (not editable) preflight and as the tools
     # compared have it: with PYTHONDONTWRITEBYTECODE set, every run would compile preflight's sources again.
@@ -649,7 +728,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             try:
                 # --no-write leaves the plot as it is too: this run's goes to its temporary folder
                 BENCHES[name][1](section, args.repeat, cluster=cluster, folder=folder, sizes=args.hosts,
-                                 png=folder / PNG.name if args.no_write else PNG)
+                                 png=folder / PNG.name if args.no_write else PNG,
+                                 profile=args.profile.resolve() if args.profile else None)
             except (BenchError, testcluster.ClusterError) as exc:
                 section.error = str(exc)
             section.seconds = time.monotonic() - t

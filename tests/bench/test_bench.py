@@ -1,11 +1,14 @@
 """scripts/bench.py's harness: the interleaving, the BENCHMARKS.md block, and a real run of its two
 network-free sections (their figures are not asserted: timing belongs to the benchmark, not the tests)."""
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,3 +77,32 @@ def test_the_fanout_table_compares_with_the_faster_of_clush_and_pdsh_and_plots_a
         ("fan-out at N = 1 at most 1.1x the faster of clush and pdsh", False),
         ("fan-out at N = 16 at most 1.0x the faster of clush and pdsh", True)]
     assert plotted == {name: {1: seconds[1][name], 16: seconds[16][name]} for name in seconds[1]}
+
+
+def test_profile_needs_the_fanout_section():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--only", "local", "--profile", "x",
+                           "--no-write"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--profile: it profiles the fanout section, which --only leaves out" in proc.stderr
+
+
+@pytest.mark.cluster
+def test_profile_draws_the_heads_check_and_a_nodes_agent_on_real_hosts(bench, cluster, tmp_path):
+    written = bench.profile_fanout(cluster, [1, 2], tmp_path / "profiles")
+    assert [p.name for p in written] == ["fanout-cpu.md", "fanout-head-1.svg", "fanout-head-2.svg", "fanout-node.svg"]
+    table, _, head, node = (p.read_text() for p in written)
+    header, _, *rows = table.splitlines()
+    assert header == "| hosts | wall | the head's CPU | the rest of the machine's CPU (the hosts' sshd, agents) |"
+    assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 2"]
+    for row in rows:  # every figure a time, none a zero: the head and its hosts did work
+        assert all(re.fullmatch(r"[1-9]\d* ms|\d+\.\d\d s", cell) for cell in row.strip("| ").split(" | ")[1:]), row
+    # py-spy's flame graphs: the frames of the program each one sampled, in its own files
+    assert "preflight/remote/gather.py" in head and "preflight/cli.py" in head
+    assert "preflight/node/collector.py" in node and "preflight/remote" not in node
+
+
+@pytest.mark.cluster
+def test_a_profiled_run_that_does_not_reach_its_hosts_is_an_error(bench, cluster, tmp_path):
+    cluster.stop_sshd("node02")
+    with pytest.raises(bench.BenchError, match="^preflight at 2 hosts: SSH001 fail: connection refused"):
+        bench.profile_fanout(cluster, [2], tmp_path / "profiles")
