@@ -22,17 +22,18 @@ SLOW_HOSTS = 4  # a slow link is judged from 4 nodes on (collective.pairwise.SLO
 SLOW_RATE = "100mbit"
 SLOW_TIMEOUT_S = 20
 DESCRIPTION = (
-    "Healthy test hosts: `preflight check --only NET007-NET011` (routes, names, a TCP connect on an ephemeral port and "
-    "do-not-fragment UDP at the interface MTU, every pair up to 33 nodes), the probe's own time (NET008's `probe_s`) "
-    "and the whole check's; `preflight check --only COL004 --col-sizes 1M` once per size, the pairwise phase's time "
-    "(COL004's matrix `elapsed_s`: the slowest node's time in it, which includes waiting for a peer still importing "
-    "torch) and the whole check's. The verdict with one slow link: `tc tbf` at "
+    f"Healthy test hosts: `preflight check --only {PATH_CHECKS}` (routes, names, a TCP connect on an ephemeral port "
+    "and do-not-fragment UDP at the interface MTU, every pair up to 33 nodes), the probe's own time (NET008's "
+    "`probe_s`) and the whole check's; `preflight check --only COL004 --col-sizes 1M` once per size, the pairwise "
+    "phase's time (COL004's matrix `elapsed_s`: the slowest node's time in it, which includes waiting for a peer still "
+    "importing torch) and the whole check's. The verdict with one slow link: `tc tbf` at "
     f"{SLOW_RATE} on one of {SLOW_HOSTS} hosts, `preflight check --only COL,{PATH_CHECKS} --timeout {SLOW_TIMEOUT_S}`, "
     "timed to its verdict (COL004 must name the straggler, without `--min-busbw`). The probes run in parallel on "
-    "every node and each node probes its N-1 peers in threads: their time grows with N (the peers per node), the "
-    "pairs with N^2; the pairwise phase has N-1 rounds of N/2 simultaneous pairs (31 sampled rounds above 32 nodes), "
-    "so it grows with N, but here every test host shares this machine's cores: the torch import of N workers, "
-    "not the pairs, sets the whole check's time.")
+    "every node, each node's peers at once (its N-1 peers up to 33 nodes, the next 32 in a ring of the nodes above): "
+    "their time grows with N up to 33 nodes and stays that of 32 peers above, the pairs with N^2 up to 33 nodes and "
+    "with 32N above; the pairwise phase has N-1 rounds of N/2 simultaneous pairs (31 sampled rounds above 32 "
+    "nodes), so it grows with N up to 32 nodes and stays 31 rounds above, but here every test host shares this "
+    "machine's cores: the torch import of N workers, not the pairs, sets the whole check's time.")
 
 
 class DataPathError(Exception):
