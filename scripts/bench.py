@@ -174,6 +174,16 @@ def result(doc: dict, check_id: str) -> dict:
     return next(r for r in doc["results"] if r["id"] == check_id)
 
 
+def reached_every_host(out: str, what: str) -> None:
+    """A `preflight check --json` run counts only when it reached every host (SSH001 passed)."""
+    try:
+        reach = result(json.loads(out), "SSH001")
+    except (ValueError, KeyError, StopIteration) as exc:
+        raise BenchError(f"{what}: no JSON document with SSH001: {exc!r}") from None
+    if reach["status"] != "pass":
+        raise BenchError(f"{what}: SSH001 {reach['status']}: {reach['message']}")
+
+
 # --- 2. fan-out -----------------------------------------------------------------------------------
 
 def fanout_contenders(cluster, hosts: Sequence[str]) -> Dict[str, Callable[[], float]]:
@@ -188,9 +198,7 @@ def fanout_contenders(cluster, hosts: Sequence[str]) -> Dict[str, Callable[[], f
 
     def preflight():
         elapsed, out = run(check_argv(cluster, hosts, "--skip", "COL"), ok=(0, 1), timeout=60)
-        reach = result(json.loads(out), "SSH001")
-        if reach["status"] != "pass":
-            raise BenchError(f"preflight: SSH001 {reach['status']}: {reach['message']}")
+        reached_every_host(out, "preflight")
         return elapsed
 
     def clush():
@@ -260,26 +268,17 @@ def profile_fanout(cluster, sizes: Sequence[int], folder: Path) -> List[Path]:
       sampled (py-spy's non-blocking reads of it often find no stack at all). A flame graph draws CPU, not waiting:
       at one host most of the wall time is the node's, and at 96 hosts on two cores the nodes' CPU, which the
       first table shows."""
-    folder.mkdir(parents=True, exist_ok=True)
     def record(path: Path, *flags: str) -> List[str]:
         return [str(PY_SPY), "record", *flags, "--rate", str(PROFILE_RATE), "--format", "flamegraph", "-o", str(path)]
 
+    folder.mkdir(parents=True, exist_ok=True)
     rows, written = [["hosts", "wall", "the head's CPU", "the rest of the machine's CPU (the hosts' sshd, agents)"]], []
-
-    def checked(n: int, text: str, what: str) -> None:
-        try:
-            reach = result(json.loads(text), "SSH001")
-        except (ValueError, StopIteration) as exc:
-            raise BenchError(f"{what} at {n} hosts: no JSON document: {exc}") from None
-        if reach["status"] != "pass":
-            raise BenchError(f"{what} at {n} hosts: SSH001 {reach['status']}: {reach['message']}")
-
     for n in sizes:
         argv = check_argv(cluster, cluster.nodes[:n], "--skip", "COL")
         head, busy = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s()
         wall, out = run(argv, ok=(0, 1), timeout=120)
         busy, after = machine_busy_s() - busy, resource.getrusage(resource.RUSAGE_CHILDREN)
-        checked(n, out, "preflight")
+        reached_every_host(out, f"preflight at {n} hosts")
         head = after.ru_utime + after.ru_stime - head.ru_utime - head.ru_stime
         rows.append([str(n), secs(wall), secs(head), secs(max(0.0, busy - head))])
         path, answer = folder / f"fanout-head-{n}.svg", folder / f"fanout-head-{n}.json"
@@ -292,7 +291,7 @@ def profile_fanout(cluster, sizes: Sequence[int], folder: Path) -> List[Path]:
             text = answer.read_text()
         except OSError as exc:
             raise BenchError(f"profiled preflight at {n} hosts: {exc}") from None
-        checked(n, text, "profiled preflight")
+        reached_every_host(text, f"profiled preflight at {n} hosts")
         written.append(path)
     path = folder / "fanout-node.svg"
     command = shlex.join(record(path) + ["--", sys.executable, "-m", AGENT]) + " </dev/null"

@@ -79,6 +79,17 @@ def test_the_fanout_table_compares_with_the_faster_of_clush_and_pdsh_and_plots_a
     assert plotted == {name: {1: seconds[1][name], 16: seconds[16][name]} for name in seconds[1]}
 
 
+@pytest.mark.parametrize("out, said", [
+    ("Traceback (most recent call last):", "no JSON document with SSH001"),
+    ('{"results": [{"id": "CFG001"}]}', "no JSON document with SSH001"),
+    ('{"results": [{"id": "SSH001", "status": "fail", "message": "node02: refused"}]}', "SSH001 fail: node02: refused"),
+])
+def test_a_check_run_counts_only_when_it_reached_every_host(bench, out, said):
+    with pytest.raises(bench.BenchError, match=f"^preflight: {said}"):
+        bench.reached_every_host(out, "preflight")
+    bench.reached_every_host('{"results": [{"id": "SSH001", "status": "pass", "message": ""}]}', "preflight")
+
+
 def test_profile_needs_the_fanout_section():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--only", "local", "--profile", "x",
                            "--no-write"], capture_output=True, text=True, timeout=60)
