@@ -256,6 +256,7 @@ def bench_fanout(section: Section, repeat: int, cluster, sizes: Sequence[int], p
 
 PY_SPY = BIN / "py-spy"  # a core dependency of preflight (doctor runs it on the nodes)
 PROFILE_RATE = 1000  # samples a second: a node's agent runs for some 40 ms, the head at one host for 0.3 s
+NODE_PROFILE_TRIES = 5
 
 
 def profile_fanout(cluster, sizes: Sequence[int], folder: Path) -> List[Path]:
@@ -295,9 +296,14 @@ def profile_fanout(cluster, sizes: Sequence[int], folder: Path) -> List[Path]:
         written.append(path)
     path = folder / "fanout-node.svg"
     command = shlex.join(record(path) + ["--", sys.executable, "-m", AGENT]) + " </dev/null"
-    proc = cluster.ssh(cluster.nodes[0], command, timeout=60)
-    if proc.returncode != 0 or "\n{" not in proc.stdout:
-        raise BenchError(f"profiled agent on {cluster.nodes[0]}: exit {proc.returncode}: "
+    # py-spy finds a program's interpreter only after it has started; on a busy machine the agent (some 40 ms) can
+    # be done by then, and py-spy exits 1 with no samples: another run, a few at most
+    for _ in range(NODE_PROFILE_TRIES):
+        proc = cluster.ssh(cluster.nodes[0], command, timeout=60)
+        if proc.returncode == 0 and "\n{" in proc.stdout:
+            break
+    else:
+        raise BenchError(f"profiled agent on {cluster.nodes[0]}, {NODE_PROFILE_TRIES} runs: exit {proc.returncode}: "
                          f"{(proc.stderr.strip() or proc.stdout.strip())[-400:]}")
     table = folder / "fanout-cpu.md"
     table.write_text(markdown_table(rows) + "\n")
