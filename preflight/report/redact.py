@@ -13,11 +13,14 @@ from typing import Any, Iterable, List, Sequence, Set
 # and Hugging Face tokens in any text: the node's rules (the census applies them before it cuts an argument), so
 # that a node and every output agree.
 from preflight.node.secret import REDACTED, secret_name, secret_text
+
+# A word an HTTP credential follows (`-H "Authorization: Bearer" TOKEN`).
+HTTP_SCHEME = re.compile(r"(^Bearer|Authorization:\s*(Basic|Bearer))$", re.I)
 # NAME=value as a shell, Hydra (trainer.hf_token=, +wandb.api_key=) or a launcher takes it.
 ASSIGNMENT = re.compile(r"^\+{0,2}[A-Za-z_][A-Za-z0-9_.-]*=")
 # What a text must hold to be worth a closer look (most messages hold none of it: they are returned as they are):
-# every word of secret_name's rule, the @ of URL credentials, the hf_ of a Hugging Face token.
-SUSPECT_WORDS = ("token", "secret", "pass", "pwd", "auth", "key", "credential", "@", "hf_")
+# every word of secret_name's rule, the @ of URL credentials, the hf_ of a Hugging Face token, an HTTP credential.
+SUSPECT_WORDS = ("token", "secret", "pass", "pwd", "auth", "key", "credential", "@", "hf_", "bearer")
 SUSPECT = re.compile("|".join(SUSPECT_WORDS), re.I)
 
 
@@ -39,6 +42,7 @@ def text(value: str) -> str:
     `--token X`, `--password=X`, `NAME=X` written in it (as in a command line)."""
     if not suspect(value):
         return value
+    value = secret_text(value)  # across words too (`Bearer TOKEN`)
     pieces = re.split(r"(\s+)", value)  # words and the spaces between them, kept as they were
     pieces[0::2] = argv(pieces[0::2])
     return "".join(pieces)
@@ -58,11 +62,15 @@ def argv(words: Sequence[str]) -> List[str]:
     shown: List[str] = []
     hide_next = False
     for word in words:
-        if hide_next and word and not word.startswith("-"):
+        if hide_next and word and not word.startswith(("-", REDACTED)):
             shown.append(REDACTED)
             hide_next = False
             continue
         hide_next = hide_next and not word  # the empty words of text()'s split do not count
+        if HTTP_SCHEME.search(word):  # `-H "Authorization: Bearer" TOKEN`: the credential is the next word
+            shown.append(word)
+            hide_next = True
+            continue
         name, has_value, _ = word.partition("=")
         if secret_name(name) and (word.startswith("-") or (has_value and ASSIGNMENT.match(word))):
             if has_value:

@@ -36,6 +36,34 @@ def test_unit_redaction_by_name_parts():
                                  "<redacted> https://<redacted>@h/x KEYBOARD=us --max_tokens 5")
 
 
+def test_secrets_in_comma_joined_lists_and_http_credentials_are_redacted():
+    from preflight.report import redact
+
+    assert redact.text("srun --export=ALL,WANDB_API_KEY=k1,OMP_NUM_THREADS=8 --env A=1,HF_TOKEN=k2 t.py") == \
+        "srun --export=ALL,WANDB_API_KEY=<redacted>,OMP_NUM_THREADS=8 --env A=1,HF_TOKEN=<redacted> t.py"
+    assert redact.text("HF_TOKEN=k2,A=1") == "HF_TOKEN=<redacted>"  # a shell assignment: all of it is the value
+    assert redact.text('curl -H "Authorization: Bearer eyJhbGciOi.x-y_z" -H "Authorization: Basic dXNlcjpw"') == \
+        'curl -H "Authorization: Bearer <redacted>" -H "Authorization: Basic <redacted>"'
+    assert redact.argv(["curl", "-H", "Authorization: Bearer", "eyJhbGciOi", "u"]) == \
+        ["curl", "-H", "Authorization: Bearer", "<redacted>", "u"]
+    assert redact.text("the basic configuration, KEYBOARD=us,LANG=C") == "the basic configuration, KEYBOARD=us,LANG=C"
+
+
+def test_a_secret_in_sbatchs_export_list_is_in_no_output(capsys, tmp_path, monkeypatch):
+    # SBATCH_EXPORT overrides the script's --export: the warning that says so quotes both, and redacts the key
+    from conftest import run_cli
+
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --export=NONE\nsrun python train.py\n")
+    monkeypatch.setenv("SBATCH_EXPORT", "ALL,WANDB_API_KEY=wandbkey333,HF_TOKEN=" + HF)
+    for fmt in (["--json"], []):
+        code, out, err = run_cli(capsys, "lint", "--sbatch", script, "-v", *fmt, "--junit", tmp_path / "j.xml",
+                                 "--html", tmp_path / "r.html")
+        text = json.dumps(out) + err + (tmp_path / "j.xml").read_text() + (tmp_path / "r.html").read_text()
+        assert "SBATCH_EXPORT=ALL,WANDB_API_KEY=<redacted>" in text
+        assert "wandbkey333" not in text and HF not in text
+
+
 def test_the_node_keeps_secret_values_by_the_same_rule(monkeypatch):
     """The collector redacts on the node what the head would: a secret never leaves the node, and a name that
     only contains a secret word (TORCH_KEYBOARD_LAYOUT, HF_HUB_TOKENIZERS_DIR) keeps its value to be compared."""
