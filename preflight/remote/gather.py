@@ -10,7 +10,11 @@ and agents are closed at the end, also on Ctrl-C, which removes the temporary li
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -264,14 +268,23 @@ def gather(nodes: List[str], remote: bool, options: GatherOptions) -> tuple:
 # --- the local node -----------------------------------------------------------------------------
 
 def gather_local(name: str, options: GatherOptions) -> tuple:
-    """This machine alone, in-process: facts, a zero clock offset, and whether the port is free."""
-    facts = collector.collect({"head": options.main_address or name, "port": options.port, "paths": options.paths,
-                               "job": options.job, "census": options.census})
-    job = facts.get("job")
+    """This machine alone: facts (in-process, or by the interpreter --python names when that is another), a zero
+    clock offset, and whether the port is free."""
+    payload = {"head": options.main_address or name, "port": options.port, "paths": options.paths,
+               "job": options.job, "census": options.census}
+    node = NodeState(name, clock={"offset_s": 0.0, "bound_s": 0.0, "rtt_s": 0.0})
+    if options.python and not _this_interpreter(options.python):
+        try:
+            node.facts = _facts_of(options.python, payload, options.timeout)
+        except NodeError as exc:
+            node.fail(exc)
+            return {name: node.to_context()}, {"head": {"name": name, "address": options.main_address or name}}
+    else:
+        node.facts = collector.collect(payload)
+    job = node.facts.get("job")
     named = _named_files(job, options)
     if named:
         job["named"] = {p: launchfiles.read_file(p, job["cwd"], True) for p in named}
-    node = NodeState(name, facts=facts, clock={"offset_s": 0.0, "bound_s": 0.0, "rtt_s": 0.0})
     if options.census:  # read only: the running job's port is left alone
         return {name: node.to_context()}, {"head": {"name": name, "address": options.main_address or name}}
     server = agent.bindable(options.port)
@@ -283,6 +296,30 @@ def gather_local(name: str, options: GatherOptions) -> tuple:
     if options.ntp_server:
         probes["ntp"] = measure_ntp(options.ntp_server, options.timeout)
     return {name: node.to_context()}, probes
+
+
+def _this_interpreter(python: str) -> bool:
+    found = shutil.which(python)
+    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
+
+
+def _facts_of(python: str, payload: dict, timeout: float) -> dict:
+    """The facts as another interpreter of this machine collects them: the agent shipped to it as to a node (its
+    packages are that interpreter's), ended once its facts line has come."""
+    try:
+        done = subprocess.run(["/bin/sh", "-c", shipped_command(python)], input=shipped_input(AGENT, payload),
+                              capture_output=True, text=True, timeout=timeout * 2 + 1)
+    except subprocess.TimeoutExpired:
+        raise NodeError("timeout", f"{python} gave no facts within --timeout {timeout:g} s",
+                        "find what slows it, or raise --timeout") from None
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith('{"schema"')), None)
+    if line is None and done.returncode in (126, 127):
+        raise NodeError("python-missing", f"the interpreter {python} does not exist or cannot run here (exit "
+                        f"{done.returncode})", "pass --python with the path of the training interpreter")
+    if line is None:
+        raise NodeError("collector", f"the fact collector stopped under {python} (exit {done.returncode}): "
+                        f"{done.stderr.strip()[-300:] or 'no output'}", BY_HAND)
+    return checked_facts(facts_decoder()(line, "the facts"), f"the facts from {python}")
 
 
 # --- over SSH -----------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ num_machines: 1
 num_processes: 2
 machine_rank: 0
 """
-BAD_ACCELERATE = GOOD_ACCELERATE.replace("num_machines: 1", "num_machines: 2")  # no main_process_ip/port
+# two machines, the head's address given, and a port no machine can bind: the file alone is proof of it
+BAD_ACCELERATE = GOOD_ACCELERATE.replace("num_machines: 1", "num_machines: 2") + \
+    "main_process_ip: 10.0.0.1\nmain_process_port: 70000\n"
 
 
 @pytest.fixture
@@ -376,8 +378,8 @@ def test_terminal_report_lists_failures_first_with_fixes_and_ends_with_the_verdi
     lines = out.splitlines()
     assert code == 1
     assert lines[0].startswith("FAIL  CFG010 main-process-address")
-    assert lines[1].strip().startswith("fix: set main_process_ip")
-    assert lines[-1].startswith("verdict: FAIL") and "1 failed, 1 warning," in lines[-1]
+    assert lines[1].strip().startswith("fix: set main_process_port")
+    assert lines[-1].startswith("verdict: FAIL") and "1 failed," in lines[-1]
     assert "\x1b[" not in out  # not a terminal: plain text
 
 
@@ -503,3 +505,52 @@ def test_lint_imports_no_training_library(good):
             "assert not heavy, heavy")
     proc = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_cluster_check_that_reached_no_node_skips_rather_than_passes():
+    # a pass needs evidence: with every node unreachable, a cluster check that found nothing saw nothing
+    def body(ctx):
+        """W.\n\nW.\n\nF."""
+        return iter(())
+    spec = check("TST030", "nothing-seen", "cluster")(body).__preflight_check__
+    unreachable = {"n01": {"facts": None, "clock": None, "error": {"kind": "ssh", "message": "refused"}}}
+    (result,) = runner.run_check(spec, runner.CheckContext(Plan(nodes=("n01",)), unreachable, {}))
+    assert result.status == Status.SKIP and "no node was reached" in result.message
+    reached = {"n01": {"facts": {"host": {}}, "clock": None, "error": None}}
+    (result,) = runner.run_check(spec, runner.CheckContext(Plan(nodes=("n01",)), reached, {}))
+    assert result.status == Status.PASS
+
+
+def another_interpreter(tmp_path) -> str:
+    """A Python of this machine that is not the one the tests run in: Debian's, else a copy of this one."""
+    if Path("/usr/bin/python3").exists() and \
+            os.path.realpath("/usr/bin/python3") != os.path.realpath(sys.executable):
+        return "/usr/bin/python3"
+    copy = tmp_path / "python3"
+    copy.write_bytes(Path(os.path.realpath(sys.executable)).read_bytes())
+    copy.chmod(0o755)
+    return str(copy)
+
+
+def test_check_on_this_machine_reads_the_facts_with_the_interpreter_python_names(capsys, tmp_path):
+    # local mode runs the collector in-process; --python naming another interpreter is that one's facts, not these
+    python = another_interpreter(tmp_path)
+    code, doc, err = run_cli(capsys, "check", "--python", python, "--only", "PKG001,PKG003", "--json")
+    facts_python = [r for r in doc["results"] if r["id"] == "PKG003"]
+    assert [r["status"] for r in facts_python] == ["pass"], doc
+    code, doc, err = run_cli(capsys, "check", "--python", str(tmp_path / "no-such-python"), "--only", "PKG003",
+                             "--json")
+    (missing,) = [r for r in doc["results"] if r["id"] == "PKG003"]
+    assert missing["status"] == "fail" and "no-such-python does not exist or cannot run here" in missing["message"]
+
+
+def test_the_local_facts_are_the_named_interpreters(tmp_path):
+    from preflight.remote import gather
+
+    python = another_interpreter(tmp_path)
+    options = gather.GatherOptions(python=python, timeout=30)
+    facts, _ = gather.gather_local("here", options)
+    assert facts["here"]["facts"]["python"]["executable"] in (python, os.path.realpath(python))
+    options = gather.GatherOptions(python=sys.executable, timeout=30)
+    facts, _ = gather.gather_local("here", options)
+    assert facts["here"]["facts"]["python"]["executable"] == sys.executable  # this one: in-process
