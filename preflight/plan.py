@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
-from preflight.inputs.documents import syntax_by_name
+from preflight.inputs.documents import InputError, syntax_by_name
 from preflight.inputs.inventory import head_first
 from preflight.inputs.launchcmd import DEFAULT_PORT, RANK_FLAGS, is_accelerate_launch
 from preflight.inputs.configs import (
@@ -179,7 +179,7 @@ def build_plan(
     accel = load_accelerate_config(config) if config else None
     if accel is None and "accelerate" in written:
         h = written["accelerate"]
-        accel = load_accelerate_config(batch.path, h.document_text(), syntax_by_name(h.name))
+        accel = _written(lambda: load_accelerate_config(batch.path, h.document_text(), syntax_by_name(h.name)))
     # `launch` over SSH sets each node's rank, head and machine count itself (preflight.gate.launcher).
     ignored = RANK_FLAGS if launching and nodes else ()
     if accel is not None and command:  # -- COMMAND: its flags over the file, as accelerate merges them
@@ -206,8 +206,8 @@ def build_plan(
         nodes = tuple(head_first(list(nodes), main_ip)) if nodes else (socket.gethostname(),)
     return Plan(
         accelerate=accel,
-        deepspeed=load_deepspeed_config(ds_path) if ds_path else load_deepspeed_config(
-            batch.path, written["deepspeed"].document_text()) if "deepspeed" in written else None,
+        deepspeed=load_deepspeed_config(ds_path) if ds_path else _written(lambda: load_deepspeed_config(
+            batch.path, written["deepspeed"].document_text())) if "deepspeed" in written else None,
         hostfile=load_hostfile(hostfile) if hostfile else None,
         world_size_override=world_size,
         deepspeed_file_named=named,
@@ -231,6 +231,15 @@ def build_plan(
         batch=batch,
         manifest=manifest,
     )
+
+
+def _written(load):
+    """A config the batch script writes, as its launcher will read it; None where it does not read (CFG076 says why:
+    a finding of the script, not bad input to preflight)."""
+    try:
+        return load()
+    except InputError:
+        return None
 
 
 # The effective launch's fields (preflight.job.view.launch) that come from accelerate's config, by key path.

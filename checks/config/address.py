@@ -7,7 +7,7 @@ import re
 from typing import Iterator
 
 from preflight.api import Finding, check, fail, skip, warn
-from preflight.checks.config.common import accel_doc, at, from_shell
+from preflight.checks.config.common import accel_doc, at, command_unknown, from_shell
 from preflight.inputs.configs import accelerate_launcher
 from preflight.inputs.documents import shorten
 from preflight.inputs.launchcmd import DEFAULT_PORT
@@ -49,12 +49,16 @@ def main_process_address(ctx) -> Iterator[Finding]:
                        "DeepSpeed's runner meets at the first address `hostname -I` prints on the first host, "
                        "which may not be on the training network", f"set {doc.setting('main_process_ip')} to the "
                        "head node's address on the training network", **at(doc, "main_process_ip"))
+        elif data.get("main_process_ip") is None and command_unknown(ctx):
+            yield skip(f"{doc.where('main_process_ip')}: num_machines is {machines} and main_process_ip is not in the "
+                       "file: the launch command must give --main_process_ip (not judged without it)",
+                       **at(doc, "main_process_ip"))
         elif data.get("main_process_ip") is None:
             yield fail(f"{doc.where('main_process_ip')}: num_machines is {machines} but main_process_ip is not set; "
                        "the workers cannot find the head" + (" ('When using multiple machines, you need to specify "
                        "the main process IP')" if launcher == "simple" else ""),
                        _head_fix(ctx, doc.setting("main_process_ip")), **at(doc, "main_process_ip"))
-        if data.get("main_process_port") is None:
+        if data.get("main_process_port") is None and not command_unknown(ctx):  # else the command may give it
             # The torchrun and DeepSpeed launches fall back to DEFAULT_PORT; the simple one asserts (utils/launch.py)
             simple_one = launcher == "simple"
             yield (fail if simple_one else warn)(
@@ -74,13 +78,17 @@ def main_process_address(ctx) -> Iterator[Finding]:
     port_read = several or cpu_group or launcher in ("torchrun", "deepspeed")
     unread = "unused on one machine by this launch, but the workers cannot reach the head once num_machines grows"
     wildcard = isinstance(ip, str) and ip.strip() == "0.0.0.0"
+    # Without the launch command, its --main_process_ip may replace what the file says: a warning at most.
+    ip_read = ip_read and not command_unknown(ctx)
+    unread = unread if not command_unknown(ctx) else "unless the launch command gives --main_process_ip, the " \
+        "workers cannot reach the head at it"
     if isinstance(ip, str) and PLACEHOLDER_IP.match(ip.strip()) and (several or not wildcard):
         why = ("0.0.0.0 is the address a server listens on, not one a worker on another machine can connect to"
                if wildcard else "it is a placeholder from a template, not an address")
         yield (fail if ip_read else warn)(
             f"{doc.where('main_process_ip')}: main_process_ip is {ip!r}: {why}; "
-            + ("the workers cannot reach the head and wait until the rendezvous times out" if several else
-               "the processes cannot reach the rendezvous address" if ip_read else unread),
+            + ("the workers cannot reach the head and wait until the rendezvous times out" if ip_read and several
+               else "the processes cannot reach the rendezvous address" if ip_read else unread),
             _head_fix(ctx, doc.setting("main_process_ip")), value=ip, **at(doc, "main_process_ip"))
     elif isinstance(ip, str) and not _is_host(ip) and not runner_finds_ip and not from_shell(ip):  # run time
         yield (fail if ip_read else warn)(

@@ -4,6 +4,7 @@ size against the allocation. The script is read by preflight.inputs.batchscript;
 launch command, so the other CFG checks judge it (and the config files it names) as they judge `-- COMMAND`."""
 from __future__ import annotations
 
+import re
 from typing import Iterator, Optional
 
 from preflight.api import Finding, check, fail, passed, skip, warn
@@ -67,6 +68,10 @@ def directives(ctx) -> Iterator[Finding]:
         yield skip("no batch script given (--sbatch)")
         return
     found = False
+    for line, why in script.refused:
+        found = True
+        yield fail(f"{script.where(line)}: {why}", "make the first line `#!/bin/bash` (nothing before it) and save the "
+                   "file with UNIX line breaks (dos2unix)", file=script.path, line=line)
     for d in script.literal:
         found = True
         yield fail(f"{script.where(d.line)}: `#SBATCH --{d.option}={d.value}` is literal text: sbatch never expands "
@@ -84,9 +89,13 @@ def directives(ctx) -> Iterator[Finding]:
                    f"{given.source}={given.value} of this environment (sbatch: environment variables override "
                    "the script's directives)", f"unset {given.source}, or drop the directive", file=script.path,
                    line=written.line, option=written.option, environment=given.source)
+    templated = []
     for option in ("nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "gpus-per-task"):
         d = script.directives.get(option)
         if d is None or d in script.literal or d.value is None:
+            continue
+        if re.fullmatch(r"<[^<>]+>|\{\{.*\}\}|@\w+@|__\w+__", d.value.strip()):  # a template's placeholder
+            templated.append(f"--{option}={d.value}")
             continue
         if not all(part.strip().split(":")[-1].isdigit() for part in d.value.split("-")):
             found = True
@@ -94,7 +103,9 @@ def directives(ctx) -> Iterator[Finding]:
                        f"give --{option} a whole number", file=script.path, line=d.line, option=option, value=d.value)
     if not found:
         alloc = script.allocation
-        yield passed(f"{script.path}: {len(script.directives)} directives; {alloc.nodes or '?'} nodes, "
+        said = f" ({', '.join(templated)}: a template's placeholders, to fill in before sbatch: not judged)" \
+            if templated else ""
+        yield passed(f"{script.path}: {len(script.directives)} directives{said}; {alloc.nodes or '?'} nodes, "
                      f"{alloc.tasks_per_node or '?'} tasks per node, {alloc.gpus_per_node or '?'} GPUs per node",
                      file=script.path, nodes=alloc.nodes, tasks_per_node=alloc.tasks_per_node,
                      gpus_per_node=alloc.gpus_per_node)
@@ -129,60 +140,121 @@ def launchers_per_node(ctx) -> Iterator[Finding]:
     name, launcher = NAMES.get(step.command.launcher, step.command.program), step.command.launcher
     where = script.where(step.line)
     ev = dict(file=script.path, line=step.line, launcher=launcher, nodes=alloc.nodes)
-    if step.srun is None:
-        remote_runner = launcher == "deepspeed" and not step.command.flag("no_ssh")  # it reaches the hostfile's nodes
-        if alloc.nodes is not None and alloc.nodes > 1 and not remote_runner:
+    found = False
+    script_word = _script_word(step)
+    unset = script_word.unset if script_word is not None else []
+    missing = next((n for n in unset if script_word.text in ("$" + n, "${" + n + "}")), None)
+    if missing is not None:  # nothing the script reads could set it: only the environment it is submitted from
+        found = True
+        yield warn(f"{where}: the training script is ${missing}, which the batch script never sets: unless the "
+                   "environment it is submitted from sets it, the launcher gets no script",
+                   f"set {missing} in the batch script (or correct its name)", unset=[missing], **ev)
+    if step.starter is None:
+        if alloc.nodes is None or alloc.nodes < 2:
+            yield passed(f"{where}: {name} runs in the batch step on the allocation's {alloc.nodes or 1} node", **ev)
+            return
+        others = _starts_the_other_nodes(ctx, step)
+        if others:
+            yield passed(f"{where}: {name} runs once, in the batch step, and starts the other nodes itself ({others})",
+                         **ev)
+        elif others is None:
+            yield skip(f"{where}: {name} runs in the batch step on a {alloc.nodes}-node allocation; whether it starts "
+                       "the other nodes itself (DeepSpeed's multinode launcher) is in the accelerate config "
+                       f"{shorten(step.command.get('config_file'))}, which is not here: not judged", **ev)
+        elif not found:
             yield fail(f"{where}: {name} runs without srun on a {alloc.nodes}-node allocation: the batch script runs "
                        f"on the first node only, so the job starts there alone", f"start it with srun, one task per "
                        f"node: srun --ntasks-per-node=1 {' '.join(step.command.from_program[:2])} ...", **ev)
-        else:
-            yield passed(f"{where}: {name} runs in the batch step"
-                         + (" and reaches the hostfile's nodes itself" if remote_runner and (alloc.nodes or 1) > 1
-                            else f" on the allocation's {alloc.nodes or 1} node"), **ev)
+        return
+    if step.starter != "srun":
+        yield passed(f"{where}: {step.starter} starts {name} on the allocation's nodes", starter=step.starter, **ev)
         return
     nodes, per_node = _step_tasks(step, alloc)
     ev.update(step_nodes=nodes, tasks_per_node=per_node, loop=step.loop)
-    found = False
-    unset = sorted({n for word in step.words for n in word.unset})
-    if unset:
-        found = True
-        yield warn(f"{where}: the launch line uses {', '.join('$' + n for n in unset)}, which the batch script "
-                   "never sets and this environment lacks: the shell expands it to nothing"
-                   + (f" (the launch reads as {shorten(' '.join(step.command.from_program), 120)})"),
-                   f"set {unset[0]} in the script (or correct its name)", unset=unset, **ev)
-    script_word = _script_word(step)
-    missing = next((n for n in script_word.unset_unless_sourced if script_word.text in ("$" + n, "${" + n + "}")),
-                   None) if script_word is not None else None
-    if missing is not None:
-        found = True
-        yield warn(f"{where}: the training script is ${missing}, which the batch script never sets: only "
-                   f"{', '.join(script.sourced)} (sourced, not read) could; unset, the launcher gets no script",
-                   f"set {missing} in the batch script (or correct its name)", unset=[missing], **ev)
+    hidden = f"; srun's options in {', '.join(step.srun_hidden)} are known only at run time" \
+        if step.srun_hidden else ""
     if step.loop and not found:
         yield passed(f"{where}: one srun per iteration of a loop ({name}); how many it starts is not read without "
                      "running it", **ev)
     if step.loop:
         return
-    if launcher in MULTI_LAUNCHERS and per_node is not None and per_node > 1:
+    per_task = _launcher_per_task(step, nodes, per_node, alloc)
+    if launcher in MULTI_LAUNCHERS and per_node is not None and per_node > 1 and not step.srun_hidden and \
+            not per_task:
         found = True
         yield fail(f"{where}: srun starts {per_node} tasks per node, each running {name}: {per_node} launchers on "
                    "every node, each starting its own processes on the same GPUs and port", "give the launch "
                    "srun one task per node: #SBATCH --ntasks-per-node=1 (or srun --ntasks-per-node=1)", **ev)
     if launcher == "torchrun" and (nodes or 0) > 1 and step.command.get("nnodes") is None:
-        found = True
-        yield fail(f"{where}: srun torchrun on {nodes} nodes without --nnodes: torchrun's default is one node, so "
-                   "every node trains as a job of its own", f"add --nnodes {nodes} (or $SLURM_NNODES) and "
-                   "--rdzv_backend c10d --rdzv_endpoint HEAD:PORT", **ev)
+        if step.hidden:
+            hidden += f"; --nnodes may be in {', '.join(step.hidden)} (known only at run time)"
+        else:
+            found = True
+            yield fail(f"{where}: srun torchrun on {nodes} nodes without --nnodes: torchrun's default is one node, "
+                       "so every node trains as a job of its own", f"add --nnodes {nodes} (or $SLURM_NNODES) and "
+                       "--rdzv_backend c10d --rdzv_endpoint HEAD:PORT", **ev)
     if launcher == "python" and alloc.gpus_per_node and per_node is not None and per_node != alloc.gpus_per_node \
-            and step.command.script:
+            and step.command.script and not step.srun_hidden:
         found = True
         yield warn(f"{where}: srun starts {per_node} task(s) per node running python {shorten(step.command.script)} "
                    f"on {alloc.gpus_per_node} GPUs per node: with srun as the launcher (plain DDP, Lightning) each "
                    "task is one rank on one GPU", f"set --ntasks-per-node={alloc.gpus_per_node}, or start a "
                    "launcher (torchrun) with one task per node", gpus_per_node=alloc.gpus_per_node, **ev)
     if not found:
-        yield passed(f"{where}: srun starts {per_node} task(s) per node on {nodes or '?'} nodes, running {name}",
-                     **ev)
+        shape = f"{per_node} task(s) per node" + (", each one node of the rendezvous" if per_task else "")
+        yield passed(f"{where}: srun starts {shape} on {nodes or '?'} nodes, running {name}{hidden}"
+                     f"{_script_unknown(script, script_word)}", **ev)
+
+
+def _script_unknown(script, word) -> str:
+    """What the pass says of a training script set nowhere the reader saw: a file the script sources (not here,
+    not read) or the environment may set it."""
+    names = word.unset_unless_sourced if word is not None else []
+    name = next((n for n in names if word.text in ("$" + n, "${" + n + "}")), None)
+    if name is None:
+        return ""
+    return (f"; the training script is ${name}, set nowhere in the script: {', '.join(script.sourced)} (sourced, "
+            "not here) or the environment it is submitted from may set it (not judged)")
+
+
+def _launcher_per_task(step, nodes, per_node, alloc) -> bool:
+    """A launcher in every task, each one node of the rendezvous (`--nnodes $SLURM_NTASKS --node_rank
+    $SLURM_PROCID --nproc_per_node 1` with a GPU bound to each task): what it starts adds up, nothing is shared."""
+    if step.command.launcher != "torchrun" or not nodes or not per_node or per_node < 2:
+        return False
+    nnodes = step.command.integer("nnodes")
+    rank = step.value_of("node_rank")
+    return nnodes == nodes * per_node and (rank is None or "SLURM_PROCID" in rank.task_vars or
+                                           _rendezvous(step.command) != "static")
+
+
+def _starts_the_other_nodes(ctx, step):
+    """Whether a launcher run once in the batch step starts the job on the other nodes itself: a description of how,
+    False, or None where the accelerate config that decides it is not here. DeepSpeed's runner does, over its
+    hostfile, unless --no_ssh; accelerate does with DeepSpeed on several machines unless its multinode launcher is
+    `standard` or `nossh` (accelerate utils/launch.py, prepare_deepspeed_cmd_env; `pdsh` when none is set)."""
+    command = step.command
+    if command.launcher == "deepspeed":
+        return False if command.flag("no_ssh") else "DeepSpeed's runner reaches the hostfile's nodes"
+    if command.launcher != "accelerate":
+        return False
+    config = ctx.plan.accelerate
+    here = config is not None and not config.from_command
+    if any(command.flag(f) for f in ("multi_gpu", "use_fsdp", "cpu", "tpu", "use_megatron_lm")):
+        return False
+    deepspeed = command.flag("use_deepspeed") or (here and config.uses_deepspeed)
+    if not deepspeed:
+        return None if not here and command.get("config_file") is not None else False
+    section = config.deepspeed_section if here else None
+    chosen = command.get("deepspeed_multinode_launcher") or (
+        section.data.get("deepspeed_multinode_launcher") if section is not None else None)
+    if chosen is None and not here and command.get("config_file") is not None:
+        return None
+    chosen = chosen or "pdsh"
+    machines = command.integer("num_machines") or (config.integer("num_machines") if here else None)
+    if chosen in ("standard", "nossh") or (machines is not None and machines < 2):
+        return False
+    return f"accelerate hands a {machines or 'multi'}-machine DeepSpeed launch to DeepSpeed's {chosen} launcher"
 
 
 @check("CFG072", "sbatch-node-rank", "config", tags=["slurm", "multinode"])
@@ -238,6 +310,9 @@ def node_rank(ctx) -> Iterator[Finding]:
     if word is None:
         if step.command.launcher == "accelerate":  # the config's machine_rank, or none: CFG011 judges it
             yield passed(f"{where}: no --machine_rank: accelerate takes the config file's (CFG011)", **ev)
+        elif step.command.launcher == "torchrun" and step.hidden:
+            yield passed(f"{where}: no --node_rank read; it may be in {', '.join(step.hidden)} (known only at run "
+                         "time)", **ev)
         elif step.command.launcher == "torchrun":
             yield fail(f"{where}: torchrun over {nodes} nodes with the static rendezvous and no --node_rank: every "
                        "node is rank 0", "use --rdzv_backend c10d --rdzv_endpoint HEAD:PORT, or --node_rank "
@@ -249,7 +324,8 @@ def node_rank(ctx) -> Iterator[Finding]:
                    f"on the first node, where it is 0: every node's launcher gets rank 0",
                    f"let each task expand it: srun bash -c '... --{option} $SLURM_NODEID ...' (single quotes), "
                    "or use --rdzv_backend c10d", variable=var, **ev)
-    elif "SLURM_PROCID" in word.task_vars and per_node and per_node > 1:
+    elif "SLURM_PROCID" in word.task_vars and per_node and per_node > 1 and \
+            not _launcher_per_task(step, nodes, per_node, alloc):
         yield fail(f"{where}: --{option} is $SLURM_PROCID with {per_node} tasks per node: that is the task's rank, "
                    f"0 to {nodes * per_node - 1}, not the node's", "use $SLURM_NODEID", **ev)
     elif word.task_vars:
@@ -295,8 +371,9 @@ def rendezvous(ctx) -> Iterator[Finding]:
         said.append(f"--{option} {shorten(word.text)}")
         ev = dict(file=script.path, line=step.line, option=option, value=word.text, nodes=nodes)
         host = word.text.rsplit(":", 1)[0] if option == "rdzv_endpoint" else word.text
-        if word.task_vars and (word.host_commands or any(v not in ("SLURM_NODEID", "SLURM_PROCID") for v in
-                                                          word.task_vars)) and (nodes or 0) > 1:
+        in_task = [h for h in word.host_commands if h.endswith("(task)")] + \
+            [v for v in word.task_vars if v not in ("SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID")]
+        if in_task and (nodes or 0) > 1:
             found = True
             yield fail(f"{where}: --{option} {shorten(word.text)} is computed in each task, so each node names "
                        "its own", "compute it once in the batch step and export it (export MASTER_ADDR=$(scontrol "
@@ -368,6 +445,9 @@ def world_size(ctx) -> Iterator[Finding]:
             per_launcher = procs // machines
     elif cmd.launcher == "torchrun":
         nnodes, nproc = cmd.get("nnodes"), cmd.integer("nproc_per_node")
+        launchers = per_node if per_node and _launcher_per_task(step, nodes, per_node, alloc) else 1
+        nodes = nodes * launchers if nodes else nodes
+        gpus = gpus // launchers if gpus and gpus % launchers == 0 else gpus
         if isinstance(nnodes, str) and nnodes.isdigit() and nodes and int(nnodes) != nodes and not step.loop:
             found = True
             yield fail(f"{where}: --nnodes {nnodes} on a {nodes}-node launch: the rendezvous waits for nodes that "
@@ -389,12 +469,9 @@ def world_size(ctx) -> Iterator[Finding]:
                    f"{per_launcher} processes: they share {task_gpus} GPU(s) (or stop on 'invalid device ordinal')",
                    "give the launcher task its node's GPUs: --gpus-per-node=N (or --gres=gpu:N) instead of "
                    "--gpus-per-task", gpus_per_task=task_gpus, processes_per_launcher=per_launcher, **ev)
-    if cmd.launcher == "python" and task_gpus == 1 and per_node and per_node > 1:
-        found = True
-        yield warn(f"{where}: --gpus-per-task=1 with {per_node} tasks per node: each task sees one GPU, as device "
-                   "0; a script that picks cuda:LOCAL_RANK stops with 'invalid device ordinal' on every task but "
-                   "the first", "use --gpus-per-node with --ntasks-per-node (each task sees every GPU of its node), "
-                   "or make the script use device 0", gpus_per_task=task_gpus, **ev)
+    if cmd.launcher == "python" and task_gpus == 1 and per_node and per_node > 1:  # what the script picks: unknown
+        unread.append(f"--gpus-per-task=1: each task sees its GPU as device 0 (a script that picks cuda:LOCAL_RANK "
+                      "stops with 'invalid device ordinal')")
     if not found:
         said = f"; not read without running it: {', '.join(unread)}" if unread else ""
         yield passed(f"{where}: the launch's processes match {nodes or '?'} nodes x {gpus or '?'} GPUs{said}", **ev)

@@ -104,9 +104,13 @@ def launch_command(ctx) -> Iterator[Finding]:
     # The files the launcher opens first, as named here (lint has no nodes to ask: they are this machine's).
     named_file = {"accelerate": "config_file", "deepspeed": "hostfile"}.get(command.launcher)
     named = command.get(named_file) if named_file else None
-    written = getattr(getattr(ctx.plan, "batch", None), "written_files", {})  # a batch script writes it as it runs
-    if isinstance(named, str) and named and not from_shell(named) and not ctx.plan.remote and not os.path.isfile(named) \
-            and named not in written:
+    unjudged = ""
+    missing = _missing(ctx, named) if isinstance(named, str) and named and not from_shell(named) and \
+        not ctx.plan.remote else False
+    if missing is None:
+        unjudged = f"; --{named_file} {shorten(named)} is not judged (not a file of this machine: it may be on the " \
+                   "nodes or in the image)"
+    if missing:
         stops = ("accelerate launch stops ('The passed configuration file ... does not exist')"
                  if named_file == "config_file" else "DeepSpeed's runner warns 'Unable to find hostfile' and trains "
                  "on this machine alone (with --num_nodes over 1 it stops)")
@@ -127,4 +131,16 @@ def launch_command(ctx) -> Iterator[Finding]:
                           flag=before, script=command.script))
     yield from found
     if not found:
-        yield passed(f"{name} reads the command: script {shorten(command.script)}, {len(command.options)} options")
+        yield passed(f"{name} reads the command: script {shorten(command.script)}, {len(command.options)} options"
+                     f"{unjudged}")
+
+
+def _missing(ctx, named: str):
+    """Whether the file the launcher opens first is missing where the launch runs: True, False, or None where that
+    is not known here (a batch script's folder or a container image on the cluster, a manifest's image)."""
+    batch = getattr(ctx.plan, "batch", None)
+    if batch is not None and batch.main is not None:
+        return batch.missing(batch.main, named)
+    if getattr(ctx.plan, "manifest", None) is not None:
+        return None
+    return not os.path.isfile(named)

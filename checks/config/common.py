@@ -108,3 +108,15 @@ def ds_usage(ctx) -> str:
 def from_shell(text: str) -> bool:
     """Whether a value of the launch command is left for the node's shell to fill in ($VAR, `cmd`)."""
     return "$" in text or "`" in text
+
+
+def command_unknown(ctx) -> bool:
+    """No launch command is known (`lint --config` alone, `node`): its flags may still give or override what the
+    file leaves out, so a value missing from the file is not judged, and one the flag would replace only warned."""
+    return ctx.plan.launch is None
+
+
+def files_unknown(ctx) -> bool:
+    """`lint` reads no node: a file the config names relative to the job's folder (or on the cluster) is not known
+    to be missing from here."""
+    return not ctx.plan.nodes

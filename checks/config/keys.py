@@ -7,15 +7,15 @@ import difflib
 import os
 from typing import Dict, Iterator, List, Optional
 
-from preflight.api import Finding, check, fail, fold, skip, warn
-from preflight.checks.config.common import (accel_doc, at, did_you_mean, dotted, ds_doc, ds_usage, live_ds_section,
-                                           more_unknown, unknown, yaml_word)
+from preflight.api import Finding, check, fail, fold, passed, skip, warn
+from preflight.checks.config.common import (accel_doc, at, command_unknown, did_you_mean, dotted, ds_doc, ds_usage,
+                                           files_unknown, live_ds_section, more_unknown, unknown, yaml_word)
 from preflight.inputs.configs import (ACCELERATE_DS_KEYS, ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE, ACCELERATE_KEYS,
                                       ACCELERATE_REMOVED_KEYS, AUTO, SAGEMAKER_KEYS)
 from preflight.inputs.deepspeed_keys import (DS_DEPRECATED_ZERO_KEYS, DS_JSON_KEYS, DS_REMOVED_KEYS,
                                              DS_REMOVED_KEYS_SINCE, DS_REMOVED_OPTIMIZERS_SINCE,
                                              DS_REMOVED_ZERO_KEYS, DS_REMOVED_ZERO_KEYS_SINCE, DS_TOP_BLOCKS,
-                                             DS_TOP_KEYS, STRICT_BLOCKS, ZERO_ALIASES)
+                                             DS_TOP_KEYS, STRICT_BLOCKS, STRICT_SINCE, ZERO_ALIASES)
 from preflight.inputs.documents import shorten
 from preflight.inputs import versions
 
@@ -140,7 +140,11 @@ def deepspeed_config_file(ctx) -> Iterator[Finding]:
             yield skip("the accelerate config names no deepspeed_config_file")
         return
     where = doc.where("deepspeed_config", "deepspeed_config_file")
-    if plan.deepspeed is None or plan.deepspeed_file_named is None:
+    if (plan.deepspeed is None or plan.deepspeed_file_named is None) and files_unknown(ctx):
+        yield skip(f"{where}: deepspeed_config_file {named!r} is not here (the working directory, beside "
+                   f"{doc.path}): it may be on the nodes, where accelerate opens it (`preflight check` asks them); "
+                   "not judged", **at(doc, "deepspeed_config", "deepspeed_config_file"))
+    elif plan.deepspeed is None or plan.deepspeed_file_named is None:
         yield fail(f"{where}: deepspeed_config_file {named!r} does not exist (looked in the working directory "
                    f"and beside {doc.path}); accelerate reads the config without opening it, then stops when the "
                    "script starts and its DeepSpeedPlugin opens the file", "correct the path; it must exist on every node",
@@ -157,6 +161,13 @@ def deepspeed_config_file(ctx) -> Iterator[Finding]:
         conflicting.append("mixed_precision")
     for key in conflicting:
         keys = ("mixed_precision",) if key == "mixed_precision" else ("deepspeed_config", key)
+        if key == "mixed_precision" and command_unknown(ctx):  # a --mixed_precision flag would clear it
+            yield warn(f"{doc.where(*keys)}: mixed_precision is set beside deepspeed_config_file; unless the launch "
+                       "command passes --mixed_precision, accelerate raises 'When using `deepspeed_config_file`, the "
+                       "following accelerate config variables will be ignored' when the script starts",
+                       "delete mixed_precision and set the precision in the DeepSpeed JSON", key="mixed_precision",
+                       **at(doc, *keys))
+            continue
         yield fail(f"{doc.where(*keys)}: {dotted(keys)} is set beside deepspeed_config_file; accelerate raises "
                    "'When using `deepspeed_config_file`, the following accelerate config variables will be "
                    "ignored' when the script starts", f"delete {dotted(keys)} and set it in the DeepSpeed JSON",
@@ -181,8 +192,10 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
     its offload blocks, fp16, bf16, compile, tensor_parallel, comms_logger, the monitors, timers,
     hybrid_engine, ...); elsewhere it ignores them, so a misspelt setting silently keeps its default.
     Since 0.19.7 it also refuses removed features (amp, elasticity, MiCS, ...) and no longer builds the
-    1-bit optimizers (OneBitAdam, ZeroOneAdam, OneBitLamb): a failure where the DeepSpeed that runs
-    (the nodes' with `check`, else the one installed here) is that new, a warning where it is not known.
+    1-bit optimizers (OneBitAdam, ZeroOneAdam, OneBitLamb); the precision blocks (fp16, bf16) refuse
+    unknown keys since 0.17.1, compile since 0.16.6. What only newer releases refuse fails where the
+    DeepSpeed that runs is that new (the nodes' with `check` and `node`) and is a warning with `lint`, which
+    does not know the job's DeepSpeed (a config written for an older release runs there).
 
     Correct the spelling to the one suggested, or delete the key; for a removed feature, delete it (or
     pin an older DeepSpeed on every node).
@@ -192,28 +205,56 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
         yield skip("no DeepSpeed config given (--deepspeed, or deepspeed_config_file in the accelerate config)")
         return
     in_use = _deepspeed_in_use(ctx) if _names_removed_features(ds) else {}
+    strict_versions: List[Dict[str, List[str]]] = []
+
+    def in_use_strict() -> Dict[str, List[str]]:  # looked up once, and only where a block's key needs it
+        if not strict_versions:
+            strict_versions.append(_deepspeed_in_use(ctx))
+        return strict_versions[0]
+
     for key in ds.data:
         if key in DS_REMOVED_KEYS:
             yield from _removed(ds, in_use, (key,), f"{key!r}", DS_REMOVED_KEYS_SINCE[key], f"delete {key!r}")
     first, rest = unknown((k for k in ds.data if k not in DS_REMOVED_KEYS), DS_TOP_KEYS)
+    others = []
     for key in first:
         # A block is no misspelt number: VideoX-Fun's "sequence_parallel": {"enabled": true} is its own setting.
         like = sorted(k for k in DS_TOP_KEYS if isinstance(ds.data[key], dict) == (k in DS_TOP_BLOCKS))
         typo = any(key.lower() == k.lower() or difflib.SequenceMatcher(None, key, k).ratio() >= 0.8 for k in like)
-        # A warning even for a misspelling: the job runs, without the setting (--strict makes it refuse).
-        yield warn(f"{ds.where(key)}: unknown key {key!r}"
-                   + (f"{did_you_mean(key, like)}; DeepSpeed ignores it, so the setting has no effect" if typo else
-                      "; DeepSpeed ignores it"),
-                   "correct the spelling" if typo else f"delete {key!r} if it is not for another tool",
-                   key=key, **at(ds, key))
-    if rest:
-        yield more_unknown(ds, (), rest, warn, "DeepSpeed ignores them")
+        if key in ACCELERATE_KEYS and not typo:  # accelerate's setting pasted here: it does not set DeepSpeed's
+            yield warn(f"{ds.where(key)}: unknown key {key!r}: accelerate's config key, which DeepSpeed ignores here, "
+                       "so the setting has no effect", f"delete {key!r} and set it where DeepSpeed reads it",
+                       key=key, **at(ds, key))
+            continue
+        if not typo:  # another tool's key (`_comment`, a launcher's setting): DeepSpeed ignores it, nothing is lost
+            others.append(key)
+            continue
+        # A warning for a misspelling: the job runs, without the setting (--strict makes it refuse).
+        yield warn(f"{ds.where(key)}: unknown key {key!r}{did_you_mean(key, like)}; DeepSpeed ignores it, so the "
+                   "setting has no effect", "correct the spelling", key=key, **at(ds, key))
+    others += rest
+    if others:
+        yield passed(f"{ds.path}: keys DeepSpeed does not read, ignored (another tool's, or notes): "
+                     f"{', '.join(repr(k) for k in others[:8])}{' and more' if len(others) > 8 else ''}",
+                     ignored=[str(k) for k in others[:50]])
     for block, known in STRICT_BLOCKS.items():
         section = ds.section(*block)
         if section is None or (block == ("bfloat16",) and "bf16" in ds.data):  # get_bfloat16_config: bf16 first
             continue
         removed = DS_REMOVED_ZERO_KEYS if block == ("zero_optimization",) else frozenset()
         first, rest = unknown((k for k in section.data if k not in removed), known)
+        since = STRICT_SINCE.get(block)
+        if since is not None and (first or rest):  # one finding for the block: what newer releases refuse
+            names = [dotted(block + (k,)) for k in first + rest if section.data[k] != AUTO]
+            if names:
+                shown = ", ".join(repr(n) for n in names[:6]) + (" and more" if len(names) > 6 else "")
+                if len(names) == 1:
+                    shown += did_you_mean(names[0].rsplit(".", 1)[-1], sorted(known - DS_DEPRECATED_ZERO_KEYS))
+                yield from _refused_since(ds, in_use_strict(), block + (first[0] if first else rest[0],),
+                                          f"unknown key{'s' if len(names) > 1 else ''} {shown}", since,
+                                          f"correct or delete {', '.join(names[:6])}", "refuse "
+                                          f"{'them' if len(names) > 1 else 'it'} ('Extra inputs are not permitted')")
+            first, rest = [k for k in first if section.data[k] == AUTO], []
         for key in first:
             name, like = dotted(block + (key,)), sorted(known - DS_DEPRECATED_ZERO_KEYS)
             if section.data[key] == AUTO:
@@ -226,8 +267,8 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
                        "DeepSpeed drops keys set to \"auto\" unread: it has no effect (accelerate would stop on it)"),
                     f"correct or delete {name}", key=name, **at(ds, *block, key))
                 continue
-            yield fail(f"{ds.where(*block, key)}: unknown key {name!r}{did_you_mean(key, like)}; DeepSpeed refuses "
-                       "it ('Extra inputs are not permitted')", f"correct or delete {name}", key=name,
+            yield fail(f"{ds.where(*block, key)}: unknown key {name!r}{did_you_mean(key, like)}; DeepSpeed "
+                       "refuses it ('Extra inputs are not permitted')", f"correct or delete {name}", key=name,
                        **at(ds, *block, key))
         if rest:
             yield more_unknown(ds, block, rest, fail, "DeepSpeed refuses them ('Extra inputs are not permitted')")
@@ -265,41 +306,42 @@ def _names_removed_features(ds) -> bool:
 
 
 def _deepspeed_in_use(ctx) -> Dict[str, List[str]]:
-    """The DeepSpeed versions the job will run: {version: the nodes reporting it} (with `check`), else
-    {version: []} for the one installed here (package metadata, no import), else {} (not known)."""
-    if ctx.facts:
-        found: Dict[str, List[str]] = {}
-        for node in ctx.reachable:
-            # dict.get: a packages section that failed on the node is no version (PKG003 reports it).
-            packages = dict.get(ctx.facts[node]["facts"], "packages")
-            reported = packages.get("versions") if isinstance(packages, dict) else None
-            version = reported.get("deepspeed") if isinstance(reported, dict) else None
-            if isinstance(version, str) and versions.version(version) is not None:
-                found.setdefault(version, []).append(node)
-        return found
-    from importlib import metadata
-
-    try:
-        version = metadata.version("deepspeed")
-    except (metadata.PackageNotFoundError, ValueError):
-        return {}
-    return {version: []} if versions.version(version) is not None else {}
+    """The DeepSpeed versions the job will run: {version: the nodes reporting it} with `check` and `node`, else {}
+    (`lint` does not know it: the DeepSpeed installed where lint runs need not be the nodes')."""
+    found: Dict[str, List[str]] = {}
+    for node in ctx.reachable if ctx.facts else ():
+        # dict.get: a packages section that failed on the node is no version (PKG003 reports it).
+        packages = dict.get(ctx.facts[node]["facts"], "packages")
+        reported = packages.get("versions") if isinstance(packages, dict) else None
+        version = reported.get("deepspeed") if isinstance(reported, dict) else None
+        if isinstance(version, str) and versions.version(version) is not None:
+            found.setdefault(version, []).append(node)
+    return found
 
 
 def _removed(ds, in_use: Dict[str, List[str]], keys: tuple, what: str, since: str, fix: str) -> Iterator[Finding]:
-    """A removed feature: a failure where the DeepSpeed in use is `since` or newer (as pip orders versions), a
-    warning where no version is known, nothing where every known one still takes it."""
+    """A feature DeepSpeed removed in `since`."""
+    yield from _refused_since(ds, in_use, keys, what, since, fix, "refuse it", removed=True)
+
+
+def _refused_since(ds, in_use: Dict[str, List[str]], keys: tuple, what: str, since: str, fix: str, refuse: str,
+                   removed: bool = False) -> Iterator[Finding]:
+    """What DeepSpeed refuses since a release: a failure where the DeepSpeed in use is `since` or newer (as pip
+    orders versions), a warning where no version is known, nothing where every known one still takes it."""
     refusing = {v: nodes for v, nodes in in_use.items() if versions.version(v) >= versions.version(since)}
     where = ds.where(*keys)
-    evidence = dict(key=dotted(keys), removed_in=since, **at(ds, *keys))
+    change = f"was removed from DeepSpeed in {since}" if removed else f"DeepSpeed {since} and newer {refuse}"
+    evidence = dict(key=dotted(keys), **({"removed_in": since} if removed else {"refused_since": since}),
+                    **at(ds, *keys))
+    pin = f"{fix} (or pin DeepSpeed older than {since} on every node)"
     if refusing:
-        who = " and ".join(f"DeepSpeed {v} on {fold(nodes)}" if nodes else f"DeepSpeed {v} (installed here)"
-                           for v, nodes in sorted(refusing.items(), key=lambda item: versions.version(item[0])))
+        who = " and ".join(f"DeepSpeed {v} on {fold(nodes)}" for v, nodes in
+                           sorted(refusing.items(), key=lambda item: versions.version(item[0])))
         verb = "refuses" if len(refusing) == 1 else "refuse"
-        yield fail(f"{where}: {what} was removed from DeepSpeed in {since}: {who} {verb} it and the job stops when "
-                   "the engine starts", f"{fix} (or pin DeepSpeed older than {since} on every node)",
+        yield fail(f"{where}: {what}{' ' if removed else '; '}{change}: {who} {verb} it and the job stops when the "
+                   "engine starts", pin,
                    deepspeed=sorted(refusing), **evidence)
     elif not in_use:
-        yield warn(f"{where}: {what} was removed from DeepSpeed in {since}: {since} and newer refuse it (the "
-                   "DeepSpeed version the job runs is not known here; `preflight check` asks the nodes)",
-                   f"{fix} (or pin DeepSpeed older than {since} on every node)", **evidence)
+        also = f": {since} and newer refuse it" if removed else ""
+        yield warn(f"{where}: {what}{' ' if removed else '; '}{change}{also} (the DeepSpeed the job runs is not known "
+                   "here: `preflight check` asks the nodes)", pin, **evidence)

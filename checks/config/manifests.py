@@ -114,19 +114,16 @@ def resources(ctx) -> Iterator[Finding]:
             found = True
             yield fail(f"{m.where(line)}: {t.kind} {t.name}: {problem}", "correct the resource as the message says",
                        file=m.path, line=line, kind=t.kind, name=t.name)
-    if m.templated:
-        found = True
-        fields = ", ".join(f"{f} ({m.where(line)})" for line, f in m.templated[:5])
-        yield warn(f"{m.path}: templated, not read: {fields}{' and more' if len(m.templated) > 5 else ''}: their "
-                   "values are filled when the manifest is rendered", "lint the rendered manifest (helm template, "
-                   "envsubst, kustomize build) for these to be judged", file=m.path,
-                   templated=[f for _, f in m.templated])
     if not found:
         said = "; ".join(f"{t.kind} {t.name}: " + " + ".join(f"{g.role} {g.pods if g.pods is not None else '?'}"
                                                              for g in t.groups) + " pods" for t in m.trainings)
         notes = "; ".join(n for t in m.trainings for n in t.notes if not n.startswith("subdomain:"))
-        yield passed(f"{m.path}: {said}" + (f" ({notes})" if notes else ""), file=m.path,
-                     kinds=[t.kind for t in m.trainings])
+        # A templated field is filled when the manifest is rendered: said as not judged (lint the rendered one).
+        fields = ", ".join(f"{f} ({m.where(line)})" for line, f in m.templated[:5])
+        templated = f"; templated, not judged until rendered (helm template, envsubst, kustomize build): {fields}" \
+            f"{' and more' if len(m.templated) > 5 else ''}" if m.templated else ""
+        yield passed(f"{m.path}: {said}" + (f" ({notes})" if notes else "") + templated, file=m.path,
+                     kinds=[t.kind for t in m.trainings], templated=[f for _, f in m.templated])
 
 
 @check("CFG081", "k8s-nodes", "config", tags=["kubernetes", "multinode"])
@@ -230,6 +227,9 @@ def gpus_per_pod(ctx) -> Iterator[Finding]:
         elif procs > n:
             yield fail(f"{where}: {_label(t, g)}: {procs} processes per pod ({how}) on the {n} GPU(s) its limit "
                        "gives", f"give {n} processes per pod, or nvidia.com/gpu: {procs}", **ev)
+        elif procs < n and c.launch.command.launcher == "python":  # one process may use them all (its own code)
+            yield passed(f"{where}: {_label(t, g)}: one process per pod ({how}) on {n} GPUs: how many it uses is its "
+                         "own code (not judged)", **ev)
         elif procs < n:
             yield warn(f"{where}: {_label(t, g)}: {procs} process(es) per pod ({how}) on {n} GPUs: {n - procs} idle",
                        f"give {n} processes per pod (--nproc_per_node {n}), or ask for {procs} GPU(s)", **ev)
@@ -243,9 +243,10 @@ def gpus_per_pod(ctx) -> Iterator[Finding]:
 def dev_shm(ctx) -> Iterator[Finding]:
     """A training pod mounts a memory-backed /dev/shm of a useful size (an emptyDir with medium: Memory).
 
-    Without one the container runtime gives /dev/shm 64 MB: NCCL's shared-memory transport between the ranks
-    of a pod fails ('No space left on device', 'Error while creating shared memory segment') and DataLoader
-    workers die with a bus error. An emptyDir's sizeLimit caps it.
+    Without one the container runtime gives /dev/shm 64 MB. NCCL keeps shared memory between the ranks of a
+    pod (its docs: it "may require" it; too small, it fails in ncclShmOpen or with 'No space left on device'),
+    a warning for a pod of several GPUs; DataLoader workers share it too, which the manifest does not tell
+    (one GPU or none: not judged). An emptyDir's sizeLimit caps it: under the profile's limit it fails.
 
     Add to the pod: volumes: [{name: dshm, emptyDir: {medium: Memory, sizeLimit: 16Gi}}] and to the
     container: volumeMounts: [{name: dshm, mountPath: /dev/shm}] (or hostIPC: true).
@@ -273,16 +274,26 @@ def dev_shm(ctx) -> Iterator[Finding]:
                       None)
         empty = volume.get("emptyDir") if isinstance(volume, dict) else None
         if volume is None or (isinstance(empty, dict) and empty.get("medium") != "Memory"):
-            procs = _procs(ctx, t, c)[0] if c.launch is not None else None
-            several = (procs or 0) > 1 or (manifests.gpus(c) or 0) > 1
-            text = (f"{where}: {_label(t, g)}: container {c.name} has no memory-backed /dev/shm: the "
-                    "runtime's 64 MB" + (f", for {procs or manifests.gpus(c)} ranks in the pod (NCCL's "
-                                         "shared memory)" if several else " (DataLoader workers)"))
-            fix = "mount an emptyDir {medium: Memory, sizeLimit: 16Gi} at /dev/shm"
-            yield (fail if several else warn)(text, fix, **ev)
+            # NCCL's shared-memory transport joins the GPUs of one pod: two or more of them need /dev/shm. One GPU, or
+            # none (gloo over TCP), needs it only for DataLoader workers, which the manifest does not tell.
+            gpus = manifests.gpus(c) or 0
+            if gpus > 1:  # NCCL's docs: it "may require" shared memory; how much grows with the ranks of the pod
+                yield warn(f"{where}: {_label(t, g)}: container {c.name} has no memory-backed /dev/shm: the "
+                           f"runtime's 64 MB for the {gpus} GPUs of the pod, where NCCL (RCCL on AMD) keeps shared "
+                           "memory between its ranks (too small, it fails in ncclShmOpen or with 'No space left on "
+                           "device')",
+                           "mount an emptyDir {medium: Memory, sizeLimit: 16Gi} at /dev/shm", gpus=gpus, **ev)
+            else:
+                yield passed(f"{where}: {_label(t, g)}: the runtime's 64 MB /dev/shm, {gpus} GPU(s) in the pod: no "
+                             "NCCL shared memory between GPUs there; DataLoader workers, if the script starts any, "
+                             "share it (not judged: the script is not in the manifest)", gpus=gpus, **ev)
             continue
         size = manifests.quantity_bytes(empty.get("sizeLimit")) if isinstance(empty, dict) else None
-        if isinstance(empty, dict) and empty.get("sizeLimit") is not None and size is None:
+        problem = manifests.quantity_problem(empty.get("sizeLimit")) if isinstance(empty, dict) else None
+        if problem is not None:  # bad input of the manifest: the API server refuses it
+            yield fail(f"{where}: {_label(t, g)}: /dev/shm sizeLimit {problem}: the manifest is refused when applied",
+                       "write sizeLimit as a quantity, such as 16Gi", **ev)
+        elif isinstance(empty, dict) and empty.get("sizeLimit") is not None and size is None:
             yield passed(f"{where}: {_label(t, g)}: /dev/shm sizeLimit {shorten(empty.get('sizeLimit'))} "
                          "is templated: not compared", **ev)
         elif size is not None and size < limits.shm_fail_bytes:
@@ -421,7 +432,7 @@ def sidecar(ctx) -> Iterator[Finding]:
     if m is None:
         yield skip(NO_MANIFEST)
         return
-    judged = False
+    judged, unknown = False, []
     for t in m.trainings:
         if (t.pods or 0) < 2 and t.pods is not None:
             continue
@@ -448,10 +459,12 @@ def sidecar(ctx) -> Iterator[Finding]:
             elif not g.template_read:
                 yield passed(f"{where}: {_label(t, g)}: the pod template is not in this file: not read", **ev)
             else:
-                yield warn(f"{where}: {_label(t, g)}: no {ISTIO}: whether namespace {ns} injects a sidecar is not in "
-                           "this file", f"check: kubectl get namespace {ns} -L istio-injection; or set {ISTIO}: "
-                           "\"false\" in the pod template", **ev)
-    if not judged:
+                unknown.append(f"{_label(t, g)} (namespace {ns})")
+    if unknown:  # whether the namespace injects is its label on the cluster: said once, not judged
+        yield skip(f"{m.path}: no {ISTIO} on {', '.join(unknown[:4])}{' and more' if len(unknown) > 4 else ''}: "
+                   "whether the namespace injects Istio's sidecar is its label on the cluster, not in this file "
+                   f"(kubectl get namespace -L istio-injection): not judged", file=m.path)
+    elif not judged:
         yield skip(f"{m.path}: no training resource of more than one pod")
 
 
@@ -462,7 +475,9 @@ def rdma(ctx) -> Iterator[Finding]:
 
     Without the RDMA resource (or privileged / hostNetwork) the container has no /dev/infiniband and NCCL falls
     back to sockets; without IPC_LOCK memory registration fails ('ibv_reg_mr failed', 'Cannot allocate
-    memory'); NCCL_IB_DISABLE=1 turns the fabric off.
+    memory'); NCCL_IB_DISABLE=1 turns the fabric off. AWS's Elastic Fabric Adapter (vpc.amazonaws.com/efa) is
+    an RDMA device too, which NCCL reaches through the aws-ofi-nccl plugin, not its InfiniBand transport, on
+    nodes that set the locked memory: neither of the last two rules applies to it.
 
     Ask for the device plugin's resource (e.g. rdma/rdma_shared_device_a: 1), add securityContext.capabilities
     add: [IPC_LOCK], and leave NCCL_IB_DISABLE unset.
@@ -482,13 +497,14 @@ def rdma(ctx) -> Iterator[Finding]:
         where = m.where(t.line)
         ev = dict(file=m.path, kind=t.kind, name=t.name, role=g.role, container=c.name, resources=devices)
         found = False
-        if devices and str(env.get("NCCL_IB_DISABLE", "")).strip() == "1":
+        infiniband = [d for d in devices if d != manifests.EFA_RESOURCE]  # EFA: aws-ofi-nccl, memlock set by its nodes
+        if infiniband and str(env.get("NCCL_IB_DISABLE", "")).strip() == "1":
             found = True
-            yield fail(f"{where}: {_label(t, g)}: asks for {', '.join(devices)} and sets NCCL_IB_DISABLE=1: "
+            yield fail(f"{where}: {_label(t, g)}: asks for {', '.join(infiniband)} and sets NCCL_IB_DISABLE=1: "
                        "NCCL uses sockets", "unset NCCL_IB_DISABLE", **ev)
-        if devices and "IPC_LOCK" not in c.capabilities and not c.privileged:
+        if infiniband and "IPC_LOCK" not in c.capabilities and not c.privileged:
             found = True
-            yield fail(f"{where}: {_label(t, g)}: asks for {', '.join(devices)} without the IPC_LOCK "
+            yield fail(f"{where}: {_label(t, g)}: asks for {', '.join(infiniband)} without the IPC_LOCK "
                        "capability: RDMA memory registration fails (locked memory)", "add securityContext: "
                        "{capabilities: {add: [IPC_LOCK]}} to the container", **ev)
         if not devices and not c.privileged and not g.host_network:

@@ -161,14 +161,18 @@ def duplicate_keys(ctx) -> Iterator[Finding]:
     for doc in docs:
         for keys, line in doc.duplicates:
             where = f"{doc.path}:{line}"
-            if doc is ds and doc.kind == "json" and not under_accelerate:
+            if doc is ds and doc.kind == "json" and ds_usage(ctx) == "deepspeed":
                 yield fail(f"{where}: key {dotted(keys)!r} is given twice; DeepSpeed refuses the file "
                            "('Duplicate keys in DeepSpeed config')", "delete one of the two", key=dotted(keys),
                            file=doc.path, line=line)
-            elif doc is ds and doc.kind == "json":
+            elif doc is ds and doc.kind == "json" and under_accelerate:
                 yield warn(f"{where}: key {dotted(keys)!r} is given twice; accelerate's DeepSpeedPlugin reads the "
                            "file with json.load, which keeps only this last one (DeepSpeed opening the file itself "
                            "would refuse it)", "delete one of the two", key=dotted(keys), file=doc.path, line=line)
+            elif doc is ds and doc.kind == "json":  # who opens it is not known: the HF Trainer, a script, DeepSpeed
+                yield warn(f"{where}: key {dotted(keys)!r} is given twice; DeepSpeed refuses the file when it opens "
+                           "it itself ('Duplicate keys in DeepSpeed config'), the HF Trainer and accelerate keep only "
+                           "this last one", "delete one of the two", key=dotted(keys), file=doc.path, line=line)
             else:
                 yield warn(f"{where}: key {dotted(keys)!r} is given twice; only this last one takes effect",
                            "delete one of the two", key=dotted(keys), file=doc.path, line=line)

@@ -64,13 +64,11 @@ def batch_size(ctx) -> Iterator[Finding]:
     if tb is None and mb is None:
         # accelerate and the Trainer fill in only keys set to "auto"; missing ones stay missing.
         why = ("DeepSpeed asserts 'Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided'")
-        if usage == "unknown":
-            yield warn(f"{ds.path}: neither train_batch_size nor train_micro_batch_size_per_gpu is set: {why}, unless "
-                       "the training framework fills them in (PyTorch Lightning sets the micro batch from its "
-                       "dataloader; the transformers Trainer and accelerate fill in only keys set to \"auto\")",
-                       'under the transformers Trainer or accelerate, add "train_micro_batch_size_per_gpu": "auto" '
-                       '(and "train_batch_size": "auto"); with DeepSpeed alone, set the micro batch size',
-                       **at(ds), **evidence)
+        if usage == "unknown":  # the program that reads it may set them (Lightning, Megatron, the autotuner)
+            yield passed(f"{ds.path}: neither train_batch_size nor train_micro_batch_size_per_gpu is set: {why} "
+                         "unless the program that reads the file sets them (PyTorch Lightning from its dataloader, "
+                         "Megatron-DeepSpeed from its flags; the transformers Trainer and accelerate fill in only keys "
+                         "set to \"auto\"): who reads it is not known here, not judged", **at(ds), **evidence)
         else:
             yield fail(f"{ds.path}: neither train_batch_size nor train_micro_batch_size_per_gpu is set; {why} "
                        f"({FILLS[usage]})",
@@ -127,6 +125,10 @@ def zero_stage(ctx) -> Iterator[Finding]:
     elif stage == AUTO and ctx.plan.accelerate is not None and ctx.plan.accelerate.uses_deepspeed:
         yield passed(f"{doc.where(*keys)}: ZeRO stage \"auto\" is filled in by accelerate "
                      "(`accelerate launch --zero_stage`, 2 when not given)", stage=stage)
+    elif stage == AUTO and ds_usage(ctx) == "unknown":  # who reads it (accelerate fills it) is not known here
+        yield passed(f"{doc.where(*keys)}: ZeRO stage \"auto\": accelerate fills it in (`accelerate launch "
+                     "--zero_stage`, 2 when not given); DeepSpeed alone would drop it and train at stage 0 (who reads "
+                     "the file is not known here: not judged)", stage=stage)
     elif stage == AUTO:
         yield warn(f"{doc.where(*keys)}: {dotted(keys)} is \"auto\": accelerate and the transformers Trainer fill it "
                    "in (accelerate's zero_stage, 2 unless given), but DeepSpeed on its own drops it and trains at "

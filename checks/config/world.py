@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator, Mapping
 
 from preflight.api import Finding, check, fail, skip, warn
-from preflight.checks.config.common import accel_doc, at, from_shell, yaml_word
+from preflight.checks.config.common import accel_doc, at, files_unknown, from_shell, yaml_word
 from preflight.inputs.configs import MULTI_TYPES, accelerate_launcher, gpu_id_items, runner_resources
 from preflight.inputs.documents import Document, shorten
 from preflight.inputs.numbers import is_int, text_number
@@ -110,12 +110,14 @@ def process_counts(ctx) -> Iterator[Finding]:
             not ctx.plan.accelerate.is_sagemaker and not ctx.plan.accelerate.from_command:
         # A file meant to be completed by the launch command's --num_processes (SLURM scripts do) works: a
         # failure only when that command is known and does not pass it either.
-        make = fail if ctx.plan.command else warn
-        yield make(f"{doc.where('num_processes')}: num_processes is {'not set' if procs is None else procs}; "
-                   "accelerate launch stops with 'You need to manually pass in `--num_processes`'"
-                   + ("" if ctx.plan.command else " unless the launch command passes --num_processes"),
-                   "set num_processes to the total number of processes over all machines (or pass --num_processes "
-                   "to accelerate launch)", **at(doc, "num_processes"))
+        said = (f"{doc.where('num_processes')}: num_processes is {'not set' if procs is None else procs}; "
+                "accelerate launch stops with 'You need to manually pass in `--num_processes`'")
+        if ctx.plan.command:
+            yield fail(said, "set num_processes to the total number of processes over all machines (or pass "
+                       "--num_processes to accelerate launch)", **at(doc, "num_processes"))
+        else:  # without the launch command: not judged
+            yield skip(said + " unless the launch command passes --num_processes (not judged without it)",
+                       **at(doc, "num_processes"))
     if not (is_int(procs) and is_int(machines) and procs > 0 and machines > 0):
         return
     # MULTI_CPU and --cpu run the simple launcher: one process a machine, or mpirun's share of num_processes with
@@ -245,6 +247,12 @@ def hostfile(ctx) -> Iterator[Finding]:
                                                                                          "deepspeed_hostfile"))
                 return
             machines = ctx.plan.accelerate.integer("num_machines", 1)
+            if files_unknown(ctx):
+                yield skip(f"{doc.where('deepspeed_config', 'deepspeed_hostfile')}: deepspeed_hostfile {named!r} is "
+                           "not here (the working directory, beside the config): DeepSpeed's runner opens it on the "
+                           "head (`preflight check` asks it); not judged", **at(doc, "deepspeed_config",
+                                                                                 "deepspeed_hostfile"))
+                return
             yield fail(f"{doc.where('deepspeed_config', 'deepspeed_hostfile')}: deepspeed_hostfile {named!r} does not "
                        "exist (looked in the working directory and beside the config); DeepSpeed's runner warns "
                        f"'Unable to find hostfile' and trains on the head alone, not over {machines} machines",

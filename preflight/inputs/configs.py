@@ -29,10 +29,10 @@ ACCELERATE_KEYS: Dict[str, tuple] = {
     "mixed_precision": (str, bool, NoneType),
     "use_cpu": (bool,),
     "debug": ANY,  # tested for truth only (commands/launch.py)
-    "num_processes": (int,),
+    "num_processes": (int, NoneType),  # null: not set (launch's flags, else its own default, fill it in)
     # null is read only over several machines, where int(None) stops accelerate (CFG011)
     "machine_rank": (int, NoneType),
-    "num_machines": (int,),
+    "num_machines": (int, NoneType),
     "gpu_ids": (str, int, NoneType),
     "main_process_ip": (str, NoneType),
     "main_process_port": (int, str, NoneType),  # text: read only where a launch takes the port (CFG003, CFG010)
@@ -548,6 +548,7 @@ class AccelerateConfig:
 def load_accelerate_config(path: str, text: Optional[str] = None, kind: Optional[str] = None) -> AccelerateConfig:
     """The accelerate config at path; `text` (and its syntax, `kind`): the text a batch script writes there."""
     doc = load(path, "accelerate config", kind, text=text)
+    _not_the_other_kind(doc, "accelerate config", ACCELERATE_ONLY_KEYS, DEEPSPEED_ONLY_KEYS, "--deepspeed")
     schema = SAGEMAKER_KEYS if doc.data.get("compute_environment") == "AMAZON_SAGEMAKER" else ACCELERATE_KEYS
     config = AccelerateConfig(doc)
     if not config.uses_deepspeed:  # a section accelerate never reads is not bad input (CFG004 says it is ignored)
@@ -566,7 +567,7 @@ DS_NUMERIC: Dict[Tuple[str, ...], tuple] = {
     ("train_micro_batch_size_per_gpu",): (int, AUTO),
     ("gradient_accumulation_steps",): (int, AUTO),
     ("gradient_clipping",): (float, AUTO),
-    ("steps_per_print",): (int, float),
+    ("steps_per_print",): (int, float, AUTO),  # accelerate and the HF Trainer replace it (inf)
     ("zero_optimization", "stage"): (int, AUTO),
     ("zero_optimization", "reduce_bucket_size"): (int, float, AUTO),
     ("zero_optimization", "allgather_bucket_size"): (int, float, AUTO),
@@ -664,8 +665,11 @@ class DeepSpeedConfig:
 def load_deepspeed_config(path: str, text: Optional[str] = None) -> DeepSpeedConfig:
     # Read as JSON whatever its name, past what hjson alone takes: CFG008 judges that, by who reads the file
     doc = parse_deepspeed(path, read_text(path, "DeepSpeed config", bom=True) if text is None else text)
+    _not_the_other_kind(doc, "DeepSpeed config", DEEPSPEED_ONLY_KEYS, ACCELERATE_ONLY_KEYS, "--config")
     for keys, types in DS_NUMERIC.items():
         section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
+        if keys == ("steps_per_print",) and str(doc.data.get("steps_per_print")).strip().lower() in ("inf", "infinity"):
+            continue  # accelerate's DeepSpeedPlugin sets it to inf itself (nothing printed): the text says the same
         if section is not None:
             validate_types(doc, {keys[-1]: types}, keys[:-1])
     for block in DS_SECTIONS:
@@ -675,6 +679,23 @@ def load_deepspeed_config(path: str, text: Optional[str] = None) -> DeepSpeedCon
         if value is not None and not isinstance(value, dict):
             raise InputError(path, f"{block} must be a mapping, found {shorten(value)}", doc.line(block))
     return DeepSpeedConfig(doc)
+
+
+# Keys only one of the two files has at its top level: a file with the other's and none of its own was given to the
+# wrong option (`--config ds.json`), and is said to be in one line rather than judged key by key.
+ACCELERATE_ONLY_KEYS = frozenset(("distributed_type", "compute_environment", "num_processes", "num_machines",
+                                  "machine_rank", "main_training_function", "deepspeed_config", "fsdp_config"))
+DEEPSPEED_ONLY_KEYS = frozenset(("zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu",
+                                 "optimizer", "scheduler", "bf16", "zero_allow_untested_optimizer"))
+
+
+def _not_the_other_kind(doc: Document, what: str, own: frozenset, other: frozenset, option: str) -> None:
+    keys = set(doc.data) if isinstance(doc.data, dict) else set()
+    theirs = sorted(keys & other)
+    if theirs and not keys & own:
+        other_kind = "a DeepSpeed config" if option == "--deepspeed" else "an accelerate config"
+        raise InputError(doc.path, f"{other_kind} ({', '.join(theirs[:3])}), given as the {what}: give it with "
+                                   f"{option}")
 
 
 def resolve_beside(path: str, reference: str) -> str:

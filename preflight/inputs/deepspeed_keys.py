@@ -123,6 +123,16 @@ injection_policy_tuple partition_config preset_model keep_module_on_host replace
     ("tensor_parallel", "tensor_parallel"): _TP,
     ("tensor_parallel", "tp"): _TP,
 }
+# The release since which DeepSpeed refuses unknown keys in a block (the block became a DeepSpeedConfigModel, whose
+# pydantic config forbids extra fields): precision_config.py (fp16, bf16) in 0.17.1, compile/config.py in 0.16.6,
+# runtime/tensor_parallel/config.py in 0.16.4, zenflow_config.py in 0.17.5, leaf_module_config.py in 0.18.0. Before,
+# the block was read key by key and other keys were ignored. The other blocks are strict in every release the tables
+# here follow (zero/config.py since 0.7.0).
+STRICT_SINCE = {("fp16",): "0.17.1", ("bf16",): "0.17.1", ("bfloat16",): "0.17.1", ("compile",): "0.16.6",
+                ("tensor_parallel",): "0.16.4", ("tensor_parallel", "tensor_parallel"): "0.16.4",
+                ("tensor_parallel", "tp"): "0.16.4", ("zero_optimization", "zenflow"): "0.17.5",
+                ("zero_optimization", "leaf_module"): "0.18.0"}
+OLDEST_DEEPSPEED = "0.15.0"  # the oldest release these tables follow (pyproject's `train` extra asks for it)
 # Deprecated spellings DeepSpeed still converts (zero/config.py, new_param): never suggested as a fix.
 DS_DEPRECATED_ZERO_KEYS = frozenset(
     "cpu_offload_param cpu_offload_use_pin_memory cpu_offload stage3_gather_fp16_weights_on_model_save".split())

@@ -247,6 +247,16 @@ def _full_name(launcher: str, option: str, legacy_launch: bool = False) -> Optio
     return dest.get(matches[0], matches[0]) if len(matches) == 1 else None
 
 
+def known_option(launcher: str, word: str) -> bool:
+    """Whether the launcher's parser reads WORD (`--nnodes`, `--nnodes=2`) as one of its own options."""
+    if not word.startswith("--"):
+        return word[:2] in SHORT.get(launcher, {})
+    name = word[2:].partition("=")[0]
+    if launcher == "accelerate":
+        return canonical(name) in ACCELERATE_OPTIONS
+    return launcher in OPTIONS and _full_name(launcher, name) is not None
+
+
 def parse(argv: Sequence[str]) -> LaunchCommand:
     """The launch command as its launcher reads it. Never raises: what cannot be read is `problem`."""
     argv = tuple(str(a) for a in argv)

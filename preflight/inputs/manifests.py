@@ -1,4 +1,4 @@
-"""A Kubernetes manifest as the cluster will run it: its training resources (Kubeflow PyTorchJob, TrainJob and
+"""A Kubernetes manifest as the cluster will run it: its training resources (Kubeflow PyTorchJob, MPIJob, TrainJob and
 (Cluster)TrainingRuntime, JobSet, LeaderWorkerSet, Volcano Job, an Indexed Job or a StatefulSet), the pods each
 makes, what their containers run and ask for, and what the operator adds to them.
 
@@ -29,13 +29,14 @@ fill are said to be templated, not guessed.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.inputs import launchcmd
-from preflight.inputs.documents import InputError, read_regular, yaml_documents
+from preflight.inputs.documents import InputError, read_regular, shorten, yaml_documents
 
 # Real manifests are KiB; an object the API server stores is at most 1.5 MiB (etcd's default request limit).
 MAX_BYTES = 4 * 1024 * 1024
@@ -46,7 +47,9 @@ MARK = "PREFLIGHT-TEMPLATED"  # what a {{ ... }} becomes while the YAML is read
 ENV_TEMPLATE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(:?-[^}]*)?\}|\$[A-Za-z_][A-Za-z0-9_]*")
 SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
-RDMA_RESOURCE = re.compile(r"(^rdma/|/rdma|/hca|infiniband|mellanox\.com/|nvidia\.com/(mlnx|hostdev|sriov))", re.I)
+RDMA_RESOURCE = re.compile(r"(^rdma/|/rdma|/hca|infiniband|mellanox\.com/|nvidia\.com/(mlnx|hostdev|sriov)|"
+                           r"^vpc\.amazonaws\.com/efa$)", re.I)
+EFA_RESOURCE = "vpc.amazonaws.com/efa"  # AWS's Elastic Fabric Adapter: NCCL reaches it through aws-ofi-nccl
 
 PYTORCHJOB_PORT = 23456  # kubeflow.org/v1 PyTorchJobDefaultPort
 TRAINER_PORT = 29500  # trainer constants.ContainerTrainerPort
@@ -291,20 +294,42 @@ SUFFIX = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15
           "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 
+QUANTITY_MAX = 2**63 - 1  # a Quantity's value is an int64 (resource.Quantity.Value)
+
+
 def quantity_bytes(value: Any) -> Optional[int]:
-    """A resource quantity (k8s.io/apimachinery resource.Quantity: 16Gi, 1G, 512Mi, 1e9) in bytes, or None."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(value)
-    m = QUANTITY.match(str(value).strip()) if isinstance(value, str) else None
-    if m is None:
-        return None
-    try:
-        number = float(m.group(1))
-    except ValueError:
-        return None
-    suffix = m.group(2)
-    scale = 10 ** int(suffix[1:]) if suffix and suffix.startswith("e") else SUFFIX[suffix]
-    return int(number * scale)
+    """A resource quantity (k8s.io/apimachinery resource.Quantity: 16Gi, 1G, 512Mi, 1e9) in bytes, or None where it
+    is none (quantity_problem says why) or templated."""
+    return quantity_read(value)[0]
+
+
+def quantity_problem(value: Any) -> Optional[str]:
+    """Why a value written as a resource quantity is none the API server takes (it refuses the manifest), or None."""
+    return quantity_read(value)[1]
+
+
+def quantity_read(value: Any) -> Tuple[Optional[int], Optional[str]]:
+    if isinstance(value, bool) or value is None or is_templated(value):
+        return None, None
+    if isinstance(value, float) and not math.isfinite(value):  # YAML's .inf, 1e999: no JSON can carry it
+        return None, f"{value!r} is not a number kubectl can send (JSON has no infinity)"
+    if isinstance(value, (int, float)):
+        number, text = float(value), repr(value)
+    else:
+        text = str(value).strip()
+        m = QUANTITY.match(text)
+        try:
+            number = float(m.group(1)) if m else None
+        except ValueError:
+            number = None
+        if number is None:
+            return None, f"{shorten(text)} is not a quantity (a number with a suffix such as Gi: 16Gi)"
+        suffix = m.group(2)
+        exponent = int(suffix[1:]) if suffix and suffix.startswith("e") else None
+        number = QUANTITY_MAX + 1.0 if exponent is not None and exponent > 30 else \
+            number * (10 ** exponent if exponent is not None else SUFFIX[suffix])
+    # Past an int64 the Quantity's value saturates (resource.Quantity.Value): no limit to compare, and no problem
+    return (QUANTITY_MAX if not math.isfinite(number) or number > QUANTITY_MAX else int(number)), None
 
 
 # ---- containers and their launch --------------------------------------------------------------------------------
@@ -362,11 +387,10 @@ def _launch(argv: Sequence[str], env: Mapping[str, Optional[str]]) -> Optional[L
     if script is None:
         command = launchcmd.parse([shell_expand(w, env) for w in argv]) if argv else None
         return Launch(command, False, " ".join(argv)) if command and _runs_something(command) else None
-    from preflight.inputs import batchscript  # its shell scanner: quotes, continuations, separators, heredocs
+    from preflight.inputs import shellwalker  # bash's grammar: quotes, continuations, separators, heredocs
 
     best = None
-    for cmd in batchscript.scan(script):
-        words = [batchscript._plain(w) for w in cmd.words]
+    for words in shellwalker.simple_commands(script):
         while words and words[0] in ("exec", "time", "nohup", "command", "then", "do", "else", "eval"):
             words = words[1:]
         command = launchcmd.parse([shell_expand(w, env) for w in words])
@@ -641,6 +665,18 @@ def _volcano(obj: Mapping, line: int) -> Optional[Training]:
     return Training("Volcano Job", name, _namespace(obj), line, groups, injected, address, notes=notes)
 
 
+def _mpijob(obj: Mapping, line: int) -> Training:
+    """An MPIJob (kubeflow/mpi-operator v2beta1, and training-operator's v1): a Launcher pod runs mpirun, which starts
+    the ranks on the Worker pods (slotsPerWorker of them each, 1 by default) over the hostfile the operator writes;
+    the workers' containers are where the GPUs and /dev/shm matter."""
+    name, spec = _text(_meta(obj).get("name")), _map(obj, "spec")
+    roles = {str(k): v for k, v in _map(spec, "mpiReplicaSpecs").items() if isinstance(v, dict)}
+    groups = tuple(_group(role, count(rs.get("replicas")), rs.get("template"), line, {}) for role, rs in roles.items())
+    slots = count(spec.get("slotsPerWorker"), 1)
+    return Training("MPIJob", name, _namespace(obj), line, groups, {}, None,
+                    notes=(f"{slots if slots is not None else '?'} slot(s) per worker",))
+
+
 def _is_training(group: Group) -> bool:
     return any(c.launch is not None and c.launch.command.launcher in launchcmd.MULTI_LAUNCHERS or gpus(c) for c in
                group.containers)
@@ -671,7 +707,7 @@ def _statefulset(obj: Mapping, line: int) -> Optional[Training]:
 
 READERS = {"PyTorchJob": _pytorchjob, "TrainJob": _trainjob, "TrainingRuntime": _runtime,
            "ClusterTrainingRuntime": _runtime, "JobSet": _jobset, "LeaderWorkerSet": _lws, "Job": _volcano,
-           "StatefulSet": _statefulset}
+           "StatefulSet": _statefulset, "MPIJob": _mpijob}
 
 
 def subdomain(training: Training) -> Optional[str]:

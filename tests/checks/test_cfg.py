@@ -79,6 +79,7 @@ def shown(results):
 BATCH_CHECKS = {"CFG070", "CFG071", "CFG072", "CFG073", "CFG074", "CFG075", "CFG076"}  # a SLURM batch script's (--sbatch)
 MANIFEST_CHECKS = {f"CFG08{i}" for i in range(7)}  # a Kubernetes manifest's (--k8s)
 
+CMD = ["--", "accelerate", "launch", "train.py"]  # a launch command that gives nothing the file lacks
 CASES = [
     # CFG001 accelerate-keys
     ("CFG001/unknown-key", [], "CFG001", "fail", "unknown key 'mixed_precison' (did you mean 'mixed_precision'?)",
@@ -178,34 +179,48 @@ CASES = [
     # CFG005 deepspeed-config-file
     ("CFG005/not-used", [], "CFG005", "warn",
      "distributed_type is 'MULTI_GPU', so the DeepSpeed config", "accelerate.yaml:2"),
-    ("CFG005/missing-file", [], "CFG005", "fail",
-     "deepspeed_config_file 'configs/zero2.json' does not exist (looked in the working directory and beside",
-     "accelerate.yaml:3"),
+    # lint reads no node: a file missing here may be on the nodes (`check` and `node` ask them: a failure there)
+    ("CFG005/missing-file", [], "CFG005", "skip",
+     "deepspeed_config_file 'configs/zero2.json' is not here (the working directory, beside", "accelerate.yaml:3"),
     ("CFG005/other-file-checked", ["--deepspeed", "{case}/other.json"], "CFG005", "warn",
      "but the DeepSpeed config checked is", "accelerate.yaml:3"),
     ("CFG005/conflicting-key", [], "CFG005", "fail",
      "deepspeed_config.zero_stage is set beside deepspeed_config_file; accelerate raises", "accelerate.yaml:5"),
-    ("CFG005/mixed-precision-beside-file", [], "CFG005", "fail",
-     "mixed_precision is set beside deepspeed_config_file", "accelerate.yaml:5"),
+    # a --mixed_precision flag would clear it: without the launch command a warning, with one that lacks it a failure
+    ("CFG005/mixed-precision-beside-file", [], "CFG005", "warn",
+     "mixed_precision is set beside deepspeed_config_file; unless the launch command passes --mixed_precision",
+     "accelerate.yaml:5"),
+    ("CFG005/mixed-precision-beside-file", CMD, "CFG005", "fail",
+     "mixed_precision is set beside deepspeed_config_file; accelerate raises", "accelerate.yaml:5"),
     ("CFG005/no-zero-block", [], "CFG005", "fail",
      "no zero_optimization block; accelerate requires one", "ds.json"),
     ("CFG005/ok-file-beside-config", [], "CFG005", "pass", "", None),
     # the same file, spelt another way on the command line, is the file the job uses
     ("CFG005/ok-file-beside-config", ["--deepspeed", "{case}/./ds.json"], "CFG005", "pass", "", None),
     # CFG006 duplicate-keys
-    ("CFG006/json-duplicate", [], "CFG006", "fail",
+    # who opens the file is not known (the HF Trainer keeps the last): a warning; DeepSpeed's runner refuses it
+    ("CFG006/json-duplicate", [], "CFG006", "warn",
+     "key 'zero_optimization.stage' is given twice; DeepSpeed refuses the file when it opens it itself", "ds.json:6"),
+    ("CFG006/json-duplicate", ["--", "deepspeed", "train.py"], "CFG006", "fail",
      "key 'zero_optimization.stage' is given twice; DeepSpeed refuses the file", "ds.json:6"),
     ("CFG006/yaml-duplicate", [], "CFG006", "warn",
      "key 'num_processes' is given twice; only this last one takes effect", "accelerate.yaml:5"),
     ("CFG006/ok-same-key-in-two-blocks", [], "CFG006", "pass", "", None),
     # CFG010 main-process-address
-    ("CFG010/ip-missing", [], "CFG010", "fail", "num_machines is 2 but main_process_ip is not set", "accelerate.yaml"),
-    ("CFG010/port-missing", [], "CFG010", "warn", "num_machines is 2 but main_process_port is not set",
+    # the launch command's --main_process_ip gives or replaces the file's: without the command, not judged (missing)
+    # or a warning (no address); with a command that does not, a failure
+    ("CFG010/ip-missing", [], "CFG010", "skip", "main_process_ip is not in the file: the launch command must give "
+     "--main_process_ip", "accelerate.yaml"),
+    ("CFG010/ip-missing", CMD, "CFG010", "fail", "num_machines is 2 but main_process_ip is not set", "accelerate.yaml"),
+    ("CFG010/port-missing", CMD, "CFG010", "warn", "num_machines is 2 but main_process_port is not set",
      "accelerate.yaml"),
-    ("CFG010/ip-with-user-and-port", [], "CFG010", "fail",
+    ("CFG010/ip-with-user-and-port", [], "CFG010", "warn",
+     "main_process_ip is 'root@10.0.0.1:29500', expected a host name or an IP address; unless the launch command",
+     "accelerate.yaml:6"),
+    ("CFG010/ip-with-user-and-port", CMD, "CFG010", "fail",
      "main_process_ip is 'root@10.0.0.1:29500', expected a host name or an IP address", "accelerate.yaml:6"),
-    ("CFG010/ip-url", [], "CFG010", "fail", "main_process_ip is 'tcp://head-node/'", "accelerate.yaml:6"),
-    ("CFG010/ip-not-an-address", [], "CFG010", "fail", "main_process_ip is '10.0.0.256', expected a host name",
+    ("CFG010/ip-url", CMD, "CFG010", "fail", "main_process_ip is 'tcp://head-node/'", "accelerate.yaml:6"),
+    ("CFG010/ip-not-an-address", CMD, "CFG010", "fail", "main_process_ip is '10.0.0.256', expected a host name",
      "accelerate.yaml:6"),
     ("CFG010/port-out-of-range", [], "CFG010", "fail", "main_process_port is 70000, expected 1-65535",
      "accelerate.yaml:7"),
@@ -228,9 +243,12 @@ CASES = [
      "accelerate.yaml:3"),
     ("CFG011/ok-last-rank", [], "CFG011", "pass", "", None),
     # CFG020 process-counts
-    ("CFG020/num-processes-missing", [], "CFG020", "warn",
+    ("CFG020/num-processes-missing", [], "CFG020", "skip",
      "num_processes is not set; accelerate launch stops with 'You need to manually pass in `--num_processes`' unless "
      "the launch command passes --num_processes", "accelerate.yaml"),
+    ("CFG020/num-processes-missing", CMD, "CFG020", "fail",
+     "num_processes is not set; accelerate launch stops with 'You need to manually pass in `--num_processes`'",
+     "accelerate.yaml"),
     ("CFG020/not-divisible", [], "CFG020", "fail",
      "num_processes 7 does not divide by num_machines 2; accelerate would start 3 per machine (6 in all)",
      "accelerate.yaml:7"),
@@ -243,7 +261,7 @@ CASES = [
     ("CFG020/too-few-gpu-ids", [], "CFG020", "fail", "gpu_ids lists 2 GPUs but each machine runs 4 processes",
      "accelerate.yaml:3"),
     # accelerate defaults num_processes for 'NO' only: null stops at launch as MULTI_GPU does
-    ("CFG020/null-type-num-processes-missing", [], "CFG020", "warn",
+    ("CFG020/null-type-num-processes-missing", [], "CFG020", "skip",
      "num_processes is not set; accelerate launch stops", "accelerate.yaml"),
     ("CFG020/no-type-over-machines", [], "CFG020", "fail",
      "num_machines is 2 but distributed_type is 'NO': accelerate launches the script as one process on each machine",
@@ -267,7 +285,10 @@ CASES = [
     # CFG030 batch-size
     ("CFG030/below-one", [], "CFG030", "fail", "train_micro_batch_size_per_gpu is 0, expected at least 1", "ds.json:3"),
     # only --deepspeed: who reads the file is unknown (Lightning fills the micro batch in): a warning
-    ("CFG030/neither-batch-size", [], "CFG030", "warn",
+    # who reads the file is not known (Lightning and Megatron set the batch themselves): said, not judged
+    ("CFG030/neither-batch-size", [], "CFG030", "pass",
+     "neither train_batch_size nor train_micro_batch_size_per_gpu is set", None),
+    ("CFG030/neither-batch-size", ["--", "deepspeed", "train.py"], "CFG030", "fail",
      "neither train_batch_size nor train_micro_batch_size_per_gpu is set", "ds.json"),
     # accelerate fills in only keys set to "auto": a missing batch size stays missing
     ("CFG030/neither-batch-size-under-accelerate", [], "CFG030", "fail",
@@ -342,15 +363,17 @@ CASES = [
     # a misspelling warns: DeepSpeed runs the job without the setting (a gate must not refuse it)
     ("CFG060/misspelt-top-key", [], "CFG060", "warn",
      "unknown key 'gradient_clippng' (did you mean 'gradient_clipping'?); DeepSpeed ignores it", "ds.json:3"),
-    # a name that only resembles a key (LLaMA-Factory's configs have this one) warns: nothing is misspelt
-    ("CFG060/unknown-top-key", [], "CFG060", "warn", "unknown key 'comms_config'", "ds.json:4"),
+    # a key no misspelling of DeepSpeed's (LLaMA-Factory's comms_config) is another tool's: said, not warned
+    ("CFG060/unknown-top-key", [], "CFG060", "pass", "keys DeepSpeed does not read, ignored", None),
     ("CFG060/unknown-zero-key", [], "CFG060", "fail",
      "unknown key 'zero_optimization.stage3_prefetch_bucket' (did you mean 'stage3_prefetch_bucket_size'?); "
      "DeepSpeed refuses it", "ds.json:5"),
     ("CFG060/unknown-offload-key", [], "CFG060", "fail",
      "unknown key 'zero_optimization.offload_optimizer.pin_memroy' (did you mean 'pin_memory'?)", "ds.json:7"),
-    ("CFG060/unknown-fp16-key", [], "CFG060", "fail", "unknown key 'fp16.loss_scale_windows'", "ds.json:5"),
-    ("CFG060/unknown-bf16-key", [], "CFG060", "fail", "unknown key 'bf16.auto_cast'", "ds.json:5"),
+    # the precision blocks refuse unknown keys since DeepSpeed 0.17.1: lint does not know the job's DeepSpeed
+    ("CFG060/unknown-fp16-key", [], "CFG060", "warn", "unknown key 'fp16.loss_scale_windows' (did you mean "
+     "'loss_scale_window'?); DeepSpeed 0.17.1 and newer refuse it", "ds.json:5"),
+    ("CFG060/unknown-bf16-key", [], "CFG060", "warn", "unknown key 'bf16.auto_cast'", "ds.json:5"),
     ("CFG060/alias-pair", [], "CFG060", "fail",
      "zero_optimization sets both prefetch_bucket_size and its alias stage3_prefetch_bucket_size", "ds.json:5"),
     ("CFG060/ok-known-keys", [], "CFG060", "pass", "", None),
@@ -459,7 +482,7 @@ def test_deep_validators(capsys, folder, extra, expected):
 
 # --- "auto" as the ZeRO stage: the check itself (the loaders refuse the value today) ----------------
 
-def zero_stage_results(tmp_path, ds_text, accelerate_text=None):
+def zero_stage_results(tmp_path, ds_text, accelerate_text=None, command=()):
     from preflight.checks.config.training import zero_stage
 
     (tmp_path / "ds.json").write_text(ds_text)
@@ -468,7 +491,7 @@ def zero_stage_results(tmp_path, ds_text, accelerate_text=None):
     if accelerate_text is not None:
         (tmp_path / "accelerate.yaml").write_text(accelerate_text)
         accelerate = AccelerateConfig(load(str(tmp_path / "accelerate.yaml"), "accelerate config"))
-    return list(zero_stage(CheckContext(Plan(accelerate=accelerate, deepspeed=deepspeed))))
+    return list(zero_stage(CheckContext(Plan(accelerate=accelerate, deepspeed=deepspeed, command=tuple(command)))))
 
 
 AUTO_STAGE = '{\n  "train_micro_batch_size_per_gpu": "auto",\n  "zero_optimization": {\n    "stage": "auto"\n  }\n}\n'
@@ -481,8 +504,13 @@ def test_zero_stage_auto_is_filled_in_by_accelerate(tmp_path):
     assert "filled in by accelerate" in found[0].message and "ds.json:4" in found[0].message
 
 
-def test_zero_stage_auto_without_accelerate_warns(tmp_path):
+def test_zero_stage_auto_read_by_whom_is_not_known_is_not_judged(tmp_path):
     found = zero_stage_results(tmp_path, AUTO_STAGE)
+    assert [f.status.value for f in found] == ["pass"] and "not judged" in found[0].message
+
+
+def test_zero_stage_auto_under_deepspeeds_runner_warns(tmp_path):
+    found = zero_stage_results(tmp_path, AUTO_STAGE, command=("deepspeed", "train.py"))
     assert [f.status.value for f in found] == ["warn"]
     assert "ds.json:4: zero_optimization.stage is \"auto\"" in found[0].message
     assert "DeepSpeed on its own drops it and trains at stage 0" in found[0].message
@@ -496,7 +524,11 @@ REAL = [
     ("--config accelerate/examples/config_yaml_templates/deepspeed.yaml", [], []),
     ("--config accelerate/examples/config_yaml_templates/fsdp.yaml", [], []),
     ("--config accelerate/examples/config_yaml_templates/fp8.yaml", [], []),
+    # a template's placeholder, which the launch command's --main_process_ip may replace: a warning without it
     ("--config accelerate/examples/config_yaml_templates/multi_node.yaml", [],
+     [("CFG010", "warn", "multi_node.yaml:8: main_process_ip is '1234', expected a host name or an IP address; "
+                         "unless the launch command gives --main_process_ip")]),
+    ("--config accelerate/examples/config_yaml_templates/multi_node.yaml", CMD,
      [("CFG010", "fail", "multi_node.yaml:8: main_process_ip is '1234', expected a host name or an IP address")]),
     ("--deepspeed accelerate/examples/deepspeed_config_templates/zero_stage1_config.json", [], []),
     ("--deepspeed accelerate/examples/deepspeed_config_templates/zero_stage2_config.json", [], []),
@@ -506,11 +538,10 @@ REAL = [
     # huggingface/accelerate docs, usage_guides/deepspeed.md
     ("--config accelerate/docs/deepspeed_md/plugin_zero2.yaml", [], []),
     ("--config accelerate/docs/deepspeed_md/plugin_zero3_offload.yaml", [], []),
+    # the JSON is on the author's machine (lint reads no node: not judged); mixed_precision beside it stops the job
+    # unless the launch command passes --mixed_precision
     ("--config accelerate/docs/deepspeed_md/config_file_zero2.yaml", [],
-     [("CFG005", "fail", "config_file_zero2.yaml:4: deepspeed_config_file "
-                         "'/home/ubuntu/accelerate/examples/configs/deepspeed_config_templates/zero_stage2_config.json' "
-                         "does not exist"),
-      ("CFG005", "fail", "config_file_zero2.yaml:12: mixed_precision is set beside deepspeed_config_file")]),
+     [("CFG005", "warn", "config_file_zero2.yaml:12: mixed_precision is set beside deepspeed_config_file")]),
     ("--config accelerate/docs/deepspeed_md/scenario1/accelerate.yaml", [],
      [("CFG005", "fail", f"accelerate.yaml:{line}: deepspeed_config.{key} is set beside deepspeed_config_file")
       for line, key in ((6, "gradient_accumulation_steps"), (7, "gradient_clipping"), (8, "offload_optimizer_device"),
@@ -531,15 +562,10 @@ REAL = [
     ("--deepspeed transformers/tests/deepspeed/ds_config_zero2.json", [], []),
     ("--deepspeed transformers/tests/deepspeed/ds_config_zero3.json", [], []),
     # hiyouga/LLaMA-Factory examples
-    ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z0_config.json", [],
-     [("CFG060", "warn", "ds_z0_config.json:28: unknown key 'comms_config'; DeepSpeed ignores it"),
-      ("CFG060", "warn", "ds_z0_config.json:31: unknown key 'monitor_config'")]),
-    ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z2_offload_config.json", [],
-     [("CFG060", "warn", "ds_z2_offload_config.json:32: unknown key 'comms_config'"),
-      ("CFG060", "warn", "ds_z2_offload_config.json:35: unknown key 'monitor_config'")]),
-    ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z3_offload_config.json", [],
-     [("CFG060", "warn", "ds_z3_offload_config.json:38: unknown key 'comms_config'"),
-      ("CFG060", "warn", "ds_z3_offload_config.json:41: unknown key 'monitor_config'")]),
+    # comms_config and monitor_config: another tool's keys, which DeepSpeed ignores (said in the pass)
+    ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z0_config.json", [], []),
+    ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z2_offload_config.json", [], []),
+    ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z3_offload_config.json", [], []),
     ("--deepspeed LLaMA-Factory/examples/deepspeed/ds_z3_partial_offload_config.json", [], []),
     # axolotl-ai-cloud/axolotl
     ("--deepspeed axolotl/deepspeed_configs/zero1.json", [], []),
@@ -677,3 +703,12 @@ def test_accelerate_lower_cases_mixed_precision_as_cfg002_says(tmp_path):
     out = accelerate_launch(tmp_path, CONFIG / "CFG002/ok-upper-case-mixed-precision/accelerate.yaml",
                             "from accelerate import Accelerator\nprint('MP', Accelerator().mixed_precision)\n")
     assert "MP bf16" in out, out
+
+
+def test_a_file_the_config_names_is_judged_missing_on_the_node_that_runs_the_job(capsys, tmp_path, monkeypatch):
+    # `lint` reads no node (skip above); `node` runs where the job runs: the file missing there fails
+    monkeypatch.chdir(tmp_path)
+    config = CONFIG / "CFG005" / "missing-file" / "accelerate.yaml"
+    code, doc, _ = run_cli(capsys, "node", "--config", config, "--only", "CFG005,CFG021", "--json")
+    failed = [r for r in doc["results"] if r["id"] == "CFG005" and r["status"] == "fail"]
+    assert failed and "deepspeed_config_file 'configs/zero2.json' does not exist" in failed[0]["message"], doc

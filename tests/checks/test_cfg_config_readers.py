@@ -25,7 +25,8 @@ def empty_working_dir(tmp_path, monkeypatch):
 
 
 def lint(capsys, *args):
-    code, doc, err = run_cli(capsys, "lint", *args, "--json")
+    cut = args.index("--") if "--" in args else len(args)  # --json is preflight's, not the launch command's
+    code, doc, err = run_cli(capsys, "lint", *args[:cut], "--json", *args[cut:])
     assert code in (0, 1), f"exit {code}: {err}"
     return doc
 
@@ -130,7 +131,9 @@ def test_repeated_keys_in_the_deepspeed_json_fail_only_where_deepspeed_opens_the
             '  "zero_optimization": {"stage": 2}\n}\n')
     assert json.loads(text)["train_micro_batch_size_per_gpu"] == 8  # json.load keeps the last
     (tmp_path / "ds.json").write_text(text)
-    doc = lint(capsys, "--deepspeed", tmp_path / "ds.json")  # a script may hand the path to DeepSpeed: refused
+    doc = lint(capsys, "--deepspeed", tmp_path / "ds.json")  # who opens it is not known: the HF Trainer keeps the last
+    assert statuses(doc, "CFG006") == ["warn"], findings(doc, "CFG006")
+    doc = lint(capsys, "--deepspeed", tmp_path / "ds.json", "--", "deepspeed", "train.py")  # DeepSpeed opens it
     assert statuses(doc, "CFG006") == ["fail"], findings(doc, "CFG006")
     (tmp_path / "accelerate.yaml").write_text(ACCELERATE_NAMING.format(name="ds.json"))
     doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")  # accelerate reads it and hands DeepSpeed a dict
@@ -161,3 +164,12 @@ def test_the_deepspeed_reading_is_hjsons_and_says_what_json_load_refuses(text):
     except json.JSONDecodeError:
         refused = True
     assert (doc.json_load_refusal is not None) == refused and bool(doc.hjson_only) == refused
+
+
+def test_steps_per_print_inf_as_accelerate_sets_it_is_no_type_error(capsys, tmp_path):
+    # accelerate's DeepSpeedPlugin sets steps_per_print to inf itself: the same written as text is not bad input
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 2, "steps_per_print": "inf", '
+                                      '"zero_optimization": {"stage": 2}}')
+    (tmp_path / "accelerate.yaml").write_text(ACCELERATE_NAMING.format(name="ds.json"))
+    doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")
+    assert not [r for r in doc["results"] if r["status"] in ("fail", "error")], doc["results"]

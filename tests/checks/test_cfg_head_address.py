@@ -26,7 +26,8 @@ def address_fixes(capsys, tmp_path, ip, hostfile):
     if hostfile:
         (tmp_path / "hostfile").write_text("gpu-a17 slots=8\ngpu-a18 slots=8\n")
         args += ["--hostfile", "hostfile"]
-    code, doc, err = run_cli(capsys, "lint", *args, "--json")
+    # with the launch command known (one that gives no --main_process_ip): the file's address is the job's
+    code, doc, err = run_cli(capsys, "lint", *args, "--json", "--", "accelerate", "launch", "train.py")
     assert code in (0, 1), err
     return [r["remediation"] for r in doc["results"] if r["id"] == "CFG010" and r["status"] == "fail"]
 
