@@ -146,6 +146,37 @@ def bench_local(section: Section, repeat: int, **_):
         section.targets.append(Target(f"`{name}` at least 10x faster than `ds_report`", f"{ratio:.1f}x", ratio >= 10))
     section.notes.append(f"lint reads `{GOLDEN.relative_to(ROOT)}/accelerate.yaml` and `ds.json`; `preflight node` "
                          "runs every node-scope check on this machine.")
+    bench_lint_sbatch(section, repeat)
+
+
+BATCH_SCRIPT = ROOT / "tests" / "fixtures" / "sbatch" / "torchtitan_multinode_trainer.slurm"
+BIG_LINE = 'srun torchrun --nnodes 2 --nproc_per_node 8 train.py --a "$X" \'b c\' $(hostname) \\\n  --x y\n'
+
+
+def peak(argv: Sequence[str]) -> tuple:
+    """(wall seconds, peak resident MB) of one run of a command (its own rusage: os.wait4)."""
+    started = time.perf_counter()
+    child = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    _, _, usage = os.wait4(child.pid, 0)
+    return time.perf_counter() - started, usage.ru_maxrss / 1024
+
+
+def bench_lint_sbatch(section: Section, repeat: int) -> None:
+    """`lint --sbatch`: a published script (start-up to verdict), and one of 1 MiB, sbatch's and lint's bound."""
+    small = [peak([PREFLIGHT, "lint", "--sbatch", BATCH_SCRIPT])[0] for _ in range(repeat + 1)][1:]
+    with tempfile.TemporaryDirectory() as folder:
+        big = Path(folder) / "big.sbatch"
+        head = "#!/bin/bash\n#SBATCH --nodes=2\n"
+        big.write_text(head + BIG_LINE * ((2**20 - len(head)) // len(BIG_LINE)))
+        large = [peak([PREFLIGHT, "lint", "--sbatch", big]) for _ in range(repeat)]
+    walls, mbs = [w for w, _ in large], [m for _, m in large]
+    section.table.append([f"`preflight lint --sbatch` ({BATCH_SCRIPT.name})", spread(small), ""])
+    section.table.append(["`preflight lint --sbatch` (a script of 1 MiB)", spread(walls), f"{max(mbs):.0f} MB peak"])
+    section.targets.append(Target("`lint --sbatch` of a published script in under 0.3 s", secs(median(small)),
+                                  median(small) < 0.3))
+    section.targets.append(Target("`lint --sbatch` of a 1 MiB script in under 2 s and 200 MB",
+                                  f"{secs(median(walls))}, {max(mbs):.0f} MB", median(walls) < 2 and max(mbs) < 200))
 
 
 # --- the test cluster -----------------------------------------------------------------------------
