@@ -3,6 +3,8 @@ prolog (scripts/slurm/prolog.sh, configured as Prolog= with PrologFlags=Alloc) a
 HealthCheckProgram (scripts/slurm/healthcheck.sh: run the way slurmd runs it, on the node with an empty
 environment, and fired by slurmd itself through HealthCheckProgram= and HealthCheckInterval=)."""
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -59,6 +61,44 @@ def test_srun_runs_preflight_node_on_every_node(slurm, tmp_path):
         fs001 = [r for r in doc["results"] if r["id"] == "FS001"]
         assert fs001 and fs001[0]["status"] == "pass" and fs001[0]["nodes"] == [node]
     assert slurm.drained() == {}
+
+
+# The recorded 8 x H100 of tests/fixtures/nvml in place of NVML for a preflight that srun starts (this machine has
+# no GPU): a sitecustomize on its PYTHONPATH.
+RECORDED_GPUS = """import sys
+sys.path.insert(0, {tests!r})
+from nvml_fake import fake
+from preflight.node import gpus
+gpus.Nvml = fake("h100x8.json")
+"""
+
+
+def test_the_docs_gate_line_passes_on_healthy_nodes(slurm, tmp_path):
+    """docs/examples/train.slurm's gate as the docs write it, in the folder with the example's accelerate.yaml, on
+    two healthy nodes of 8 GPUs: exit 0 on each, so `|| exit 1` lets the job go on. The launch line that follows
+    gives --main_process_ip, which the gate cannot know: the config's lack of it is not a failure."""
+    examples = ROOT / "docs" / "examples"
+    [gate] = [line for line in (examples / "train.slurm").read_text().splitlines() if " preflight node " in line]
+    command, _, otherwise = gate.partition("||")
+    assert otherwise.strip() == "exit 1", gate
+    words = [PREFLIGHT if w == "preflight" else w for w in shlex.split(command)]
+    shutil.copy(examples / "accelerate.yaml", tmp_path)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(RECORDED_GPUS.format(tests=str(ROOT / "tests")))
+    # srun -N2 for the script's `#SBATCH --nodes=2`; --json to read each node's results (same exit code)
+    proc = subprocess.run([words[0], "-N2", f"--output={tmp_path}/%N.json", *words[1:], "--json"], cwd=tmp_path,
+                          env=dict(slurm.env, PYTHONPATH=str(site)), capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    docs = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in ("node01", "node02")}
+    bad = {n: [(r["id"], r["message"]) for r in d["results"] if r["status"] in ("fail", "error")]
+           for n, d in docs.items()}
+    assert proc.returncode == 0 and not any(bad.values()), (proc.stderr, bad)
+    for node, doc in docs.items():
+        by_id = {r["id"]: r for r in doc["results"]}
+        assert by_id["GPU001"]["status"] == "pass" and "8" in by_id["GPU001"]["message"], by_id["GPU001"]
+        assert by_id["CFG010"]["status"] == "skip" and "--main_process_ip" in by_id["CFG010"]["message"]
+        assert by_id["FS001"]["status"] == "pass" and doc["nodes"] == [node]
 
 
 def test_prolog_drains_the_faulty_node_only(slurm):
