@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -268,23 +267,26 @@ def gather(nodes: List[str], remote: bool, options: GatherOptions) -> tuple:
 # --- the local node -----------------------------------------------------------------------------
 
 def gather_local(name: str, options: GatherOptions) -> tuple:
-    """This machine alone: facts (in-process, or by the interpreter --python names when that is another), a zero
-    clock offset, and whether the port is free."""
-    payload = {"head": options.main_address or name, "port": options.port, "paths": options.paths,
-               "job": options.job, "census": options.census}
-    node = NodeState(name, clock={"offset_s": 0.0, "bound_s": 0.0, "rtt_s": 0.0})
+    """This machine alone: facts, a zero clock offset, and whether the port is free. The facts are collected
+    in-process, or, where --python names an interpreter other than this one, by that interpreter: the agent
+    shipped to it as to a node (its packages are that interpreter's)."""
     if options.python and not _this_interpreter(options.python):
+        node = NodeState(name)
         try:
-            node.facts = _facts_of(options.python, payload, options.timeout)
-        except NodeError as exc:
-            node.fail(exc)
+            _collect(node, options.main_address or name, replace(options, transport="local", early=None),
+                     facts_decoder())
+        finally:
+            node.close()
+        if node.error is not None:
             return {name: node.to_context()}, {"head": {"name": name, "address": options.main_address or name}}
     else:
-        node.facts = collector.collect(payload)
-    job = node.facts.get("job")
-    named = _named_files(job, options)
-    if named:
-        job["named"] = {p: launchfiles.read_file(p, job["cwd"], True) for p in named}
+        node = NodeState(name, clock={"offset_s": 0.0, "bound_s": 0.0, "rtt_s": 0.0})
+        node.facts = collector.collect({"head": options.main_address or name, "port": options.port,
+                                        "paths": options.paths, "job": options.job, "census": options.census})
+        job = node.facts.get("job")
+        named = _named_files(job, options)
+        if named:
+            job["named"] = {p: launchfiles.read_file(p, job["cwd"], True) for p in named}
     if options.census:  # read only: the running job's port is left alone
         return {name: node.to_context()}, {"head": {"name": name, "address": options.main_address or name}}
     server = agent.bindable(options.port)
@@ -301,25 +303,6 @@ def gather_local(name: str, options: GatherOptions) -> tuple:
 def _this_interpreter(python: str) -> bool:
     found = shutil.which(python)
     return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
-
-
-def _facts_of(python: str, payload: dict, timeout: float) -> dict:
-    """The facts as another interpreter of this machine collects them: the agent shipped to it as to a node (its
-    packages are that interpreter's), ended once its facts line has come."""
-    try:
-        done = subprocess.run(["/bin/sh", "-c", shipped_command(python)], input=shipped_input(AGENT, payload),
-                              capture_output=True, text=True, timeout=timeout * 2 + 1)
-    except subprocess.TimeoutExpired:
-        raise NodeError("timeout", f"{python} gave no facts within --timeout {timeout:g} s",
-                        "find what slows it, or raise --timeout") from None
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith('{"schema"')), None)
-    if line is None and done.returncode in (126, 127):
-        raise NodeError("python-missing", f"the interpreter {python} does not exist or cannot run here (exit "
-                        f"{done.returncode})", "pass --python with the path of the training interpreter")
-    if line is None:
-        raise NodeError("collector", f"the fact collector stopped under {python} (exit {done.returncode}): "
-                        f"{done.stderr.strip()[-300:] or 'no output'}", BY_HAND)
-    return checked_facts(facts_decoder()(line, "the facts"), f"the facts from {python}")
 
 
 # --- over SSH -----------------------------------------------------------------------------------
@@ -426,9 +409,10 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
             if line is None:
                 status = node.agent.exit_status(2)
                 if status in (126, 127):
+                    here = options.transport == "local"
                     raise NodeError("python-missing", f"the interpreter {options.python} does not exist or cannot "
-                                    f"run there (exit {status})",
-                                    "pass --python with the path of the training interpreter on the nodes")
+                                    f"run {'here' if here else 'there'} (exit {status})", "pass --python with the "
+                                    f"path of the training interpreter{'' if here else ' on the nodes'}")
                 said = node.agent.stderr_tail().strip()[-300:] or \
                     (f"no facts line; it printed: {printed.strip()[:200]}" if printed else "no output")
                 raise NodeError("collector", f"the fact collector stopped (exit {status}): {said}", BY_HAND)

@@ -1,24 +1,29 @@
 """The transports that reach a node, chosen by name, behind one interface (as ClusterShell's workers are).
 
-    connection = transport.connect("ssh" | "srun", node, options)   # connected, or NodeError
+    connection = transport.connect("ssh" | "srun" | "local", node, options)   # connected, or NodeError
     process = connection.start(command, stdin_text, timeout)        # preflight.remote.shipping's command
     process.read_line(timeout); process.send_line(text); process.stderr_tail(); process.exit_status(timeout)
     process.close(); connection.close()
 
 "ssh" (preflight.remote.ssh) reaches any node; "srun" (preflight.remote.srun) runs a job step on a node of a
-SLURM allocation. This machine alone needs no transport: gather runs the collector in-process there.
+SLURM allocation; "local" (preflight.remote.local) runs it on this machine, for an interpreter other than
+preflight's own (with preflight's own, gather runs the collector in-process).
 Everything a node does is bounded: a NodeError (preflight.remote.session) says why a node could not be reached, answered late, or sent
 what no program of preflight.node sends.
 """
 from __future__ import annotations
 
-NAMES = ("ssh", "srun")
+NAMES = ("ssh", "srun", "local")
 
 
 def connect(name: str, node: str, options, handshaken=None):
     """A connection to `node` over the transport `name`, connected. options: timeout, and for ssh ssh_config and
     accept_new, for srun slurm_job (a GatherOptions). handshaken (ssh): called once the key exchange is done and
     the host key verified, before authentication."""
+    if name == "local":  # this machine: node is its name
+        from preflight.remote.local import LocalConnection
+
+        return LocalConnection(options.timeout).connect()
     if name == "srun":
         from preflight.remote.srun import SrunConnection
 

@@ -473,11 +473,11 @@ def node_reader(command, payload=None):
     import threading
     from types import SimpleNamespace
 
-    from preflight.remote.srun import StepProcess
+    from preflight.remote.local import LocalProcess
 
     proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    step = StepProcess(proc)
+    step = LocalProcess(proc)
     if payload is not None:
         step.send_raw(shipped_input(ALLREDUCE, payload).encode())
     phase = collective._Phase([SimpleNamespace(name="n01", facts={})], "127.0.0.1", SimpleNamespace(

@@ -554,3 +554,40 @@ def test_the_local_facts_are_the_named_interpreters(tmp_path):
     options = gather.GatherOptions(python=sys.executable, timeout=30)
     facts, _ = gather.gather_local("here", options)
     assert facts["here"]["facts"]["python"]["executable"] == sys.executable  # this one: in-process
+
+
+# Interpreters that are not what --python promised: each answer is a node error naming the problem, within
+# --timeout, and nothing they started is left running. $PIDS collects the PIDs of what each starts.
+HOSTILE_INTERPRETERS = {
+    "reads nothing": ("sleep 60 & echo $! >>\"$PIDS\"; wait", "took no input"),
+    "not JSON": ("exec 3<&0; cat <&3 >/dev/null & echo $! >>\"$PIDS\"; echo '{\"schema\": 1, \"x\": [}'; "
+                 "sleep 60 & echo $! >>\"$PIDS\"; wait", "is not JSON"),
+    "an endless line": ("exec 3<&0; cat <&3 >/dev/null & echo $! >>\"$PIDS\"; "
+                        "exec python3 -c 'import sys; [sys.stdout.write(\"x\" * 65536) for _ in iter(int, 1)]'",
+                        "longer than 64 MiB"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_INTERPRETERS))
+def test_an_interpreter_that_answers_wrongly_is_an_error_and_leaves_nothing(kind, tmp_path, monkeypatch):
+    import time
+
+    from preflight.remote import gather
+
+    body, said = HOSTILE_INTERPRETERS[kind]
+    python, pids = tmp_path / "python", tmp_path / "pids"
+    python.write_text(f"#!/bin/sh\n{body}\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("PIDS", str(pids))
+    started = time.monotonic()
+    facts, _ = gather.gather_local("here", gather.GatherOptions(python=str(python), timeout=3))
+    error = facts["here"]["error"]
+    assert error is not None and said in error["message"], error
+    assert time.monotonic() - started < 3 * 2 + 1 + 6  # the deadline, and close's wait for the keeper
+    def running(pid):  # a killed process waits as a zombie for init to reap it: ended
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+        except OSError:
+            return False
+    left = [pid for pid in pids.read_text().split() if running(pid)]
+    assert not left, (kind, left)
