@@ -83,7 +83,6 @@ SUBCOMMANDS = {"uv": ("run",), "conda": ("run",), "micromamba": ("run",), "mamba
                "poetry": ("run",), "pipenv": ("run",), "nsys": ("profile",), "singularity": ("exec", "run"),
                "apptainer": ("exec", "run"), "enroot": ("start", "exec")}
 IMAGE_FIRST = ("singularity", "apptainer", "enroot")  # the image (or container) comes before the program
-CONTAINER_OPTIONS = ("container-image", "container-name")  # pyxis (NVIDIA/pyxis args.c): the task runs in an image
 
 
 # ---- words -----------------------------------------------------------------------------------------------------
@@ -140,7 +139,6 @@ class Step:
     starter: Optional[str] = None  # srun, or mpirun and the like; None: the batch step runs it
     container: Optional[str] = None  # the image its tasks run in (pyxis --container-image, apptainer exec IMAGE)
     workdir: Optional[str] = "."  # the folder it runs in, as the script leaves it ("." the one it starts in)
-    env: Mapping[str, str] = field(default_factory=dict)  # variables the task's environment gets for this launch
 
     def value_of(self, *options: str) -> Optional[Rendered]:
         """The rendered word given as the value of one of the launcher's options (the last one given)."""
@@ -249,8 +247,10 @@ class BatchScript:
         """Whether a file the launch names is proven missing where it runs: not here, not written by the script, and
         the launch's own script is here (so this is the machine and folder the job runs from); None: not known."""
         path = self.resolve(step, named)
-        if path is None or self.writes(named) or os.path.exists(path):
-            return None if path is None or self.writes(named) else False
+        if path is None or self.writes(named):
+            return None
+        if os.path.exists(path):
+            return False
         script = step.command.script
         here = self.resolve(step, script) if script and step.command.launcher != "other" else None
         return True if here is not None and os.path.isfile(here) and not step.command.flag("module") else None
@@ -743,12 +743,11 @@ class _Reader(Walker):
             self.note(cmd.line, "the launch line is not read whole (its shell syntax is beyond the grammar used "
                                 "here): an option not seen may still be there")
         command = launchcmd.parse([f.text for f in kept])
-        text = " ".join(shell.text_of(n) for n in [cmd.node]) if cmd.node is not None else ""
-        env = {n: Field(v.value).text for n, v in cmd.env.items()}
+        text = shell.text_of(cmd.node) if cmd.node is not None else ""
         self.steps.append(Step(cmd.line, " ".join(text.split()), srun_opts if starter == "srun" else None, command,
                                tuple(rendered(f) for f in kept), in_task_shell or cmd.scope.level == "task",
                                cmd.loop, cmd.conditional, cmd.background, hidden=hidden, srun_hidden=srun_hidden,
-                               starter=starter, container=image, workdir=cmd.scope.cwd, env=env))
+                               starter=starter, container=image, workdir=cmd.scope.cwd))
 
     def heredoc_file(self, cmd: Simple, heredoc, words: List[Field]) -> None:
         """`cat > FILE <<EOF` (or `tee FILE <<EOF`): the file as it will hold it."""

@@ -132,7 +132,6 @@ STRICT_SINCE = {("fp16",): "0.17.1", ("bf16",): "0.17.1", ("bfloat16",): "0.17.1
                 ("tensor_parallel",): "0.16.4", ("tensor_parallel", "tensor_parallel"): "0.16.4",
                 ("tensor_parallel", "tp"): "0.16.4", ("zero_optimization", "zenflow"): "0.17.5",
                 ("zero_optimization", "leaf_module"): "0.18.0"}
-OLDEST_DEEPSPEED = "0.15.0"  # the oldest release these tables follow (pyproject's `train` extra asks for it)
 # Deprecated spellings DeepSpeed still converts (zero/config.py, new_param): never suggested as a fix.
 DS_DEPRECATED_ZERO_KEYS = frozenset(
     "cpu_offload_param cpu_offload_use_pin_memory cpu_offload stage3_gather_fp16_weights_on_model_save".split())
