@@ -474,7 +474,13 @@ def world_size(ctx) -> Iterator[Finding]:
                       "stops with 'invalid device ordinal')")
     if not found:
         said = f"; not read without running it: {', '.join(unread)}" if unread else ""
-        yield passed(f"{where}: the launch's processes match {nodes or '?'} nodes x {gpus or '?'} GPUs{said}", **ev)
+        if nodes and gpus:
+            shape = f"the launch's processes match {nodes} nodes x {gpus} GPUs"
+        else:  # what the directives do not say is not compared
+            untold = [what for what, value in (("the node count", nodes), ("the GPUs per node", gpus)) if not value]
+            shape = f"{' and '.join(untold)}: not in the directives; the launch's processes are not compared (not " \
+                "judged)"
+        yield passed(f"{where}: {shape}{said}", **ev)
 
 
 @check("CFG076", "sbatch-written-config", "config", tags=["slurm"])

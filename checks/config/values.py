@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Tuple
 
-from preflight.api import Finding, check, fail, skip, warn
+from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.checks.config.common import (accel_doc, accelerate_command, at, did_you_mean, dotted,
                                            dynamo_backend_read, live_ds_section, yaml_word)
 from preflight.inputs.configs import (AUTO, COMPUTE_ENVIRONMENTS, DISTRIBUTED_TYPES, DYNAMO_BACKENDS, MIXED_PRECISIONS,
@@ -113,6 +113,11 @@ def rdzv_backend_in_file(ctx, doc: Document, value: Any) -> Iterator[Finding]:
     fix = f"pass --rdzv_backend {value} to accelerate launch" if value in RDZV_BACKENDS else \
         "delete rdzv_backend (or pass --rdzv_backend to accelerate launch)"
     runner = ctx.plan.accelerate.runner is not None  # DeepSpeed's runner starts the job: no torchrun at all
+    if value in RDZV_BACKENDS and ctx.plan.accelerate.integer("num_machines", 1) == 1:  # static and c10d alike here
+        yield passed(f"{doc.where('rdzv_backend')}: rdzv_backend {shorten(value)} is not read from the config (the "
+                     "flag's default, 'static', wins); on one machine either starts the job", value=value,
+                     **at(doc, "rdzv_backend"))
+        return
     yield warn(f"{doc.where('rdzv_backend')}: rdzv_backend is {shorten(value)}, but accelerate launch never reads it "
                "from the config (its --rdzv_backend flag defaults to 'static', and the flag wins), so "
                + ("DeepSpeed's runner starts the job and no rendezvous backend is used" if runner else

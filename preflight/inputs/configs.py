@@ -563,9 +563,10 @@ def load_accelerate_config(path: str, text: Optional[str] = None, kind: Optional
 
 # DeepSpeed settings whose values must be numbers ("auto" is filled in by accelerate / transformers).
 DS_NUMERIC: Dict[Tuple[str, ...], tuple] = {
-    ("train_batch_size",): (int, AUTO),
-    ("train_micro_batch_size_per_gpu",): (int, AUTO),
-    ("gradient_accumulation_steps",): (int, AUTO),
+    # null: not set (DeepSpeed reads them with get_scalar_param, whose default is None; CFG030 judges the rest)
+    ("train_batch_size",): (int, NoneType, AUTO),
+    ("train_micro_batch_size_per_gpu",): (int, NoneType, AUTO),
+    ("gradient_accumulation_steps",): (int, NoneType, AUTO),
     ("gradient_clipping",): (float, AUTO),
     ("steps_per_print",): (int, float, AUTO),  # accelerate and the HF Trainer replace it (inf)
     ("zero_optimization", "stage"): (int, AUTO),

@@ -10,12 +10,14 @@ import re
 from dataclasses import dataclass, replace
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from preflight.inputs.documents import InputError, read_regular
 from preflight.inputs.shell import (BREAK, NAME, Expander, Field, Part, Scope, Unknown, Var, between, descendants,
                                     leading_blanks, line_of, merge, plain, short, syntax, text_of, unknown_var)
 
 MAX_CALLS = 64  # function calls read in all: a recursive function (or two calling each other) ends here
 MAX_DEPTH = 8  # functions called inside functions, read that deep
 MAX_SOURCED = 8  # files the script sources, read when they are here
+MAX_SOURCED_BYTES = 1024 * 1024  # each, as large as a batch script may be
 
 
 def simple_commands(text: str) -> List[List[str]]:
@@ -268,10 +270,8 @@ class Walker(Expander):
         if path and not os.path.isabs(path) and scope.cwd is not None:
             path = os.path.join(self.base if scope.cwd == "." else scope.cwd, path)
         if path and self.sourced_read < MAX_SOURCED and os.path.isfile(path):
-            from preflight.inputs.documents import InputError, read_regular
-
             try:
-                text = read_regular(path, "sourced file", 1024 * 1024)
+                text = read_regular(path, "sourced file", MAX_SOURCED_BYTES)
             except InputError as exc:
                 self.note(line_of(node), str(exc))
             else:

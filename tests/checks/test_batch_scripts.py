@@ -263,6 +263,16 @@ def test_num_processes_computed_from_slurm_passes(capsys, tmp_path):
     assert statuses(found, "CFG074") == ["pass"], found["CFG074"]
 
 
+def test_gpus_per_node_the_directives_do_not_give_are_not_judged(capsys, tmp_path):
+    # no --gres, no --gpus-per-node (a partition of GPU nodes): the processes per node are not compared, and said so
+    body = HEAD + "srun accelerate launch --multi_gpu --num_machines $SLURM_NNODES --num_processes 8 " \
+                  "--rdzv_backend c10d --main_process_ip $MASTER_ADDR --main_process_port 29500 train.py\n"
+    code, found = lint(capsys, script(tmp_path, body, "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"))
+    [result] = found["CFG074"]
+    assert result["status"] == "pass" and "the GPUs per node: not in the directives; the launch's processes are " \
+        "not compared (not judged)" in result["message"], result
+
+
 def test_one_gpu_per_task_for_a_launcher_of_eight_processes(capsys, tmp_path):
     path = script(tmp_path, HEALTHY_TORCHRUN, "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
                                               "#SBATCH --gpus-per-task=1\n")

@@ -104,6 +104,9 @@ CASES = [
     # accelerate never copies rdzv_backend from the file (the flag's default 'static' wins): any value there is dead
     ("CFG002/bad-rdzv-backend", [], "CFG002", "warn", "rdzv_backend is 'c10', but accelerate launch never reads it "
      "from the config", "accelerate.yaml:5"),
+    # one machine: the static rendezvous starts it as c10d would (bionemo's esm2 recipes): said, not warned
+    ("CFG002/one-machine-rdzv-backend", [], "CFG002", "pass", "rdzv_backend 'c10d' is not read from the config (the "
+     "flag's default, 'static', wins); on one machine either starts the job", "accelerate.yaml:5"),
     ("CFG002/unread-rdzv-backend", [], "CFG002", "warn", "rdzv_backend is 'c10d', but accelerate launch never reads "
      "it from the config (its --rdzv_backend flag defaults to 'static', and the flag wins), so torchrun uses 'static'",
      "accelerate.yaml:7"),

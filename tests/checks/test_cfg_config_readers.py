@@ -173,3 +173,18 @@ def test_steps_per_print_inf_as_accelerate_sets_it_is_no_type_error(capsys, tmp_
     (tmp_path / "accelerate.yaml").write_text(ACCELERATE_NAMING.format(name="ds.json"))
     doc = lint(capsys, "--config", tmp_path / "accelerate.yaml")
     assert not [r for r in doc["results"] if r["status"] in ("fail", "error")], doc["results"]
+
+
+def test_a_null_batch_key_is_not_set_as_deepspeed_reads_it(capsys, tmp_path):
+    # DeepSpeed reads the batch keys with get_scalar_param (default None): null is the key left out, and the two
+    # others give it (align-anything's ds_z3_offload_config.json), so CFG030 judges it with the world size
+    (tmp_path / "ds.json").write_text('{"train_batch_size": 128, "train_micro_batch_size_per_gpu": 16, '
+                                      '"gradient_accumulation_steps": null, "zero_optimization": {"stage": 3}}')
+    doc = lint(capsys, "--deepspeed", tmp_path / "ds.json", "--world-size", "8")
+    assert not [r for r in doc["results"] if r["status"] in ("fail", "error", "warn")], doc["results"]
+    [batch] = [r for r in doc["results"] if r["id"] == "CFG030"]
+    assert batch["status"] == "pass" and "128" in batch["message"], batch
+    (tmp_path / "ds.json").write_text('{"train_batch_size": 100, "train_micro_batch_size_per_gpu": 16, '
+                                      '"gradient_accumulation_steps": null}')
+    doc = lint(capsys, "--deepspeed", tmp_path / "ds.json", "--world-size", "8")
+    assert [r["status"] for r in doc["results"] if r["id"] == "CFG030"] == ["fail"], doc["results"]
