@@ -121,11 +121,12 @@ def read_regular(path: str, what: str, max_bytes: int) -> str:
         raise InputError(path, f"{what} is not a regular file")
     if info.st_size > max_bytes:
         raise InputError(path, f"{what} is larger than {max_bytes // 2**20} MiB ({info.st_size} bytes)")
-    return read_text(path, what)
+    return read_text(path, what, limit=max_bytes)  # a file of /proc says 0 bytes whatever it holds
 
 
-def read_text(path: str, what: str, bom: bool = False) -> str:
-    """The file's text; `bom`: a UTF-8 byte order mark at its start is kept (json.load refuses it), else dropped."""
+def read_text(path: str, what: str, bom: bool = False, limit: int = 16 * 1024 * 1024) -> str:
+    """The file's text, at most `limit` bytes; `bom`: a UTF-8 byte order mark at its start is kept (json.load refuses
+    it), else dropped."""
     if not os.path.exists(path):
         raise InputError(path, f"{what} not found")
     if os.path.isdir(path):
@@ -135,15 +136,19 @@ def read_text(path: str, what: str, bom: bool = False) -> str:
         raise InputError(path, f"{what} is not a regular file")
     try:
         # O_NONBLOCK: opening a named pipe that nobody writes to would otherwise wait forever (a pipe
-        # such as <(envsubst < accel.yaml) still reads); reads then block again, as usual.
+        # such as <(envsubst < accel.yaml) still reads); its reads then block again, as usual. A regular file
+        # reads as ever; one of /proc that would wait for data (/proc/kmsg) says so instead of blocking.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        os.set_blocking(fd, True)
+        if stat.S_ISFIFO(mode):
+            os.set_blocking(fd, True)
         with os.fdopen(fd, "rb") as handle:
-            raw = handle.read(16 * 1024 * 1024 + 1)
+            raw = handle.read(limit + 1)
+        if raw is None:  # nothing to read now, and more may come: not a file of text
+            raise InputError(path, f"{what} cannot be read: it waits for data that may never come")
     except OSError as exc:
         raise InputError(path, f"cannot read {what}: {exc.strerror or exc}") from None
-    if len(raw) > 16 * 1024 * 1024:
-        raise InputError(path, f"{what} is larger than 16 MiB; this is not a configuration file")
+    if len(raw) > limit:
+        raise InputError(path, f"{what} is larger than {limit // 2**20} MiB; this is not a configuration file")
     if b"\x00" in raw:
         raise InputError(path, f"{what} holds binary data, expected text")
     try:
