@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import re
+import secrets
 from dataclasses import dataclass, replace
 from typing import Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -34,7 +35,12 @@ COLUMNS LINES""".split())
 LOGIN_ENV = frozenset("HOME USER LOGNAME PATH SHELL LANG TERM TMPDIR MAIL LD_LIBRARY_PATH PYTHONPATH".split())
 SPECIAL = frozenset("@*#?$!-_0")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")  # an unknown part inside a string another shell reads (see _Text)
+# What one reading follows, so that any script is read in bounded time and memory (a hostile one included): past
+# them a value, a word or the rest of the script is unknown, and said so.
+MAX_TEXT = 1024 * 1024  # characters of one value or word (a variable doubled 40 times is not followed to 1 TB)
+MAX_PARTS = 4096  # parts of one value, elements of one array
+MAX_NESTING = 48  # words inside words (${X:-${Y:-...}}), tests inside tests
+WORK = 20_000  # statements read in all (a function's body each time it is called, sourced files, bash -c strings)
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class Unknown:
 
 
 Part = Union[str, Unknown]
+TOO_LARGE = Unknown("(a value past 1 MiB)", "a value past 1 MiB or 4096 parts: not followed",
+                    frozenset({"large:value"}))
 
 
 @dataclass(frozen=True)
@@ -170,23 +178,22 @@ def syntax(text: str):
 def _subshells(text: str) -> str:
     """`$((cmd) && ...)` as bash reads it: a `$((` whose `((` does not close with `))` is a command substitution that
     starts with a subshell, not arithmetic (bash(1), Arithmetic Expansion); tree-sitter-bash takes every `$((` for
-    arithmetic, so such a one is written `$( (` (one column more, the same lines)."""
+    arithmetic, so such a one is written `$( (` (one column more, the same lines). One pass pairs the brackets."""
     if "$((" not in text:
         return text
+    closing: Dict[int, int] = {}  # where each `(` closes (quotes are not read: as bash's own first look at `$((`)
+    opened: List[int] = []
+    for m in re.finditer(r"[()]", text):
+        if m.group() == "(":
+            opened.append(m.start())
+        elif opened:
+            closing[opened.pop()] = m.start()
     out, at = [], 0
-    for start in [m.start() for m in re.finditer(r"\$\(\(", text)]:
-        depth, k = 0, start + 1
-        while k < len(text) and k - start < 10000:
-            c = text[k]
-            depth += (c == "(") - (c == ")")
-            if depth == 1 and c == ")":  # the inner `(` closed: arithmetic only if the outer one closes next
-                if text[k + 1:k + 2] != ")":
-                    out.append(text[at:start + 2] + " ")
-                    at = start + 2
-                break
-            if depth == 0:
-                break
-            k += 1
+    for m in re.finditer(r"\$\(\(", text):
+        inner = closing.get(m.start() + 2)
+        if inner is not None and text[inner + 1:inner + 2] != ")":  # the inner `(` closes alone: a subshell
+            out.append(text[at:m.start() + 2] + " ")
+            at = m.start() + 2
     out.append(text[at:])
     return "".join(out)
 
@@ -208,27 +215,82 @@ def is_comment(tree, line: int) -> bool:
     return node is not None and node.type == "comment"
 
 
+PIECE = 64 * 1024  # bytes parsed at a time: tree-sitter's tree of 1 MiB of pipelines takes 350 MB, of 64 KiB 30
+MAX_STATEMENT = 128 * 1024  # bytes of one statement read (a command of 500,000 words is not)
+
+
+def pieces(text: str) -> Iterator[Tuple[object, list, int]]:
+    """A script's top-level statements in order, parsed about PIECE bytes at a time so that memory stays bounded
+    and nothing past where a reader stops is parsed: (the piece's tree, its top-level nodes, the first line after
+    them). A piece ends before its last statement, which the cut may have split: that one starts the next piece,
+    which grows until it holds one whole; past MAX_STATEMENT bytes the last piece is (None, None, its first line): the
+    rest is not read. Line numbers are the script's (each piece is parsed after as many newlines as lines before it)."""
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]  # where each line starts
+
+    def cut(begin: int, size: int) -> int:  # after the last whole line within size (or the first line, whole)
+        if begin + size >= len(text):
+            return len(text)
+        end = text.rfind("\n", begin, begin + size) + 1
+        return end if end > begin else text.find("\n", begin + size) + 1 or len(text)
+
+    line = 0  # the piece's first line, from 0
+    while starts[line] < len(text) or line == 0:
+        begin, size = starts[line], PIECE
+        end = cut(begin, size)
+        while True:
+            if end - begin > MAX_STATEMENT:
+                yield None, None, line + 1
+                return
+            tree = syntax("\n" * line + text[begin:end])
+            children = tree.root_node.children
+            if end == len(text):
+                yield tree, children, len(starts) + 1
+                return
+            last = next((c for c in reversed(children) if c.is_named), None)
+            # the last statement may be cut short: it starts the next piece (a comment last, or none, is whole)
+            whole = last is None or last.type == "comment"
+            next_line = line + text.count("\n", begin, end) if whole else last.start_point[0]
+            kept = [c for c in children if c.end_point[0] < next_line]
+            if kept and next_line > line:
+                break
+            size *= 2  # one statement longer than the piece: a larger one, at least a line larger
+            end = max(cut(begin, size), text.find("\n", end) + 1 or len(text))
+        yield tree, kept, next_line + 1
+        line = next_line
+
+
 # ---- words -----------------------------------------------------------------------------------------------------
 
 BREAK = object()  # a forced word boundary ("$@", "${A[@]}")
 
 
 class Expander:
-    """Expands words in a scope; the unknown parts of a string handed to another shell travel as placeholders."""
+    """Expands words in a scope; the unknown parts of a string handed to another shell travel as placeholders.
+    `work` counts what a reading costs (WORK in all): past it, what is left is not read (see Walker)."""
 
     def __init__(self):
         self.placeholders: List[Unknown] = []
+        # A placeholder is private-use characters around this reading's own key and an index: text a script writes
+        # cannot pass for one.
+        key = secrets.token_hex(4)
+        self.placeholder = re.compile(f"\ue000{key}:([0-9]{{1,9}})\ue001")
+        self.key = key
+        self.work = 0
+        self.nesting = 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.work > WORK
 
     def fields(self, node, scope: Scope) -> List[Field]:
-        return split(self.chunks(node, scope, False))
+        chunks = self.chunks(node, scope, False)
+        if len(chunks) > MAX_PARTS or sum(len(v) for v, _ in chunks if isinstance(v, str)) > MAX_TEXT:
+            return [Field((TOO_LARGE,), spread=True)]  # splitting it could make millions of words
+        return split(chunks)
 
     def one(self, node, scope: Scope) -> Field:
         """The node expanded as one word, as an assignment's value is (no splitting)."""
-        parts: List[Part] = []
-        for value, _ in self.chunks(node, scope, True):
-            if value is not BREAK:
-                parts.append(value)
-        return Field(merge(parts))
+        return Field(merge([value for value, _ in self.chunks(node, scope, True) if value is not BREAK]))
 
     def handed_on(self, parts: Sequence[Part]) -> str:
         """Text for another shell to read (`bash -c STRING`): an unknown part becomes a placeholder it keeps."""
@@ -238,13 +300,15 @@ class Expander:
                 out.append(p)
             else:
                 self.placeholders.append(p)
-                out.append(f"\ue000{len(self.placeholders) - 1}\ue001")
+                out.append(f"\ue000{self.key}:{len(self.placeholders) - 1}\ue001")
         return "".join(out)
 
     def literal(self, text: str) -> List[Part]:
+        if "\ue000" not in text:
+            return [text] if text else []
         parts: List[Part] = []
         at = 0
-        for m in PLACEHOLDER.finditer(text):
+        for m in self.placeholder.finditer(text):
             parts.append(text[at:m.start()])
             index = int(m.group(1))
             parts.append(self.placeholders[index] if index < len(self.placeholders) else m.group(0))
@@ -253,7 +317,18 @@ class Expander:
         return [p for p in parts if p != ""]
 
     def chunks(self, node, scope: Scope, quoted: bool) -> list:
-        """(part or BREAK, quoted) in order: what word splitting then works on."""
+        """(part or BREAK, quoted) in order: what word splitting then works on. Words nested past MAX_NESTING, and
+        any once the reading's work is spent, are unknown."""
+        if self.nesting >= MAX_NESTING or self.exhausted:
+            why = "nested too deep to follow" if self.nesting >= MAX_NESTING else "past what one reading follows"
+            return [(Unknown(short(_text(node)), f"{short(_text(node))} ({why})", frozenset({"large:word"})), quoted)]
+        self.nesting += 1
+        try:
+            return self._chunks(node, scope, quoted)
+        finally:
+            self.nesting -= 1
+
+    def _chunks(self, node, scope: Scope, quoted: bool) -> list:
         kind = node.type
         if kind in ("word", "number", "extglob_pattern", "regex", "special_variable_name", "variable_name"):
             return [(p, quoted) for p in self.literal(_unescape(text_of(node), quoted))]
@@ -352,8 +427,9 @@ class Expander:
                 scope.set(name, Var(parts, line_of(node), False, written))
             return argument_chunks
         value = Field(scope.lookup(name)) if index is None else None
-        if operator in ("%", "%%", "#", "##") and value is not None and value.known:
+        if operator in ("%", "%%", "#", "##") and value is not None and value.known and len(value.text) <= 4096:
             pattern = self.one(argument[0], scope) if argument else Field(())
+            self.work += len(value.text) // 16  # a trim tries every length
             if pattern.known:
                 return [(_trim(value.text, pattern.text, operator), quoted)]
         if operator in ("^^", ",,") and value is not None and value.known:
@@ -379,7 +455,7 @@ class Expander:
                     out += [(p, quoted and not (element.spread and isinstance(p, Unknown))) for p in element.parts] \
                         or [("", quoted)]
                 return out or [("", False)]
-            if index.isdigit() and not any(e.spread for e in var.array[:int(index) + 1]):
+            if re.fullmatch(r"[0-9]{1,9}", index) and not any(e.spread for e in var.array[:int(index) + 1]):
                 k = int(index)
                 return [(p, quoted) for p in (var.array[k].parts if k < len(var.array) else ())] or [("", quoted)]
             return [(Unknown(written, f"{written} (an element chosen at run time)"), quoted)]
@@ -493,6 +569,9 @@ def split(chunks) -> List[Field]:
 
 
 def merge(parts: Sequence[Part]) -> Tuple[Part, ...]:
+    """Adjacent text joined; a value past MAX_TEXT characters or MAX_PARTS parts is TOO_LARGE, whole."""
+    if len(parts) > MAX_PARTS or sum(len(p) for p in parts if isinstance(p, str)) > MAX_TEXT:
+        return (TOO_LARGE,)
     out: List[Part] = []
     for p in parts:
         if isinstance(p, str) and out and isinstance(out[-1], str):
@@ -539,10 +618,12 @@ def _unescape(text: str, quoted: bool) -> str:
 
 
 def _ansi_c(text: str) -> str:
+    """$'...': its escapes decoded; a \\u escape to half a surrogate pair (no character) becomes U+FFFD."""
     try:
-        return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+        decoded = text.encode("latin-1", "backslashreplace").decode("unicode_escape")
     except (UnicodeDecodeError, ValueError):
         return text
+    return re.sub("[\ud800-\udfff]", "\ufffd", decoded)
 
 
 def _trim(value: str, pattern: str, operator: str) -> str:

@@ -11,13 +11,16 @@ from dataclasses import dataclass, replace
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from preflight.inputs.documents import InputError, read_regular
-from preflight.inputs.shell import (BREAK, NAME, Expander, Field, Part, Scope, Unknown, Var, between, descendants,
-                                    leading_blanks, line_of, merge, plain, short, syntax, text_of, unknown_var)
+from preflight.inputs.shell import (BREAK, MAX_NESTING, MAX_PARTS, MAX_STATEMENT, NAME, WORK, Expander, Field, Part,
+                                    Scope, Unknown, Var, between, leading_blanks, line_of, merge, pieces, plain,
+                                    short, syntax, text_of, unknown_var)
 
 MAX_CALLS = 64  # function calls read in all: a recursive function (or two calling each other) ends here
 MAX_DEPTH = 8  # functions called inside functions, read that deep
 MAX_SOURCED = 8  # files the script sources, read when they are here
 MAX_SOURCED_BYTES = 1024 * 1024  # each, as large as a batch script may be
+MAX_STATEMENT_NESTING = 64  # statements inside statements (if in for in a function in a sourced file ...)
+MAX_WORDS = 4096  # words of one command read (a command line of Linux holds at most 2 MiB in all)
 
 
 def simple_commands(text: str) -> List[List[str]]:
@@ -72,8 +75,13 @@ class Simple:
 
     @property
     def fields(self) -> List[Field]:
+        """Its words expanded: the first MAX_WORDS (past them one spread unknown word stands for the rest)."""
         if self._fields is None:
-            self._fields = [f for w in self.words for f in self.expander.fields(w, self.scope)]
+            self.expander.work += len(self.words) // 2  # a word costs about half what a statement does
+            self._fields = [f for w in self.words[:MAX_WORDS] for f in self.expander.fields(w, self.scope)]
+            if len(self.words) > MAX_WORDS:
+                self._fields.append(Field((Unknown(f"(its words past {MAX_WORDS})", f"the words past {MAX_WORDS} "
+                                                   "of the command: not read", frozenset({"large:words"})),), True))
         return self._fields
 
     def head(self) -> str:
@@ -102,23 +110,66 @@ class Walker(Expander):
         self.notes: List[Tuple[int, str]] = []
         self.base = "."  # the folder a path the script names relative to where it runs is looked up in, here
         self.sourced_read = 0
+        self.nested = 0  # statements being read inside one another
+        self.stopped: Optional[int] = None  # the line where the reading's work ran out: nothing after it is read
+        self._noted: set = set()
+        self.limited: set = set()  # functions whose calls past MAX_CALLS were said
 
     # -- what a reader overrides
     def command(self, cmd: Simple) -> None:
         pass
 
+    def stop(self, line: int, why: str) -> None:
+        """The reading stops at `line` (the first time only): said first of all notes."""
+        if self.stopped is None:
+            self.stopped = line
+            self.notes.insert(0, (line, why))
+
     def note(self, line: int, why: str) -> None:
-        self.notes.append((line, why))
+        if (line, why) not in self._noted:  # said once, however many times it comes (a call past MAX_CALLS)
+            self._noted.add((line, why))
+            self.notes.append((line, why))
 
     # -- statements
-    def block(self, nodes: Sequence, scope: Scope) -> None:
+    def read(self, text: str, scope: Scope, background: bool = False, visit=None) -> None:
+        """A script's text (the batch script, a file it sources, a step script, a `bash -c` string), a piece at a
+        time, until the reading's work is spent. visit(tree, first line after the piece), if given, sees every
+        piece first, and says whether it wants more once the reading stops."""
+        for tree, nodes, end in pieces(text):
+            if nodes is None:  # one statement too long to read: nothing from it on is
+                self.stop(end, f"a statement longer than {MAX_STATEMENT // 1024} KiB starts here: the script is not "
+                               "read from here on, and what it does is not judged")
+                break
+            wanted = visit(tree, end) if visit is not None else False
+            if not self.exhausted:
+                self.work += sum(n.end_byte - n.start_byte for n in nodes) // 256  # its parse
+                self.block(nodes, scope, background)
+            elif not wanted:
+                break
+
+    def block(self, nodes: Sequence, scope: Scope, background: bool = False) -> None:
         nodes = list(nodes)
         for k, node in enumerate(nodes):
             if node.is_named:
-                background = k + 1 < len(nodes) and nodes[k + 1].type == "&"
-                self.statement(node, scope, background)
+                self.statement(node, scope, background or (k + 1 < len(nodes) and nodes[k + 1].type == "&"))
 
     def statement(self, node, scope: Scope, background: bool = False, redirects: Sequence = ()) -> None:
+        """One statement, read as bash runs it; past WORK in all, or nested past MAX_STATEMENT_NESTING, not read
+        (a reader then treats what it did not see as unknown: `stopped`)."""
+        self.work += 1
+        if self.exhausted or self.nested >= MAX_STATEMENT_NESTING:
+            if self.stopped is None:
+                self.stop(line_of(node), f"the script is not read from here on (past {WORK} statements and words "
+                          "read): what it does is not judged" if self.exhausted else f"statements nested past "
+                          f"{MAX_STATEMENT_NESTING} deep here are not read: what the script does is not judged")
+            return
+        self.nested += 1
+        try:
+            self._statement(node, scope, background, redirects)
+        finally:
+            self.nested -= 1
+
+    def _statement(self, node, scope: Scope, background: bool, redirects: Sequence) -> None:
         kind = node.type
         if kind in ("comment", "heredoc_body", "test_command", "file_redirect"):
             return
@@ -150,12 +201,17 @@ class Walker(Expander):
             if name is not None:
                 self.functions[text_of(name)] = node.child_by_field_name("body")
             return
-        if kind == "list":
-            parts = [c for c in node.children if c.is_named]
-            if parts:
-                self.statement(parts[0], scope, False)
-                for rest in parts[1:]:
-                    self.branches(node, scope, [[rest], []], background)
+        if kind == "list":  # `a && b || c`: nested to the left, read flat (a chain of any length)
+            chain = []
+            while node.type == "list":
+                named = [c for c in node.children if c.is_named]
+                if not named:
+                    break
+                chain[:0] = named[1:]
+                node = named[0]
+            self.statement(node, scope, False)
+            for rest in chain:
+                self.branches(rest, scope, [[rest], []], background)
             return
         if kind == "pipeline":
             for c in node.named_children:
@@ -189,9 +245,8 @@ class Walker(Expander):
         name, line = text_of(name_node), line_of(node)
         appends = any(c.type == "+=" for c in node.children)
         written = text_of(value) if value is not None else ""
-        for sub in (descendants(value) if value is not None else ()):
-            if sub.type == "command" and any(a.type == "command_substitution" for a in _ancestors(sub, value)):
-                self.command(self._simple_of(sub, scope, False, [], in_substitution=True))
+        for sub in _substituted_commands(value) if value is not None else ():  # X=$(srun hostname): a helper
+            self.command(self._simple_of(sub, scope, False, [], in_substitution=True))
         old = scope.vars.get(name)
         if value is not None and value.type == "array":
             elements: Optional[List[Field]] = []
@@ -200,6 +255,8 @@ class Walker(Expander):
                     elements += self.fields(element, scope)
             if appends and old is not None:
                 elements = None if old.array is None or elements is None else list(old.array) + elements
+            if elements is not None and len(elements) > MAX_PARTS:  # an array doubled again and again
+                elements = None
             if elements is None:
                 scope.set(name, unknown_var(name, line, written, exported=exported,
                                             why=f"${{{name}[@]}} (set on line {line} to {short(written)})"))
@@ -276,7 +333,7 @@ class Walker(Expander):
                 self.note(line_of(node), str(exc))
             else:
                 self.sourced_read += 1
-                return self.statement(syntax(text).root_node, scope)
+                return self.read(text, scope)
         scope.sourced = True
         self.command(self._simple_of(node, scope, background, redirects))
 
@@ -296,9 +353,9 @@ class Walker(Expander):
         """A function's body read where it is called, its arguments as $1... and "$@" (put back after it)."""
         self.ever_called.add(name)
         if self.calls >= MAX_CALLS or self.depth >= MAX_DEPTH:
-            said = f"{name}: calls past {MAX_CALLS} in all (or {MAX_DEPTH} deep) are not read"
-            if (line, said) not in self.notes:
-                self.note(line, said)
+            if name not in self.limited:  # said at the first call not read
+                self.limited.add(name)
+                self.note(line, f"{name}: calls past {MAX_CALLS} in all (or {MAX_DEPTH} deep) are not read")
             return
         self.calls += 1
         values = [f for w in args for f in self.fields(w, scope)]
@@ -329,12 +386,13 @@ class Walker(Expander):
         try:
             for statements in alternatives:
                 scope.vars = dict(start)
+                self.work += len(start) // 64  # the copy
                 for s in statements:
                     self.statement(s, scope, background)
                 ends.append(scope.vars)
         finally:
             self.conditionals -= 1
-        scope.vars = _agreed(ends, line_of(node))
+        scope.vars = _agreed(start, ends, line_of(node))
 
     def if_statement(self, node, scope: Scope) -> None:
         """if/elif/else: a condition this reader can decide (`[ -z "$X" ]` on a known or unset X) picks its branch;
@@ -368,15 +426,18 @@ class Walker(Expander):
             return self.truth(inner[0], scope, text_of(node).startswith("[[")) if len(inner) == 1 else None
         return None
 
-    def truth(self, node, scope: Scope, double: bool) -> Optional[bool]:
+    def truth(self, node, scope: Scope, double: bool, depth: int = 0) -> Optional[bool]:
+        """A test's truth where its values are known here; None past 48 tests inside one another."""
+        if depth > 48:
+            return None
         if node.type == "parenthesized_expression" and node.named_children:
-            return self.truth(node.named_children[0], scope, double)
+            return self.truth(node.named_children[0], scope, double, depth + 1)
         if node.type == "unary_expression":
             operator = node.child_by_field_name("operator")
             operand = [c for c in node.named_children if c != operator]
             op = text_of(operator) if operator is not None else text_of(node.children[0])
             if op == "!" and operand:
-                inner = self.truth(operand[0], scope, double)
+                inner = self.truth(operand[0], scope, double, depth + 1)
                 return None if inner is None else not inner
             value = self.test_value(operand[0], scope) if operand else None
             if value is None or op not in ("-z", "-n"):
@@ -389,7 +450,7 @@ class Walker(Expander):
                 return None
             op = text_of(operator)
             if op in ("&&", "||", "-a", "-o"):
-                a, b = self.truth(left, scope, double), self.truth(right, scope, double)
+                a, b = self.truth(left, scope, double, depth + 1), self.truth(right, scope, double, depth + 1)
                 if op in ("&&", "-a"):
                     return False if False in (a, b) else None if None in (a, b) else True
                 return True if True in (a, b) else None if None in (a, b) else False
@@ -400,7 +461,8 @@ class Walker(Expander):
                 same = fnmatch.fnmatchcase(a, b) if double else a == b  # [[ == ]]: the right side is a pattern
                 return same == (op != "!=")
             numbers = {"-eq": "==", "-ne": "!=", "-lt": "<", "-gt": ">", "-le": "<=", "-ge": ">="}
-            if op in numbers and re.fullmatch(r"-?\d+", a.strip()) and re.fullmatch(r"-?\d+", b.strip()):
+            whole = re.compile(r"\s*-?[0-9]{1,18}\s*")  # ASCII digits, as bash's test takes (and int() any length)
+            if op in numbers and whole.fullmatch(a) and whole.fullmatch(b):
                 x, y = int(a), int(b)
                 return {"==": x == y, "!=": x != y, "<": x < y, ">": x > y, "<=": x <= y, ">=": x >= y}[numbers[op]]
         return None
@@ -438,8 +500,8 @@ class Walker(Expander):
                 if any(fnmatch.fnmatchcase(word.text, p) for p in patterns):
                     return self.block(_item_body(item), scope)
             return
-        self.note(line_of(node), f"case {text_of(value) if value else ''}: chosen at run time; every branch is read and the "
-                                    "first launch in them judged")
+        self.note(line_of(node), f"case {short(text_of(value)) if value else ''}: chosen at run time; every branch is "
+                                 "read and the first launch in them judged")
         self.branches(node, scope, [_item_body(i) for i in items] + [[]])
 
     # -- files
@@ -470,7 +532,8 @@ class Walker(Expander):
                 for child in body.children:
                     if child.type == "heredoc_content":
                         continue
-                    parts += self.literal(_heredoc_unescape(between(body, at, child.start_byte + leading_blanks(child))))
+                    start = child.start_byte + leading_blanks(child)
+                    parts += self.literal(_heredoc_unescape(between(body, at, start)))
                     parts += [v for v, _ in self.chunks(child, cmd.scope, True) if v is not BREAK]
                     at = child.end_byte
                 parts += self.literal(_heredoc_unescape(between(body, at, body.end_byte)))
@@ -483,19 +546,23 @@ class Walker(Expander):
         return None
 
 
-def _agreed(ends: Sequence[Dict[str, Var]], line: int) -> Dict[str, Var]:
-    names = dict.fromkeys(n for end in ends for n in end)
-    out = {}
-    for name in names:
+def _agreed(start: Dict[str, Var], ends: Sequence[Dict[str, Var]], line: int) -> Dict[str, Var]:
+    """The variables after paths that each began with `start`: one a path changed (or unset) is known only where
+    every path leaves it the same; the others are as they were (found by identity: no path touched them)."""
+    changed = {n for end in ends for n, v in end.items() if start.get(n) is not v}
+    changed.update(n for n in start if any(n not in end for end in ends))
+    out = dict(start)
+    for name in changed:
         values = [end.get(name) for end in ends]
-        first = values[0]
-        if all(v is not None and v.value == first.value and v.array == first.array for v in values):
-            out[name] = replace(first, exported=any(v.exported for v in values))
-            continue
-        inner = [p for v in values if v is not None for p in v.value]
         known = [v for v in values if v is not None]
-        out[name] = unknown_var(name, line, "", inner, any(v.exported for v in known),
-                                why=f"${name} (set differently on the paths of line {line})")
+        first = values[0]
+        if not known:
+            out.pop(name, None)
+        elif all(v is not None and v.value == first.value and v.array == first.array for v in values):
+            out[name] = replace(first, exported=any(v.exported for v in values))
+        else:
+            out[name] = unknown_var(name, line, "", [p for v in known for p in v.value], any(v.exported for v in known),
+                                    why=f"${name} (set differently on the paths of line {line})")
     return out
 
 
@@ -513,24 +580,28 @@ def _item_body(item) -> List:
     return [c for c in item.named_children if c not in item.children_by_field_name("value")]
 
 
-def _ancestors(node, top) -> Iterator:
-    """The node's ancestors up to top, top included."""
-    node = node.parent
-    while node is not None:
-        yield node
-        if node == top:
-            return
-        node = node.parent
+def _substituted_commands(node) -> Iterator:
+    """The commands inside a value's command substitutions ($(...), `...`), in order, MAX_NESTING deep at most."""
+    stack = [(node, 0)]  # a node, and the substitutions it is in
+    while stack:
+        node, depth = stack.pop()
+        if node.type == "command" and depth:
+            yield node
+        depth += node.type == "command_substitution"
+        if depth <= MAX_NESTING:
+            stack.extend((c, depth) for c in reversed(node.children))
 
 
 def _redirect_targets(node) -> Iterator:
-    if node.type == "file_redirect" and not any(c.type in ("<", "<&", ">&", "<<<") for c in node.children):
-        target = node.child_by_field_name("destination")
-        if target is not None and target.type != "process_substitution" and not text_of(target).isdigit():
-            yield target
-    for c in node.children:
-        if c.type == "file_redirect":
-            yield from _redirect_targets(c)
+    """The files a redirection (and the ones nested in it) writes."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if node.type == "file_redirect" and not any(c.type in ("<", "<&", ">&", "<<<") for c in node.children):
+            target = node.child_by_field_name("destination")
+            if target is not None and target.type != "process_substitution" and not text_of(target).isdigit():
+                yield target
+        stack.extend(c for c in reversed(node.children) if c.type == "file_redirect")
 
 
 def _strip_tabs(text: str) -> str:
