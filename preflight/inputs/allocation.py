@@ -87,7 +87,7 @@ def gpu_count(value: Optional[str]) -> Optional[int]:
         return None
     for item in value.split(","):
         parts = item.split("(")[0].strip().split(":")
-        if parts[0] in ("gpu", "gres/gpu") or len(parts) <= 2:
+        if parts[0] in ("gpu", "gres/gpu") or (len(parts) <= 2 and _number(parts[-1]) is not None):  # not nvme
             if parts == ["gpu"]:
                 return 1
             return _number(parts[-1])

@@ -9,9 +9,9 @@ expands them); the SBATCH_* environment variables override them. The script then
 the first node, where SLURM_PROCID and SLURM_NODEID are 0: a variable in a launch line expands there, once, unless it
 is single-quoted or escaped into a shell the task runs (`srun bash -c '... $SLURM_PROCID'`), or a script srun starts.
 
-The shell is read by preflight.inputs.shell (tree-sitter-bash's grammar; bash's expansion rules there). Here: which
-commands start the job's processes (srun and its options as Slurm's slurm_opt.c defines them, the launchers, the
-wrappers they run under), what each task's shell sees (what the batch step exports, `srun --export`, VAR=value
+The shell is read by preflight.inputs.shell and shellwalker (tree-sitter-bash's grammar; bash's rules there),
+sbatch's and srun's options by preflight.inputs.slurmopts. Here: which commands start the job's processes (srun, the
+launchers, the wrappers they run under), what each task's shell sees (what the batch step exports, `srun --export`, VAR=value
 before srun), the files the script writes (heredocs, redirections), and what was not read, in `unread`.
 """
 from __future__ import annotations
@@ -19,12 +19,15 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from preflight.inputs import launchcmd, shell
+from preflight.inputs.allocation import gpu_count
 from preflight.inputs.documents import InputError, read_regular
 from preflight.inputs.shell import Field, Scope, Unknown, Var
 from preflight.inputs.shellwalker import Simple, Walker
+from preflight.inputs.slurmopts import (ALIASES, SBATCH_ENV, SBATCH_SHORT, SBATCH_SHORT_FLAGS, SRUN_FLAGS,
+                                       SRUN_OPTIONAL, SRUN_SHORT, SRUN_SHORT_FLAGS, directive_words, options)
 
 # Real batch scripts are a few KiB; Slurm's own bound is max_script_size (SchedulerParameters, slurm.conf(5); 4 MB by
 # default). Past 1 MiB the file is refused, which keeps the read within seconds.
@@ -32,33 +35,7 @@ MAX_BYTES = 1024 * 1024
 MAX_NOTES = 50  # lines of `unread` kept
 MAX_STEPS = 64  # launch and helper lines read; past them, one note says how many more were not
 MAX_STEP_SCRIPTS = 8  # scripts srun runs (`srun step.sh`) read, when they are here
-
-# Options as Slurm's src/common/slurm_opt.c declares them (has_arg), srun's and sbatch's. Short ones taking a value:
-SBATCH_SHORT = {"-A": "account", "-B": "extra-node-info", "-C": "constraint", "-D": "chdir", "-F": "nodefile",
-                "-G": "gpus", "-J": "job-name", "-L": "licenses", "-M": "clusters", "-N": "nodes", "-S": "core-spec",
-                "-a": "array", "-b": "begin", "-c": "cpus-per-task", "-d": "dependency", "-e": "error", "-i": "input",
-                "-m": "distribution", "-n": "ntasks", "-o": "output", "-p": "partition", "-q": "qos", "-t": "time",
-                "-w": "nodelist", "-x": "exclude"}
-SBATCH_SHORT_FLAGS = {"-H": "hold", "-O": "overcommit", "-Q": "quiet", "-V": "version", "-h": "help", "-k": "no-kill",
-                      "-s": "oversubscribe", "-v": "verbose", "-W": "wait"}
-SRUN_SHORT = {**{k: v for k, v in SBATCH_SHORT.items() if k not in ("-a",)}, "-T": "threads", "-W": "wait",
-              "-r": "relative"}
-SRUN_SHORT_FLAGS = {"-E": "preserve-env", "-H": "hold", "-O": "overcommit", "-Q": "quiet", "-V": "version",
-                    "-X": "disable-status", "-Z": "no-allocate", "-h": "help", "-l": "label", "-s": "oversubscribe",
-                    "-u": "unbuffered", "-v": "verbose", "-I": "immediate", "-K": "kill-on-bad-exit", "-k": "no-kill"}
-SRUN_FLAGS = frozenset("""async consolidate-segments contiguous debugger-test disable-status exact help hold interactive
-label multi-prog no-allocate overcommit oversubscribe parsable preserve-env quiet quit-on-interrupt reboot spread-job
-spread-segments stepmgr test-only unbuffered usage use-min-nodes verbose version wait-for-children whole
-container-mount-home no-container-mount-home container-remap-root no-container-remap-root container-entrypoint
-no-container-entrypoint container-entrypoint-log container-writable container-readonly""".split())  # + pyxis's
-SRUN_OPTIONAL = frozenset("""bcast compress exclusive external-launcher immediate kill-on-bad-exit nice no-kill
-oom-kill-step overlap propagate pty resv-ports send-libs x11""".split())  # a value only as --opt=VALUE
-ALIASES = {"tasks-per-node": "ntasks-per-node", "mem-per-node": "mem", "workdir": "chdir", "cpu_bind": "cpu-bind"}
-# The SBATCH_* input environment variables this reader uses, as the option each stands for (sbatch(1), INPUT
-# ENVIRONMENT VARIABLES; SBATCH_NODES, SBATCH_NTASKS and SBATCH_NTASKS_PER_NODE are not among them).
-SBATCH_ENV = {"SBATCH_GPUS": "gpus", "SBATCH_GPUS_PER_NODE": "gpus-per-node", "SBATCH_GPUS_PER_TASK": "gpus-per-task",
-              "SBATCH_GRES": "gres", "SBATCH_EXPORT": "export", "SBATCH_DISTRIBUTION": "distribution",
-              "SBATCH_EXCLUSIVE": "exclusive", "SBATCH_PARTITION": "partition", "SBATCH_CPUS_PER_GPU": "cpus-per-gpu"}
+MAX_IGNORED = 16  # #SBATCH lines after the first command (or literal ones) said one by one
 
 # What SLURM sets differently in every task (srun(1), OUTPUT ENVIRONMENT VARIABLES), with its value in the batch
 # step, which is task 0 on node 0 (sbatch(1)).
@@ -204,6 +181,7 @@ class BatchScript:
     heredocs: Mapping[str, Heredoc] = field(default_factory=dict)  # what those files hold, by name
     refused: Tuple[Tuple[int, str], ...] = ()  # why sbatch refuses the file, by line (it still reads as far as it can)
     interpreter: str = "bash"  # the #! line's program
+    stopped: Optional[int] = None  # the line past which the script was not read (too large or too deep to follow)
 
     def named_configs(self) -> List[Tuple[str, str, Heredoc]]:
         """The config files the launch names that this script writes from a heredoc: (what reads it, "accelerate"
@@ -263,7 +241,9 @@ class BatchScript:
     def main(self) -> Optional[Step]:
         """The step that starts the training: the first that runs a launcher (srun's before the batch step's), else
         the first that runs a Python script (srun's first: a `python prep.py` in the batch step is a helper where an
-        srun starts the job)."""
+        srun starts the job). None where the script was not read whole: the launch may be in what was not read."""
+        if self.stopped is not None:
+            return None
         for launchers in (LAUNCHERS[:-1], LAUNCHERS[-1:]):
             for in_srun in (True, False):
                 found = next((s for s in self.steps if s.command.launcher in launchers and
@@ -294,19 +274,6 @@ def _count(value: Optional[str]) -> Optional[int]:
     return int(value) if isinstance(value, str) and re.fullmatch(r"\d{1,6}", value.strip()) else None
 
 
-def gpu_count(gres: Optional[str]) -> Optional[int]:
-    """The GPUs of a --gres (`gpu:8`, `gpu:a100:8`, `gpu`: one) or --gpus-per-node (`8`, `a100:8`) value."""
-    if gres is None:
-        return None
-    for item in gres.split(","):
-        parts = item.strip().split(":")
-        if parts[0] == "gpu" or (len(parts) <= 2 and parts[-1].isdigit()):
-            if parts[0] == "gpu" and len(parts) == 1:
-                return 1
-            return _count(parts[-1].split("(")[0])
-    return None
-
-
 def allocation(directives: Mapping[str, Directive]) -> Allocation:
     def get(name):
         d = directives.get(name)
@@ -335,73 +302,6 @@ def allocation(directives: Mapping[str, Directive]) -> Allocation:
     return Allocation(nodes, nodes_text, ntasks, per_node, per_gpu_node, per_task, gpus)
 
 
-def options(words: Sequence[str], short: Mapping[str, str], short_flags: Mapping[str, str], flags=frozenset(),
-            optional=frozenset(), stop_at_word: bool = True):
-    """(options, index of the first word that is not one) of sbatch's or srun's getopt_long; long names."""
-    found: Dict[str, Optional[str]] = {}
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--":
-            return found, i + 1
-        if word.startswith("--"):
-            name, eq, value = word[2:].partition("=")
-            name = ALIASES.get(name, name)
-            if eq:
-                found[name] = value
-            elif name in flags or name in optional:
-                found[name] = None
-            elif i + 1 < len(words):
-                found[name] = words[i + 1]
-                i += 1
-            else:
-                found[name] = ""
-        elif word.startswith("-") and len(word) >= 2 and word[:2] in short:
-            if len(word) > 2:
-                found[short[word[:2]]] = word[2:].lstrip("=")
-            elif i + 1 < len(words):
-                found[short[word[:2]]] = words[i + 1]
-                i += 1
-        elif word.startswith("-") and len(word) >= 2 and word[:2] in short_flags:
-            found[short_flags[word[:2]]] = None
-        elif stop_at_word:
-            return found, i
-        i += 1
-    return found, i
-
-
-def directive_words(rest: str) -> List[str]:
-    """The words of an #SBATCH line after the tag, as sbatch's get_argument takes them: blanks separate, single or
-    double quotes group, a backslash escapes, an unquoted `#` starts a comment; no shell expands anything."""
-    words, current, quote, i, started = [], [], "", 0, False
-    while i < len(rest):
-        c = rest[i]
-        if quote:
-            if c == quote:
-                quote = ""
-            else:
-                current.append(c)
-        elif c == "\\" and i + 1 < len(rest):
-            i += 1
-            current.append(rest[i])
-            started = True
-        elif c in "\"'":
-            quote, started = c, True
-        elif c.isspace():
-            if started:
-                words.append("".join(current))
-                current, started = [], False
-        elif c == "#":
-            break
-        else:
-            current.append(c)
-            started = True
-        i += 1
-    if started:
-        words.append("".join(current))
-    return words
-
-
 def load(path: str, environ: Optional[Mapping[str, str]] = None) -> BatchScript:
     """Read a batch script as sbatch and the shell will. Bad input (missing, not a regular file, too large,
     binary, not a batch script at all) raises InputError naming the file."""
@@ -424,9 +324,12 @@ def parse(path: str, text: str, environ: Mapping[str, str]) -> BatchScript:
         refused.append((line, "DOS line breaks (\\r\\n): sbatch refuses the script ('Batch script contains DOS line "
                               "breaks')"))
         text = text.replace("\r\n", "\n")
-    tree = shell.syntax(text)
+    if "\r" in text and text.count("\r") > text.count("\n"):  # old Mac line breaks: one line to the kernel
+        refused.append((1, "line breaks of \\r alone: the whole file is one line to sbatch and to the kernel, so no "
+                           "#SBATCH line is read and the #! line names no program that exists"))
+        text = text.replace("\r", "\n")
     directives: Dict[str, Directive] = {}
-    literal, ignored = [], []
+    literal, ignored, after = [], [], {}  # after: #SBATCH lines after the first command, by line
     first_command = None
     for number, raw in enumerate(text.split("\n"), 1):
         tag = "#SBATCH" if raw.startswith("#SBATCH") else "#SLURM" if raw.startswith("#SLURM") else None
@@ -434,14 +337,15 @@ def parse(path: str, text: str, environ: Mapping[str, str]) -> BatchScript:
             if first_command is None and raw.strip() and not raw.lstrip().startswith("#"):
                 first_command = number
             continue
+        if first_command is not None and len(after) >= MAX_IGNORED:
+            continue  # as many as a report needs to say it
         found, _ = options(directive_words(raw[len(tag):]), SBATCH_SHORT, SBATCH_SHORT_FLAGS, stop_at_word=False)
         for option, value in found.items():
             d = Directive(option, value, number, raw.strip())
             if first_command is not None:
-                if shell.is_comment(tree, number):  # a heredoc's #SBATCH lines are its text (a child job's)
-                    ignored.append(d)
+                after.setdefault(number, []).append(d)
                 continue
-            if value is not None and ("$" in value or "`" in value):
+            if value is not None and ("$" in value or "`" in value) and len(literal) < MAX_IGNORED:
                 literal.append(d)
             directives[option] = d
     overridden = []
@@ -451,18 +355,42 @@ def parse(path: str, text: str, environ: Mapping[str, str]) -> BatchScript:
             if option in directives and directives[option].value != d.value:
                 overridden.append((directives[option], d))
             directives[option] = d
-    interpreter = os.path.basename(text.split("\n", 1)[0][2:].strip().split(" ")[-1] or "sh") \
-        if text.startswith("#!") else "bash"
+    interpreter = _interpreter(text.split("\n", 1)[0]) if text.startswith("#!") else "bash"
     reader = _Reader(path, directives, environ)
-    if interpreter in SHELLS or interpreter in ("env",) or not text.startswith("#!"):
-        reader.statement(tree.root_node, reader.batch)
+
+    def sort_out(tree, end: int) -> bool:  # a heredoc's #SBATCH lines are its text (a child job's), not ignored
+        for number in [n for n in after if n < end]:
+            found = after.pop(number)
+            if shell.is_comment(tree, number):
+                ignored.extend(found)
+        return bool(after)
+
+    if interpreter in SHELLS:
+        reader.read(text, reader.batch, visit=sort_out)
         reader.finish()
     else:
         reader.note(1, f"the script runs under {interpreter}, not a shell: its commands are not read")
+        ignored += [d for found in after.values() for d in found]
     return BatchScript(path, directives, tuple(literal), tuple(ignored), first_command, tuple(overridden),
                        reader.batch.vars, tuple(reader.steps), tuple(reader.helpers),
                        tuple(reader.notes[:MAX_NOTES]), dict(reader.written), tuple(reader.sourced),
-                       reader.heredocs, tuple(refused), interpreter)
+                       reader.heredocs, tuple(refused), interpreter, reader.stopped)
+
+
+def _interpreter(first_line: str) -> str:
+    """The program a `#!` line runs (its options aside: `#!/bin/bash -l`); through env, the first word env does not
+    take itself (`#!/usr/bin/env -S bash -e`)."""
+    words = first_line[2:].split()
+    if words and os.path.basename(words[0]) == "env":
+        words, rest = [], words[1:]
+        while rest:
+            word = rest.pop(0)
+            if word in ("-u", "--unset", "-C", "--chdir"):  # an option with a value
+                rest = rest[1:]
+            elif not word.startswith("-") and "=" not in word:
+                words.append(word)
+                break
+    return os.path.basename(words[0]) if words else "sh"
 
 
 def slurm_values(directives: Mapping[str, Directive], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Var]:
@@ -525,7 +453,7 @@ class _Reader(Walker):
                 self.note(shell.line_of(body), f"function {name} is defined but never called: the launch in it "
                                                "does not run")
         if self.skipped:
-            self.note(0, f"{self.skipped} more srun lines after the first {MAX_STEPS}: not read")
+            self.note(0, f"{self.skipped} more launch lines after the first {MAX_STEPS}: not read")
 
     def case(self, node, scope: Scope) -> None:
         value = node.child_by_field_name("value")
@@ -557,7 +485,7 @@ class _Reader(Walker):
         if cmd.in_substitution:
             if program == "srun":
                 task = self.srun_words(words[1:])[2]
-                self.helpers.append((cmd.line, " ".join(f.text for f in task)[:120]))
+                self.helper(cmd.line, task)
             return
         if heredoc is not None and program in SHELLS + ("srun", "python", "python3"):
             self.note(cmd.line, f"{program} runs a heredoc script here: its commands are not read")
@@ -599,7 +527,7 @@ class _Reader(Walker):
         if launcher in LAUNCHERS:
             self.add_step(cmd, words, starter, image)
         elif starter is not None or self.task is not None:
-            self.helpers.append((cmd.line, " ".join(f.text for f in words)[:120]))
+            self.helper(cmd.line, words)
 
     def srun_words(self, words: List[Field]):
         """(srun's options, the run-time words among them, what each task runs). srun's getopt stops at the first
@@ -608,7 +536,7 @@ class _Reader(Walker):
         while i < len(words):
             f, text = words[i], words[i].text
             if _opens_unknown(f):  # `srun $SRUN_ARGS torchrun`: options srun reads at run time
-                hidden.append(text)
+                hidden.append(shell.short(text))
                 i += 1
                 continue
             if text == "--" or not text.startswith("-") or text == "-":
@@ -648,6 +576,7 @@ class _Reader(Walker):
         listed = [e for e in export.split(",") if e not in ("ALL", "NONE", "NIL", "")]
         keep_all = export.split(",")[0] == "ALL" if export else True
         known = {n: v for n, v in self.batch.vars.items() if v.exported and keep_all and not n.isdigit()}
+        self.work += len(self.batch.vars) // 64
         for item in listed:
             name, eq, value = item.partition("=")
             if eq:
@@ -667,7 +596,7 @@ class _Reader(Walker):
         self.task = outer or (cmd, {}, image, ())
         before = len(self.steps)
         try:
-            self._read_in_task(shell.syntax(text).root_node, cmd, scope)
+            self._read_in_task(text, cmd, scope)
         finally:
             self.task = outer
         for k in range(before, len(self.steps)):
@@ -681,9 +610,10 @@ class _Reader(Walker):
         base = cmd.scope.cwd
         if word.known and base is not None and not os.path.isabs(path):
             path = os.path.join(base, path)  # sbatch runs the script where it is submitted (or --chdir)
-        if not word.known or image is not None or not os.path.isfile(path) or self.step_scripts >= MAX_STEP_SCRIPTS:
-            where = " inside its container" if image else ""
-            self.note(cmd.line, f"each task runs {word.text}{where}: what it launches is not read (not a file here)")
+        here = word.known and image is None and os.path.isfile(path)
+        if not here or self.step_scripts >= MAX_STEP_SCRIPTS:
+            why = "inside its container" if image else "not a file here" if not here else f"past {MAX_STEP_SCRIPTS} read"
+            self.note(cmd.line, f"each task runs {shell.short(word.text)}: what it launches is not read ({why})")
             if self.task is not None or starter is not None:
                 self.add_step(cmd, [word], starter, image, in_task_shell=True)
             return
@@ -695,15 +625,15 @@ class _Reader(Walker):
             return
         scope = cmd.scope if cmd.scope.level == "task" else self.task_scope(cmd, {})
         before = len(self.steps)
-        self._read_in_task(shell.syntax(text).root_node, cmd, scope)
+        self._read_in_task(text, cmd, scope)
         for k in range(before, len(self.steps)):
             self.steps[k] = replace(self.steps[k], in_task_shell=True, line=cmd.line)
 
-    def _read_in_task(self, root, cmd: Simple, scope: Scope) -> None:
+    def _read_in_task(self, text: str, cmd: Simple, scope: Scope) -> None:
         loops, conditionals = self.loops, self.conditionals
         self.loops, self.conditionals = int(cmd.loop), int(cmd.conditional)
         try:
-            self.statement(root, scope, cmd.background)
+            self.read(text, scope, cmd.background)
         finally:
             self.loops, self.conditionals = loops, conditionals
 
@@ -731,8 +661,18 @@ class _Reader(Walker):
             words = words[k:]
         return words, image
 
+    def helper(self, line: int, words: List[Field]) -> None:
+        """An srun (or a task) that runs something else than the training: hostname, nvidia-smi, a prep script."""
+        if len(self.steps) + len(self.helpers) >= MAX_STEPS:
+            self.skipped += 1
+            return
+        self.helpers.append((line, shell.short(" ".join(f.text for f in words[:32]), 120)))
+
     def add_step(self, cmd: Simple, words: List[Field], starter: Optional[str], image: Optional[str],
                  in_task_shell: bool = False) -> None:
+        if len(self.steps) + len(self.helpers) >= MAX_STEPS:
+            self.skipped += 1
+            return
         srun_opts, srun_hidden = {}, ()
         if self.task is not None:
             _, srun_opts, outer_image, srun_hidden = self.task
@@ -774,7 +714,7 @@ def _without_hidden(words: List[Field]) -> Tuple[List[Field], Tuple[str, ...]]:
             after = next((g for g in words[i + 1:] if not _opens_unknown(g)), None)
             if after is None or not (launchcmd.known_option(launcher, after.text) or after.text.endswith(".py")):
                 break  # the script itself, or the script's arguments after it
-            hidden.append(f.text)
+            hidden.append(shell.short(f.text))
             i += 1
             continue
         if f.text == "--" or not f.text.startswith("-"):
