@@ -338,7 +338,7 @@ def test_a_large_script_is_read_in_bounded_time():
     read = batchscript.parse("job.sh", text, {})
     assert time.monotonic() - started < 30
     assert len(read.steps) == batchscript.MAX_STEPS
-    assert "more srun lines" in read.unread[-1][1]
+    assert "more launch lines" in read.unread[-1][1]
 
 
 # ---- bad input --------------------------------------------------------------------------------------------------
