@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 from preflight.api import Finding, Status, check, failed_sections, holders, odd_ones_out, skip
 from preflight.node import MIN_PYTHON, UNSUPPORTED
 from preflight.job.nccl import fabric_of, nccl_wheel
-from preflight.inputs.versions import judge, known_defects, unmet_requirements
+from preflight.inputs.versions import condition_text, judge, known_defects, unmet_requirements
 
 KEY_VERSIONS = ("python", "torch", "cuda", "nccl", "deepspeed", "accelerate", "transformers")
 # Variables that must be equal for collectives to agree; others are compared and only warned about.
@@ -352,7 +352,7 @@ def _known_defects_doc(func):
 
 
 # What each row may judge, read from the facts the collector already gathers: never by importing a package.
-FROM_DISTRIBUTIONS = ("peft", "trl", "flash-attn")
+FROM_DISTRIBUTIONS = ("peft", "trl", "flash-attn", "bitsandbytes")
 
 
 def _requires(facts: dict) -> dict:
@@ -394,29 +394,87 @@ def _node_versions(facts: dict):
     return found, unknown, nccl_from
 
 
+def _node_conditions(ctx, facts: dict) -> tuple:
+    """The job's answers to the rows' conditions (Plan.conditions) completed with what
+    the node tells: its machine, whether it is a container and holds CAP_SYS_NICE (where the plan does not say
+    the job runs in one), the .deepspeed_env files its launch would read, the NCCL net plugins it loads."""
+    known, unknown = (dict(answers) for answers in ctx.plan.conditions)
+    host = facts.get("host") or {}
+    told = "the node did not report it (a preflight older than this one collected its facts)"
+    if isinstance(host.get("machine"), str) and host["machine"]:
+        known["machine"] = host["machine"]
+    else:
+        unknown["machine"] = f"the node's machine (aarch64, x86_64) is not known: {told}"
+    if "container" not in known:
+        if "container" in host:
+            known["container"] = bool(host["container"])
+        else:
+            unknown["container"] = f"whether the node runs the job in a container is not known: {told}"
+    if "sys_nice" not in known:
+        if known.get("container") and not host.get("container"):
+            unknown["sys_nice"] = "the job's container is not the one preflight ran in, so its capabilities (SYS_NICE) are not known"
+        elif isinstance(host.get("sys_nice"), bool):
+            known["sys_nice"] = host["sys_nice"]
+        else:
+            unknown["sys_nice"] = f"whether the job holds CAP_SYS_NICE is not known: {told}"
+    launch = facts.get("job") or {}
+    files = launch.get("deepspeed_env")
+    if isinstance(files, list):
+        known["deepspeed_env"] = "both" if len(files) > 1 else "one" if files else "none"
+    else:
+        unknown["deepspeed_env"] = "the node's .deepspeed_env files are not known (its launch was not read)"
+    nccl = (fabric_of(facts)[0] or {}).get("nccl")
+    if isinstance(nccl, dict):
+        known["net_plugin"] = tuple(sorted({kind for p in nccl.get("plugins") or [] if isinstance(p, dict)
+                                            for kind in plugin_kinds(str(p.get("name")))}))
+    else:
+        unknown["net_plugin"] = "the node did not report its NCCL net plugins (fabric facts)"
+    return known, unknown
+
+
+# NCCL net plugins by the library NCCL loads (libnccl-net-<name>.so, NCCL_NET_PLUGIN): aws-ofi-nccl builds
+# libnccl-net-ofi.so (and libnccl-net.so before 1.9); the row's spelling is the project's name.
+PLUGIN_KINDS = {"aws-ofi-nccl": ("libnccl-net-ofi.so", "libnccl-net-aws-ofi.so")}
+
+
+def plugin_kinds(name: str) -> tuple:
+    return tuple(kind for kind, files in PLUGIN_KINDS.items() if name.rsplit("/", 1)[-1].startswith(files))
+
+
 @check("PKG008", "known-bad-versions", "node", tags=["packages", "versions", "nccl"])
 @_known_defects_doc
 def known_bad_versions(ctx) -> Iterator[Finding]:
-    """No release on the node has a known defect for multi-node training, alone or with another installed
-    (torch, the NCCL torch loads, deepspeed, accelerate, transformers, peft, trl, flash-attn, the driver and
-    CUDA that NVML reports), and every installed library's declared requirements are met.
+    """No release on the node has a known defect for multi-node training that this job meets, alone or with
+    another installed (torch, the NCCL torch loads, deepspeed, accelerate, transformers, peft, trl, flash-attn,
+    bitsandbytes, the driver and CUDA that NVML reports), and every installed library's declared requirements
+    are met.
 
     Versions that agree across nodes can all carry a defect its maintainers confirmed and fixed; each row of
-    the table (preflight/inputs/known_defects.toml) has its affected range, the symptom, the fixed release and
-    its public source. Versions are compared as pip compares them (local labels such as +cu121 never hide a
-    release; pre-releases such as NGC's 2.8.0a0 sort below it). A row that needs what the node did not report
-    (no NVML) is skipped with the reason. The rows: ROWS.
+    the table (preflight/inputs/known_defects.toml) has its affected range, the conditions under which it bites
+    (the job's precision, ZeRO stage, offload, clipping, MoE, launcher; the node's machine, container,
+    capabilities, files, variables; the driver), the symptom, the fixed release and its public source. A row
+    is reported only when the job meets every condition; one whose condition preflight cannot know (no
+    DeepSpeed config given, no NVML, a choice the training code makes) is listed as not judged with the missing
+    fact; one whose documented workaround is set is a pass note. Versions are compared as pip compares them
+    (local labels such as +cu121 never hide a release; pre-releases such as NGC's 2.8.0a0 sort below it).
+    Requirements are read as pip reads them: a hard one (no extra) unmet fails, as `pip check` does; one of an
+    extra named after an installed distribution ([torch], [deepspeed]) warns, naming the extra and the code that
+    enforces it at run time; [dev], [test], [docs] and [all] are never read. The rows: ROWS.
 
     Install the release the message names (or apply the workaround it names) on the node.
     """
     facts = ctx.fact
     found, unknown, nccl_from = _node_versions(facts)
-    env = facts.get("env") or {}
+    known, not_known = _node_conditions(ctx, facts)
+    env = dict(facts.get("env") or {})
+    if ctx.plan.launch is not None:
+        env.update(ctx.plan.launch.env)  # `VAR=v accelerate launch ...`: the launch's own value wins
     packages = facts.get("packages") or {}
     installed = packages.get("distributions") or {}
     applies, skipped, worked_around, unmet = _judged(
-        _frozen(found), _frozen(unknown), tuple((name, env.get(name)) for name in _defect_variables()),
-        tuple((owner, tuple(lines)) for owner, lines in sorted(_requires(facts).items())), _frozen(installed))
+        _frozen(found), _frozen({**not_known, **unknown}), tuple((name, env.get(name)) for name in _defect_variables()),
+        tuple((owner, tuple(lines)) for owner, lines in sorted(_requires(facts).items())), _frozen(installed),
+        _frozen(known))
     flagged = 0
     for defect in applies:
         flagged += 1
@@ -424,26 +482,44 @@ def known_bad_versions(ctx) -> Iterator[Finding]:
         judged = f" (NCCL from {nccl_from})" if "nccl" in defect.needs else ""
         fix = "; ".join(part for part in (f"install {defect.package} {defect.fixed} or newer" if defect.fixed
                                           else "", defect.fix) if part)
+        met = [condition_text(name, known[name]) for name, _ in defect.when if name in known]
         yield Finding(Status.FAIL if defect.status == "fail" else Status.WARN,
-                      f"{defect.package} {have}{judged}: {defect.symptom} ({defect.source})", f"on {ctx.node}: {fix}",
+                      f"{defect.package} {have}{judged}" + (f" with {', '.join(met)}" if met else "") +
+                      f": {defect.symptom} ({defect.source})", f"on {ctx.node}: {fix}",
                       evidence={"defect": defect.id, "package": defect.package, "version": have,
                                 "affected": defect.shown(), "fixed": defect.fixed or None, "source": defect.source,
-                                "confirmed": defect.confirmed, "nccl": nccl_from if judged else None})
-    for owner, requirement, name, have in unmet:
+                                "confirmed": defect.confirmed, "nccl": nccl_from if judged else None,
+                                "conditions": {name: known[name] for name, _ in defect.when if name in known}})
+    for item in unmet:
         flagged += 1
-        yield Finding(Status.FAIL, f"{owner} {installed.get(owner)} requires {requirement} (its metadata), the node "
-                      f"has {name} {have}", f"pip install '{requirement}' on {ctx.node}, or the {owner} release that "
-                      f"works with {name} {have}", evidence={"package": owner, "requirement": requirement,
-                                                             "installed": {name: have}})
+        yield _unmet_finding(ctx.node, item, installed)
     for ids, reason in _grouped(skipped):
         yield skip(f"{len(ids)} known defect(s) not judged ({', '.join(ids)}): {reason}", defects=ids)
+    for defect_id, workaround in worked_around:
+        yield Finding(Status.PASS, f"known defect {defect_id} is worked around: {workaround} is set",
+                      evidence={"defect": defect_id, "workaround": workaround})
     if not flagged:
         shown = ", ".join(f"{p} {found[p]}" for p in ("torch", "nccl", "deepspeed", "accelerate", "transformers")
                           if found.get(p))
-        notes = f"; worked around: {', '.join(worked_around)}" if worked_around else ""
         yield Finding(Status.PASS, f"{shown or 'no training stack'}: none of {len(known_defects())} known defects "
-                      f"applies{notes}", evidence={"versions": {p: v for p, v in found.items() if v},
-                                                  "nccl": nccl_from, "worked_around": worked_around})
+                      f"applies to this job", evidence={"versions": {p: v for p, v in found.items() if v},
+                                                        "nccl": nccl_from, "conditions": known})
+
+
+def _unmet_finding(node: str, item, installed: dict) -> Finding:
+    evidence = {"package": item.owner, "requirement": item.requirement, "installed": {item.name: item.have},
+                "extra": item.extra or None}
+    owner = f"{item.owner} {installed.get(item.owner)}"
+    if not item.extra:
+        return Finding(Status.FAIL, f"{owner} requires {item.requirement} (its metadata), the node has {item.name} "
+                       f"{item.have}", f"pip install '{item.requirement}' on {node}, or the {item.owner} release "
+                       f"that works with {item.name} {item.have}", evidence=evidence)
+    why = (item.enforced_by or f"{item.owner} may refuse it at run time") if item.lower else \
+        f"pip refuses it only where {item.owner}[{item.extra}] is installed by name"
+    return Finding(Status.WARN, f"{owner} requires {item.requirement} with its [{item.extra}] extra (its metadata), "
+                   f"the node has {item.name} {item.have}: {why}",
+                   f"pip install '{item.requirement}' on {node}, or the {item.owner} release that works with "
+                   f"{item.name} {item.have}", evidence=evidence)
 
 
 def _frozen(mapping) -> tuple:
@@ -465,17 +541,17 @@ def _defect_variables() -> tuple:
 
 
 @functools.lru_cache(maxsize=256)
-def _judged(found: tuple, unknown: tuple, env: tuple, requires: tuple, installed: tuple) -> tuple:
-    """(the rows that apply, (row ID, why not judged) of the skipped ones, the IDs worked around, the unmet
-    requirements) for one node's versions. A function of the versions alone, kept for the next node with the
-    same ones: thousands of nodes have a few sets of versions, and parsing every Requires-Dist line and
-    marker (packaging) for each node took seconds."""
-    found, unknown, env, installed = dict(found), dict(unknown), dict(env), dict(installed)
+def _judged(found: tuple, unknown: tuple, env: tuple, requires: tuple, installed: tuple, job: tuple = ()) -> tuple:
+    """(the rows that apply, (row ID, why not judged) of the skipped ones, (row ID, its workaround) of those
+    worked around, the unmet requirements) for one node's versions and the job's conditions. A function of
+    them alone, kept for the next node with the same ones: thousands of nodes have a few sets of versions, and
+    parsing every Requires-Dist line and marker (packaging) for each node took seconds."""
+    found, unknown, env, installed, job = dict(found), dict(unknown), dict(env), dict(installed), dict(job)
     applies, skipped, worked_around = [], [], []
     for defect in known_defects():
-        verdict = judge(defect, found, unknown, env)
+        verdict = judge(defect, found, unknown, env, job)
         if verdict == "worked around":
-            worked_around.append(defect.id)
+            worked_around.append((defect.id, ", ".join(f"{n}={v}" for n, v in defect.workaround)))
         elif verdict == "applies":
             applies.append(defect)
         elif verdict is not None:

@@ -96,6 +96,14 @@ class Plan:
                     paths[f"{block}.nvme_path"] = self.job_path(nvme)
         return paths
 
+    @functools.cached_property
+    def conditions(self) -> tuple:
+        """The job's answers to the known-defects table's conditions, and why the others are not known
+        (preflight.inputs.settings.job_conditions): once per plan, not once per node."""
+        from preflight.inputs.settings import job_conditions
+
+        return job_conditions(self)
+
     def job_path(self, path: str) -> str:
         """A relative path as the job reads it: from the job's working directory (where `launch` starts it on
         every node), not from wherever a node's session starts (its home)."""

@@ -37,6 +37,7 @@ class Model:
     estimated: bool = False  # True when the count (or the largest layer) is an estimate
     layers: Optional[int] = None  # for the activation margin
     hidden: Optional[int] = None
+    experts: Optional[int] = None  # experts per MoE layer (1: a dense model); None: not known (a count was given)
 
 
 MAX_PARAMS = 10 ** 15  # a thousand times the largest models trained: past it, the text is a typo, not a model
@@ -153,7 +154,17 @@ def resolve(text: str, where: str = "--model") -> Model:
         raise InputError(path, f"cannot count the parameters: {exc}") from None
     text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     layers, hidden = _shape(text_config)
-    return Model(params, largest, text, how, estimated, layers, hidden)
+    return Model(params, largest, text, how, estimated, layers, hidden, experts(text_config))
+
+
+def experts(config: Mapping[str, Any]) -> int:
+    """Experts per MoE layer as the config (or its family's defaults) gives them; 1 for a dense model."""
+    defaults = MOE_DEFAULTS.get(config.get("model_type"), {})
+    for key in EXPERT_COUNTS:
+        for holder in (config, config.get("ffn_config") or {}, defaults):  # dbrx keeps them in ffn_config
+            if isinstance(holder, Mapping) and is_int(holder.get(key)) and holder[key] > 0:
+                return holder[key]
+    return 2 if defaults else 1  # a MoE family whose count is its code's default
 
 
 def _shape(config: Mapping[str, Any]) -> Tuple[Optional[int], Optional[int]]:

@@ -3,7 +3,7 @@ runs, the GPUs gpu_ids lists, and where the ZeRO stage and offload come from. Th
 all read the configs through these."""
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight.inputs.configs import gpu_id_items
 from preflight.inputs.documents import Document
@@ -42,15 +42,193 @@ def zero_settings(plan) -> Optional[Tuple[Document, Tuple[str, ...], Any, Mappin
     section = doc.section("deepspeed_config") if doc is not None and plan.accelerate.uses_deepspeed else None
     if section is None or "zero_stage" not in section.data:
         return None
+    stage = section.data["zero_stage"]  # null: DeepSpeedPlugin's default, 2 (utils/dataclasses.py)
+    return doc, ("deepspeed_config", "zero_stage"), 2 if stage is None else text_number(stage), \
+        accelerate_offload(section)
 
+
+def accelerate_offload(section: Document) -> Mapping[str, Any]:
+    """The offload devices of accelerate's deepspeed_config section, as DeepSpeed's blocks name them."""
     def lower(value: Any) -> Any:  # accelerate lower-cases the devices (str(...).lower(), utils/launch.py)
         return value.lower() if isinstance(value, str) else value
 
-    devices = {
+    return {
         "offload_param": {"device": lower(section.data.get("offload_param_device")),
                           "nvme_path": section.data.get("offload_param_nvme_path")},
         "offload_optimizer": {"device": lower(section.data.get("offload_optimizer_device")),
                               "nvme_path": section.data.get("offload_optimizer_nvme_path")},
     }
-    stage = section.data["zero_stage"]  # null: DeepSpeedPlugin's default, 2 (utils/dataclasses.py)
-    return doc, ("deepspeed_config", "zero_stage"), 2 if stage is None else text_number(stage), devices
+
+
+def job_conditions(plan) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """The job's answers to the conditions of the known-defects table (preflight.inputs.versions.CONDITIONS) that
+    its configs and launch command give, and why each other one is not known: ({name: value}, {name: reason}).
+    A value is only what the files say as DeepSpeed and accelerate read them; a value one of them leaves to the
+    training code ("auto", which the HF Trainer fills in) or to a command preflight was not given is unknown."""
+    known: Dict[str, Any] = {}
+    unknown: Dict[str, str] = {}
+    ds = plan.deepspeed
+    accel = plan.accelerate
+    command = plan.launch
+    flags = command.options if command is not None and command.launcher == "accelerate" else {}
+    with_ds = accel is not None and accel.uses_deepspeed
+    if ds is None and accel is None:
+        for name in ("precision", "zero_stage", "offload_optimizer", "offload_param", "gradient_clipping", "optimizer"):
+            unknown[name] = f"no DeepSpeed or accelerate config was given, so the job's {name.replace('_', ' ')} is not known"
+    elif ds is None and not with_ds and (command is None or command.launcher != "deepspeed"):
+        # accelerate without DeepSpeed (MULTI_GPU, FSDP, ...): no ZeRO, no DeepSpeed optimizer or clipping
+        known.update(zero_stage=None, offload_optimizer=False, offload_param=False, gradient_clipping=False,
+                     optimizer=None)
+    else:
+        _zero_conditions(plan, flags, known, unknown)
+        _deepspeed_conditions(ds, accel if with_ds else None, known, unknown)
+    precision, why = _precision(ds, accel, with_ds, flags)
+    if precision is not None:
+        known["precision"] = precision
+    elif "precision" not in unknown:
+        unknown["precision"] = why
+    if command is not None and command.launcher in ("accelerate", "deepspeed", "torchrun", "python"):
+        step = plan.batch.main if plan.batch is not None else None
+        starter = (step.starter,) if step is not None and step.starter in ("srun", "mpirun") else ()
+        known["launcher"] = starter + (command.launcher,)
+    else:
+        unknown["launcher"] = "no launch command was given, so what starts the ranks is not known"
+    _container_conditions(plan, known)
+    _launch_conditions(command, accel, with_ds, flags, known, unknown)
+    _fsdp_condition(ds, accel, with_ds, flags, known, unknown)
+    model = plan.memory.model if plan.memory is not None else None
+    if model is not None and model.experts is not None:
+        known["moe"] = model.experts > 1
+    else:
+        unknown["moe"] = "the model's layers are not known (--model names its config), so whether it has experts (MoE) is not known"
+    return known, unknown
+
+
+def _fsdp_condition(ds, accel, with_ds: bool, flags: Mapping[str, Any], known: Dict[str, Any],
+                    unknown: Dict[str, str]) -> None:
+    """The FSDP version accelerate trains with (its flag, else fsdp_config's, else 1), None for no FSDP."""
+    if accel is not None and not with_ds:
+        section = accel.data.get("fsdp_config")
+        given = text_number(flags.get("fsdp_version") or (section.get("fsdp_version", 1) if isinstance(
+            section, Mapping) else 1))
+        if accel.data.get("distributed_type") != "FSDP":
+            known["fsdp_version"] = None
+        elif given in (1, 2):
+            known["fsdp_version"] = given
+        else:
+            unknown["fsdp_version"] = f"fsdp_version is {given!r}, not 1 or 2"
+    elif ds is not None or with_ds:
+        known["fsdp_version"] = None  # a DeepSpeed job
+    else:
+        unknown["fsdp_version"] = "no accelerate config was given, so whether the job trains with FSDP is not known"
+
+
+def _launch_conditions(command, accel, with_ds: bool, flags: Mapping[str, Any], known: Dict[str, Any],
+                       unknown: Dict[str, str]) -> None:
+    """The rendezvous backend torchrun's agent uses (torchrun's and accelerate's flag, accelerate's config key;
+    "static" by default in both) and the DeepSpeed multinode launcher accelerate hands a DEEPSPEED job over
+    several machines to (its flag, else deepspeed_config's key, else pdsh: configs.deepspeed_runner)."""
+    if command is not None and command.launcher in ("torchrun", "accelerate"):
+        backend = command.options.get("rdzv_backend") or (accel.data.get("rdzv_backend") if accel is not None and
+                                                          command.launcher == "accelerate" else None) or "static"
+        if isinstance(backend, str) and "$" not in backend:
+            known["rdzv_backend"] = backend
+        else:
+            unknown["rdzv_backend"] = "the rendezvous backend is left to the node's shell"
+    elif command is not None and command.launcher in ("deepspeed", "python"):
+        known["rdzv_backend"] = None  # no torchrun agent
+    else:
+        unknown["rdzv_backend"] = "no launch command was given, so the rendezvous backend is not known"
+    if accel is None:
+        unknown["deepspeed_multinode_launcher"] = "no accelerate config was given, so the DeepSpeed multinode " \
+                                                  "launcher accelerate hands the job to is not known"
+    elif with_ds and accel.runner is not None:
+        section = accel.deepspeed_section
+        known["deepspeed_multinode_launcher"] = flags.get("deepspeed_multinode_launcher") or (
+            section.data.get("deepspeed_multinode_launcher") if section is not None else None) or "pdsh"
+    else:
+        known["deepspeed_multinode_launcher"] = None  # accelerate hands nothing to DeepSpeed's runner
+
+
+def _container_conditions(plan, known: Dict[str, Any]) -> None:
+    """Whether the job runs in a container and with CAP_SYS_NICE, where the plan says so: a manifest's main
+    container has the runtime's default capabilities (which leave SYS_NICE out) plus what its securityContext
+    adds; a batch step's image (pyxis, apptainer) says only that it is a container. Elsewhere the nodes tell."""
+    main = plan.manifest.main if plan.manifest is not None else None
+    if main is not None:
+        container = main[2]
+        known.update(container=True, sys_nice=container.privileged or any(
+            str(c).upper().removeprefix("CAP_") == "SYS_NICE" for c in container.capabilities))
+    step = plan.batch.main if plan.batch is not None else None
+    if step is not None and step.container is not None:
+        known["container"] = True
+
+
+def _zero_conditions(plan, flags: Mapping[str, Any], known: Dict[str, Any], unknown: Dict[str, str]) -> None:
+    found = zero_settings(plan)
+    if found is not None:
+        stage, devices = found[2], found[3]
+    else:  # accelerate's section without zero_stage: DeepSpeedPlugin's stage 2
+        section = plan.accelerate.deepspeed_section if plan.accelerate is not None else None
+        stage, devices = 2, accelerate_offload(section) if section is not None else {}
+    if "zero_stage" in flags:
+        stage = text_number(flags["zero_stage"])
+    if not is_int(stage) or not 0 <= stage <= 3:
+        why = f"the ZeRO stage is {stage!r}" + (" (filled in by the training code)" if stage == "auto" else "")
+        for name in ("zero_stage", "offload_optimizer", "offload_param"):
+            unknown[name] = why
+        return
+    known["zero_stage"] = stage
+    blocks = devices if isinstance(devices, Mapping) else {}
+    for block in ("offload_optimizer", "offload_param"):
+        entry = blocks.get(block)
+        device = flags.get(f"{block}_device") or (entry.get("device") if isinstance(entry, Mapping) else None)
+        device = device.lower() if isinstance(device, str) else device
+        if device == "auto":
+            unknown[block] = f"{block}.device is \"auto\" (filled in by the training code)"
+        else:  # DeepSpeed reads offload_param at stage 3 only (zero/config.py; stage_1_and_2 never looks)
+            known[block] = device in ("cpu", "nvme") and (block == "offload_optimizer" or stage == 3)
+
+
+def _deepspeed_conditions(ds, section_of, known: Dict[str, Any], unknown: Dict[str, str]) -> None:
+    """gradient_clipping and the optimizer, from the DeepSpeed JSON, else accelerate's deepspeed_config section."""
+    if ds is not None:
+        clip = ds.get("gradient_clipping")
+        optimizer = ds.get("optimizer", "type")
+    else:
+        section = section_of.deepspeed_section if section_of is not None else None
+        clip = section.data.get("gradient_clipping") if section is not None else None
+        optimizer = None
+    clip = text_number(clip)
+    if clip == "auto":
+        unknown["gradient_clipping"] = "gradient_clipping is \"auto\" (the HF Trainer fills in its max_grad_norm)"
+    else:
+        known["gradient_clipping"] = isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0
+    if isinstance(optimizer, str) and optimizer.lower() != "auto":
+        known["optimizer"] = optimizer.lower()
+    else:
+        unknown["optimizer"] = "the DeepSpeed config names no optimizer type: the training code gives the optimizer"
+
+
+def _precision(ds, accel, with_ds: bool, flags: Mapping[str, Any]) -> Tuple[Optional[str], str]:
+    """(fp16, bf16 or fp32, or None, why not known). DeepSpeed's fp16/bf16 blocks decide where there is a JSON;
+    "auto" there is accelerate's mixed_precision when accelerate runs DeepSpeed (it fills "auto" in), else the
+    training code's; accelerate's mixed_precision (its flag first) decides without one."""
+    mixed = flags.get("mixed_precision") or (accel.mixed_precision if accel is not None else None)
+    mixed = mixed.lower() if isinstance(mixed, str) else mixed
+    from_accelerate = {"fp16": "fp16", "bf16": "bf16", "no": "fp32"}.get(mixed) if accel is not None else None
+    if accel is not None and mixed is None:
+        from_accelerate = "fp32"  # accelerate's default mixed_precision is "no"
+    if ds is not None:
+        enabled = {block: ds.enabled(block) for block in ("bf16", "fp16")}
+        on = [block for block, value in enabled.items() if value is True]
+        if on:
+            return on[0], ""
+        if "auto" in enabled.values():
+            if with_ds and from_accelerate:
+                return from_accelerate, ""
+            return None, "fp16/bf16 \"enabled\" is \"auto\" in the DeepSpeed config (the training code fills it in)"
+        return "fp32", ""
+    if from_accelerate:
+        return from_accelerate, ""
+    return None, f"mixed_precision {mixed!r} is not fp16, bf16 or no"

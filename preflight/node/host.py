@@ -30,13 +30,46 @@ def host(options):
     facts = {"hostname": hostname, "fqdn": socket.getfqdn(), "interfaces": interfaces, "links": links,
              "resolves_to": resolve_one(hostname), "kernel": platform.release(),
              "rdma_devices": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else [],
-             "port_range": port_range()}
+             "port_range": port_range(), "machine": platform.machine(), "container": container(),
+             "sys_nice": has_capability(CAP_SYS_NICE)}
     facts["resolves_to_own_interface"] = any(a in own for a in facts["resolves_to"] if not a.startswith("127."))
     head = options.get("head")
     if head:
         facts["head_resolves_to"] = resolve_one(head)
         facts["route_to_head"] = _route(facts["head_resolves_to"], options.get("port") or 0, interfaces)  # the head sends its port
     return facts
+
+
+CAP_SYS_NICE = 23  # linux/capability.h
+# What container runtimes leave behind: docker's /.dockerenv, podman's /run/.containerenv, the `container`
+# variable systemd and podman set for PID 1 (environ of this session only when it inherits it), apptainer's.
+CONTAINER_FILES = ("/.dockerenv", "/run/.containerenv")
+CONTAINER_VARIABLES = ("container", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "KUBERNETES_SERVICE_HOST")
+CONTAINER_CGROUPS = ("docker", "kubepods", "containerd", "libpod", "lxc")
+
+
+def container():
+    """What marks this process as one in a container, or None where nothing does."""
+    found = [f for f in CONTAINER_FILES if os.path.exists(f)] + [v for v in CONTAINER_VARIABLES if os.environ.get(v)]
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as f:
+            cgroups = f.read(65536)
+        found += [f"cgroup {word}" for word in CONTAINER_CGROUPS if word in cgroups]
+    except OSError:
+        pass
+    return ", ".join(found) or None
+
+
+def has_capability(number):
+    """Whether this process holds the capability (its effective set, /proc/self/status CapEff); None: unknown."""
+    try:
+        with open("/proc/self/status", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> number & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _interfaces(links=None):

@@ -53,8 +53,20 @@ def facts(job):
         "cwd": cwd, "cwd_exists": os.path.isdir(cwd), "argv": [word(a, session) for a in job.get("argv") or ()],
         "config": config_file, "files": files,
         "programs": dict((name, _program(word(name), cwd)) for name in job.get("programs") or ()),
-        "resolved": resolve(names),
+        "resolved": resolve(names), "deepspeed_env": deepspeed_env_files(cwd, dict(os.environ, **(job.get("env") or {}))),
     }
+
+
+def deepspeed_env_files(cwd, env):
+    """The .deepspeed_env files DeepSpeed's runner would read on this node: its name (DS_ENV_FILE) in the home
+    folder and in the folder it starts in (launcher/runner.py, DEEPSPEED_ENVIRONMENT_PATHS), each file once."""
+    name = env.get("DS_ENV_FILE") or ".deepspeed_env"
+    found = []
+    for folder in (os.path.expanduser("~"), cwd):
+        path = os.path.realpath(os.path.join(folder, name))
+        if os.path.isfile(path) and path not in found:
+            found.append(path)
+    return found
 
 
 VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)  # posixpath.expandvars' own pattern

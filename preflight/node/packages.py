@@ -8,7 +8,7 @@ import sys
 KEY_DISTRIBUTIONS = ("torch", "deepspeed", "accelerate", "transformers")
 NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 # The training stack whose declared requirements (Requires-Dist) the head judges against what is installed.
-REQUIRING = KEY_DISTRIBUTIONS + ("peft", "trl", "flash-attn")
+REQUIRING = KEY_DISTRIBUTIONS + ("peft", "trl", "flash-attn", "bitsandbytes")
 
 
 def facts():

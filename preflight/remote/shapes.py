@@ -259,7 +259,7 @@ SECTIONS = {
                 links=Keyed(Obj(up=(bool, NONE), running=(bool, NONE), ipv4=Either(NONE, Each(str)), ipv6=Each(str),
                                 mtu=COUNT)),
                 resolves_to=RESOLVED, kernel=str, rdma_devices=Each(str), resolves_to_own_interface=bool,
-                port_range=Either(NONE, Each(int, length=2)),
+                port_range=Either(NONE, Each(int, length=2)), machine=str, container=TEXT, sys_nice=(bool, NONE),
                 head_resolves_to=RESOLVED,
                 route_to_head=Either(NONE, Obj(head=Need(str), source=Need(str), interface=Need(TEXT)),
                                      Obj(head=str, error=Need(ERROR))), error=ERROR),
