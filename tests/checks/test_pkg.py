@@ -147,16 +147,18 @@ def test_cuda_forward_compatibility_turns_the_refusal_into_a_warning(tmp_path, m
 
 
 def test_known_bad_versions(tmp_path):
-    states = recorded_nodes(tmp_path, "ib-node", versions={"nccl": "2.29.2", "torch": "2.7.0+cu126"})
+    states = recorded_nodes(tmp_path, "ib-node", versions={"nccl": "2.25.1", "torch": "2.7.1+cu126"},
+                            env={"TORCH_NCCL_USE_COMM_NONBLOCKING": "1"})
     results = run_on("PKG008", states, tmp_path)
-    assert sorted((r.nodes, r.evidence["defect"]) for r in results) == sorted(
-        (node, defect) for node in (("n01",), ("n02",))
-        for defect in ("nccl-2.29.2-hang", "torch-2.7.0-nonblocking-hang"))
-    assert {r.status for r in results} == {Status.WARN}
-    assert any("https://github.com/pytorch/pytorch/issues/153960" in r.message for r in results)
-    workaround = recorded_nodes(tmp_path / "w", "ib-node", versions={"torch": "2.7.0"},
-                         env={"TORCH_NCCL_USE_COMM_NONBLOCKING": "0"})
-    assert {r.status for r in run_on("PKG008", workaround, tmp_path)} == {Status.PASS}
+    named = [(r.nodes, r.evidence["defect"]) for r in results if r.status is Status.WARN]
+    assert sorted(named) == sorted((node, defect) for node in (("n01",), ("n02",)) for defect in (
+        "nccl-2.25.1-abort-hang", "nccl-nonblocking-comm-create-race", "torch-nonblocking-watchdog-thread-safety"))
+    assert any("https://github.com/pytorch/pytorch/issues/169484" in r.message for r in results)
+    workaround = recorded_nodes(tmp_path / "w", "ib-node", versions={"nccl": "2.19.3"},
+                                env={"NCCL_CUMEM_ENABLE": "0"})
+    found = run_on("PKG008", workaround, tmp_path)
+    assert {r.status for r in found} == {Status.PASS}
+    assert any("nccl-2.19-cumem-alltoall-deadlock is worked around: NCCL_CUMEM_ENABLE=0" in r.message for r in found)
 
 
 # --- the real test cluster -----------------------------------------------------------------------------
