@@ -187,7 +187,7 @@ def table_cell(text: str) -> str:
 
 def known_defects_page(generated: str = "") -> str:
     """docs/known-defects.md: every row of the table PKG008 judges, with its source."""
-    from preflight.inputs.versions import TABLE, known_defects
+    from preflight.inputs.versions import TABLE, condition_text, known_defects
 
     rows = known_defects()
     lines = ([generated, ""] if generated else []) + [
@@ -197,20 +197,32 @@ def known_defects_page(generated: str = "") -> str:
         "preflight): the versions the collector reads from the installed distributions' metadata, the NCCL "
         "wheel torch depends on, and the driver and CUDA that NVML reports. Versions are compared as pip "
         "compares them: a local label (`+cu121`) never hides a release, and a pre-release (NGC's `2.8.0a0`) "
-        "sorts below its release. A row whose workaround variable is set is not reported; a row that needs "
-        "what the node did not report (no NVML) is skipped with the reason. Beside the table, PKG008 fails a "
-        "node where an installed library's declared requirement (its Requires-Dist) is not met.",
+        "sorts below its release.",
         "",
-        "| id | affected | with | symptom | move to | source | confirmed |",
-        "|---|---|---|---|---|---|---|",
+        "A row is reported only where the job meets every condition in its *when* column: the precision, ZeRO "
+        "stage, offload, clipping, optimizer and FSDP version its DeepSpeed and accelerate configs give, the "
+        "launcher, rendezvous backend and DeepSpeed multinode launcher of its launch, whether the model has "
+        "experts (`--model`), and on each node its machine, container, CAP_SYS_NICE, `.deepspeed_env` files and "
+        "NCCL net plugins. A condition preflight cannot know (no config given to `preflight node`, no NVML, a "
+        "choice only the training code makes) puts the row in the skip line as *not judged*, with the missing "
+        "fact; a row whose workaround variable is set is a pass note (`-v`).",
+        "",
+        "Beside the table, PKG008 reads each installed library's declared requirements (Requires-Dist) as pip "
+        "does: a hard requirement that is not met fails, as `pip check` would; one added by an extra named after "
+        "a distribution that is installed (`transformers[torch]`, `[deepspeed]`) warns, naming the extra and the "
+        "code that enforces it at run time; `[dev]`, `[test]`, `[docs]` and `[all]` are never read.",
+        "",
+        "| id | affected | with | when | symptom | move to | source | confirmed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         conditions = [f"{p} {s}" for p, s in row.with_] + [f"{n}={v}" for n, v in row.env]
         conditions += [f"python {row.python}"] if row.python else []
         conditions += [f"not reported with {n}={v}" for n, v in row.workaround]
+        when = [condition_text(name, value) for name, value in row.when]
         move = "; ".join(part for part in (f"{row.package} {row.fixed}" if row.fixed else "", row.fix) if part)
         lines.append("| " + " | ".join(table_cell(c) for c in (
-            f"`{row.id}`", f"{row.package} `{row.affected}`", ", ".join(conditions) or "",
+            f"`{row.id}`", f"{row.package} `{row.affected}`", ", ".join(conditions) or "", ", ".join(when),
             row.symptom, move, f"[{row.source.split('://', 1)[-1]}]({row.source})", row.confirmed)) + " |")
     return "\n".join(lines) + "\n"
 
