@@ -685,15 +685,19 @@ def launcher_on_path(ctx) -> Iterator[Finding]:
                       evidence={"program": programs[node].get("path"), "interpreter": interpreter, "expected": majority})
     python = ctx.plan.python
     is_python = re.fullmatch(r"python[0-9.]*", os.path.basename(str(name or ""))) is not None
-    if python and isinstance(majority, str) and not is_python and not _same_environment(majority, python):
+    # A launcher whose #! runs a Python (accelerate, torchrun) tells the interpreter; a shell or a wrapper script
+    # (bash run.sh, ./run.sh) does not: the Python it starts is its own business, and --python is not the shell.
+    runs_python = isinstance(majority, str) and re.fullmatch(r"python[0-9.]*", os.path.basename(majority))
+    if python and runs_python and not is_python and not _same_environment(majority, python):
         nodes = tuple(n for n in found if n not in odd)
         yield Finding(Status.WARN, f"{name} runs {majority}, but the versions were read with --python {python}",
                       f"pass --python {majority}", nodes=nodes, evidence={"interpreter": majority, "python": python})
         return
     ok = tuple(n for n in found if n not in odd)
     if ok:
+        wrapper = "" if runs_python or is_python else ": a shell or wrapper, so the Python it starts is not known here"
         yield Finding(Status.PASS, f"{name} is {programs[ok[0]].get('path')}" +
-                      (f", run by {majority}" if programs[ok[0]].get("interpreter") else ""), nodes=ok)
+                      (f", run by {majority}" if programs[ok[0]].get("interpreter") else "") + wrapper, nodes=ok)
 
 
 def _run_by_name(views: Mapping[str, dict]) -> Iterator[Finding]:

@@ -222,3 +222,30 @@ def test_job010_fails_the_backend_deepspeeds_own_runner_needs_on_the_head():
     nodes["a"]["facts"]["job"]["programs"]["ompi_info"] = program("ompi_info", found=False)
     failed = [r for r in by_id(context(nodes, command, launching=True), "JOB010") if r.status is Status.FAIL]
     assert [(r.evidence["program"], r.nodes) for r in failed] == [("ompi_info", ("a",))]
+
+
+@pytest.mark.parametrize("command", [["bash", "run.sh"], ["./run.sh"]])
+def test_job010_never_advises_a_shell_or_a_wrapper_as_the_python(command):
+    """`launch -- bash run.sh`: the wrapper starts its own Python; --python is never the shell (the first hour)."""
+    nodes = {n: facts(command, programs=()) for n in ("a", "b")}
+    shell = {"name": command[0], "path": "/usr/bin/bash" if command[0] == "bash" else "/job/run.sh",
+             "real": "/usr/bin/bash" if command[0] == "bash" else "/job/run.sh",
+             "interpreter": None if command[0] == "bash" else "/usr/bin/bash"}
+    for node in nodes.values():
+        node["facts"]["job"]["programs"][command[0]] = shell
+    plan = build_plan(nodes=tuple(nodes), command=tuple(command), launching=True, python="/venv/bin/python3")
+    ctx = runner.CheckContext(plan, nodes, {"job": jobview.launches(plan, nodes, HEAD), "head": {"address": HEAD}})
+    found = by_id(ctx, "JOB010")
+    assert {r.status for r in found} == {Status.PASS}, [(r.message, r.remediation) for r in found]
+    assert "wrapper" in found[0].message and not any("--python" in (r.remediation or "") for r in found)
+
+
+def test_job010_still_names_the_python_a_launcher_runs_when_it_is_not_the_one_given():
+    command = ["accelerate", "launch", "t.py"]
+    nodes = {n: facts(command, programs=("accelerate",)) for n in ("a", "b")}
+    for node in nodes.values():
+        node["facts"]["job"]["programs"]["accelerate"]["interpreter"] = "/other/bin/python3"
+    plan = build_plan(nodes=tuple(nodes), command=tuple(command), launching=True, python="/venv/bin/python3")
+    ctx = runner.CheckContext(plan, nodes, {"job": jobview.launches(plan, nodes, HEAD), "head": {"address": HEAD}})
+    [warned] = [r for r in by_id(ctx, "JOB010") if r.status is Status.WARN]
+    assert warned.remediation == "pass --python /other/bin/python3"
