@@ -12,8 +12,8 @@ from preflight.checks.config.common import (accel_doc, at, command_unknown, did_
                                            files_unknown, live_ds_section, more_unknown, unknown, yaml_word)
 from preflight.inputs.configs import (ACCELERATE_DS_KEYS, ACCELERATE_DS_KEYS_CONFLICTING_WITH_FILE, ACCELERATE_KEYS,
                                       ACCELERATE_REMOVED_KEYS, AUTO, SAGEMAKER_KEYS)
-from preflight.inputs.deepspeed_keys import (DS_DEPRECATED_ZERO_KEYS, DS_JSON_KEYS, DS_REMOVED_KEYS,
-                                             DS_REMOVED_KEYS_SINCE, DS_REMOVED_OPTIMIZERS_SINCE,
+from preflight.inputs.deepspeed_keys import (DS_DEPRECATED_REPLACED, DS_DEPRECATED_ZERO_KEYS, DS_JSON_KEYS,
+                                             DS_REMOVED_KEYS, DS_REMOVED_KEYS_SINCE, DS_REMOVED_OPTIMIZERS_SINCE,
                                              DS_REMOVED_ZERO_KEYS, DS_REMOVED_ZERO_KEYS_SINCE, DS_TOP_BLOCKS,
                                              DS_TOP_KEYS, STRICT_BLOCKS, STRICT_SINCE, ZERO_ALIASES)
 from preflight.inputs.documents import shorten
@@ -278,6 +278,13 @@ def deepspeed_keys(ctx) -> Iterator[Finding]:
             if key in DS_REMOVED_ZERO_KEYS:
                 yield from _removed(ds, in_use, ("zero_optimization", key), f"'zero_optimization.{key}'",
                                     DS_REMOVED_ZERO_KEYS_SINCE[key], f"delete zero_optimization.{key}")
+        for old, new in DS_DEPRECATED_REPLACED.items():
+            if old in zero.data and new in zero.data and AUTO not in (zero.data[old], zero.data[new]):
+                yield fail(f"{ds.where('zero_optimization', old)}: zero_optimization sets the deprecated {old} and "
+                           f"{new}, which replaced it; DeepSpeed refuses the pair ('Cannot provide deprecated "
+                           f"parameter {old!r} and replacing parameter {new!r} together')",
+                           f"delete zero_optimization.{old} ({new} says where to offload)",
+                           **at(ds, "zero_optimization", old))
         for field, alias in ZERO_ALIASES.items():
             if field in zero.data and alias in zero.data:
                 yield fail(f"{ds.where('zero_optimization', field)}: zero_optimization sets both {field} and its "

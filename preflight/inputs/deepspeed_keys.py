@@ -135,6 +135,10 @@ STRICT_SINCE = {("fp16",): "0.17.1", ("bf16",): "0.17.1", ("bfloat16",): "0.17.1
 # Deprecated spellings DeepSpeed still converts (zero/config.py, new_param): never suggested as a fix.
 DS_DEPRECATED_ZERO_KEYS = frozenset(
     "cpu_offload_param cpu_offload_use_pin_memory cpu_offload stage3_gather_fp16_weights_on_model_save".split())
+# A deprecated key and the one that replaced it, which DeepSpeed refuses together: DeepSpeedConfigModel's
+# _process_deprecated_field asserts "Cannot provide deprecated parameter '{old}' and replacing parameter '{new}'
+# together" (runtime/config_utils.py; zero/config.py names the replacements).
+DS_DEPRECATED_REPLACED = {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"}
 # Keys of DeepSpeed's JSON at any level, as found pasted into accelerate's deepspeed_config section: the top
 # level, ZeRO's and the precision blocks' (not the monitors' or compile's generic enabled, project, mode, ...).
 PASTED_BLOCKS = (("zero_optimization",), ("zero_optimization", "offload_param"),

@@ -364,3 +364,20 @@ def test_a_node_whose_packages_section_failed_reports_no_version(tmp_path):
     del states["n02"]
     results = [r for r in runner.run([SPECS["CFG060"]], runner.CheckContext(plan, states, {})) if r.id == "CFG060"]
     assert statuses(results) == ["warn"], results
+
+
+@pytest.mark.parametrize("old,new,value", [("cpu_offload", "offload_optimizer", {"device": "cpu"}),
+                                           ("cpu_offload_param", "offload_param", {"device": "cpu"})])
+def test_a_deprecated_key_beside_the_one_that_replaced_it_fails_as_deepspeed_refuses_it(capsys, tmp_path, old, new,
+                                                                                          value):
+    needs_deepspeed()
+    both = {"train_batch_size": 8, "zero_optimization": {"stage": 3, old: True, new: value}}
+    refused = deepspeed_reads(both)
+    assert refused and f"Cannot provide deprecated parameter '{old}' and replacing parameter '{new}' together" in \
+        refused
+    alone = {"train_batch_size": 8, "zero_optimization": {"stage": 3, old: True}}
+    assert deepspeed_reads(alone) is None
+    capsys.readouterr()  # DeepSpeed's own log lines
+    found = [r for r in lint(capsys, tmp_path, both) if r["status"] == "fail"]
+    assert len(found) == 1 and f"sets the deprecated {old} and {new}" in found[0]["message"], found
+    assert "fail" not in statuses(lint(capsys, tmp_path, alone))
