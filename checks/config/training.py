@@ -241,18 +241,25 @@ def precision(ctx) -> Iterator[Finding]:
     wanted = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16"}.get(mp)
     ds_uses = "fp16" if fp16 is True else "bf16" if bf16 is True else None
     where = doc.where("mixed_precision")
+    # Written in the file beside deepspeed_config_file, mixed_precision is refused as such (CFG005): the one fix that
+    # clears both findings is CFG005's, and the DeepSpeed JSON then decides the precision.
+    beside_file = ctx.plan.deepspeed_file_named is not None and ctx.plan.accelerate.uses_deepspeed and \
+        not doc.given_by_flag("mixed_precision")
+    moved = "delete mixed_precision and set the precision in the DeepSpeed JSON"
     if wanted and ds_uses and ds_uses != wanted:
         yield fail(f"{where}: mixed_precision is {mp!r} but the DeepSpeed config {ds.path} enables {ds_uses}; "
                    f"accelerate raises '`--mixed_precision` arg cannot be set to `{mp}` when `{ds_uses}` is set'",
+                   moved if beside_file else
                    f"make them agree: mixed_precision: {ds_uses}, or enable {wanted} in the DeepSpeed config",
                    mixed_precision=mp, deepspeed=ds_uses, **at(doc, "mixed_precision"))
     elif wanted and (fp16 if wanted == "fp16" else bf16) is False and (wanted in ds.data or
                                                                         (wanted == "bf16" and "bfloat16" in ds.data)):
         yield fail(f"{where}: mixed_precision is {mp!r} but the DeepSpeed config {ds.path} sets {wanted}.enabled "
-                   "to false: DeepSpeed trains in full precision", f'set "{wanted}": {{"enabled": "auto"}} in the DeepSpeed config',
+                   "to false: DeepSpeed trains in full precision", moved if beside_file else
+                   f'set "{wanted}": {{"enabled": "auto"}} in the DeepSpeed config',
                    mixed_precision=mp, **at(doc, "mixed_precision"))
     elif mp == "no" and ds_uses:
         yield fail(f"{where}: mixed_precision is 'no' but the DeepSpeed config {ds.path} enables {ds_uses}; "
                    f"the job trains in {ds_uses}, not in full precision as the accelerate config says",
-                   f"set mixed_precision: {ds_uses}, or {ds_uses}.enabled to \"auto\"", mixed_precision=mp,
-                   deepspeed=ds_uses, **at(doc, "mixed_precision"))
+                   moved if beside_file else f"set mixed_precision: {ds_uses}, or {ds_uses}.enabled to \"auto\"",
+                   mixed_precision=mp, deepspeed=ds_uses, **at(doc, "mixed_precision"))
