@@ -71,6 +71,19 @@ positive_float = positive("seconds", MAX_SECONDS)
 port_number = whole(65535, "a port")
 
 
+def unrecognized(parser: Parser, command: Optional[str], words: List[str]) -> str:
+    """One line for options the command does not take, each with the spelling it may have meant, pointing at
+    the command's own --help (`preflight lint --confg x`: did you mean --config?)."""
+    commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+    sub = commands.get(command, parser)
+    options = [o for action in sub._actions for o in action.option_strings if o.startswith("--")]
+    shown = []
+    for word in words:
+        close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1) if word.startswith("--") else []
+        shown.append(word + (f" (did you mean {close[0]}?)" if close else ""))
+    return f"unrecognized arguments: {' '.join(shown)} (see `{sub.prog} --help`)"
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="preflight", description="Will this multi-node Accelerate + DeepSpeed job start and run?")
     parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {__version__}")
@@ -301,7 +314,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(argv: List[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        raise UsageError(unrecognized(parser, args.command, extra))
     if args.command is None:
         raise UsageError("a command is needed: lint, check, node, launch, doctor, list or explain "
                          "(see `preflight --help`)")

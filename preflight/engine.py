@@ -43,7 +43,7 @@ def evaluate(reg, args, gather=None):
         # The RUN checks read a running job's census, which only `doctor` takes: elsewhere they would only add
         # a skip each, unless asked for by name.
         candidates = [c for c in reg.checks if c.scope in scopes and (only or c.family != "RUN")]
-        specs = registry.select(candidates, only, skip + list(profile.skip if profile else ()))
+        specs = registry.select(candidates, only, skip + list(profile.skip if profile else ()), known=reg.checks)
     except registry.SelectionError as exc:
         raise UsageError(str(exc)) from None
     started = time.perf_counter()
@@ -101,9 +101,9 @@ def evaluate(reg, args, gather=None):
     )
     given = config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None) or batch \
         or manifest
-    if args.command == "lint" and not given:
-        print("preflight: nothing to lint: no --config, --deepspeed, --hostfile or --model, and no accelerate default "
-              f"config at {accelerate_default_config()}", file=sys.stderr)
+    if args.command == "lint" and not given:  # a PASS of nothing would be a verdict without evidence
+        raise UsageError("nothing to lint: give --config, --deepspeed, --sbatch, --k8s, --hostfile or --model (and "
+                         f"no accelerate default config is at {accelerate_default_config()})")
     ctx = runner.CheckContext(plan)
     if args.command != "lint":
         if deadline is None:
@@ -121,7 +121,8 @@ def _evaluate_running_job(reg, args, gather):
     if args.hostfile == "":
         raise UsageError("--hostfile is an empty path")
     try:
-        specs = registry.select([c for c in reg.checks if c.family in ("RUN", "SSH")], *selectors(args))
+        specs = registry.select([c for c in reg.checks if c.family in ("RUN", "SSH")], *selectors(args),
+                                known=reg.checks)
     except registry.SelectionError as exc:
         raise UsageError(str(exc)) from None
     started = time.perf_counter()

@@ -185,16 +185,23 @@ class SelectionError(ValueError):
     pass
 
 
-def select(checks: Sequence[CheckSpec], only: Sequence[str] = (), skip: Sequence[str] = ()) -> List[CheckSpec]:
-    """Filter by IDs, ID prefixes (CLK, PKG001), names or tags; a selector that matches nothing is an error."""
+def select(checks: Sequence[CheckSpec], only: Sequence[str] = (), skip: Sequence[str] = (),
+           known: Optional[Sequence[CheckSpec]] = None) -> List[CheckSpec]:
+    """Filter CHECKS (what a command runs) by IDs, ID prefixes (CLK, PKG001), names or tags. A selector that
+    matches no check of KNOWN (the whole registry; default CHECKS) is an error; one that matches only checks the
+    command does not run is not (a profile's skip = ["CLK002"] holds for `check` and means nothing to `lint`),
+    unless --only selects nothing the command runs."""
 
     def matches(spec: CheckSpec, selector: str) -> bool:
         return spec.id.startswith(selector.upper()) or selector in spec.tags or selector == spec.name
 
     for selector in list(only) + list(skip):
-        if not any(matches(spec, selector) for spec in checks):
+        if not any(matches(spec, selector) for spec in (known or checks)):
             raise SelectionError(f"selector {selector!r} matches no check ID, ID prefix, name or tag (see `preflight list`)")
     chosen = [s for s in checks if not only or any(matches(s, sel) for sel in only)]
+    if only and not chosen:
+        raise SelectionError(f"--only {','.join(only)} selects no check this command runs (see `preflight list` "
+                             "for each check's scope: config checks run in lint, node and cluster checks in check)")
     return [s for s in chosen if not any(matches(s, sel) for sel in skip)]
 
 

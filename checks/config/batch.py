@@ -50,6 +50,11 @@ def _rendezvous(command) -> str:
     return value if isinstance(value, str) else "static"  # the default of torchrun and of accelerate launch
 
 
+def _many(count, noun: str) -> str:
+    """"1 node", "4 nodes", "? nodes" (not known)."""
+    return f"{count or '?'} {noun}{'' if count == 1 else 's'}"
+
+
 @check("CFG070", "sbatch-directives", "config", tags=["slurm"])
 def directives(ctx) -> Iterator[Finding]:
     """The batch script's #SBATCH directives are ones sbatch reads: before the first command, without shell
@@ -105,8 +110,9 @@ def directives(ctx) -> Iterator[Finding]:
         alloc = script.allocation
         said = f" ({', '.join(templated)}: a template's placeholders, to fill in before sbatch: not judged)" \
             if templated else ""
-        yield passed(f"{script.path}: {len(script.directives)} directives{said}; {alloc.nodes or '?'} nodes, "
-                     f"{alloc.tasks_per_node or '?'} tasks per node, {alloc.gpus_per_node or '?'} GPUs per node",
+        yield passed(f"{script.path}: {_many(len(script.directives), 'directive')}{said}; "
+                     f"{_many(alloc.nodes, 'node')}, {_many(alloc.tasks_per_node, 'task')} per node, "
+                     f"{_many(alloc.gpus_per_node, 'GPU')} per node",
                      file=script.path, nodes=alloc.nodes, tasks_per_node=alloc.tasks_per_node,
                      gpus_per_node=alloc.gpus_per_node)
 
@@ -470,7 +476,7 @@ def world_size(ctx) -> Iterator[Finding]:
                    "give the launcher task its node's GPUs: --gpus-per-node=N (or --gres=gpu:N) instead of "
                    "--gpus-per-task", gpus_per_task=task_gpus, processes_per_launcher=per_launcher, **ev)
     if cmd.launcher == "python" and task_gpus == 1 and per_node and per_node > 1:  # what the script picks: unknown
-        unread.append(f"--gpus-per-task=1: each task sees its GPU as device 0 (a script that picks cuda:LOCAL_RANK "
+        unread.append("--gpus-per-task=1: each task sees its GPU as device 0 (a script that picks cuda:LOCAL_RANK "
                       "stops with 'invalid device ordinal')")
     if not found:
         said = f"; not read without running it: {', '.join(unread)}" if unread else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections import Counter
 from dataclasses import replace
@@ -213,6 +214,7 @@ def skip_reason(message: str) -> str:
 
 
 SKIP_REASONS = 5  # on the one line of skips; -v lists every skip
+NOT_GIVEN = re.compile(r"no [^()]+ given(?: \([^()]*\))?")
 
 
 def skip_line(results: Sequence[Result]) -> Optional[str]:
@@ -224,6 +226,15 @@ def skip_line(results: Sequence[Result]) -> Optional[str]:
             reasons[skip_reason(r.message)] += counted(r)
     if not reasons:
         return None
+    # "no batch script given (--sbatch)", "no Kubernetes manifest given (--k8s)", ...: inputs the user may never
+    # have meant to give, folded into one entry that names their flags
+    flags, not_given = [], 0
+    for why in [w for w in reasons if NOT_GIVEN.fullmatch(w)]:
+        not_given += reasons.pop(why)
+        flags += re.findall(r"--[a-z][a-z0-9-]*", why)
+    if not_given:
+        reasons[f"for inputs not given ({', '.join(dict.fromkeys(flags))})" if flags else "for inputs not given"] = \
+            not_given
     common = reasons.most_common()  # ties in the order first seen
     line = f"{sum(reasons.values())} skipped: " + ", ".join(f"{n} {why}" for why, n in common[:SKIP_REASONS])
     rest = common[SKIP_REASONS:]

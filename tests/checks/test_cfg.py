@@ -646,10 +646,11 @@ def test_lint_reads_accelerates_default_config_as_accelerate_launch_finds_it(cap
 
 def test_lint_with_nothing_to_lint_says_so(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    code, doc, err = run_cli(capsys, "lint", "--json")
-    assert code == 0 and doc["verdict"] == "pass"  # nothing is wrong: nothing was given
-    assert "nothing to lint: no --config, --deepspeed, --hostfile or --model, and no accelerate default config at " \
-           f"{tmp_path / 'accelerate' / 'default_config.yaml'}" in err
+    code, out, err = run_cli(capsys, "lint")
+    assert code == 2 and "skipped" not in out + err  # no PASS of nothing: one line saying what lint reads
+    assert "nothing to lint: give --config, --deepspeed, --sbatch, --k8s, --hostfile or --model (and no accelerate " \
+           f"default config is at {tmp_path / 'accelerate' / 'default_config.yaml'})" in err
+    assert err.count("\n") == 1
 
 
 def accelerate_launch(tmp_path, config: Path, script: str) -> str:

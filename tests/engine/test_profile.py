@@ -174,10 +174,11 @@ def test_preflight_toml_then_pyproject_is_found_in_the_working_directory(tmp_pat
     code, _, err = run_cli(capsys, "lint")
     assert "profile" not in err
     write(tmp_path, "[project]\nname = 'x'\n[tool.preflight.checks]\nskip = ['CFG001']\n", "pyproject.toml")
-    code, _, err = run_cli(capsys, "lint", "--json")
+    config = write(tmp_path, "distributed_type: MULTI_GPU\nnum_machines: 1\nnum_processes: 2\n", "a.yaml")
+    code, _, err = run_cli(capsys, "lint", "--config", config, "--json")
     assert "using profile ./pyproject.toml" in err
     write(tmp_path, "[checks]\nskip = ['CFG002']\n")
-    code, doc, err = run_cli(capsys, "lint", "--json")
+    code, doc, err = run_cli(capsys, "lint", "--config", config, "--json")
     assert "using profile ./preflight.toml" in err
     ids = {r["id"] for r in doc["results"]}
     assert "CFG002" not in ids and "CFG001" in ids
