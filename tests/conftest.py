@@ -6,6 +6,7 @@ checks/test_every_check_fails_and_passes.py). The helpers beside this file
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,14 @@ def dist(tmp_path_factory):
 def no_default_accelerate_config(tmp_path_factory, monkeypatch):
     """Keep a developer's ~/.cache/huggingface/accelerate/default_config.yaml out of the tests."""
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+
+
+def signalled_child():
+    """preexec_fn of a child a test will send SIGHUP (or SIGINT) to: those signals at their default there. A run
+    under nohup ignores SIGHUP, an ignored signal stays ignored across exec, and a shell started so cannot even
+    trap it: without this the test would measure how the suite was started."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(capsys, *args):

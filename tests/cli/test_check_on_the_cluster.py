@@ -11,7 +11,7 @@ import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from cluster_check import check, not_passing
-from conftest import results
+from conftest import results, signalled_child
 
 
 @pytest.mark.cluster
@@ -55,7 +55,8 @@ def test_ctrl_c_stops_a_run_waiting_on_a_hung_node(cluster):
     args = [sys.executable, "-m", "preflight", "check", "--hosts", ",".join(cluster.nodes), "--ssh-config",
             str(cluster.ssh_config), "--python", sys.executable, "--timeout", "30", "--skip", "deep"]
     with cluster.frozen_sshd("node02"):
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=signalled_child)
         time.sleep(2)
         proc.send_signal(signal.SIGINT)
         started = time.monotonic()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
+from conftest import signalled_child
 from preflight.gate import launcher
 from preflight.inputs import launchcmd
 
@@ -84,7 +85,8 @@ def launch(cluster, workdir, *command, extra=(), **popen):
             str(cluster.ssh_config), "--python", sys.executable, "--skip", SKIP, "--timeout", "10", *extra,
             "--", *map(str, command)]
     if popen:
-        return subprocess.Popen(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=signalled_child)
     return subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=180)
 
 

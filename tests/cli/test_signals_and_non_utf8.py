@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
+from conftest import signalled_child
 
 PREFLIGHT = [sys.executable, "-m", "preflight"]
 
@@ -91,7 +92,7 @@ def test_a_signal_during_check_is_an_interruption_that_cleans_up(cluster, tmp_pa
         proc = subprocess.Popen([*PREFLIGHT, "check", "--hosts", ",".join(cluster.nodes), "--ssh-config",
                                  str(cluster.ssh_config), "--python", sys.executable, "--timeout", "60",
                                  "--shared-dir", str(shared), "--only", "FS004"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=signalled_child)
         try:
             wait_for(marker.exists, 60, "node03 reading the token", proc)
             assert list(shared.glob(".preflight-*"))  # the token is there: its removal is pending
@@ -159,7 +160,8 @@ def test_sigterm_and_sighup_during_node_are_interruptions(tmp_path):
         marker.unlink(missing_ok=True)
         env = dict(os.environ, PYTHONPATH=str(site), PF_TEST_MARKER=str(marker))
         proc = subprocess.Popen([*PREFLIGHT, "node", "--checkpoint-dir", str(tmp_path / "hung-mount")], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=signalled_child)
         try:
             wait_for(marker.exists, 60, "the checkpoint folder's statvfs", proc)
             proc.send_signal(sig)
@@ -200,7 +202,8 @@ def slow_deepspeed_lint(tmp_path, swallows: bool, sleep: float = 60, after: floa
     env = dict(os.environ, PYTHONPATH=str(site), PF_TEST_MARKER=str(marker), PF_TEST_SLEEP=str(sleep),
                PF_TEST_AFTER=str(after))
     proc = subprocess.Popen([*PREFLIGHT, "lint", "--deep", "--deepspeed", str(tmp_path / "ds.json"), *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=signalled_child)
     if sleep:
         wait_for(marker.exists, 60, "the import of deepspeed", proc)
     return proc

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cluster import cluster, cluster_up, testcluster  # noqa: F401  (fixtures)
-from conftest import preflight_json, results
+from conftest import preflight_json, results, signalled_child
 from preflight.gate import launcher
 from preflight.remote import shipping
 from preflight.remote.session import MAX_LINE, LineReader, NodeError
@@ -337,7 +337,8 @@ def test_a_keeper_told_to_stop_kills_its_program_and_removes_its_folder(tmp_path
         program.write_text(f"#!/bin/sh\ntrap '' HUP TERM INT\nexec sleep {marker}\n")  # ignores its input too
         program.chmod(0o755)
         keeper = subprocess.Popen(shipping.shipped_command(str(program)), shell=True, stdin=subprocess.PIPE,
-                                  env=dict(os.environ, TMPDIR=str(tmp_path)), start_new_session=True)
+                                  env=dict(os.environ, TMPDIR=str(tmp_path)), start_new_session=True,
+                                  preexec_fn=signalled_child)
         deadline = time.monotonic() + 10
         while not (list(tmp_path.glob("preflight.*")) and sleeping(marker)) and time.monotonic() < deadline:
             time.sleep(0.05)
