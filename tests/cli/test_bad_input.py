@@ -1,5 +1,5 @@
 """Bad input, through the real command line: exit 2, one line on stderr that names the file (and the
-line where the parser knows it) and the problem, never a traceback, never a hang (DESIGN.md, Contract).
+line where the parser knows it) and the problem, never a traceback, never a hang (docs/contract.md).
 """
 from __future__ import annotations
 
