@@ -8,11 +8,21 @@ import logging
 import sys
 from typing import Any, Iterator
 
-from preflight.api import Finding, check, fail, passed, skip
+from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.checks.config.common import accel_doc, at, ds_doc, ds_usage
 from preflight.inputs.configs import AUTO
 from preflight.inputs.documents import shorten
 from preflight.inputs.numbers import is_int
+
+
+def _not_importable(ctx, library: str, exc: ImportError):
+    """`lint --deep` asked for the library's own validator: that it could not run is a warning the report shows;
+    inside `check` (which runs the validators unasked) a skip."""
+    said = f"{library} is not importable here ({exc})"
+    if not ctx.plan.nodes:
+        return warn(f"--deep: {said}, so its own validator did not run", f"install {library} where lint runs "
+                    "(or preflight's 'train' extra)")
+    return skip(f"{said}; install it, or the 'train' extra")
 
 
 @check("CFG090", "accelerate-validator", "config", tags=["accelerate", "deep"])
@@ -42,7 +52,7 @@ def accelerate_validator(ctx) -> Iterator[Finding]:
             from accelerate.utils import PrecisionType
             from accelerate import __version__ as version
     except ImportError as exc:
-        yield skip(f"accelerate is not importable here ({exc}); install it, or the 'train' extra")
+        yield _not_importable(ctx, "accelerate", exc)
         return
     cls = SageMakerConfig if ctx.plan.accelerate.is_sagemaker else ClusterConfig
     try:
@@ -90,7 +100,7 @@ def deepspeed_validator(ctx) -> Iterator[Finding]:
             if isinstance(handler, logging.StreamHandler) and handler.stream is sys.__stdout__:
                 handler.setStream(sys.stderr)
     except ImportError as exc:
-        yield skip(f"deepspeed is not importable here ({exc}); install it, or the 'train' extra")
+        yield _not_importable(ctx, "deepspeed", exc)
         return
     config = _without_auto(copy.deepcopy(dict(ds.data)), world)
     stand_in = ""

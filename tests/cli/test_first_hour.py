@@ -82,3 +82,12 @@ def test_the_train_extra_asks_for_a_range_of_torch_and_the_tests_pin_theirs():
     assert not any(s.operator in ("==", "===") for s in torch.specifier), torch  # no replacing a training env's torch
     assert torch.specifier.contains("2.4.1") and torch.specifier.contains("2.13.0")
     assert "'torch==2.13.0'" in (root / "scripts" / "test").read_text()
+
+
+def test_lint_deep_without_the_library_says_so_in_the_report(capsys, tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}')
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` fails: not installed where lint runs
+    code, out, _ = run_cli(capsys, "lint", "--deep", "--deepspeed", tmp_path / "ds.json")
+    assert "WARN  CFG091" in out and "--deep: deepspeed is not importable here" in out, out
