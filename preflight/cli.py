@@ -7,6 +7,8 @@ import difflib
 import gc
 import json
 import os
+import re
+import shutil
 import signal
 import sys
 import threading
@@ -166,6 +168,12 @@ def build_parser() -> Parser:
     listing.add_argument("--markdown", action="store_true", help="print the table of checks as Markdown")
     explain = commands.add_parser("explain", help="explain one check: what, why, how to fix")
     explain.add_argument("id", metavar="ID")
+    scripts = commands.add_parser("slurm-scripts", help="write the SLURM prolog, health check and epilog that run "
+                                  "`preflight node` to a folder (docs/slurm.md)")
+    scripts.add_argument("folder", metavar="DIR", help="where to write preflight-prolog.sh, "
+                         "preflight-healthcheck.sh and preflight-epilog.sh (such as /etc/slurm)")
+    scripts.add_argument("--preflight", metavar="PATH", help="the training environment's preflight the scripts "
+                         "run (default: this one)")
     return parser
 
 
@@ -211,7 +219,8 @@ def doctor_options(sub: argparse.ArgumentParser) -> None:
 
 
 def slurm_options(sub: argparse.ArgumentParser) -> None:
-    """`preflight node` in a SLURM prolog or HealthCheckProgram (preflight.gate.slurm; scripts/slurm/)."""
+    """`preflight node` in a SLURM prolog or HealthCheckProgram (preflight.gate.slurm; its scripts:
+    preflight/gate/slurm_scripts/, written out by `preflight slurm-scripts`)."""
     sub.add_argument("--budget", type=positive_float, metavar="S",
                      help="finish within S seconds: what does not fit is skipped (\"budget of S s spent\")")
     sub.add_argument("--drain", action="store_true",
@@ -319,11 +328,13 @@ def _main(argv: List[str]) -> int:
     if extra:
         raise UsageError(unrecognized(parser, args.command, extra))
     if args.command is None:
-        raise UsageError("a command is needed: lint, check, node, launch, doctor, list or explain "
+        raise UsageError("a command is needed: lint, check, node, launch, doctor, list, explain or slurm-scripts "
                          "(see `preflight --help`)")
     for option in ("config", "deepspeed", "hostfile", "checkpoint_dir", "shared_dir"):
         if getattr(args, option, None) == "":
             raise UsageError(f"--{option.replace('_', '-')} is an empty path")
+    if args.command == "slurm-scripts":
+        return _slurm_scripts(args)
     if args.command in ("check", "launch"):
         from preflight.remote import early
 
@@ -345,6 +356,21 @@ def _main(argv: List[str]) -> int:
     finally:
         if getattr(args, "early_start", None) is not None:
             args.early_start.close()  # what a run that stopped early (bad input) did not take
+
+
+def _slurm_scripts(args) -> int:
+    from preflight.gate import slurm
+
+    beside = os.path.join(os.path.dirname(sys.executable), "preflight")  # this environment's command
+    preflight = args.preflight or shutil.which("preflight") or (beside if os.path.exists(beside) else None) or \
+        slurm.SCRIPT_DEFAULT
+    if not re.fullmatch(r"[A-Za-z0-9/._+-]+", preflight):  # it goes into ${PREFLIGHT:-...} of a shell script
+        raise UsageError(f"--preflight {preflight!r}: a path of letters, digits and / . _ + - only")
+    for path in slurm.write_scripts(args.folder, preflight):
+        print(path)
+    print(f"preflight: the scripts run {preflight}; slurm.conf: Prolog=, PrologFlags=Alloc, HealthCheckProgram= "
+          "(docs/slurm.md)", file=sys.stderr)
+    return 0
 
 
 def _list(reg, args) -> int:

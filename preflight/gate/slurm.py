@@ -117,3 +117,43 @@ def job_nodes(jobid: str, timeout: float) -> List[str]:
     if not nodes or nodes.group(1) in ("(null)", ""):
         raise InputError("--slurm-job", f"job {jobid} has no nodes (scontrol show job: NodeList={nodes.group(1) if nodes else '?'})")
     return validate(expand(nodes.group(1), "NodeList"), f"job {jobid}'s NodeList")
+
+
+# --- the example scripts of the SLURM gate ------------------------------------------------------------------
+
+SCRIPTS = ("prolog", "healthcheck", "epilog")
+SCRIPT_DEFAULT = "/opt/preflight/bin/preflight"  # the PREFLIGHT the shipped scripts name
+
+
+def write_scripts(folder: str, preflight: str) -> List[str]:
+    """The prolog, health check and epilog shipped with preflight, written to FOLDER as preflight-NAME.sh
+    (executable) with PREFLIGHT defaulting to the `preflight` given; the paths written. A file already there with
+    other content is an InputError naming it: an admin's edited script is never overwritten."""
+    from importlib import resources
+
+    from preflight.inputs.documents import InputError
+
+    if not os.path.isdir(folder):
+        raise InputError(folder, "is not a folder (create it, or name the one slurm.conf's scripts live in)")
+    texts = {}
+    for name in SCRIPTS:
+        text = resources.files("preflight.gate").joinpath("slurm_scripts", f"{name}.sh").read_text()
+        texts[os.path.join(folder, f"preflight-{name}.sh")] = text.replace(
+            f"PREFLIGHT=${{PREFLIGHT:-{SCRIPT_DEFAULT}}}", f"PREFLIGHT=${{PREFLIGHT:-{preflight}}}")
+    for path, text in texts.items():  # all three judged before any is written
+        if os.path.lexists(path):
+            try:
+                with open(path, encoding="utf-8") as existing:
+                    same = existing.read(1 << 20) == text
+            except (OSError, UnicodeDecodeError):
+                same = False
+            if not same:
+                raise InputError(path, "exists with other content; not overwritten (remove it, or write to another "
+                                 "folder and compare)")
+    written = []
+    for path, text in texts.items():
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(path, 0o755)
+        written.append(path)
+    return written

@@ -91,3 +91,23 @@ def test_lint_deep_without_the_library_says_so_in_the_report(capsys, tmp_path, m
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` fails: not installed where lint runs
     code, out, _ = run_cli(capsys, "lint", "--deep", "--deepspeed", tmp_path / "ds.json")
     assert "WARN  CFG091" in out and "--deep: deepspeed is not importable here" in out, out
+
+
+def test_slurm_scripts_writes_the_gate_scripts_naming_this_preflight_and_never_overwrites(capsys, tmp_path):
+    import os
+
+    code, out, err = run_cli(capsys, "slurm-scripts", tmp_path, "--preflight", "/envs/train/bin/preflight")
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert code == 0 and names == ["preflight-epilog.sh", "preflight-healthcheck.sh", "preflight-prolog.sh"]
+    prolog = (tmp_path / "preflight-prolog.sh").read_text()
+    assert prolog.startswith("#!/bin/sh") and "PREFLIGHT=${PREFLIGHT:-/envs/train/bin/preflight}" in prolog
+    assert '"$PREFLIGHT" node --budget 20 --drain' in prolog and os.access(tmp_path / "preflight-prolog.sh", os.X_OK)
+    assert run_cli(capsys, "slurm-scripts", tmp_path, "--preflight", "/envs/train/bin/preflight")[0] == 0  # same
+    (tmp_path / "preflight-epilog.sh").write_text("#!/bin/sh\n# the admin's own\n")
+    (tmp_path / "preflight-prolog.sh").unlink()
+    code, _, err = run_cli(capsys, "slurm-scripts", tmp_path, "--preflight", "/envs/train/bin/preflight")
+    assert code == 2 and "preflight-epilog.sh: exists with other content; not overwritten" in err
+    assert (tmp_path / "preflight-epilog.sh").read_text() == "#!/bin/sh\n# the admin's own\n"
+    assert not (tmp_path / "preflight-prolog.sh").exists()  # nothing is written when one cannot be
+    code, _, err = run_cli(capsys, "slurm-scripts", tmp_path / "nope")
+    assert code == 2 and "is not a folder" in err

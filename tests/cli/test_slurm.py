@@ -1,6 +1,6 @@
 """`preflight node` under a real SLURM (tests/slurm_cluster.py): on every node through srun, as the example
-prolog (scripts/slurm/prolog.sh, configured as Prolog= with PrologFlags=Alloc) and as the example
-HealthCheckProgram (scripts/slurm/healthcheck.sh: run the way slurmd runs it, on the node with an empty
+prolog (preflight/gate/slurm_scripts/prolog.sh, as `preflight slurm-scripts` writes it, configured as Prolog= with PrologFlags=Alloc) and as the example
+HealthCheckProgram (healthcheck.sh: run the way slurmd runs it, on the node with an empty
 environment, and fired by slurmd itself through HealthCheckProgram= and HealthCheckInterval=)."""
 import json
 import shlex
@@ -18,24 +18,25 @@ from slurm_cluster import make_slurm_fixtures
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "preflight" / "gate" / "slurm_scripts"  # what `preflight slurm-scripts` writes
 BIN = Path(sys.executable).parent
 PREFLIGHT = str(BIN / "preflight")
-slurm_up, slurm = make_slurm_fixtures(prolog=str(ROOT / "scripts" / "slurm" / "prolog.sh"),
+slurm_up, slurm = make_slurm_fixtures(prolog=str(SCRIPTS / "prolog.sh"),
                                       prolog_env={"PREFLIGHT": PREFLIGHT})
 # A SLURM per test, beside the first (its own ports and daemons), whose slurmd fires the example health
 # check every HC_INTERVAL seconds (slurmctld asks for it at a granularity of about 1 s).
 HC_INTERVAL = 2
 slurm_hc_up, slurm_hc = make_slurm_fixtures(
     name="slurm_hc", scope="function", ports=(6927, 6928), health_check_interval=HC_INTERVAL,
-    health_check=str(ROOT / "scripts" / "slurm" / "healthcheck.sh"), health_check_env={"PREFLIGHT": PREFLIGHT})
+    health_check=str(SCRIPTS / "healthcheck.sh"), health_check_env={"PREFLIGHT": PREFLIGHT})
 
 
 def healthcheck(slurm, node):
-    """scripts/slurm/healthcheck.sh on the node as slurmd runs it: an empty environment (SLURM_CONF is
+    """healthcheck.sh on the node as slurmd runs it: an empty environment (SLURM_CONF is
     given here only because the test's slurm.conf is not at /etc/slurm/slurm.conf)."""
     return slurm.node_exec(node, ["env", "-i", f"SLURM_CONF={slurm.conf}", f"PREFLIGHT={PREFLIGHT}",
                                   f"PREFLIGHT_LOG={slurm.dir / 'healthcheck.log'}",
-                                  str(ROOT / "scripts" / "slurm" / "healthcheck.sh")])
+                                  str(SCRIPTS / "healthcheck.sh")])
 
 
 def wait_drained(slurm, node, timeout=15.0):
@@ -191,7 +192,7 @@ def until(predicate, timeout):
 
 def test_slurmd_fires_the_healthcheck_and_it_drains_the_faulty_node_only(slurm_hc):
     """HealthCheckProgram (a wrapper that sets SLURM_CONF, PREFLIGHT and the log, then runs
-    scripts/slurm/healthcheck.sh), fired by slurmd itself every HealthCheckInterval seconds."""
+    healthcheck.sh), fired by slurmd itself every HealthCheckInterval seconds."""
     slurm = slurm_hc
     assert all(slurm.health_checks(n) for n in slurm.nodes)  # slurmd runs it at its start, before registering
     assert slurm.drained() == {}

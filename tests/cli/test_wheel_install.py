@@ -53,6 +53,7 @@ def test_the_wheel_holds_the_package_and_its_data_and_no_tests(dist):
     assert "preflight/inputs/known_defects.toml" in names and "preflight/node/agent.py" in names
     assert "preflight/checks/config/world.py" in names and "preflight/checks/net.py" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names), names
+    assert {f"preflight/gate/slurm_scripts/{n}.sh" for n in ("prolog", "healthcheck", "epilog")} <= set(names)
     assert not [n for n in names if n.startswith(("tests/", "scripts/", "docs/")) or "/fixtures/" in n], names
     assert wheel.stat().st_size < WHEEL_LIMIT, wheel.stat().st_size
 
