@@ -8,6 +8,7 @@ from typing import Iterator, Optional
 from preflight.api import Finding, Status, check, failed_sections, holders, odd_ones_out, skip
 from preflight.node import MIN_PYTHON, UNSUPPORTED
 from preflight.job.nccl import fabric_of, nccl_wheel
+from preflight.inputs.settings import job_environment
 from preflight.inputs.versions import condition_text, judge, known_defects, unmet_requirements
 
 KEY_VERSIONS = ("python", "torch", "cuda", "nccl", "deepspeed", "accelerate", "transformers")
@@ -466,9 +467,7 @@ def known_bad_versions(ctx) -> Iterator[Finding]:
     facts = ctx.fact
     found, unknown, nccl_from = _node_versions(facts)
     known, not_known = _node_conditions(ctx, facts)
-    env = dict(facts.get("env") or {})
-    if ctx.plan.launch is not None:
-        env.update(ctx.plan.launch.env)  # `VAR=v accelerate launch ...`: the launch's own value wins
+    env = dict(facts.get("env") or {}, **job_environment(ctx.plan))  # the job's own settings win over the node's
     packages = facts.get("packages") or {}
     installed = packages.get("distributions") or {}
     applies, skipped, worked_around, unmet = _judged(

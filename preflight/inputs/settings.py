@@ -60,6 +60,18 @@ def accelerate_offload(section: Document) -> Mapping[str, Any]:
     }
 
 
+def job_environment(plan) -> Dict[str, str]:
+    """The variables the job's own files set for it, over the node's: a manifest's main container's env (the values
+    written in it; one from a field or a secret is not known here), then the launch's `VAR=v` words."""
+    env: Dict[str, str] = {}
+    main = plan.manifest.main if plan.manifest is not None else None
+    if main is not None:
+        env.update((k, v) for k, v in main[2].env.items() if isinstance(v, str))
+    if plan.launch is not None:
+        env.update(plan.launch.env)
+    return env
+
+
 def job_conditions(plan) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """The job's answers to the conditions of the known-defects table (preflight.inputs.versions.CONDITIONS) that
     its configs and launch command give, and why each other one is not known: ({name: value}, {name: reason}).

@@ -377,3 +377,22 @@ spec:
     path.write_text(path.read_text().replace("SYS_PTRACE", "SYS_NICE"))
     known, _ = conditions_of(tmp_path, manifest=manifests.load(str(path)), command=("torchrun", "train.py"))
     assert known["sys_nice"] is True
+
+
+def test_a_workaround_the_manifest_sets_for_the_job_counts_as_set(tmp_path, monkeypatch):
+    from preflight.inputs import manifests
+    from preflight.plan import Plan
+
+    facts = collected(stage(tmp_path / "site", {"nvidia-nccl-cu12": "2.19.3"}), monkeypatch)
+    state = node_state(facts)
+    manifest = tmp_path / "job.yaml"
+    for env, expected in (("", Status.WARN), ('\n            env: [{name: NCCL_CUMEM_ENABLE, value: "0"}]', Status.PASS)):
+        manifest.write_text("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: t}\nspec:\n"
+                            "  pytorchReplicaSpecs:\n    Worker:\n      replicas: 2\n      template:\n        spec:\n"
+                            "          containers:\n          - name: pytorch\n            image: img\n"
+                            '            command: ["torchrun", "--nproc_per_node=8", "train.py"]' + env + "\n")
+        plan = Plan(nodes=("n01",), remote=True, manifest=manifests.load(str(manifest)),
+                    command=("torchrun", "--nproc_per_node=8", "train.py"))
+        [row] = [r for r in run("PKG008", state, plan=plan)
+                 if r.evidence.get("defect") == "nccl-2.19-cumem-alltoall-deadlock"]
+        assert row.status == expected, row.message
