@@ -96,6 +96,12 @@ class Directive:
     source: str = "#SBATCH"  # or the environment variable's name
 
 
+def exported(scope: shell.Scope) -> Dict[str, str]:
+    """The exported variables of SCOPE whose value is known here (no part left to run time)."""
+    return {name: "".join(var.value) for name, var in scope.vars.items()
+            if var.exported and var.array is None and all(isinstance(p, str) for p in var.value)}
+
+
 @dataclass(frozen=True)
 class Step:
     """A line that starts the job's processes: srun with what each task runs, or a launcher run in the batch step."""
@@ -116,6 +122,9 @@ class Step:
     starter: Optional[str] = None  # srun, or mpirun and the like; None: the batch step runs it
     container: Optional[str] = None  # the image its tasks run in (pyxis --container-image, apptainer exec IMAGE)
     workdir: Optional[str] = "."  # the folder it runs in, as the script leaves it ("." the one it starts in)
+    # the variables the script exports with a value known here, as they reach it (srun's default --export=ALL);
+    # PKG008 reads them for a known defect's variable or workaround
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def value_of(self, *options: str) -> Optional[Rendered]:
         """The rendered word given as the value of one of the launcher's options (the last one given)."""
@@ -687,7 +696,9 @@ class _Reader(Walker):
         self.steps.append(Step(cmd.line, " ".join(text.split()), srun_opts if starter == "srun" else None, command,
                                tuple(rendered(f) for f in kept), in_task_shell or cmd.scope.level == "task",
                                cmd.loop, cmd.conditional, cmd.background, hidden=hidden, srun_hidden=srun_hidden,
-                               starter=starter, container=image, workdir=cmd.scope.cwd))
+                               starter=starter, container=image, workdir=cmd.scope.cwd,
+                               env=exported(self.task_scope(cmd, srun_opts) if starter == "srun" and
+                                            cmd.scope.level != "task" else cmd.scope)))
 
     def heredoc_file(self, cmd: Simple, heredoc, words: List[Field]) -> None:
         """`cat > FILE <<EOF` (or `tee FILE <<EOF`): the file as it will hold it."""

@@ -62,11 +62,15 @@ def accelerate_offload(section: Document) -> Mapping[str, Any]:
 
 def job_environment(plan) -> Dict[str, str]:
     """The variables the job's own files set for it, over the node's: a manifest's main container's env (the values
-    written in it; one from a field or a secret is not known here), then the launch's `VAR=v` words."""
+    written in it; one from a field or a secret is not known here), what a batch script exports to its launch
+    (through srun's --export), then the launch's `VAR=v` words."""
     env: Dict[str, str] = {}
     main = plan.manifest.main if plan.manifest is not None else None
     if main is not None:
         env.update((k, v) for k, v in main[2].env.items() if isinstance(v, str))
+    step = plan.batch.main if plan.batch is not None else None
+    if step is not None:
+        env.update(step.env)
     if plan.launch is not None:
         env.update(plan.launch.env)
     return env

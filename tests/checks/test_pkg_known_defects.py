@@ -396,3 +396,22 @@ def test_a_workaround_the_manifest_sets_for_the_job_counts_as_set(tmp_path, monk
         [row] = [r for r in run("PKG008", state, plan=plan)
                  if r.evidence.get("defect") == "nccl-2.19-cumem-alltoall-deadlock"]
         assert row.status == expected, row.message
+
+
+def test_a_workaround_a_batch_script_exports_to_its_launch_counts_as_set(tmp_path, monkeypatch):
+    from preflight.inputs import batchscript
+    from preflight.plan import Plan
+
+    state = node_state(collected(stage(tmp_path / "site", {"nvidia-nccl-cu12": "2.19.3"}), monkeypatch))
+    script = tmp_path / "job.sh"
+    for export, expected in (("", Status.WARN), ("export NCCL_CUMEM_ENABLE=0\n", Status.PASS),
+                             ("NCCL_CUMEM_ENABLE=0\n", Status.WARN),  # not exported: srun's tasks never see it
+                             ("export NCCL_CUMEM_ENABLE=0\n", Status.WARN)):  # srun --export=NONE below
+        none = expected is Status.WARN and export.startswith("export")
+        script.write_text("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n" + export +
+                          f"srun{' --export=NONE' if none else ''} torchrun --nnodes 2 train.py\n")
+        batch = batchscript.load(str(script))
+        plan = Plan(nodes=("n01",), remote=True, batch=batch, command=tuple(batch.main.command.argv))
+        [row] = [r for r in run("PKG008", state, plan=plan)
+                 if r.evidence.get("defect") == "nccl-2.19-cumem-alltoall-deadlock"]
+        assert row.status == expected, (export, row.message)
