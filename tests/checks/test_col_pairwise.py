@@ -728,7 +728,10 @@ def test_a_slow_link_between_two_workers_is_warned_once_measured_again_alone(fou
     assert [r["nodes"] for r in warned] == [["four02", "four03"]], [(r["status"], r["message"]) for r in
                                                                      doc["results"] if r["id"] == "COL004"]
     assert "measured again alone" in warned[0]["message"]
-    assert [link[:2] for link in m["retested"]] == [["four02", "four03"]] and m["retested"][0][3] < 0.05
+    retested = {tuple(link[:2]): link for link in m["retested"]}
+    assert ("four02", "four03") in retested and retested[("four02", "four03")][3] < 0.05
+    # A link the rounds found slow only because this 2-core machine was busy is measured again alone too, and
+    # cleared: only four02-four03 is warned (above).
     assert not [r for r in doc["results"] if r["id"] == "COL004" and r["status"] == "fail"]
 
 

@@ -505,8 +505,9 @@ def test_gb_means_what_an_80gb_gpu_has_so_lint_and_mem002_agree(capsys, tmp_path
 
 # --- the command line --------------------------------------------------------------------------------------
 
-def test_lint_without_model_skips_the_family(capsys):
-    code, doc, _ = run_cli(capsys, "lint", "--only", "MEM", "--json")
+def test_lint_without_model_skips_the_family(capsys, tmp_path):
+    config = job(tmp_path, 2).accelerate.doc.path
+    code, doc, _ = run_cli(capsys, "lint", "--config", config, "--only", "MEM", "--json")
     assert code == 0 and [(r["id"], r["status"]) for r in doc["results"]] == [("MEM001", "skip")]
 
 

@@ -258,7 +258,8 @@ def test_the_same_lint_without_a_signal_runs_to_its_verdict(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0 and "interrupted" not in err, (out, err)
     [cfg091] = [r for r in json.loads(out)["results"] if r["id"] == "CFG091"]
-    assert cfg091["status"] == "skip" and "the stand-in deepspeed has no engine" in cfg091["message"], cfg091
+    # lint --deep asked for DeepSpeed's validator, which the stand-in cannot run: said in the report, not skipped
+    assert cfg091["status"] == "warn" and "the stand-in deepspeed has no engine" in cfg091["message"], cfg091
 
 
 # --- a working directory or an argument that is not UTF-8 ------------------------------------------------------
