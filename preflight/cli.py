@@ -335,6 +335,8 @@ def _main(argv: List[str]) -> int:
             raise UsageError(f"--{option.replace('_', '-')} is an empty path")
     if args.command == "slurm-scripts":
         return _slurm_scripts(args)
+    if getattr(args, "ssh_config", None) is not None:
+        _check_ssh_config(args.ssh_config, getattr(args, "hosts", None))
     if args.command in ("check", "launch"):
         from preflight.remote import early
 
@@ -356,6 +358,22 @@ def _main(argv: List[str]) -> int:
     finally:
         if getattr(args, "early_start", None) is not None:
             args.early_start.close()  # what a run that stopped early (bad input) did not take
+
+
+def _check_ssh_config(path: str, hosts: Optional[str]) -> None:
+    """--ssh-config names a file OpenSSH takes, or the run stops here (exit 2) with ssh's own words: not a false
+    'node unreachable' on every node later."""
+    from preflight.remote.ssh import refused_config
+
+    if path == "" or not os.path.exists(path):
+        raise InputError(path or "--ssh-config", "SSH config (--ssh-config) not found")
+    if not os.path.isfile(path):
+        raise InputError(path, "SSH config (--ssh-config) is not a regular file")
+    first = re.split(r"[,\[\s]", hosts or "", maxsplit=1)[0].split("@")[-1]
+    first = first if first and not first.startswith("-") else "localhost"  # a name ssh could read as an option
+    said = refused_config(path, first)
+    if said is not None:
+        raise InputError(path, f"OpenSSH refuses this SSH config (ssh -G -F {path} {first}): {said}")
 
 
 def _slurm_scripts(args) -> int:

@@ -9,7 +9,9 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -87,6 +89,23 @@ def _ssh_config(path: str):
             except ImportError as exc:
                 paramiko.config.invoke_import_error = exc
     return paramiko.SSHConfig.from_path(path)
+
+
+def refused_config(path: str, host: str, timeout: float = 10.0) -> Optional[str]:
+    """What OpenSSH says of an ssh_config it refuses (`ssh -G -F PATH HOST`: its own parser, Include and Match
+    included; a bad value anywhere in the file stops it), or None where it takes the file, or no `ssh` is here."""
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        return None
+    try:
+        done = subprocess.run([ssh, "-G", "-F", path, host], stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, errors="replace", timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):  # a Match exec that hangs hangs ssh too: the run's --timeout says
+        return None
+    if done.returncode == 0:
+        return None
+    said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    return "; ".join(said[:3])[:500] or f"ssh -G exited {done.returncode}"
 
 
 def load_ssh_settings(alias: str, config_path: Optional[str]) -> SSHSettings:
