@@ -507,15 +507,16 @@ def known_bad_versions(ctx) -> Iterator[Finding]:
 
 def _unmet_finding(node: str, item, installed: dict) -> Finding:
     evidence = {"package": item.owner, "requirement": item.requirement, "installed": {item.name: item.have},
-                "extra": item.extra or None}
+                "extra": item.extras[0] if item.extras else None, "extras": list(item.extras)}
     owner = f"{item.owner} {installed.get(item.owner)}"
-    if not item.extra:
+    if not item.extras:
         return Finding(Status.FAIL, f"{owner} requires {item.requirement} (its metadata), the node has {item.name} "
                        f"{item.have}", f"pip install '{item.requirement}' on {node}, or the {item.owner} release "
                        f"that works with {item.name} {item.have}", evidence=evidence)
     why = (item.enforced_by or f"{item.owner} may refuse it at run time") if item.lower else \
-        f"pip refuses it only where {item.owner}[{item.extra}] is installed by name"
-    return Finding(Status.WARN, f"{owner} requires {item.requirement} with its [{item.extra}] extra (its metadata), "
+        f"pip refuses it only where {item.owner}[{item.extras[0]}] is installed by name"
+    extras = ", ".join(f"[{e}]" for e in item.extras) + (" extras" if len(item.extras) > 1 else " extra")
+    return Finding(Status.WARN, f"{owner} requires {item.requirement} with its {extras} (its metadata), "
                    f"the node has {item.name} {item.have}: {why}",
                    f"pip install '{item.requirement}' on {node}, or the {item.owner} release that works with "
                    f"{item.name} {item.have}", evidence=evidence)

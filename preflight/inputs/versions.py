@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -274,7 +274,7 @@ class Unmet:
     requirement: str  # as its metadata writes it, without the marker
     name: str  # the distribution it names
     have: str  # the version installed
-    extra: str  # "" for a hard requirement (pip check refuses it), else the extra that adds it
+    extras: Tuple[str, ...]  # () for a hard requirement (pip check refuses it), else the extras that add it
     lower: bool  # the installed version is below a lower bound (>=, >, ~=, ==) of the requirement
 
     @property
@@ -300,7 +300,7 @@ def unmet_requirements(requires: Dict[str, list], installed: Dict[str, Optional[
     evaluates them on the node) that another installed distribution does not meet: a hard one (no extra, what
     `pip check` reads), or one of an extra named after a distribution that is installed (runtime_extra). Missing
     distributions are not judged here: importing the package says so at once."""
-    unmet = []
+    unmet: Dict[Tuple[str, str], Unmet] = {}  # one per requirement: transformers repeats one in several extras
     for owner, lines in sorted(requires.items()):
         for line in lines or ():
             name = requirement_name(line)
@@ -315,8 +315,13 @@ def unmet_requirements(requires: Dict[str, list], installed: Dict[str, Optional[
                 continue
             failing = [s for s in requirement.specifier if not s.contains(have, prereleases=True)]
             lower = any(_below(spec, version(have)) for spec in failing)
-            unmet.append(Unmet(owner, str(requirement).split(";")[0].strip(), name, have, extra, lower))
-    return unmet
+            text = str(requirement).split(";")[0].strip()
+            seen = unmet.get((owner, text))
+            if seen is None or not extra:  # a hard requirement is the one to say
+                unmet[(owner, text)] = Unmet(owner, text, name, have, (extra,) if extra else (), lower)
+            elif seen.extras and extra not in seen.extras:
+                unmet[(owner, text)] = replace(seen, extras=seen.extras + (extra,))
+    return list(unmet.values())
 
 
 def _below(spec, have: Version) -> bool:

@@ -415,3 +415,13 @@ def test_a_workaround_a_batch_script_exports_to_its_launch_counts_as_set(tmp_pat
         [row] = [r for r in run("PKG008", state, plan=plan)
                  if r.evidence.get("defect") == "nccl-2.19-cumem-alltoall-deadlock"]
         assert row.status == expected, (export, row.message)
+
+
+def test_one_requirement_repeated_in_several_extras_is_one_warning_naming_them(tmp_path, monkeypatch):
+    dists = {"transformers": "5.24.0", "accelerate": "1.0.1", "torch": "2.9.0", "deepspeed": "0.19.8"}
+    requires = {"transformers": ['accelerate>=1.1.0; extra == "torch"', 'accelerate>=1.1.0; extra == "accelerate"',
+                                 'accelerate>=1.1.0; extra == "deepspeed"']}  # as transformers 5 declares it
+    found = run("PKG008", node_state(collected(stage(tmp_path, dists, requires), monkeypatch)))
+    [unmet] = [r for r in found if r.status == Status.WARN and "requires" in r.message]
+    assert "accelerate>=1.1.0 with its [torch], [accelerate], [deepspeed] extras" in unmet.message
+    assert unmet.evidence["extras"] == ["torch", "accelerate", "deepspeed"]
