@@ -336,7 +336,7 @@ def _main(argv: List[str]) -> int:
     if args.command == "slurm-scripts":
         return _slurm_scripts(args)
     if getattr(args, "ssh_config", None) is not None:
-        _check_ssh_config(args.ssh_config, getattr(args, "hosts", None))
+        _check_ssh_config(args.ssh_config, getattr(args, "hosts", None), getattr(args, "timeout", 10.0))
     if args.command in ("check", "launch"):
         from preflight.remote import early
 
@@ -360,7 +360,7 @@ def _main(argv: List[str]) -> int:
             args.early_start.close()  # what a run that stopped early (bad input) did not take
 
 
-def _check_ssh_config(path: str, hosts: Optional[str]) -> None:
+def _check_ssh_config(path: str, hosts: Optional[str], timeout: float) -> None:
     """--ssh-config names a file OpenSSH takes, or the run stops here (exit 2) with ssh's own words: not a false
     'node unreachable' on every node later."""
     from preflight.remote.ssh import refused_config
@@ -371,7 +371,7 @@ def _check_ssh_config(path: str, hosts: Optional[str]) -> None:
         raise InputError(path, "SSH config (--ssh-config) is not a regular file")
     first = re.split(r"[,\[\s]", hosts or "", maxsplit=1)[0].split("@")[-1]
     first = first if first and not first.startswith("-") else "localhost"  # a name ssh could read as an option
-    said = refused_config(path, first)
+    said = refused_config(path, first, min(timeout, 10.0))  # a Match exec that hangs: --timeout bounds it too
     if said is not None:
         raise InputError(path, f"OpenSSH refuses this SSH config (ssh -G -F {path} {first}): {said}")
 

@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -97,15 +98,24 @@ def refused_config(path: str, host: str, timeout: float = 10.0) -> Optional[str]
     ssh = shutil.which("ssh")
     if ssh is None:
         return None
+    try:  # its own session: a Match exec command that hangs is ended with ssh, not left holding the pipes
+        proc = subprocess.Popen([ssh, "-G", "-F", path, host], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except OSError:
+        return None
     try:
-        done = subprocess.run([ssh, "-G", "-F", path, host], stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):  # a Match exec that hangs hangs ssh too: the run's --timeout says
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # not judged here: the run's own steps are bounded by --timeout
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+        proc.communicate()
         return None
-    if done.returncode == 0:
+    if proc.returncode == 0:
         return None
-    said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    return "; ".join(said[:3])[:500] or f"ssh -G exited {done.returncode}"
+    said = [line.strip() for line in err.decode(errors="replace").splitlines() if line.strip()]
+    return "; ".join(said[:3])[:500] or f"ssh -G exited {proc.returncode}"
 
 
 def load_ssh_settings(alias: str, config_path: Optional[str]) -> SSHSettings:

@@ -35,3 +35,14 @@ def test_a_config_openssh_takes_is_let_through(tmp_path):
     path = tmp_path / "ssh_config"
     path.write_text("Host n*\n  User trainer\n  Port 2222\n  ProxyJump bastion\nMatch host n1\n  IdentityFile ~/x\n")
     assert refused_config(str(path), "n1") is None
+
+
+@needs_ssh
+def test_a_match_exec_that_hangs_is_not_waited_on_past_the_timeout(tmp_path):
+    import time
+
+    path = tmp_path / "ssh_config"
+    path.write_text("Match exec \"sleep 30\"\n  Port 2222\n")
+    started = time.monotonic()
+    assert refused_config(str(path), "n1", timeout=1) is None  # not judged: the run's own --timeout says the rest
+    assert time.monotonic() - started < 5  # the hanging command ended with ssh, not left holding its pipe
