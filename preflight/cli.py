@@ -147,8 +147,9 @@ def build_parser() -> Parser:
             target.add_argument("--slurm", action="store_true", help="the nodes of this SLURM job (SLURM_JOB_NODELIST)")
             sub.add_argument("--shared-dir", metavar="DIR",
                              help="a folder on the shared filesystem: a token the head writes must be read by all")
-            sub.add_argument("--ssh-config", metavar="FILE", help="ssh_config to read (default ~/.ssh/config)")
+            sub.add_argument("--ssh-config", metavar="FILE", help=SSH_CONFIG_HELP)
             sub.add_argument("--ssh-accept-new", action="store_true", help="trust (and remember) unknown host keys")
+            ssh_client_option(sub)
             sub.add_argument("--python", metavar="PATH", default=sys.executable,
                              help=f"the training interpreter on the nodes (default {sys.executable})")
             sub.add_argument("--fanout", type=positive_int, default=64, metavar="N",
@@ -177,6 +178,14 @@ def build_parser() -> Parser:
     return parser
 
 
+SSH_CONFIG_HELP = "the ssh_config to read, alone, as ssh -F (default: ~/.ssh/config and /etc/ssh/ssh_config)"
+
+
+def ssh_client_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ssh", choices=("openssh", "paramiko"), default=None,
+                   help="the SSH client: openssh (the system's ssh, the default where it is installed) or paramiko")
+
+
 def memory_options(p: argparse.ArgumentParser) -> None:
     """Will it fit (the MEM checks; preflight.job.memory)."""
     p.add_argument("--model", metavar="MODEL",
@@ -200,8 +209,9 @@ def doctor_options(sub: argparse.ArgumentParser) -> None:
                      help="the job's master port: picks one job when several run (default: every job found)")
     sub.add_argument("--pid", type=whole(MAX_PID), action="append", metavar="PID",
                      help="only this process and its children (repeatable)")
-    sub.add_argument("--ssh-config", metavar="FILE", help="ssh_config to read (default ~/.ssh/config)")
+    sub.add_argument("--ssh-config", metavar="FILE", help=SSH_CONFIG_HELP)
     sub.add_argument("--ssh-accept-new", action="store_true", help="trust (and remember) unknown host keys")
+    ssh_client_option(sub)
     sub.add_argument("--python", metavar="PATH", default=sys.executable,
                      help=f"the interpreter on the nodes that runs the census (default {sys.executable})")
     sub.add_argument("--fanout", type=positive_int, default=64, metavar="N", help="nodes reached at once (default 64)")
@@ -363,7 +373,7 @@ def _main(argv: List[str]) -> int:
 def _check_ssh_config(path: str, hosts: Optional[str], timeout: float) -> None:
     """--ssh-config names a file OpenSSH takes, or the run stops here (exit 2) with ssh's own words: not a false
     'node unreachable' on every node later."""
-    from preflight.remote.ssh import refused_config
+    from preflight.remote.openssh import refused_config
 
     if path == "" or not os.path.exists(path):
         raise InputError(path or "--ssh-config", "SSH config (--ssh-config) not found")

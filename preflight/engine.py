@@ -145,7 +145,8 @@ def census_for(plan, args, specs=()):
     census = {"port": args.port, "pids": args.pid, "stacks": not args.no_stacks, "deadline_s": args.timeout * 0.6}
     transport = "srun" if args.slurm_job else early.transport_for(args)
     options = gather.GatherOptions(python=args.python, timeout=args.timeout, fanout=args.fanout,
-                                   ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, port=plan.port,
+                                   ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, ssh_client=args.ssh,
+                                   port=plan.port,
                                    progress=for_stderr(args.json), transport=transport,
                                    census=census, slurm_job=args.slurm_job)
     facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
@@ -174,7 +175,8 @@ def run(reg, args) -> int:
 
         if plan.remote and launchcmd.is_accelerate_launch(command):  # every node, with its rank (README)
             return launcher.run(plan.nodes, ctx.probes["head"]["address"], plan.port, command,
-                                ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, timeout=args.timeout,
+                                ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, ssh_client=args.ssh,
+                                timeout=args.timeout,
                                 progress=for_stderr(args.json),
                                 runner=launcher.head_runner(ctx.probes.get("job"), plan.head))
         command = launcher.here_command(command)

@@ -25,11 +25,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import List, Mapping, Optional, Sequence, TextIO
 
 from preflight.progress import Activity, Progress, for_stderr
 from preflight.inputs.launchcmd import rank_command
-from preflight.remote.ssh import SSHConnection, load_ssh_settings
+from preflight.remote import transport
 from preflight.remote.session import NodeError, run_with_deadline
 
 EXIT_LOST = 255  # a node whose session ended without an exit status (as ssh says it)
@@ -62,7 +63,7 @@ class _Node:
     name: str
     rank: int
     command: List[str]
-    connection: Optional[SSHConnection] = None
+    connection: object = None  # a connection of preflight.remote.transport ("ssh")
     channel: object = None
     exit_code: Optional[int] = None
     stopped: bool = False
@@ -158,8 +159,8 @@ def _pump(recv, output: _Output, stream: TextIO, prefix: str) -> None:
 
 
 def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *, ssh_config: Optional[str] = None,
-        accept_new: bool = False, timeout: float = 30.0, cwd: Optional[str] = None, pty: bool = True,
-        out: TextIO = None, err: TextIO = None, progress: Optional[Progress] = None,
+        accept_new: bool = False, ssh_client: Optional[str] = None, timeout: float = 30.0, cwd: Optional[str] = None,
+        pty: bool = True, out: TextIO = None, err: TextIO = None, progress: Optional[Progress] = None,
         runner: Optional[str] = None) -> int:
     """Run `command` (an `accelerate launch` line) on every node; the first non-zero exit, or 0. `progress`: the
     status line while the nodes are reached and the job started (default: live when `err` is a terminal).
@@ -192,7 +193,9 @@ def run(nodes: Sequence[str], address: str, port: int, command: Sequence[str], *
 
     try:  # SIGTERM and SIGHUP arrive as KeyboardInterrupt (preflight.cli.interruptible), as Ctrl-C does
         with progress.activity("launch: connecting", len(runs), reached="", answered="connected") as shown:
-            errors = _connect_all(runs, ssh_config, accept_new, timeout, shown)
+            reaching = SimpleNamespace(ssh_config=ssh_config, accept_new=accept_new, ssh_client=ssh_client,
+                                       timeout=timeout)
+            errors = _connect_all(runs, reaching, shown)
         if errors:
             for name, exc in errors:
                 say(f"not launching: {name}: {exc.message} ({exc.remediation})")
@@ -276,19 +279,15 @@ def _wait(node: _Node, readers: List[threading.Thread], exits: "queue.Queue[_Nod
     exits.put(node)
 
 
-def _connect_all(runs: List[_Node], ssh_config: Optional[str], accept_new: bool, timeout: float,
-                 shown: Activity) -> list:
+def _connect_all(runs: List[_Node], reaching: SimpleNamespace, shown: Activity) -> list:
     errors = []
     lock = threading.Lock()
 
     def connect(node: _Node) -> None:
         shown.start(node.name)
         try:
-            def attempt():
-                settings = load_ssh_settings(node.name, ssh_config)
-                return SSHConnection(settings, timeout, accept_new, ssh_config).connect()
-
-            node.connection = run_with_deadline(attempt, timeout * 2 + 1)
+            node.connection = run_with_deadline(lambda: transport.connect("ssh", node.name, reaching),
+                                                reaching.timeout * 2 + 1)
         except NodeError as exc:
             with lock:
                 errors.append((node.name, exc))

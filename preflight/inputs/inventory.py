@@ -93,6 +93,25 @@ def _in(digits: str, ranges: List[Tuple[int, int, int]]) -> bool:
     return any(low <= number <= high and digits == "%0*d" % (width, number) for low, high, width in ranges)
 
 
+PORT_SUFFIX = re.compile(r"^(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]+)):(?P<port>\d+)$")
+
+
+def _ssh_destination(name: str) -> Optional[str]:
+    """Why `user@node`, `node:port` or `ssh://...` is not a node name here, with the ssh_config lines that say
+    it: the name is also the node's name in the report, in the job's hostfile and to the other nodes, where a
+    user or a port has no place (OpenSSH itself reads `node:2222` as a host of that name)."""
+    text = name[len("ssh://"):].rstrip("/") if name.lower().startswith("ssh://") else name
+    user, at, host = text.rpartition("@")
+    m = PORT_SUFFIX.match(host)
+    port = m.group("port") if m else None
+    host = (m.group("v6") or m.group("host")) if m else host
+    if not at and port is None and text == name:
+        return None
+    lines = "".join(f"; {line}" for line, given in (("User " + user, at), ("Port " + str(port), port)) if given)
+    return (f"{name!r}: list the node as {host} and say how to reach it in ssh_config (~/.ssh/config or "
+            f"--ssh-config's file): Host {host}{lines}")
+
+
 def validate(names: Sequence[str], source: str) -> List[str]:
     if not names:
         raise InputError(source, "no hosts given")
@@ -100,6 +119,9 @@ def validate(names: Sequence[str], source: str) -> List[str]:
     for name in names:
         if not name or not name.strip():
             raise InputError(source, "an empty host name")
+        written = _ssh_destination(name)
+        if written:
+            raise InputError(source, written)
         if not NODE_NAME.match(name):
             raise InputError(source, f"{name!r} is not a host name, address or ssh_config alias")
         if name in seen:

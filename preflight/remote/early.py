@@ -22,7 +22,8 @@ def reaching(args) -> dict:
     """The options of gather.GatherOptions that say how the nodes are reached, from the command line."""
     return {"python": getattr(args, "python", sys.executable), "timeout": getattr(args, "timeout", 30.0),
             "fanout": getattr(args, "fanout", 64), "ssh_config": getattr(args, "ssh_config", None),
-            "accept_new": getattr(args, "ssh_accept_new", False), "transport": transport_for(args)}
+            "accept_new": getattr(args, "ssh_accept_new", False), "ssh_client": getattr(args, "ssh", None),
+            "transport": transport_for(args)}
 
 
 def transport_for(args) -> str:
@@ -54,11 +55,11 @@ def start(args) -> Optional["EarlyStart"]:
     except Exception:
         return None
     started = EarlyStart(names, options)
-    # Python's threads share one interpreter lock, and until its key exchange is done the first session is CPU
-    # on the head (paramiko's import, the exchange itself): the rest of the head's start-up would slow it as
-    # much as it overlaps it. From then on the session waits for the node's sshd (authentication, the exec
-    # request: 100 ms of a one-node run), and the head builds the bundle, loads the checks and makes its plan
-    # meanwhile.
+    # With paramiko, Python's threads share one interpreter lock, and until its key exchange is done the first
+    # session is CPU on the head (paramiko's import, the exchange itself): the rest of the head's start-up would
+    # slow it as much as it overlaps it. From then on the session waits for the node's sshd (authentication, the
+    # exec request: 100 ms of a one-node run), and the head builds the bundle, loads the checks and makes its
+    # plan meanwhile. OpenSSH's exchange runs in ssh's own process: handshaken is set at once.
     started.handshaken.wait(min(FIRST_WAIT_S, options.timeout))
     shipped_bundle(AGENT)
     return started

@@ -28,7 +28,7 @@ from preflight.node import agent, collector, launchfiles, paths
 from preflight.runner import is_failed
 from preflight.remote.shapes import (FILE, NONE, NUMBER, PATHS_OPEN, PATHS_PROBE, SECTIONS, kind as _kind, problem,
                                      typed as _typed)
-from preflight.remote import transport
+from preflight.remote import openssh, transport
 from preflight.remote.shipping import AGENT, shipped_command, shipped_input
 from preflight.remote.ssh import load_ssh_settings
 from preflight.remote.session import NodeError, run_with_deadline
@@ -43,6 +43,7 @@ class GatherOptions:
     fanout: int = 64
     ssh_config: Optional[str] = None
     accept_new: bool = False
+    ssh_client: Optional[str] = None  # "openssh" or "paramiko" (--ssh); None: transport.client's choice
     port: int = DEFAULT_PORT
     main_address: Optional[str] = None  # main_process_ip from the config: what workers connect to
     paths: Dict[str, str] = field(default_factory=dict)  # name -> path whose space each node reports
@@ -149,7 +150,7 @@ class NodeState:
             sent = True
             line = agent.read_line(max(0.0, deadline - time.monotonic()))
         except NodeError as exc:
-            if exc.kind != "timeout":
+            if exc.kind != "timeout" or isinstance(exc, openssh.ReachError):  # not reached at all: SSH001's
                 raise NodeError(exc.kind, f"{self.name}: {exc.message}", exc.remediation) from None
             self.late += sent
             raise NodeError("timeout", f"{self.name} did not answer {op!r} within {timeout:g} s",
@@ -313,6 +314,8 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
     started = time.monotonic()
     how = "srun" if options.transport == "srun" else "SSH"
     _say(options, f"reaching {len(nodes)} node(s) over {how} (fan-out {options.fanout}, timeout {options.timeout:g} s)")
+    if options.transport == "ssh" and transport.client(options) == "paramiko":
+        _paramiko_limits(options)
     # What the job uses as MASTER_ADDR: main_process_ip, else the head's address as SSH reaches it.
     head_address = options.main_address or (names[0] if options.transport == "srun" else _ssh_hostname(names[0], options))
     try:
@@ -347,6 +350,18 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
     return {n.name: n.to_context() for n in nodes}, probes
 
 
+def _paramiko_limits(options: GatherOptions) -> None:
+    """One line on stderr where the ssh_config uses what paramiko does not honour: its nodes may fail where
+    `ssh NODE true` works, and the user is told so before, never left to find out."""
+    from preflight.remote.ssh import unhonoured
+
+    found = unhonoured(options.ssh_config or os.path.expanduser("~/.ssh/config"))
+    if found:
+        why = "--ssh paramiko" if options.ssh_client == "paramiko" else "no `ssh` on this machine: paramiko"
+        shown = "; ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        print(f"preflight: {why} does not honour {shown}; OpenSSH's client (--ssh openssh) does", file=sys.stderr)
+
+
 def _not_reached(nodes: List[NodeState]) -> Optional[str]:
     """The job cannot start without every node: running the all-reduce on the others would only hold
     back the verdict (by torch's import and a rendezvous) to test a group the job never forms."""
@@ -371,6 +386,9 @@ def _rendezvous_blocked(port_probe: dict, options: GatherOptions) -> Optional[st
 
 
 def _ssh_hostname(alias: str, options: GatherOptions) -> str:
+    """The address the head's alias stands for, as the SSH client in use reads the config."""
+    if transport.client(options) == "openssh":
+        return openssh.settings(alias, options.ssh_config, min(options.timeout, 10.0)).get("hostname") or alias
     try:
         return load_ssh_settings(alias, options.ssh_config).hostname
     except Exception:  # an unreadable ssh_config is reported per node by the connection itself
@@ -432,7 +450,7 @@ def _collect(node: NodeState, head: str, options: GatherOptions, decode: Callabl
         except NodeError as exc:
             if exc.kind == "protocol" and node.name not in exc.message:
                 raise NodeError(exc.kind, f"{node.name}: {exc.message}", exc.remediation) from None
-            if exc.kind != "timeout":
+            if exc.kind != "timeout" or isinstance(exc, openssh.ReachError):  # not reached at all: SSH001's
                 raise
             got = f"its facts came after {facts_s:.1f} s; " if node.facts is not None else ""
             raise NodeError("timeout", f"{node.name} is too slow: no {step} within --timeout {options.timeout:g} s "

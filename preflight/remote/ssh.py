@@ -1,4 +1,5 @@
-"""The SSH transport: a connection per node (paramiko), with a deadline on every step; ssh_config honoured.
+"""The SSH transport by paramiko, where no `ssh` is installed or --ssh paramiko asks (preflight.remote.openssh is
+the default): a connection per node, with a deadline on every step; the part of ssh_config it reads honoured.
 
 A node is asked to run a program of preflight.node, shipped over the connection (preflight.remote.shipping):
 the remote command is fixed, and the program and its options travel on stdin.
@@ -9,10 +10,7 @@ import logging
 import os
 import re
 import shlex
-import shutil
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -92,30 +90,52 @@ def _ssh_config(path: str):
     return paramiko.SSHConfig.from_path(path)
 
 
-def refused_config(path: str, host: str, timeout: float = 10.0) -> Optional[str]:
-    """What OpenSSH says of an ssh_config it refuses (`ssh -G -F PATH HOST`: its own parser, Include and Match
-    included; a bad value anywhere in the file stops it), or None where it takes the file, or no `ssh` is here."""
-    ssh = shutil.which("ssh")
-    if ssh is None:
-        return None
-    try:  # its own session: a Match exec command that hangs is ended with ssh, not left holding the pipes
-        proc = subprocess.Popen([ssh, "-G", "-F", path, host], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True)
-    except OSError:
-        return None
+# What this client reads of ssh_config (load_ssh_settings, _authenticate, _verify_host_key), and lines that do
+# not change how a node is reached; any other keyword is one OpenSSH honours and this client does not.
+HONOURED = {"host", "match", "hostname", "port", "user", "identityfile", "userknownhostsfile",
+            "stricthostkeychecking", "proxyjump", "connecttimeout", "identitiesonly"}
+NO_BEARING = {"loglevel", "serveraliveinterval", "serveralivecountmax", "compression", "forwardagent", "forwardx11",
+              "forwardx11trusted", "sendenv", "setenv", "addkeystoagent", "hashknownhosts", "tcpkeepalive",
+              "visualhostkey", "updatehostkeys", "controlmaster", "controlpath", "controlpersist", "batchmode",
+              "requesttty", "localforward", "remoteforward", "dynamicforward", "passwordauthentication",
+              "kbdinteractiveauthentication", "challengeresponseauthentication", "pubkeyauthentication",
+              "preferredauthentications", "escapechar", "permitlocalcommand", "localcommand", "usekeychain",
+              "ciphers", "macs", "kexalgorithms", "hostkeyalgorithms", "pubkeyacceptedkeytypes",
+              "pubkeyacceptedalgorithms", "exitonforwardfailure", "gatewayports", "clearallforwardings",
+              "numberofpasswordprompts", "rekeylimit", "streamlocalbindunlink", "ipqos", "checkhostip"}
+
+
+def unhonoured(path: str) -> List[str]:
+    """`FILE line N: Keyword` for each line of an ssh_config that OpenSSH honours and this client does not
+    (Include, ProxyCommand, CertificateFile, GSSAPI, hostbased, PKCS#11 ...), and `@cert-authority` lines of the
+    known_hosts files it names; [] for a file that is not there."""
+    found = []
     try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:  # not judged here: the run's own steps are bounded by --timeout
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:  # ended meanwhile
-            pass
-        proc.communicate()
-        return None
-    if proc.returncode == 0:
-        return None
-    said = [line.strip() for line in err.decode(errors="replace").splitlines() if line.strip()]
-    return "; ".join(said[:3])[:500] or f"ssh -G exited {proc.returncode}"
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read(1 << 20).splitlines()
+    except OSError:
+        return []
+    for number, line in enumerate(lines, 1):
+        words = line.strip().replace("=", " ", 1).split()
+        if not words or words[0].startswith("#"):
+            continue
+        keyword = words[0].lower()
+        off = len(words) > 1 and words[1].lower() in ("no", "none")  # GSSAPIAuthentication no: nothing lost
+        if keyword not in HONOURED and keyword not in NO_BEARING and not off:
+            found.append(f"{path} line {number}: {words[0]}")
+        if keyword in ("userknownhostsfile", "globalknownhostsfile"):
+            for known in words[1:]:
+                if _has_cert_authority(os.path.expanduser(known)):
+                    found.append(f"{known}: @cert-authority (host certificates)")
+    return list(dict.fromkeys(found))
+
+
+def _has_cert_authority(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return any(line.lstrip().startswith("@cert-authority") for line in handle.read(1 << 20).splitlines())
+    except OSError:
+        return False
 
 
 def load_ssh_settings(alias: str, config_path: Optional[str]) -> SSHSettings:

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from conftest import run_cli
-from preflight.remote.ssh import refused_config
+from preflight.remote.openssh import refused_config
 
 needs_ssh = pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client here")
 

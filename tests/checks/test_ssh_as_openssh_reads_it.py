@@ -1,0 +1,219 @@
+"""If `ssh NODE true` works, preflight reaches NODE: what real sites put in ssh_config, each scenario proven
+first with the real OpenSSH client and then with `preflight check` (its default client is that same ssh):
+an Include tree, a ProxyCommand through a bastion, host certificates (@cert-authority) and user certificates
+(TrustedUserCAKeys) signed with ssh-keygen -s, a ProxyCommand that hangs, IdentityAgent and KnownHostsCommand. paramiko (--ssh paramiko) says in
+one line what of the config it does not honour. Nothing is left behind: no control folder, no ssh process."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from cluster import cluster, cluster_up, testcluster  # noqa: F401  (fixtures)
+from test_ssh import new_key, openssh, ssh001, ssh_agent, ssh_only_from, ssh_processes_on, sshd_with
+
+
+def host_block(cluster, node, **changes):
+    """The cluster's ssh_config entry of `node`, its lines changed (`Port="2205"`) or dropped (`None`)."""
+    lines = cluster.ssh_config.read_text().split(f"Host {node}\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    kept = []
+    for line in lines:
+        key = line.split()[0]
+        if key in changes:
+            if changes[key] is not None:
+                kept.append(f"    {key} {changes.pop(key)}")
+            else:
+                changes.pop(key)
+        else:
+            kept.append(line)
+    kept += [f"    {key} {value}" for key, value in changes.items() if value is not None]
+    return "\n".join(kept) + "\n"
+
+
+def control_folders():
+    import tempfile
+
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("preflight-ssh-")}
+
+
+@pytest.mark.cluster
+def test_an_include_tree_is_read_as_ssh_reads_it_and_paramiko_says_it_cannot(cluster, tmp_path):
+    """ssh_config with `Include hosts.d/*.conf` (relative to ~/.ssh for a user config, here an absolute glob):
+    each node in its own file, as sites generate them."""
+    folder = tmp_path / "hosts.d"
+    folder.mkdir()
+    for node in cluster.nodes:
+        (folder / f"{node}.conf").write_text(f"Host {node}\n{host_block(cluster, node)}")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Include {folder}/*.conf\n")
+    hosts = ",".join(cluster.nodes)
+    for node in cluster.nodes:
+        assert openssh(config, node)[:2] == (0, node)
+    before = control_folders()
+    doc = ssh001(cluster, config, hosts)
+    assert {n: r["status"] for n, r in doc.items()} == {n: "pass" for n in cluster.nodes}, doc
+    assert control_folders() <= before and not ssh_processes_on(config)  # nothing left behind
+    proc = subprocess.run([sys.executable, "-m", "preflight", "check", "--hosts", "node01", "--ssh-config", str(config),
+                           "--python", sys.executable, "--json", "--only", "SSH001", "--ssh", "paramiko"],
+                          capture_output=True, text=True, timeout=120)
+    said = [line for line in proc.stderr.splitlines() if "does not honour" in line]
+    assert said == [f"preflight: --ssh paramiko does not honour {config} line 1: Include; OpenSSH's client "
+                    "(--ssh openssh) does"], proc.stderr
+
+
+@pytest.mark.cluster
+def test_a_proxycommand_through_a_bastion(cluster, tmp_path):
+    """node03 lets in only node01: `ProxyCommand ssh -W %h:%p node01` is the way, as ssh goes."""
+    config = tmp_path / "ssh_config"
+    base = cluster.ssh_config.read_text()
+    config.write_text(base.replace("Host node03\n", f"Host node03\n    ProxyCommand ssh -F {config} -W %h:%p node01\n"))
+    with ssh_only_from(cluster, "node03", cluster.ip("node01")):
+        assert openssh(cluster.ssh_config, "node03", "-o", "ConnectTimeout=3")[0] != 0  # no direct way in
+        assert openssh(config, "node03")[:2] == (0, "node03")
+        doc = ssh001(cluster, config, "node03")
+        assert doc["node03"]["status"] == "pass", doc
+    # the bastion refuses: ssh fails, and so does SSH001, naming the proxy and ssh's own words
+    with ssh_only_from(cluster, "node03", cluster.ip("node01")), ssh_only_from(cluster, "node01", "10.255.255.254"):
+        assert openssh(config, "node03")[0] != 0
+        ssh = ssh001(cluster, config, "node03")["node03"]
+    assert ssh["status"] == "fail" and "through ProxyCommand `ssh -F" in ssh["message"], ssh
+
+
+@pytest.mark.cluster
+def test_a_proxycommand_that_hangs_costs_the_timeout_and_leaves_nothing(cluster, tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text(cluster.ssh_config.read_text().replace("Host node02\n", "Host node02\n    ProxyCommand sleep 600\n"))
+    doc = ssh001(cluster, config, "node01,node02", "--timeout", "2")
+    assert doc["node01"]["status"] == "pass", doc
+    assert doc["node02"]["status"] == "fail" and "no SSH banner through ProxyCommand `sleep 600` within 2 s" in \
+        doc["node02"]["message"], doc["node02"]
+    leftover = subprocess.run(["pgrep", "-f", "^sleep 600$"], capture_output=True, text=True).stdout.split()
+    assert not leftover and not ssh_processes_on(config), leftover
+
+
+def host_ca(tmp_path, cluster, node, principals):
+    """A host CA, and node's host key certified by it for `principals` (ssh-keygen -s -h)."""
+    ca = new_key(tmp_path, "host_ca")
+    key = tmp_path / f"{node}_hostkey"
+    key.write_bytes((cluster.node_dir(node) / "ssh_host_ed25519_key").read_bytes())
+    key.chmod(0o600)
+    key.with_suffix(".pub").write_text((cluster.node_dir(node) / "ssh_host_ed25519_key.pub").read_text())
+    subprocess.run(["ssh-keygen", "-q", "-s", str(ca), "-I", f"{node}-host", "-h", "-n", principals, str(key) + ".pub"],
+                   check=True, capture_output=True, timeout=30)
+    return ca, tmp_path / f"{node}_hostkey-cert.pub"
+
+
+@pytest.mark.cluster
+def test_host_certificates_verified_by_cert_authority_in_known_hosts(cluster, tmp_path):
+    """sshd presents a certificate (HostCertificate) signed by the site's host CA; known_hosts holds only
+    `@cert-authority * CA` (no key of the node). A certificate for another name is refused, by ssh and by SSH001."""
+    ip = cluster.ip("node02")
+    ca, cert = host_ca(tmp_path, cluster, "node02", f"{ip},node02")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority * {' '.join(ca.with_suffix('.pub').read_text().split()[:2])}\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host node02\n{host_block(cluster, 'node02', Port='2205', UserKnownHostsFile=str(known))}")
+    with sshd_with(cluster, "node02", 2205, f"HostCertificate {cert}"):
+        assert openssh(config, "node02")[:2] == (0, "node02")
+        assert ssh001(cluster, config, "node02")["node02"]["status"] == "pass"
+    other = tmp_path / "other"  # another CA's certificate, for a name that is not this node's
+    other.mkdir()
+    _, wrong = host_ca(other, cluster, "node02", "somewhere-else")
+    with sshd_with(cluster, "node02", 2205, f"HostCertificate {wrong}"):
+        code, _, err = openssh(config, "node02")
+        assert code != 0 and "Host key verification failed" in err, err
+        ssh = ssh001(cluster, config, "node02")["node02"]
+    assert ssh["status"] == "fail" and ssh["evidence"]["reason"].startswith("host-key"), ssh
+
+
+@pytest.mark.cluster
+def test_user_certificates_signed_by_the_sites_user_ca(cluster, tmp_path):
+    """sshd trusts the user CA (TrustedUserCAKeys) and no authorized_keys; the user's key is certified for root."""
+    ca = new_key(tmp_path, "user_ca")
+    key = new_key(tmp_path, "user")
+    subprocess.run(["ssh-keygen", "-q", "-s", str(ca), "-I", "alice", "-n", "root", str(key) + ".pub"], check=True,
+                   capture_output=True, timeout=30)
+    ip = cluster.ip("node02")
+    hostkey = (cluster.node_dir("node02") / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[{ip}]:2206 {' '.join(hostkey)}\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host node02\n{host_block(cluster, 'node02', Port='2206', IdentityFile=str(key))}"
+                      f"    UserKnownHostsFile {known}\n    CertificateFile {key}-cert.pub\n".replace(
+                          f"UserKnownHostsFile {cluster.known_hosts}\n", ""))
+    with sshd_with(cluster, "node02", 2206, f"TrustedUserCAKeys {ca}.pub", "AuthorizedKeysFile none"):
+        assert openssh(config, "node02")[:2] == (0, "node02")
+        assert ssh001(cluster, config, "node02")["node02"]["status"] == "pass"
+        # without the certificate (ssh also looks for KEY-cert.pub by itself), the key alone is refused: by ssh
+        # and by SSH001 alike
+        config.write_text(re.sub(r"\n    CertificateFile .*\n", "\n", config.read_text()))
+        (tmp_path / "user-cert.pub").rename(tmp_path / "elsewhere")
+        assert openssh(config, "node02")[0] != 0
+        ssh = ssh001(cluster, config, "node02")["node02"]
+    assert ssh["status"] == "fail" and ssh["evidence"]["reason"] == "auth", ssh
+    assert "Permission denied" in ssh["message"]
+
+
+@pytest.mark.cluster
+def test_identity_agent_and_known_hosts_command(cluster, tmp_path):
+    """The key only in an agent named by IdentityAgent (no SSH_AUTH_SOCK), the host keys only from
+    KnownHostsCommand (no known_hosts file): what sites with a managed agent and a host-key service write."""
+    with ssh_agent(tmp_path, cluster.identity) as env:
+        socket_path = env.pop("SSH_AUTH_SOCK")
+        known = tmp_path / "served_known_hosts"
+        known.write_text(cluster.known_hosts.read_text())
+        config = tmp_path / "ssh_config"
+        config.write_text(f"Host node02\n{host_block(cluster, 'node02', IdentityFile=None, IdentitiesOnly=None)}"
+                          f"    IdentityAgent {socket_path}\n    UserKnownHostsFile /dev/null\n"
+                          f"    KnownHostsCommand /bin/cat {known}\n".replace(
+                              f"    UserKnownHostsFile {cluster.known_hosts}\n", ""))
+        assert openssh(config, "node02", env=env)[:2] == (0, "node02")
+        assert ssh001(cluster, config, "node02", env=env)["node02"]["status"] == "pass"
+        known.write_text("")  # the service knows no key of the node: refused by both
+        assert openssh(config, "node02", env=env)[0] != 0
+        ssh = ssh001(cluster, config, "node02", env=env)["node02"]
+    assert ssh["status"] == "fail" and ssh["evidence"]["reason"] == "host-key-unknown", ssh
+
+
+def test_hosts_with_a_user_or_a_port_get_the_ssh_config_lines_to_write():
+    for given, lines in (("alice@node01", "Host node01; User alice"), ("node01:2222", "Host node01; Port 2222"),
+                         ("ssh://bob@n1:2200", "Host n1; User bob; Port 2200")):
+        proc = subprocess.run([sys.executable, "-m", "preflight", "check", "--hosts", given, "--only", "SSH001"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"list the node as {lines.split(';')[0][5:]}" in proc.stderr and lines in proc.stderr, proc.stderr
+
+
+def test_paramiko_names_each_line_of_the_config_it_does_not_honour(tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("@cert-authority *.example.org ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA\n")
+    config = tmp_path / "ssh_config"
+    config.write_text("Include conf.d/*\n# ProxyCommand in a comment\nHost gpu*\n  HostName %h.example.org\n"
+                      "  ProxyCommand ssh -W %h:%p bastion\n  GSSAPIAuthentication no\n  ServerAliveInterval 30\n"
+                      f"  CertificateFile ~/.ssh/id-cert.pub\n  UserKnownHostsFile {known}\n")
+    from preflight.remote.ssh import unhonoured
+
+    assert unhonoured(str(config)) == [f"{config} line 1: Include", f"{config} line 5: ProxyCommand",
+                                       f"{config} line 8: CertificateFile",
+                                       f"{known}: @cert-authority (host certificates)"]
+    assert unhonoured(str(tmp_path / "absent")) == []
+
+
+def test_the_faster_key_exchange_is_preferred_only_where_the_config_says_nothing_of_it(tmp_path):
+    from preflight.remote.openssh import FAST_KEX, base_argv
+
+    plain = tmp_path / "plain"
+    plain.write_text("Host *\n    User root\n")
+    included = tmp_path / "site.d"
+    included.mkdir()
+    (included / "crypto.conf").write_text("Host *\n    KexAlgorithms=sntrup761x25519-sha512@openssh.com\n")
+    site = tmp_path / "site"
+    site.write_text(f"Include {included}/*.conf\n")
+    assert FAST_KEX in base_argv(str(plain), False, 30)
+    assert FAST_KEX not in base_argv(str(site), False, 30)  # the site's own list, through its Include
+    # ssh takes it: curve25519 first, then ssh's own list
+    proc = subprocess.run(["ssh", "-F", str(plain), "-o", FAST_KEX, "-G", "node"], capture_output=True, text=True,
+                          timeout=30)
+    kex = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("kexalgorithms "))
+    assert kex.startswith("curve25519-sha256,") and "sntrup761x25519-sha512" in kex, kex
