@@ -286,7 +286,7 @@ def _connect_all(runs: List[_Node], reaching: SimpleNamespace, shown: Activity) 
     def connect(node: _Node) -> None:
         shown.start(node.name)
         try:
-            node.connection = run_with_deadline(lambda: transport.connect("ssh", node.name, reaching),
+            node.connection = run_with_deadline(lambda: transport.connect("ssh", node.name, reaching, wait=True),
                                                 reaching.timeout * 2 + 1)
         except NodeError as exc:
             with lock:

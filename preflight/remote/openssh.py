@@ -135,9 +135,39 @@ _FOLDERS: set = set()  # the control folders of this process, removed at its exi
 
 def _control_folder() -> str:
     base = tempfile.gettempdir()
-    folder = tempfile.mkdtemp(prefix="preflight-ssh-", dir=base if len(base) <= _CONTROL_DIR_MAX else "/tmp")
+    base = base if len(base) <= _CONTROL_DIR_MAX else "/tmp"
+    with _SWEEP:
+        if not _SWEPT:
+            _SWEPT.append(_sweep(base))
+    folder = tempfile.mkdtemp(prefix=f"preflight-ssh-{os.getpid()}-", dir=base)
     _FOLDERS.add(folder)
     return folder
+
+
+_SWEEP, _SWEPT = threading.Lock(), []
+
+
+def _sweep(base: str) -> int:
+    """Removes the control folders that runs of preflight ended by SIGKILL left here (theirs, by this user,
+    whose process is gone); the number removed."""
+    removed = 0
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("preflight-ssh-")]
+    except OSError:
+        return 0
+    for name in names:
+        pid = name.split("-")[2]
+        path = os.path.join(base, name)
+        try:
+            if not pid.isdigit() or os.lstat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+        except OSError:  # alive under another user, or not ours to judge
+            continue
+    return removed
 
 
 @atexit.register
@@ -291,13 +321,21 @@ class OpenSSHConnection:
         self._lock = threading.Lock()
         self._mastered = False  # a master has been started (it may have ended since)
 
-    def connect(self, handshaken=None) -> "OpenSSHConnection":
+    def connect(self, handshaken=None, wait: bool = False) -> "OpenSSHConnection":
         """Ready to run programs; the connection itself is made by the first one (its failure is that
         program's, in ssh's words: ReachError). handshaken is called at once: ssh's key exchange runs in its
-        own process, and the head's start-up need not wait for it."""
+        own process, and the head's start-up need not wait for it. wait: connected now, by a master whose own
+        program only waits for the end of its input (`launch` starts no node's job before every node is
+        reached; that program ends with preflight, however preflight ends)."""
         self.folder = _control_folder()
         if handshaken is not None:
             handshaken()
+        if wait:
+            try:
+                self.start("exec cat >/dev/null", "").begin(self.timeout + 1)
+            except BaseException:
+                self.close()
+                raise
         return self
 
     def _spawn(self, command, pty: bool = False, verbose: bool = True):
@@ -406,22 +444,36 @@ class SessionProcess(LocalProcess):
                          self.connection.timeout, self.connection.ssh_config)
         raise ReachError(error.kind, error.message, error.remediation)
 
+    def _line(self, deadline: float) -> Optional[str]:
+        """The next line as it comes; before the mark, ssh's failure to get there is a ReachError."""
+        try:
+            line = super().read_line(max(0.0, deadline - time.monotonic()))
+        except NodeError as exc:
+            if exc.kind == "timeout" and not self.begun:
+                self.unreached(None)
+            raise
+        if line is None and not self.begun:
+            self.unreached(self.exit_status(2))
+        return line
+
+    def begin(self, timeout: float) -> None:
+        """Until the mark has come back: the program runs (ReachError, or a NodeError, otherwise)."""
+        deadline = time.monotonic() + timeout
+        while not self.begun:
+            line = self._line(deadline)
+            if line is None:
+                raise NodeError("protocol", f"{self.connection.alias}: the session ended before its program began",
+                                f"run `ssh {self.connection.alias} true` by hand")
+            self.begun = line.strip() == STARTED.decode()
+
     def read_line(self, timeout: float) -> Optional[str]:
         """The program's next line; before it, the mark its shell printed is taken (and what login scripts
         printed before the mark is the program's too, as it always was)."""
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                line = super().read_line(max(0.0, deadline - time.monotonic()))
-            except NodeError as exc:
-                if exc.kind == "timeout" and not self.begun:
-                    self.unreached(None)
-                raise
-            if self.begun:
+            line = self._line(deadline)
+            if self.begun or line is None:
                 return line
-            if line is None:
-                self.unreached(self.exit_status(2))
-                return None
             if line.strip() == STARTED.decode():
                 self.begun = True
                 continue

@@ -28,10 +28,11 @@ def client(options) -> str:
     return "openssh" if openssh.available() else "paramiko"
 
 
-def connect(name: str, node: str, options, handshaken=None):
+def connect(name: str, node: str, options, handshaken=None, wait: bool = False):
     """A connection to `node` over the transport `name`, connected. options: timeout, and for ssh ssh_config and
     accept_new, for srun slurm_job (a GatherOptions). handshaken (ssh): called once the key exchange is done and
-    the host key verified, before authentication."""
+    the host key verified, before authentication. wait (ssh): the node reached before this returns (OpenSSH
+    otherwise reaches it with the first program)."""
     if name == "local":  # this machine: node is its name
         from preflight.remote.local import LocalConnection
 
@@ -43,7 +44,8 @@ def connect(name: str, node: str, options, handshaken=None):
     if name == "ssh" and client(options) == "openssh":
         from preflight.remote.openssh import OpenSSHConnection
 
-        return OpenSSHConnection(node, options.timeout, options.accept_new, options.ssh_config).connect(handshaken)
+        return OpenSSHConnection(node, options.timeout, options.accept_new, options.ssh_config).connect(handshaken,
+                                                                                                       wait)
     if name == "ssh":
         from preflight.remote.ssh import SSHConnection, load_ssh_settings
 

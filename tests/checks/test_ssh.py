@@ -1,5 +1,6 @@
 """SSH: reaching every node (SSH001), from recorded facts (each way a connection fails, an unreached node's
-other checks skipped) and on the real test cluster, side by side with the real OpenSSH `ssh`: a stopped and a
+other checks skipped) and on the real test cluster, side by side with the real OpenSSH `ssh` (preflight's
+default client is that ssh; where the fallback's own code decides, --ssh paramiko is run beside it): a stopped and a
 frozen sshd, unknown and changed host keys, ProxyJump chains and `user@host:port` hops, IdentitiesOnly and
 the order keys are offered in, a server that sends its banner and then nothing, and the modes of a
 known_hosts file preflight creates."""
@@ -22,6 +23,9 @@ from cluster_check import check, not_passing
 from conftest import results
 from node_facts import by_node, facts, run
 from preflight.result import Status
+
+
+CLIENTS = ("openssh", "paramiko")  # the default, and the fallback where no ssh is installed (--ssh paramiko)
 
 
 def ssh001(cluster, config, hosts, *extra, env=None):
@@ -98,10 +102,11 @@ def test_a_chain_of_two_jump_hosts_goes_through_both_and_a_failure_names_the_hop
     # node02 lets nobody in: the chain breaks at the hop from node01 to node02, and the message says so
     with ssh_only_from(cluster, "node02", "10.255.255.254"):
         assert openssh(config, "node03")[0] != 0
-        ssh = ssh001(cluster, config, "node03")["node03"]
-    assert ssh["status"] == "fail", ssh
-    assert "through ProxyJump node01" in ssh["message"], ssh
-    assert f"node01 could not connect to {cluster.ip('node02')}:22" in ssh["message"], ssh
+        for client in CLIENTS:
+            ssh = ssh001(cluster, config, "node03", "--ssh", client)["node03"]
+            assert ssh["status"] == "fail", ssh
+            assert "through ProxyJump node01" in ssh["message"], (client, ssh)
+            assert f"node01 could not connect to {cluster.ip('node02')}:22" in ssh["message"], (client, ssh)
 
 
 @pytest.mark.cluster
@@ -214,16 +219,19 @@ def test_identities_only_and_the_order_keys_are_offered_in(cluster, tmp_path):
         # IdentitiesOnly yes: only the IdentityFile is offered, not the agent's keys ahead of it
         with ssh_agent(tmp_path, *strangers) as env:
             assert openssh(only, "node02", env=env)[:2] == (0, "node02")
-            assert ssh001(cluster, only, "node02", env=env)["node02"]["status"] == "pass"
+            for client in CLIENTS:
+                assert ssh001(cluster, only, "node02", "--ssh", client, env=env)["node02"]["status"] == "pass", client
             # without it, OpenSSH offers the agent's keys before the file: both fail, the same way
             code, _, err = openssh(agent_first, "node02", env=env)
             assert code != 0 and "Too many authentication failures" in err, err
-            ssh = ssh001(cluster, agent_first, "node02", env=env)["node02"]
-            assert ssh["status"] == "fail" and "IdentitiesOnly yes" in ssh["remediation"], ssh
+            for client in CLIENTS:
+                ssh = ssh001(cluster, agent_first, "node02", "--ssh", client, env=env)["node02"]
+                assert ssh["status"] == "fail" and "IdentitiesOnly yes" in ssh["remediation"], (client, ssh)
         # the agent's copy of the configured identity goes first, ahead of its other keys (added before it)
         with ssh_agent(tmp_path, *strangers, cluster.identity) as env:
             assert openssh(agent_first, "node02", env=env)[:2] == (0, "node02")
-            assert ssh001(cluster, agent_first, "node02", env=env)["node02"]["status"] == "pass"
+            for client in CLIENTS:
+                assert ssh001(cluster, agent_first, "node02", "--ssh", client, env=env)["node02"]["status"] == "pass"
         # an IdentityFile preflight cannot read (a passphrase, no .pub beside it) whose key the agent holds:
         # with IdentitiesOnly, its agent copy is offered, as OpenSSH does
         encrypted = tmp_path / "encrypted"
@@ -234,7 +242,8 @@ def test_identities_only_and_the_order_keys_are_offered_in(cluster, tmp_path):
         only.write_text(only.read_text().replace(str(cluster.identity), str(encrypted)))
         with ssh_agent(tmp_path, *strangers, cluster.identity) as env:
             assert openssh(only, "node02", env=env)[:2] == (0, "node02")
-            assert ssh001(cluster, only, "node02", env=env)["node02"]["status"] == "pass"
+            for client in CLIENTS:
+                assert ssh001(cluster, only, "node02", "--ssh", client, env=env)["node02"]["status"] == "pass", client
 
 
 # ---------------------------------------------------------------------------------------------- handshake
@@ -280,13 +289,15 @@ def test_a_banner_and_then_silence_is_told_apart_from_no_banner(cluster, tmp_pat
         code, _, err = openssh(config, "silent", "-o", "ConnectTimeout=2")
         assert code == 255 and "timed out during banner exchange" in err, err
         started = time.monotonic()
-        doc = ssh001(cluster, config, "banner,silent", "--timeout", "2")
-        assert time.monotonic() - started < 30
+        docs = {client: ssh001(cluster, config, "banner,silent", "--timeout", "2", "--ssh", client)
+                for client in CLIENTS}
+        assert time.monotonic() - started < 60
     ip = cluster.ip("node02")
-    assert doc["banner"]["status"] == "fail" and doc["silent"]["status"] == "fail", doc
-    assert (f"{ip}:2203 sent its SSH banner (SSH-2.0-OpenSSH_9.2) and then nothing for 2 s: the key exchange "
-            "never started") in doc["banner"]["message"], doc["banner"]
-    assert f"{ip}:2204 accepted the connection but sent no SSH banner within 2 s" in doc["silent"]["message"], doc
+    for doc in docs.values():
+        assert doc["banner"]["status"] == "fail" and doc["silent"]["status"] == "fail", doc
+        assert (f"{ip}:2203 sent its SSH banner (SSH-2.0-OpenSSH_9.2) and then nothing for 2 s: the key exchange "
+                "never started") in doc["banner"]["message"], doc["banner"]
+        assert f"{ip}:2204 accepted the connection but sent no SSH banner within 2 s" in doc["silent"]["message"], doc
 
 
 def free_port() -> int:
@@ -312,23 +323,27 @@ def test_a_server_that_closes_at_once_is_told_apart_from_a_hung_one(tmp_path):
         code, _, err = openssh(config, "closer")
         # OpenSSH: "kex_exchange_identification: Connection closed by remote host" (or "read: Connection reset")
         assert code == 255 and "kex_exchange_identification" in err and "Connection " in err, err
-        started = time.monotonic()
-        doc = ssh001(None, config, "closer,silent", "--timeout", "2")
-        elapsed = time.monotonic() - started
+        docs = {}
+        for client in CLIENTS:
+            started = time.monotonic()
+            docs[client] = ssh001(None, config, "closer,silent", "--timeout", "2", "--ssh", client)
+            assert time.monotonic() - started < 30
     finally:
         stub.kill()
         stub.wait(10)
         silent.close()
-    closer = doc["closer"]
-    assert closer["status"] == "fail" and closer["evidence"]["reason"] == "closed", closer
-    assert closer["message"].startswith(f"connection closed before the SSH banner: 127.0.0.1:{closing} closed the "
-                                        "connection before its SSH banner, 0."), closer["message"]
-    assert "hung" not in closer["message"] + closer["remediation"] and "MaxStartups" in closer["remediation"]
-    seconds = float(closer["message"].rsplit(", ", 1)[1].split()[0])
-    assert seconds < 1.0  # the time it really took, not the timeout
-    hung = doc["silent"]
-    assert hung["status"] == "fail" and "accepted the connection but sent no SSH banner within 2 s" in hung["message"]
-    assert "hung or stopped" in hung["remediation"] and elapsed < 30
+    for doc in docs.values():
+        closer = doc["closer"]
+        assert closer["status"] == "fail" and closer["evidence"]["reason"] == "closed", closer
+        assert closer["message"].startswith(f"connection closed before the SSH banner: 127.0.0.1:{closing} closed "
+                                            "the connection before its SSH banner, 0."), closer["message"]
+        assert "hung" not in closer["message"] + closer["remediation"] and "MaxStartups" in closer["remediation"]
+        seconds = float(closer["message"].rsplit(", ", 1)[1].split()[0])
+        assert seconds < 1.0  # the time it really took, not the timeout
+        hung = doc["silent"]
+        assert hung["status"] == "fail" and "accepted the connection but sent no SSH banner within 2 s" in \
+            hung["message"]
+        assert "hung or stopped" in hung["remediation"]
 
 
 # ---------------------------------------------------------------------------------------------- known_hosts

@@ -217,3 +217,30 @@ def test_the_faster_key_exchange_is_preferred_only_where_the_config_says_nothing
                           timeout=30)
     kex = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("kexalgorithms "))
     assert kex.startswith("curve25519-sha256,") and "sntrup761x25519-sha512" in kex, kex
+
+
+def test_a_control_folder_left_by_a_killed_run_is_removed_by_the_next(monkeypatch):
+    """SIGKILL leaves no chance to clean up: the next run removes the folders of this user's runs that are gone,
+    and leaves a live one's alone."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from preflight.remote import openssh
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="pf-sweep-", dir="/tmp"))  # short: a socket path has 108 bytes
+    monkeypatch.setattr(openssh.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(openssh, "_SWEPT", [])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = tmp_path / f"preflight-ssh-{gone.pid}-x1"
+    live = tmp_path / f"preflight-ssh-{os.getpid()}-x2"
+    for folder in (left, live):
+        folder.mkdir(mode=0o700)
+    try:
+        folder = openssh._control_folder()
+        assert os.path.dirname(folder) == str(tmp_path)
+        assert not left.exists() and live.exists() and os.path.isdir(folder)
+        assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
+    finally:
+        shutil.rmtree(tmp_path)
