@@ -251,6 +251,7 @@ def _failure(alias: str, log: str, status: Optional[int], elapsed: float, timeou
                          f"(Host * !{loop}), or give it `ProxyJump none`")
     said = _said(log)
     by_hand = "ssh " + (f"-F {shlex.quote(ssh_config)} " if ssh_config else "") + alias
+    verbose = by_hand.replace("ssh ", "ssh -v ", 1)
     if status is not None:
         for line in said:
             for pattern, kind, remedy in _SAID:
@@ -264,7 +265,10 @@ def _failure(alias: str, log: str, status: Optional[int], elapsed: float, timeou
                     return NodeError(kind, f"{alias}: {via}the host key of {where} CHANGED; this can be a "
                                      f"man-in-the-middle or a reinstalled node ({'; '.join(offending[:1]) or line})",
                                      remedy)
-                if kind == "no-banner" and not proxy:
+                if kind == "no-banner" and proxy:
+                    return NodeError(kind, f"{alias}: no SSH banner through {proxy} within {timeout:g} s "
+                                     f"({line[:200]})", f"check the proxy with `{verbose} true`")
+                if kind == "no-banner":
                     return NodeError(kind, f"{where} accepted the connection but sent no SSH banner within "
                                      f"{timeout:g} s ({line[:200]})", remedy)
                 if kind == "closed" and not proxy:
@@ -275,12 +279,12 @@ def _failure(alias: str, log: str, status: Optional[int], elapsed: float, timeou
                 return NodeError(kind, f"{alias}: {via}{line[:400]}", remedy)
         return NodeError("protocol", f"{alias}: {via}ssh exited {status}"
                          f"{': ' + '; '.join(said[-3:])[:400] if said else ' and said nothing'}",
-                         f"run `{by_hand.replace('ssh ', 'ssh -v ', 1)} true` and read where it stops")
+                         f"run `{verbose} true` and read where it stops")
     t = f"{timeout:g} s"
     if "Remote protocol version" not in log:
         if proxy:
             return NodeError("timeout", f"{alias}: no SSH banner {via.rstrip(': ')} within {t}",
-                             f"check the proxy with `{by_hand.replace('ssh ', 'ssh -v ', 1)} true`")
+                             f"check the proxy with `{verbose} true`")
         if "Connection established" not in log:
             return NodeError("timeout", f"{where} did not answer within {t}",
                              "the node is down, or a firewall drops SSH; check the address and the network")
