@@ -34,7 +34,7 @@ from preflight.remote.local import LocalProcess
 from preflight.remote.session import NodeError
 
 MAX_PROXIES = 8  # ProxyJump through more hops than this (a `Host *` that matches its own jump host) is a loop
-LOG_HEAD, LOG_TAIL = 64 << 10, 16 << 10  # the part of ssh's -v output kept: its stages, and its last words
+LOG_HEAD = 64 << 10  # the start of ssh's -v output kept on the master: its stages (and the last 8 KiB)
 STARTED = b"preflight-session-started"  # the line a launched command's shell prints first
 NOT_STARTED = "the sshd or the machine is hung or overloaded: check the node's sshd and its logs"
 _CONTROL_DIR_MAX = 60  # a unix socket path has 108 bytes, ssh adds a 17-byte suffix while it binds
