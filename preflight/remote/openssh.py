@@ -315,7 +315,6 @@ class ReachError(NodeError):
 class OpenSSHConnection:
     """One node reached by the system's ssh; start() and open_command() run a program in a session of its own,
     the first one as the master that the later ones share."""
-    kind = "ssh"
 
     def __init__(self, alias: str, timeout: float, accept_new: bool = False, ssh_config: Optional[str] = None):
         self.alias, self.timeout, self.ssh_config = alias, timeout, ssh_config
