@@ -373,9 +373,13 @@ def _node_versions(facts: dict):
     found.update((p, installed.get(p)) for p in FROM_DISTRIBUTIONS)
     found["torch-cuda"] = versions.get("cuda")
     found["python"] = (facts.get("python") or {}).get("version")
-    # The NCCL torch loads is the nvidia-nccl wheel its metadata requires (torch's own Requires-Dist).
+    # The NCCL torch loads is the nvidia-nccl wheel its metadata requires (torch's own Requires-Dist), else the
+    # libnccl.so.2 its libtorch_cuda.so names (NGC, conda: preflight.node.packages.torch_loaded_nccl).
     wheel, found["nccl"] = nccl_wheel(facts)
-    nccl_from = f"{wheel}, the wheel torch depends on" if wheel else "the nvidia-nccl wheel installed"
+    library = packages.get("nccl_library")
+    nccl_from = (f"{wheel}, the wheel torch depends on" if wheel else
+                 f"{library}, the libnccl torch's libtorch_cuda.so loads" if isinstance(library, str) and library else
+                 "the nvidia-nccl wheel installed")
     preload = ((facts.get("env") or {}).get("LD_PRELOAD") or "")
     others = [p for p in preload.replace(" ", ":").split(":") if "nccl" in p.rsplit("/", 1)[-1]]
     if others:

@@ -196,7 +196,10 @@ def known_defects_page(generated: str = "") -> str:
         "",
         f"PKG008 judges every node's versions against these {len(rows)} rows (`{TABLE.name}`, shipped with "
         "preflight): the versions the collector reads from the installed distributions' metadata, the NCCL "
-        "wheel torch depends on, and the driver and CUDA that NVML reports. Versions are compared as pip "
+        "torch loads (the nvidia-nccl wheel it depends on; in NGC containers and conda, where torch is built "
+        "against a libnccl.so.2 of their own, the file its libtorch_cuda.so resolves that name to, in the "
+        "dynamic loader's order, e.g. libnccl.so.2.21.5), and the driver and CUDA that NVML reports. "
+        "Versions are compared as pip "
         "compares them: a local label (`+cu121`) never hides a release, and a pre-release (NGC's `2.8.0a0`) "
         "sorts below its release.",
         "",

@@ -56,6 +56,7 @@ STATE_FILE = "state.json"
 DOWN_STATE_FILE = "state.down.json"  # what a failed `up` leaves next to the logs
 LOCK_FILE = "/run/lock/preflight-testcluster.lock" if os.path.isdir("/run/lock") else "/tmp/preflight-testcluster.lock"
 LOOPBACK_TRAP_IP = "127.0.1.1"
+KERBEROS_REALM = "PREFLIGHT.TEST"
 # The nodes cannot reach the machine's DNS server (nothing is forwarded): point them at their own loopback,
 # where nothing listens, so a name missing from /etc/hosts fails at once instead of after a 5 s timeout per
 # try (`getent hosts NAME` asks for AF_INET6 first and falls through to DNS for every name).
@@ -76,9 +77,9 @@ class ClusterError(RuntimeError):
 # ---------------------------------------------------------------------------------------------- helpers
 
 def _run(argv: Sequence[str], check: bool = True, input: Optional[str] = None,
-         timeout: float = 30) -> subprocess.CompletedProcess:
+         timeout: float = 30, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=timeout,
+        proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=timeout, env=env,
                               **({"stdin": subprocess.DEVNULL} if input is None else {}))
     except FileNotFoundError as exc:
         raise ClusterError(f"{argv[0]}: not installed ({exc})") from None
@@ -651,13 +652,13 @@ class Cluster:
         pattern = re.compile(re.escape(c["netns_prefix"] + c["prefix"]) + r"\d+")
         namespaces |= {ns for ns in netns_list() if pattern.fullmatch(ns)}
         _teardown(sorted(namespaces), [n["veth"] for n in nodes], c["bridge"],
-                  recorded=[(n.get("pid"), n["netns"]) for n in nodes] + [(n.get("ntp_pid"), n["netns"]) for n in nodes],
+                  recorded=[(n.get(key), n["netns"]) for n in nodes for key in ("pid", "ntp_pid", "kdc_pid")],
                   marker=str(self.dir), collect=self._collect)
         if remove_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
         elif state is not None:
             for n in state["nodes"]:
-                n["pid"] = n["ntp_pid"] = None
+                n["pid"] = n["ntp_pid"] = n["kdc_pid"] = None
             state["status"] = "down"
             with contextlib.suppress(OSError):
                 self._save(state)
@@ -1066,24 +1067,14 @@ class Cluster:
                             f"local stratum 8\nallow {self._config['subnet']}.0/24\n"
                             f"bindaddress {n['ip']}\ncmdport 0\nbindcmdaddress /\n"
                             f"pidfile {ndir / 'chronyd.pid'}\ndriftfile {ndir / 'chrony.drift'}\nuser root\n")
-            with open(ndir / "chrony.log", "ab") as log:
-                proc = subprocess.Popen(["ip", "netns", "exec", n["netns"], chronyd, "-d", "-x", "-f", str(conf)],
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, close_fds=True)
-            self._procs[proc.pid] = proc
-            n["ntp_pid"] = proc.pid
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise ClusterError(f"chronyd on {node} exited:\n" + _tail(ndir / "chrony.log"))
-            with contextlib.suppress(OSError, ClusterError):
-                answer = ntp_query(n["ip"], timeout=0.5)
-                if answer["leap"] != 3 and answer["stratum"] not in (0, 16):
-                    return n["ip"]
-            if time.monotonic() > deadline:
-                raise ClusterError(f"chronyd on {node} gave no synchronized answer in {timeout:g} s:\n"
-                                   + _tail(ndir / "chrony.log"))
-            time.sleep(0.2)
+            proc = self._start_daemon(n, "ntp_pid", [chronyd, "-d", "-x", "-f", str(conf)], ndir / "chrony.log")
+
+        def synchronized():
+            answer = ntp_query(n["ip"], timeout=0.5)
+            return answer["leap"] != 3 and answer["stratum"] not in (0, 16)
+
+        self._wait_ready(proc, synchronized, f"chronyd on {node} (a synchronized answer)", ndir / "chrony.log", timeout)
+        return n["ip"]
 
     def stop_ntp_server(self, node: str) -> None:
         with self._mutate() as state:
@@ -1091,12 +1082,85 @@ class Cluster:
             self._kill(n.get("ntp_pid"), n["netns"], str(Path(n["dir"]) / "chrony.conf"))
             n["ntp_pid"] = None
 
+    def start_kdc(self, node: str, timeout: float = 15) -> Dict[str, str]:
+        """A Kerberos realm (KERBEROS_REALM) served by krb5kdc in the node's netns, as a site's KDC: principals
+        root@REALM and host/NAME@REALM for every node, their keys in keytabs. Returns the files a client and an
+        sshd need: `krb5.conf` (KRB5_CONFIG), `hosts.keytab` (KRB5_KTNAME for sshd), `root.keytab` (kinit -k)."""
+        krb5kdc = shutil.which("krb5kdc") or "/usr/sbin/krb5kdc"
+        if not os.access(krb5kdc, os.X_OK):
+            raise ClusterError("krb5kdc not found (apt-get install krb5-kdc krb5-admin-server krb5-user)")
+        with self._mutate() as state:
+            n = self._node(state, node)
+            folder = Path(n["dir"]) / "kerberos"
+            files = {name: str(folder / name) for name in ("krb5.conf", "hosts.keytab", "root.keytab")}
+            if n.get("kdc_pid") and _alive(n["kdc_pid"]):
+                return files
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            realm = KERBEROS_REALM
+            (folder / "krb5.conf").write_text(
+                f"[libdefaults]\n    default_realm = {realm}\n    dns_lookup_kdc = false\n"
+                f"    dns_lookup_realm = false\n    rdns = false\n    dns_canonicalize_hostname = false\n"
+                f"[realms]\n    {realm} = {{\n        kdc = {n['ip']}:88\n    }}\n")
+            (folder / "kdc.conf").write_text(
+                f"[kdcdefaults]\n    kdc_ports = 88\n    kdc_tcp_ports = 88\n[realms]\n    {realm} = {{\n"
+                f"        database_name = {folder / 'principal'}\n        key_stash_file = {folder / 'stash'}\n"
+                f"        acl_file = {folder / 'kadm5.acl'}\n    }}\n[logging]\n    kdc = FILE:{folder / 'kdc.log'}\n")
+            env = dict(os.environ, KRB5_CONFIG=files["krb5.conf"], KRB5_KDC_PROFILE=str(folder / "kdc.conf"))
+            _run(["kdb5_util", "-r", realm, "-P", "preflight-test-master", "create", "-s"], env=env)
+            principals = {"root.keytab": [f"root@{realm}"],
+                          "hosts.keytab": [f"host/{other['name']}@{realm}" for other in state["nodes"]]}
+            for keytab, names in principals.items():
+                for name in names:
+                    _run(["kadmin.local", "-q", f"addprinc -randkey {name}"], env=env)
+                    _run(["kadmin.local", "-q", f"ktadd -k {files[keytab]} {name}"], env=env)
+            proc = self._start_daemon(n, "kdc_pid", [krb5kdc, "-n", "-r", realm], folder / "kdc.log", env=env)
+
+        def listening():
+            socket.create_connection((n["ip"], 88), timeout=0.5).close()
+            return True
+
+        self._wait_ready(proc, listening, f"krb5kdc on {node} (port 88)", folder / "kdc.log", timeout)
+        return files
+
+    def _start_daemon(self, n: Dict[str, Any], key: str, argv: Sequence[str], log: Path,
+                      env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+        """A daemon in the node's netns, in a session of its own, its output appended to `log`; its PID kept in
+        the node's state under `key` (down() ends it with the namespace)."""
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(["ip", "netns", "exec", n["netns"], *argv], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        self._procs[proc.pid] = proc
+        n[key] = proc.pid
+        return proc
+
+    @staticmethod
+    def _wait_ready(proc: subprocess.Popen, ready: Any, what: str, log: Path, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise ClusterError(f"{what}: exited:\n" + _tail(log))
+            with contextlib.suppress(OSError, ClusterError):
+                if ready():
+                    return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{what}: not ready in {timeout:g} s:\n" + _tail(log))
+            time.sleep(0.1)
+
+    def stop_kdc(self, node: str) -> None:
+        with self._mutate() as state:
+            n = self._node(state, node)
+            self._kill(n.get("kdc_pid"), n["netns"], KERBEROS_REALM)
+            n["kdc_pid"] = None
+
     # ---- undo everything
     def restore(self, node: str) -> None:
         """Reverse every fault on one node and make sure its sshd answers."""
         n = self._node(self.state(), node)
         if n.get("ntp_pid"):
             self.stop_ntp_server(node)
+        if n.get("kdc_pid"):
+            self.stop_kdc(node)
         if n.get("slow_link"):
             self.fast_link(node)
         if n.get("slow_path"):

@@ -25,7 +25,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 TABLE = Path(__file__).with_name("known_defects.toml")
-# What a row may judge: the distributions (NCCL is the nvidia-nccl wheel torch depends on), torch's CUDA build,
+# What a row may judge: the distributions (NCCL is the one torch loads: preflight.node.packages), torch's CUDA build,
 # and what NVML reports (the driver and the CUDA version it runs).
 PACKAGES = ("torch", "nccl", "deepspeed", "accelerate", "transformers", "peft", "trl", "flash-attn", "bitsandbytes",
             "torch-cuda", "nvidia-driver", "cuda-driver", "python")

@@ -24,8 +24,12 @@ def facts():
     versions = {name: dists.get(name) for name in KEY_DISTRIBUTIONS}
     versions["cuda"] = torch_cuda_build()
     versions["nccl"] = next((nccl[n] for n in NCCL_DISTRIBUTIONS if n in nccl), None)
+    loaded = torch_loaded_nccl() if versions["nccl"] is None and versions["cuda"] else None
+    if loaded:
+        versions["nccl"] = loaded[0]
     requires = dict((name, requirements(folders[name])) for name in REQUIRING if name in folders)
-    return {"versions": versions, "distributions": dists, "requires": requires}
+    return {"versions": versions, "distributions": dists, "requires": requires,
+            "nccl_library": loaded[1] if loaded else None}
 
 
 DIST_NAME_RUN = re.compile(r"[-_.]+")
@@ -102,14 +106,16 @@ def requirements(folder):
     return found
 
 
-def torch_cuda_build():
-    """torch.version.cuda, read from torch/version.py without importing torch."""
+def torch_folders():
     import importlib.util
 
     spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
+    return list(spec.submodule_search_locations or []) if spec else []
+
+
+def torch_cuda_build():
+    """torch.version.cuda, read from torch/version.py without importing torch."""
+    for folder in torch_folders():
         path = os.path.join(folder, "version.py")
         if os.path.isfile(path):
             for line in open(path, encoding="utf-8"):
@@ -117,3 +123,79 @@ def torch_cuda_build():
                     value = line.split("=", 1)[1].strip().strip("'\"")
                     return None if value == "None" else value
     return None
+
+
+SYSTEM_LIBRARY_FOLDERS = ("/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+                          "/usr/lib", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/lib64", "/lib")
+
+
+def torch_loaded_nccl():
+    """The version of the libnccl a CUDA build of torch loads where no nvidia-nccl wheel brings it (NGC containers
+    and conda build torch against a libnccl.so.2 of their own): only where libtorch_cuda.so names libnccl.so.2
+    among its needed libraries (a torch that links NCCL into itself loads none), found where the dynamic loader
+    looks (ld.so(8): DT_RPATH, LD_LIBRARY_PATH, DT_RUNPATH, then the system's folders in place of its cache),
+    its version from the file the name resolves to (libnccl.so.2.20.3). (version, that file) or None where any of it
+    is not known."""
+    for folder in torch_folders():
+        library = os.path.join(folder, "lib", "libtorch_cuda.so")
+        dynamic = elf_dynamic(library)
+        if dynamic is None:
+            continue
+        needed, rpath, runpath = dynamic
+        name = next((n for n in needed if n.startswith("libnccl.so")), None)
+        if name is None:
+            return None
+        origin = os.path.dirname(library)
+        search = (rpath if not runpath else []) + [f for f in os.environ.get("LD_LIBRARY_PATH", "").split(":") if f]
+        search = [f.replace("${ORIGIN}", origin).replace("$ORIGIN", origin) for f in search + runpath]
+        for candidate in search + list(SYSTEM_LIBRARY_FOLDERS):
+            path = os.path.join(candidate, name)
+            if os.path.isfile(path):
+                real = os.path.realpath(path)
+                found = re.match(r"libnccl\.so\.(\d+\.\d+\.\d+)$", os.path.basename(real))
+                return (found.group(1), real) if found else None
+        return None
+    return None
+
+
+ELF_READ_BYTES = 1 << 20  # the section headers and .dynamic of a shared object: far less
+
+
+def elf_dynamic(path):
+    """(DT_NEEDED names, DT_RPATH folders, DT_RUNPATH folders) of a 64-bit little-endian ELF shared object, read
+    from its section headers, its .dynamic section and the strings they name (a few small reads, whatever the
+    file's size, never loaded); None where the file is not one or cannot be read."""
+    import struct
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO put there cannot stall the run
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            head = handle.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4:6] != b"\x02\x01":
+                return None
+            shoff = struct.unpack_from("<Q", head, 0x28)[0]
+            entsize, count = struct.unpack_from("<HH", head, 0x3A)
+            if entsize != 64 or count * 64 > ELF_READ_BYTES:
+                return None
+            handle.seek(shoff)
+            table = handle.read(count * 64)
+            sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * 64) for i in range(len(table) // 64)]
+            dynamic = next((sec for sec in sections if sec[1] == 6), None)  # SHT_DYNAMIC
+            if dynamic is None or dynamic[6] >= len(sections) or dynamic[5] > ELF_READ_BYTES:
+                return None
+            strings_at = sections[dynamic[6]][4]  # sh_link: its string table
+            handle.seek(dynamic[4])
+            data = handle.read(dynamic[5])
+            tags = {1: [], 15: [], 29: []}  # DT_NEEDED, DT_RPATH, DT_RUNPATH
+            for tag, value in (struct.unpack_from("<qQ", data, i) for i in range(0, len(data) - 15, 16)):
+                if tag == 0:  # DT_NULL
+                    break
+                if tag in tags and len(tags[tag]) < 256:
+                    handle.seek(strings_at + value)
+                    tags[tag].append(handle.read(4096).split(b"\0", 1)[0].decode("utf-8", "replace"))
+    except (OSError, struct.error, OverflowError, ValueError):
+        return None
+    split = lambda values: [f for v in values for f in v.split(":") if f]  # noqa: E731
+    return tags[1], split(tags[15]), split(tags[29])

@@ -353,9 +353,11 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
 def _paramiko_limits(options: GatherOptions) -> None:
     """One line on stderr where the ssh_config uses what paramiko does not honour: its nodes may fail where
     `ssh NODE true` works, and the user is told so before, never left to find out."""
-    from preflight.remote.ssh import unhonoured
+    from preflight.remote.ssh import SYSTEM_SSH_CONFIG, unhonoured
 
     found = unhonoured(options.ssh_config or os.path.expanduser("~/.ssh/config"))
+    if not options.ssh_config:  # ssh reads the system's config after the user's; paramiko never reads it
+        found += unhonoured(SYSTEM_SSH_CONFIG, read=False)
     if found:
         why = "--ssh paramiko" if options.ssh_client == "paramiko" else "no `ssh` on this machine: paramiko"
         shown = "; ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")

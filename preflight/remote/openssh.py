@@ -45,17 +45,27 @@ def available() -> bool:
 
 
 def base_argv(ssh_config: Optional[str], accept_new: bool, timeout: float) -> List[str]:
-    """ssh with the run's options: never a prompt, the run's deadline for the TCP connection and the banner
-    (ssh's ConnectTimeout covers both), the unknown keys trusted only when asked."""
+    """ssh with the run's options: the run's deadline for the TCP connection and the banner (ssh's ConnectTimeout
+    covers both), the unknown keys trusted only when asked; never a prompt (no_prompt_environment)."""
     argv = [shutil.which("ssh") or "ssh"]
     if ssh_config:
         argv += ["-F", ssh_config]
-    argv += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, math.ceil(timeout))}"]
+    argv += ["-o", f"ConnectTimeout={max(1, math.ceil(timeout))}"]
     if accept_new:
         argv += ["-o", "StrictHostKeyChecking=accept-new"]
     if not _sets_key_exchange(ssh_config):
         argv += ["-o", FAST_KEX]
     return argv
+
+
+def no_prompt_environment() -> dict:
+    """The environment of every ssh preflight starts: each prompt it would show (a passphrase, a PIN, a password,
+    a host key to confirm) goes to SSH_ASKPASS, which answers nothing (SSH_ASKPASS_REQUIRE=force, OpenSSH 8.4+);
+    an older ssh finds no terminal to ask on (each runs in a session of its own) and asks SSH_ASKPASS only where
+    DISPLAY is set. Not BatchMode: in batch mode ssh lists no key of a PKCS#11 token that needs a PIN ("pin
+    required", ssh-pkcs11.c), so with IdentitiesOnly it would not offer the agent's copy of that key, which
+    `ssh NODE true` uses without a prompt. A BatchMode line of the user's own config is left as it is."""
+    return dict(os.environ, SSH_ASKPASS=shutil.which("false") or "/bin/false", SSH_ASKPASS_REQUIRE="force")
 
 
 # OpenSSH 9 prefers the post-quantum sntrup761x25519 exchange: 140 ms of the client's CPU per connection (measured:
@@ -356,7 +366,7 @@ class OpenSSHConnection:
             argv = self.argv + how + ["-S", socket_path, "-tt" if pty else "-T", "--", self.alias, command]
             try:
                 return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True), master
+                                        start_new_session=True, env=no_prompt_environment()), master
             except OSError as exc:
                 raise NodeError("ssh", f"cannot run {argv[0]}: {exc.strerror or exc}",
                                 "install the OpenSSH client, or pass --ssh paramiko") from None

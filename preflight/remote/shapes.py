@@ -254,7 +254,8 @@ CENSUS = Obj(
 # (preflight.job.view): a node's launch is open-ended.
 SECTIONS = {
     "python": Obj(executable=TEXT, version=str, cwd=str, error=ERROR),  # sys.executable: None where unknown
-    "packages": Obj(versions=Keyed(TEXT), distributions=Keyed(TEXT), requires=Keyed(Each(str)), error=ERROR),
+    "packages": Obj(versions=Keyed(TEXT), distributions=Keyed(TEXT), requires=Keyed(Each(str)), nccl_library=TEXT,
+                    error=ERROR),
     "host": Obj(hostname=str, fqdn=str, interfaces=Keyed(Each(str)),
                 links=Keyed(Obj(up=(bool, NONE), running=(bool, NONE), ipv4=Either(NONE, Each(str)), ipv6=Each(str),
                                 mtu=COUNT)),

@@ -6,6 +6,7 @@ the remote command is fixed, and the program and its options travel on stdin.
 """
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import re
@@ -105,10 +106,14 @@ NO_BEARING = {"loglevel", "serveraliveinterval", "serveralivecountmax", "compres
               "numberofpasswordprompts", "rekeylimit", "streamlocalbindunlink", "ipqos", "checkhostip"}
 
 
-def unhonoured(path: str) -> List[str]:
+SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
+
+
+def unhonoured(path: str, read: bool = True) -> List[str]:
     """`FILE line N: Keyword` for each line of an ssh_config that OpenSSH honours and this client does not
     (Include, ProxyCommand, CertificateFile, GSSAPI, hostbased, PKCS#11 ...), and `@cert-authority` lines of the
-    known_hosts files it names; [] for a file that is not there."""
+    known_hosts files it names; [] for a file that is not there. read=False: a file this client never reads (the
+    system's), where every line that bears on reaching a node is lost (an Include of no file loses nothing)."""
     found = []
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -121,7 +126,10 @@ def unhonoured(path: str) -> List[str]:
             continue
         keyword = words[0].lower()
         off = len(words) > 1 and words[1].lower() in ("no", "none")  # GSSAPIAuthentication no: nothing lost
-        if keyword not in HONOURED and keyword not in NO_BEARING and not off:
+        lost = keyword not in HONOURED or (not read and keyword not in ("host", "match"))
+        if not read and keyword == "include":
+            lost = any(glob.glob(os.path.join(os.path.dirname(path), pattern)) for pattern in words[1:])
+        if lost and keyword not in NO_BEARING and not off:
             found.append(f"{path} line {number}: {words[0]}")
         if keyword in ("userknownhostsfile", "globalknownhostsfile"):
             for known in words[1:]:

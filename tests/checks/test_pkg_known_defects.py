@@ -4,6 +4,8 @@ runtime extras, never [dev]); the table's own validation, its docs and explain; 
 real test cluster, judged against the DeepSpeed config given to check."""
 import copy
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -207,6 +209,71 @@ def test_the_nccl_version_comes_from_the_first_wheel_that_has_one(tmp_path, monk
     second = stage(tmp_path / "second", {"nvidia-nccl-cu12": "2.27.5"})
     monkeypatch.setattr(sys, "path", [str(first), str(second)] + sys.path)
     assert packages.facts()["versions"]["nccl"] == "2.27.5"
+
+
+def shared_object(path, *flags):
+    """A real ELF shared object built by the C compiler (its soname and needed libraries from `flags`)."""
+    source = path.parent / "empty.c"
+    source.write_text("int preflight_test_symbol;\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(path), str(source), *flags], check=True, capture_output=True,
+                   timeout=60)
+    return path
+
+
+def libnccl(folder, version):
+    """libnccl.so.VERSION with the soname libnccl.so.2 and its link, as NCCL's packages install it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shared_object(folder / f"libnccl.so.{version}", "-Wl,-soname,libnccl.so.2")
+    (folder / "libnccl.so.2").symlink_to(f"libnccl.so.{version}")
+    return folder
+
+
+def cuda_torch(site, *link):
+    """A CUDA build of torch with no nvidia-nccl wheel (NGC, conda): its version.py and a libtorch_cuda.so
+    linked by the compiler with `link`."""
+    stage(site, {"torch": "2.5.0a0+e000cf0ad9.nv24.10"})
+    (site / "torch" / "lib").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("")
+    (site / "torch" / "version.py").write_text("__version__ = '2.5.0a0'\ncuda = '12.6'\n")
+    return shared_object(site / "torch" / "lib" / "libtorch_cuda.so", *link)
+
+
+def loader_resolves(library, env):
+    """Where the dynamic loader itself (ldd) resolves libnccl.so.2 for `library`."""
+    out = subprocess.run(["ldd", str(library)], capture_output=True, text=True, env=env, timeout=30).stdout
+    line = next(line for line in out.splitlines() if "libnccl.so.2" in line)
+    return os.path.realpath(line.split("=>")[1].split("(")[0].strip())
+
+
+def test_the_nccl_a_torch_without_the_wheel_loads_is_the_file_the_loader_finds(tmp_path, monkeypatch):
+    """NGC and conda build torch against a libnccl.so.2 of their own (no nvidia-nccl wheel): the version judged is
+    the file libtorch_cuda.so's libnccl.so.2 resolves to, in the dynamic loader's order (DT_RPATH before
+    LD_LIBRARY_PATH, LD_LIBRARY_PATH before DT_RUNPATH), proven against the loader (ldd); PKG008 names that file.
+    A torch that names no libnccl (NCCL linked into itself) is not given the system's."""
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # a node's collector has not imported torch
+    system = libnccl(tmp_path / "system", "2.28.9")
+    conda = libnccl(tmp_path / "conda" / "lib", "2.19.3")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(system))
+    env = dict(os.environ)
+    cases = {"runpath": (["-Wl,--enable-new-dtags", f"-Wl,-rpath,{conda}"], "2.28.9", system),
+             "rpath": (["-Wl,--disable-new-dtags", f"-Wl,-rpath,{conda}"], "2.19.3", conda)}
+    for name, (dtags, version, folder) in cases.items():
+        site = tmp_path / name
+        library = cuda_torch(site, *dtags, f"-L{system}", "-Wl,--no-as-needed", "-l:libnccl.so.2")
+        facts = collected(site, monkeypatch)
+        assert facts["versions"]["nccl"] == version, name
+        assert facts["nccl_library"] == loader_resolves(library, env) == str(folder / f"libnccl.so.{version}")
+    state = node_state(facts)
+    state["n01"]["facts"]["host"]["machine"] = "aarch64"
+    state["n01"]["facts"]["packages"]["versions"]["nccl"] = "2.28.9"
+    state["n01"]["facts"]["packages"]["nccl_library"] = str(system / "libnccl.so.2.28.9")
+    [hang] = [r for r in run("PKG008", state) if r.evidence.get("defect") == "nccl-2.28.9-aarch64-proxy-hang"]
+    assert f"{system}/libnccl.so.2.28.9, the libnccl torch's libtorch_cuda.so loads" in hang.message
+    static = tmp_path / "static"
+    cuda_torch(static)
+    facts = collected(static, monkeypatch)
+    assert facts["versions"]["nccl"] is None and facts["nccl_library"] is None
 
 
 def test_the_collector_keeps_only_the_requirements_it_judges(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ known_hosts file preflight creates."""
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import stat
@@ -28,19 +29,27 @@ from preflight.result import Status
 CLIENTS = ("openssh", "paramiko")  # the default, and the fallback where no ssh is installed (--ssh paramiko)
 
 
-def ssh001(cluster, config, hosts, *extra, env=None):
-    """preflight's SSH001 for each host: {host: result}, after a real run of `preflight check`."""
-    args = [sys.executable, "-m", "preflight", "check", "--hosts", hosts, "--ssh-config", str(config),
+def ssh001(cluster, config, hosts, *extra, env=None, binds=None):
+    """preflight's SSH001 for each host: {host: result}, after a real run of `preflight check` (config None:
+    no --ssh-config, as ssh without -F; binds: what it sees of the machine's files, see private_mounts)."""
+    args = [sys.executable, "-m", "preflight", "check", "--hosts", hosts,
+            *(["--ssh-config", str(config)] if config else []),
             "--python", sys.executable, "--json", "--only", "SSH001", *extra]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(private_mounts(binds, args), capture_output=True, text=True, timeout=120, env=env)
     assert "Traceback" not in proc.stderr, proc.stderr
     return results(json.loads(proc.stdout), "SSH001")
 
 
-def openssh(config, host, *extra, env=None, timeout=30):
-    """The real OpenSSH client with the same ssh_config: (exit code, stdout, stderr)."""
-    proc = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", *extra, host, "hostname"],
-                          capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+def openssh(config, host, *extra, env=None, timeout=30, binds=None, batch=True):
+    """The real OpenSSH client with the same ssh_config (None: no -F): (exit code, stdout, stderr). batch=False:
+    `ssh NODE hostname` as a user types it, proven to need no prompt (no terminal, and every prompt answered by
+    nothing through SSH_ASKPASS)."""
+    argv = ["ssh", *(["-F", str(config)] if config else []), *(["-o", "BatchMode=yes"] if batch else []), *extra,
+            host, "hostname"]
+    if not batch:
+        env = dict(env or os.environ, SSH_ASKPASS="/bin/false", SSH_ASKPASS_REQUIRE="force")
+    proc = subprocess.run(private_mounts(binds, argv), capture_output=True, text=True, timeout=timeout, env=env,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
     return proc.returncode, proc.stdout.strip(), proc.stderr
 
 
@@ -153,15 +162,16 @@ def test_proxyjump_none_and_a_jump_host_that_would_jump_through_itself(cluster, 
 # ---------------------------------------------------------------------------------------------- keys
 
 @contextlib.contextmanager
-def sshd_with(cluster, node, port, *options):
-    """A second sshd on the node (its namespaces, its host key), on `port`, with extra sshd_config lines."""
+def sshd_with(cluster, node, port, *options, binds=None, env=None):
+    """A second sshd on the node (its namespaces, its host key), on `port`, with extra sshd_config lines;
+    `binds` ({target: source}) are seen by it alone (private_mounts), `env` added to its environment."""
     conf = cluster.node_dir(node) / "sshd_config"
     extra = cluster.node_dir(node).parent / f"{node}-sshd-{port}"
     # sshd takes the first value of each keyword (ListenAddress adds up: it is replaced)
     extra.write_text(f"PidFile {extra}.pid\n" + "".join(f"{o}\n" for o in options) + conf.read_text()
                      .replace(f"ListenAddress {cluster.ip(node)}\n", f"ListenAddress {cluster.ip(node)}:{port}\n"))
-    proc = cluster.node_popen(node, [testcluster.SSHD, "-D", "-e", "-f", str(extra)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    proc = cluster.node_popen(node, private_mounts(binds or {}, [testcluster.SSHD, "-D", "-e", "-f", str(extra)]),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -177,6 +187,36 @@ def sshd_with(cluster, node, port, *options):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(10)
+
+
+class Over:
+    """A folder laid over a target folder (overlayfs) rather than in its place: the target's files stay, the
+    folder's are added or replace them, and a whiteout in it (hide(): a 0/0 character device) hides one."""
+
+    def __init__(self, upper):
+        self.upper = Path(upper)
+        self.upper.mkdir(parents=True, exist_ok=True)
+
+    def hide(self, name):
+        os.mknod(self.upper / name, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+        return self
+
+
+def private_mounts(binds, argv):
+    """argv in a mount namespace of its own where each source (a folder or a file, or an Over) is seen at its
+    target: the machine's /etc/ssh, /etc/hosts or home folder as a site's image has them, for that process alone."""
+    if not binds:
+        return list(argv)
+    mounts = []
+    for target, source in binds.items():
+        if isinstance(source, Over):
+            work = source.upper.with_name(source.upper.name + ".work")
+            work.mkdir(exist_ok=True)
+            mounts.append(f"mount -t overlay overlay -o lowerdir={target},upperdir={source.upper},workdir={work} "
+                          f"{shlex.quote(str(target))}")
+        else:
+            mounts.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(str(target))}")
+    return ["unshare", "--mount", "sh", "-c", " && ".join(mounts) + ' && exec "$@"', "sh", *argv]
 
 
 @contextlib.contextmanager
@@ -244,6 +284,41 @@ def test_identities_only_and_the_order_keys_are_offered_in(cluster, tmp_path):
             assert openssh(only, "node02", env=env)[:2] == (0, "node02")
             for client in CLIENTS:
                 assert ssh001(cluster, only, "node02", "--ssh", client, env=env)["node02"]["status"] == "pass", client
+
+
+@pytest.mark.cluster
+def test_nothing_is_ever_asked_on_the_terminal_or_through_the_users_askpass(cluster, tmp_path):
+    """preflight run from a terminal, with everything that makes ssh ask: a key with a passphrase and no agent,
+    an sshd that takes passwords and keyboard-interactive answers, a host key it has never seen (ssh's default
+    StrictHostKeyChecking ask), and the user's own askpass program with DISPLAY set (a GUI prompt under X11
+    forwarding). Nothing is shown on the terminal nor asked through that program; the node fails in ssh's words."""
+    encrypted = tmp_path / "encrypted"
+    encrypted.write_bytes(cluster.identity.read_bytes())
+    encrypted.chmod(0o600)
+    subprocess.run(["ssh-keygen", "-q", "-p", "-P", "", "-N", "secret", "-f", str(encrypted)], check=True,
+                   capture_output=True, timeout=30)
+    asked = tmp_path / "asked"
+    askpass = tmp_path / "askpass"
+    askpass.write_text(f"#!/bin/sh\necho \"$1\" >> {asked}\necho wrong\n")
+    askpass.chmod(0o700)
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host node02\n    HostName {cluster.ip('node02')}\n    Port 2210\n    User root\n"
+                      f"    IdentityFile {encrypted}\n    IdentitiesOnly yes\n"
+                      f"    UserKnownHostsFile {tmp_path / 'known_hosts'}\n")
+    env = dict(os.environ, DISPLAY=":99", SSH_ASKPASS=str(askpass))
+    env.pop("SSH_AUTH_SOCK", None)
+    for known in ("", f"[{cluster.ip('node02')}]:2210 {(cluster.node_dir('node02') / 'ssh_host_ed25519_key.pub').read_text()}"):
+        (tmp_path / "known_hosts").write_text(known)
+        command = shlex.join([sys.executable, "-m", "preflight", "check", "--hosts", "node02", "--ssh-config",
+                              str(config), "--python", sys.executable, "--only", "SSH001", "--timeout", "10"])
+        with sshd_with(cluster, "node02", 2210, "PasswordAuthentication yes", "KbdInteractiveAuthentication yes"):
+            proc = subprocess.run(["script", "-qec", command, "/dev/null"], capture_output=True, text=True, env=env,
+                                  timeout=60)
+        shown = proc.stdout.lower()
+        assert proc.returncode != 0 and "ssh001" in shown, proc.stdout
+        assert not any(word in shown for word in ("passphrase", "password:", "continue connecting")), proc.stdout
+        assert not asked.exists(), asked.read_text()
+        assert ("host key" if not known else "authentication failed") in shown, proc.stdout
 
 
 # ---------------------------------------------------------------------------------------------- handshake

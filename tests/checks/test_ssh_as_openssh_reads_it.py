@@ -1,9 +1,12 @@
 """If `ssh NODE true` works, preflight reaches NODE: what real sites put in ssh_config, each scenario proven
 first with the real OpenSSH client and then with `preflight check` (its default client is that same ssh):
 an Include tree, a ProxyCommand through a bastion, host certificates (@cert-authority) and user certificates
-(TrustedUserCAKeys) signed with ssh-keygen -s, a ProxyCommand that hangs, IdentityAgent and KnownHostsCommand. paramiko (--ssh paramiko) says in
-one line what of the config it does not honour. Nothing is left behind: no control folder, no ssh process."""
+(TrustedUserCAKeys) signed with ssh-keygen -s, a ProxyCommand that hangs, IdentityAgent and KnownHostsCommand,
+the system's /etc/ssh/ssh_config with ssh_config.d, CanonicalizeHostname and hostbased authentication, GSSAPI with
+a Kerberos ticket from a real KDC, a key on a PKCS#11 token. paramiko (--ssh paramiko) says in one line what of the
+config it does not honour. Nothing is left behind: no control folder, no ssh process."""
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -11,7 +14,7 @@ import sys
 import pytest
 
 from cluster import cluster, cluster_up, testcluster  # noqa: F401  (fixtures)
-from test_ssh import new_key, openssh, ssh001, ssh_agent, ssh_only_from, ssh_processes_on, sshd_with
+from test_ssh import Over, new_key, openssh, private_mounts, ssh001, ssh_agent, ssh_only_from, ssh_processes_on, sshd_with
 
 
 def host_block(cluster, node, **changes):
@@ -176,6 +179,134 @@ def test_identity_agent_and_known_hosts_command(cluster, tmp_path):
     assert ssh["status"] == "fail" and ssh["evidence"]["reason"] == "host-key-unknown", ssh
 
 
+def with_names(tmp_path, names):
+    """This machine's /etc/hosts with more names ({name: address}), as a site's DNS would answer them."""
+    hosts = tmp_path / "hosts"
+    with open("/etc/hosts", encoding="utf-8") as system:
+        hosts.write_text(system.read() + "".join(f"{address} {name}\n" for name, address in names.items()))
+    return hosts
+
+
+def host_key(cluster, node):
+    return " ".join((cluster.node_dir(node) / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+
+
+@pytest.mark.cluster
+def test_the_systems_own_config_canonical_names_and_hostbased_authentication(cluster, tmp_path):
+    """What a site's image carries, and no user key at all: /etc/ssh/ssh_config includes ssh_config.d/*.conf,
+    short names are canonicalized into the cluster's domain (CanonicalizeHostname), and nodes trust each other's
+    host keys (hostbased authentication: ssh-keysign signs with the client's host key; the server finds it in
+    known_hosts and the client in .shosts). preflight is given no --ssh-config, as ssh is given no -F."""
+    node, port, login = "node02", 2207, cluster.login_ip
+    etc = tmp_path / "etc_ssh"
+    (etc / "ssh_config.d").mkdir(parents=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(etc / "ssh_host_ed25519_key")],
+                   check=True, capture_output=True, timeout=30)
+    (etc / "ssh_known_hosts").write_text(f"[{node}.cluster.test]:{port} {host_key(cluster, node)}\n")
+    (etc / "ssh_config").write_text("Include /etc/ssh/ssh_config.d/*.conf\nHost *\n    EnableSSHKeysign yes\n")
+    (etc / "ssh_config.d" / "cluster.conf").write_text(
+        "CanonicalizeHostname yes\nCanonicalDomains cluster.test\n"
+        f"Host *.cluster.test\n    Port {port}\n    User root\n    HostbasedAuthentication yes\n"
+        "    PubkeyAuthentication no\n    StrictHostKeyChecking yes\n")
+    home = pwd.getpwuid(os.getuid()).pw_dir  # ssh's home (~/.ssh), whatever $HOME says
+    # ssh asks the resolver for the absolute name (a final dot): a DNS server takes both, /etc/hosts the one listed
+    names = {f"{node}.cluster.test {node}.cluster.test.": cluster.ip(node)}
+    site = {"/etc/ssh": etc, "/etc/hosts": with_names(tmp_path, names),
+            home: Over(tmp_path / "client_home").hide(".ssh")}  # no user config, no user key
+    server_home = Over(tmp_path / "server_home")
+    (server_home.upper / ".ssh").mkdir()
+    login_key = " ".join((etc / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+    (server_home.upper / ".ssh" / "known_hosts").write_text(f"login,{login} {login_key}\n")
+    shosts = server_home.upper / ".shosts"
+    shosts.write_text(f"login root\n{login} root\n")
+    with sshd_with(cluster, node, port, "HostbasedAuthentication yes", "IgnoreRhosts no", "PubkeyAuthentication no",
+                   binds={home: server_home}):
+        assert openssh(None, node, binds=site)[:2] == (0, node)
+        assert ssh001(cluster, None, node, binds=site)[node]["status"] == "pass"
+        paramiko = subprocess.run(private_mounts(site, [
+            sys.executable, "-m", "preflight", "check", "--hosts", node, "--python", sys.executable, "--only", "SSH001",
+            "--ssh", "paramiko", "--timeout", "5"]), capture_output=True, text=True, timeout=120)
+        assert ("--ssh paramiko does not honour /etc/ssh/ssh_config line 1: Include; /etc/ssh/ssh_config line 3: "
+                "EnableSSHKeysign; OpenSSH's client (--ssh openssh) does") in paramiko.stderr, paramiko.stderr
+        shosts.write_text("")  # the server no longer trusts the login host: refused by both
+        assert "Permission denied (hostbased)" in openssh(None, node, binds=site)[2]
+        ssh = ssh001(cluster, None, node, binds=site)[node]
+    assert ssh["status"] == "fail" and ssh["evidence"]["reason"] == "auth", ssh
+    assert not ssh_processes_on(etc / "ssh_config")
+
+
+@pytest.mark.cluster
+def test_gssapi_authentication_with_a_kerberos_ticket(cluster, tmp_path):
+    """A realm whose KDC runs on node01; node02's sshd accepts GSSAPI alone (its host/node02 key in a keytab);
+    the user holds a ticket (kinit) and no key. Without a ticket both ssh and SSH001 are refused."""
+    node, port = "node02", 2208
+    realm = cluster.start_kdc("node01")
+    try:
+        env = dict(os.environ, KRB5_CONFIG=realm["krb5.conf"], KRB5CCNAME=f"FILE:{tmp_path / 'ccache'}")
+        subprocess.run(["kinit", "-k", "-t", realm["root.keytab"], f"root@{testcluster.KERBEROS_REALM}"], env=env,
+                       check=True, capture_output=True, timeout=30)
+        known = tmp_path / "known_hosts"
+        known.write_text(f"[{node}]:{port} {host_key(cluster, node)}\n")
+        config = tmp_path / "ssh_config"
+        config.write_text(f"Host {node}\n    Port {port}\n    User root\n    GSSAPIAuthentication yes\n"
+                          f"    PubkeyAuthentication no\n    UserKnownHostsFile {known}\n    StrictHostKeyChecking yes\n")
+        site = {"/etc/hosts": with_names(tmp_path, {node: cluster.ip(node)})}
+        with sshd_with(cluster, node, port, "GSSAPIAuthentication yes", "PubkeyAuthentication no",
+                       env={"KRB5_CONFIG": realm["krb5.conf"], "KRB5_KTNAME": f"FILE:{realm['hosts.keytab']}"}):
+            assert openssh(config, node, env=env, binds=site)[:2] == (0, node)
+            assert ssh001(cluster, config, node, env=env, binds=site)[node]["status"] == "pass"
+            subprocess.run(["kdestroy"], env=env, check=True, capture_output=True, timeout=30)
+            assert "Permission denied (gssapi" in openssh(config, node, env=env, binds=site)[2]
+            ssh = ssh001(cluster, config, node, env=env, binds=site)[node]
+        assert ssh["status"] == "fail" and ssh["evidence"]["reason"] == "auth", ssh
+    finally:
+        cluster.stop_kdc("node01")
+
+
+SOFTHSM = "/usr/lib/softhsm/libsofthsm2.so"
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(not os.path.exists(SOFTHSM), reason=f"{SOFTHSM} not installed (apt-get install softhsm2 opensc)")
+def test_a_key_that_never_leaves_its_pkcs11_token(cluster, tmp_path, monkeypatch):
+    """The user's key is made on a PKCS#11 token and never leaves it (SoftHSM here; a smart card or an HSM at
+    sites): `ssh-add -s PROVIDER` hands it to the agent once (the PIN is asked then), and the config names the
+    provider (PKCS11Provider) with IdentitiesOnly. `ssh NODE hostname` then needs no prompt, while ssh in batch
+    mode lists no key of a token that needs a PIN ("pin required") and refuses the agent's copy: preflight
+    reaches the node as `ssh NODE` does. Taken out of the agent (`ssh-add -e`), it is refused by both."""
+    node, port = "node02", 2209
+    monkeypatch.setenv("SOFTHSM2_CONF", str(tmp_path / "softhsm2.conf"))
+    (tmp_path / "tokens").mkdir()
+    (tmp_path / "softhsm2.conf").write_text(f"directories.tokendir = {tmp_path / 'tokens'}\nobjectstore.backend = file\n")
+    for argv in (["softhsm2-util", "--init-token", "--free", "--label", "site", "--pin", "1234", "--so-pin", "5678"],
+                 ["pkcs11-tool", "--module", SOFTHSM, "--token-label", "site", "--login", "--pin", "1234",
+                  "--keypairgen", "--key-type", "EC:prime256v1", "--label", "user", "--id", "01"]):
+        subprocess.run(argv, check=True, capture_output=True, timeout=30)
+    public = subprocess.run(["ssh-keygen", "-D", SOFTHSM], check=True, capture_output=True, text=True,
+                            timeout=30).stdout
+    (tmp_path / "authorized_keys").write_text(public)
+    pin = tmp_path / "pin"
+    pin.write_text("#!/bin/sh\necho 1234\n")
+    pin.chmod(0o700)
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[{cluster.ip(node)}]:{port} {host_key(cluster, node)}\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host {node}\n{host_block(cluster, node, Port=str(port), IdentityFile=None)}"
+                      f"    PKCS11Provider {SOFTHSM}\n".replace(str(cluster.known_hosts), str(known)))
+    assert "IdentitiesOnly yes" in config.read_text()
+    with sshd_with(cluster, node, port, f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}"), \
+            ssh_agent(tmp_path) as env:
+        subprocess.run(["ssh-add", "-s", SOFTHSM], env=dict(env, SSH_ASKPASS=str(pin), SSH_ASKPASS_REQUIRE="force"),
+                       check=True, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert openssh(config, node, env=env, batch=False)[:2] == (0, node)
+        assert "pin required" in openssh(config, node, env=env)[2]  # why not BatchMode
+        assert ssh001(cluster, config, node, env=env)[node]["status"] == "pass"
+        subprocess.run(["ssh-add", "-e", SOFTHSM], env=env, check=True, capture_output=True, timeout=30)
+        assert openssh(config, node, env=env, batch=False)[0] != 0
+        ssh = ssh001(cluster, config, node, env=env)[node]
+    assert ssh["status"] == "fail" and ssh["evidence"]["reason"] == "auth", ssh
+
+
 def test_hosts_with_a_user_or_a_port_get_the_ssh_config_lines_to_write():
     for given, lines in (("alice@node01", "Host node01; User alice"), ("node01:2222", "Host node01; Port 2222"),
                          ("ssh://bob@n1:2200", "Host n1; User bob; Port 2200")):
@@ -198,6 +329,16 @@ def test_paramiko_names_each_line_of_the_config_it_does_not_honour(tmp_path):
                                        f"{config} line 8: CertificateFile",
                                        f"{known}: @cert-authority (host certificates)"]
     assert unhonoured(str(tmp_path / "absent")) == []
+    # the system's config (ssh reads it where no -F is given; paramiko never does): what it sets is lost too,
+    # but for an Include that names no file (Debian's ssh_config.d, empty)
+    system = tmp_path / "etc_ssh" / "ssh_config"
+    (system.parent / "ssh_config.d").mkdir(parents=True)
+    system.write_text(f"Include {tmp_path}/absent.d/*.conf\nInclude ssh_config.d/*.conf\nHost *\n"
+                      "    SendEnv LANG LC_*\n    HashKnownHosts yes\n    GSSAPIAuthentication yes\n"
+                      "Host gpu*\n    User svc\n")
+    assert unhonoured(str(system), read=False) == [f"{system} line 6: GSSAPIAuthentication", f"{system} line 8: User"]
+    (system.parent / "ssh_config.d" / "site.conf").write_text("Host *\n")
+    assert unhonoured(str(system), read=False)[0] == f"{system} line 2: Include"
 
 
 def test_the_faster_key_exchange_is_preferred_only_where_the_config_says_nothing_of_it(tmp_path):
