@@ -7,7 +7,8 @@ DeepSpeed's runner do.
 One connection per node: the first program a node runs (the agent, or the launched job) is the master
 (`ssh -M -S SOCKET`, ControlPersist=no, its socket in a private folder preflight removes), and every later
 one (the all-reduce) runs in a session of its own multiplexed over it, as ssh falls back to a connection of
-its own when the master has gone. So a node costs what `ssh NODE CMD` costs, one process and one session, as
+its own when the master has gone. Where the user's own ssh keeps a master to the node (ControlPersist), every
+program is a session of that one instead, as `ssh NODE true` would be. So a node costs what `ssh NODE CMD` costs, one process and one session, as
 with pdsh. Ending a program's ssh ends its session: sshd closes its input, and the node's keeper
 (preflight.remote.shipping) ends the program; nothing stays behind on either side. What ssh says (-v on the
 master: its stages and its error) names why a node could not be reached, in SSH001's classes.
@@ -75,11 +76,12 @@ FAST_KEX = "KexAlgorithms=^curve25519-sha256"
 
 
 @functools.lru_cache(maxsize=None)
-def _sets_key_exchange(ssh_config: Optional[str]) -> bool:
-    """Whether the config ssh reads (-F's file alone, else ~/.ssh/config and /etc/ssh/ssh_config), with the files
-    its Include lines name, has a KexAlgorithms line; True where a file cannot be read through (too deep)."""
-    pending = [(ssh_config, 0)] if ssh_config else [(os.path.expanduser("~/.ssh/config"), 0),
-                                                    ("/etc/ssh/ssh_config", 0)]
+def _config_keywords(ssh_config: Optional[str]) -> frozenset:
+    """The keywords (lower case) of the config ssh reads (-F's file alone, else ~/.ssh/config and
+    /etc/ssh/ssh_config), with the files its Include lines name; ALL_KEYWORDS where a file cannot be read through
+    (Include past 8 levels): whether a line could set a keyword, read once per config, without a process."""
+    found, pending = set(), [(ssh_config, 0)] if ssh_config else [(os.path.expanduser("~/.ssh/config"), 0),
+                                                                  ("/etc/ssh/ssh_config", 0)]
     while pending:
         path, depth = pending.pop()
         try:
@@ -89,15 +91,30 @@ def _sets_key_exchange(ssh_config: Optional[str]) -> bool:
             continue
         for line in text.splitlines():
             words = line.strip().replace("=", " ", 1).split()
-            if not words or words[0].lower() not in ("kexalgorithms", "include"):
+            if not words or words[0].startswith("#"):
                 continue
-            if words[0].lower() == "kexalgorithms" or depth >= 8:
-                return True
+            found.add(words[0].lower())
+            if words[0].lower() != "include":
+                continue
+            if depth >= 8:
+                return ALL_KEYWORDS
             base = os.path.dirname(path) if path.startswith("/etc/") else os.path.expanduser("~/.ssh")
             for pattern in words[1:]:  # relative to ~/.ssh for a user's file, /etc/ssh for the system's (ssh_config(5))
-                found = glob.glob(os.path.join(base, os.path.expanduser(pattern)))
-                pending += [(name, depth + 1) for name in sorted(found)[:256]]
-    return False
+                matched = glob.glob(os.path.join(base, os.path.expanduser(pattern)))
+                pending += [(name, depth + 1) for name in sorted(matched)[:256]]
+    return frozenset(found)
+
+
+class _Everything(frozenset):
+    def __contains__(self, keyword) -> bool:
+        return True
+
+
+ALL_KEYWORDS = _Everything()
+
+
+def _sets_key_exchange(ssh_config: Optional[str]) -> bool:
+    return "kexalgorithms" in _config_keywords(ssh_config)
 
 
 def _ssh_G(ssh_config: Optional[str], host: str, timeout: float):
@@ -333,6 +350,7 @@ class OpenSSHConnection:
         self.processes: list = []  # SessionProcess and ProcessChannel, to close
         self._lock = threading.Lock()
         self._mastered = False  # a master has been started (it may have ended since)
+        self.users_master = False  # the user's own master connection serves every program
 
     def connect(self, handshaken=None, wait: bool = False) -> "OpenSSHConnection":
         """Ready to run programs; the connection itself is made by the first one (its failure is that
@@ -341,6 +359,7 @@ class OpenSSHConnection:
         program only waits for the end of its input (`launch` starts no node's job before every node is
         reached; that program ends with preflight, however preflight ends)."""
         self.folder = _control_folder()
+        self.users_master = self._users_master()
         if handshaken is not None:
             handshaken()
         if wait:
@@ -351,19 +370,38 @@ class OpenSSHConnection:
                 raise
         return self
 
+    def _users_master(self) -> bool:
+        """Whether the user's own ssh keeps a master connection to this node (ControlMaster, ControlPath and
+        ControlPersist in their config): `ssh NODE true` then runs over it without a new authentication (a login
+        made once, with a one-time password or a touch), and so do preflight's programs, as sessions of that
+        master, which stays the user's. Asked of ssh itself (`ssh -O check`), only where a ControlPath line is."""
+        if "controlpath" not in _config_keywords(self.ssh_config):
+            return False
+        argv = [self.argv[0], *(["-F", self.ssh_config] if self.ssh_config else []), "-O", "check", "--", self.alias]
+        try:
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True, env=no_prompt_environment(),
+                                  timeout=min(self.timeout, 5)).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
     def _spawn(self, command, pty: bool = False, verbose: bool = True):
-        """(the ssh process running `command` on the node, whether it is the master)."""
+        """(the ssh process running `command` on the node, whether it is the first: the master, or over the
+        user's own master the session whose -v output says why the node was not reached)."""
         with self._lock:
             if self.folder is None:
                 raise NodeError("protocol", f"the connection to {self.alias} is closed", "run preflight again")
             master, self._mastered = not self._mastered, True
-            socket_path = os.path.join(self.folder, "c")
-            if master:  # -v: its stages and errors say why a node was not reached; not on a job's terminal
-                how = ["-v"] if verbose else ["-o", "LogLevel=ERROR"]
-                how += ["-o", "ControlMaster=yes", "-o", "ControlPersist=no"]
-            else:  # LogLevel ERROR: not ssh's "Connection to X closed." of a terminal session on the job's output
-                how = ["-o", "ControlMaster=no", "-o", "LogLevel=ERROR"]
-            argv = self.argv + how + ["-S", socket_path, "-tt" if pty else "-T", "--", self.alias, command]
+            # -v: its stages and errors say why a node was not reached; not on a job's terminal. Later ones: LogLevel
+            # ERROR, not ssh's "Connection to X closed." of a terminal session on the job's output
+            how = (["-v"] if verbose else ["-o", "LogLevel=ERROR"]) if master else ["-o", "LogLevel=ERROR"]
+            if self.users_master:  # its ControlPath, from the config; ssh connects by itself if that master is gone
+                how += ["-o", "ControlMaster=no"]
+            elif master:
+                how += ["-o", "ControlMaster=yes", "-o", "ControlPersist=no", "-S", os.path.join(self.folder, "c")]
+            else:
+                how += ["-o", "ControlMaster=no", "-S", os.path.join(self.folder, "c")]
+            argv = self.argv + how + ["-tt" if pty else "-T", "--", self.alias, command]
             try:
                 return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         start_new_session=True, env=no_prompt_environment()), master

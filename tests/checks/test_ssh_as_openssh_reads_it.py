@@ -307,6 +307,44 @@ def test_a_key_that_never_leaves_its_pkcs11_token(cluster, tmp_path, monkeypatch
     assert ssh["status"] == "fail" and ssh["evidence"]["reason"] == "auth", ssh
 
 
+@pytest.mark.cluster
+def test_the_users_own_master_connection_serves_preflight_as_it_serves_ssh(cluster, tmp_path):
+    """Sites where the login is made once (a one-time password, a touch) and kept by the user's own master
+    (ControlMaster auto, ControlPath, ControlPersist): here it was authenticated once with a key the config does
+    not name. `ssh NODE hostname` then needs no key, and neither does preflight, whose programs run as sessions of
+    that master; the master is left running, the user's. Once it has gone, both are refused."""
+    import shutil
+    import tempfile
+
+    node, port = "node02", 2211
+    once, stranger = new_key(tmp_path, "once"), new_key(tmp_path, "stranger")
+    (tmp_path / "authorized_keys").write_text(once.with_suffix(".pub").read_text())
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[{cluster.ip(node)}]:{port} {host_key(cluster, node)}\n")
+    sockets = tempfile.mkdtemp(prefix="pf-cm-", dir="/tmp")  # short: a socket path has 108 bytes
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host {node}\n    HostName {cluster.ip(node)}\n    Port {port}\n    User root\n"
+                      f"    IdentityFile {stranger}\n    IdentitiesOnly yes\n    UserKnownHostsFile {known}\n"
+                      f"    ControlMaster auto\n    ControlPath {sockets}/%C\n    ControlPersist 120\n")
+    check_master = ["ssh", "-F", str(config), "-O", "check", node]
+    try:
+        with sshd_with(cluster, node, port, f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}"):
+            subprocess.run(["ssh", "-F", str(config), "-i", str(once), "-o", "BatchMode=yes", node, "true"], check=True,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+            assert openssh(config, node, batch=False)[:2] == (0, node)  # no key, over the master
+            before = control_folders()
+            assert ssh001(cluster, config, node)[node]["status"] == "pass"
+            assert subprocess.run(check_master, capture_output=True, timeout=30).returncode == 0  # still the user's
+            assert control_folders() <= before and not ssh_processes_on(config)
+            subprocess.run(["ssh", "-F", str(config), "-O", "exit", node], capture_output=True, timeout=30)
+            assert openssh(config, node, batch=False)[0] != 0
+            ssh = ssh001(cluster, config, node)[node]
+        assert ssh["status"] == "fail" and ssh["evidence"]["reason"] == "auth", ssh
+    finally:
+        subprocess.run(["ssh", "-F", str(config), "-O", "exit", node], capture_output=True, timeout=30)
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
 def test_hosts_with_a_user_or_a_port_get_the_ssh_config_lines_to_write():
     for given, lines in (("alice@node01", "Host node01; User alice"), ("node01:2222", "Host node01; Port 2222"),
                          ("ssh://bob@n1:2200", "Host n1; User bob; Port 2200")):
