@@ -3,7 +3,8 @@ first with the real OpenSSH client and then with `preflight check` (its default 
 an Include tree, a ProxyCommand through a bastion, host certificates (@cert-authority) and user certificates
 (TrustedUserCAKeys) signed with ssh-keygen -s, a ProxyCommand that hangs, IdentityAgent and KnownHostsCommand,
 the system's /etc/ssh/ssh_config with ssh_config.d, CanonicalizeHostname and hostbased authentication, GSSAPI with
-a Kerberos ticket from a real KDC, a key on a PKCS#11 token. paramiko (--ssh paramiko) says in one line what of the
+a Kerberos ticket from a real KDC, a key on a PKCS#11 token, a FIDO key through OpenSSH's test middleware, the
+user's own ControlPersist master. paramiko (--ssh paramiko) says in one line what of the
 config it does not honour. Nothing is left behind: no control folder, no ssh process."""
 import os
 import pwd
@@ -304,6 +305,35 @@ def test_a_key_that_never_leaves_its_pkcs11_token(cluster, tmp_path, monkeypatch
         subprocess.run(["ssh-add", "-e", SOFTHSM], env=env, check=True, capture_output=True, timeout=30)
         assert openssh(config, node, env=env, batch=False)[0] != 0
         ssh = ssh001(cluster, config, node, env=env)[node]
+    assert ssh["status"] == "fail" and ssh["evidence"]["reason"] == "auth", ssh
+
+
+SK_DUMMY = "/usr/lib/openssh/regress/misc/sk-dummy/sk-dummy.so"
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(not os.path.exists(SK_DUMMY), reason=f"{SK_DUMMY} not installed (apt-get install openssh-tests)")
+def test_a_fido_key_through_its_security_key_middleware(cluster, tmp_path):
+    """An ed25519-sk key (FIDO/U2F), made and used through a security key middleware (SecurityKeyProvider):
+    OpenSSH's own test authenticator stands for the token this machine lacks, and answers as a key made with
+    `-O no-touch-required` does (no touch: `ssh NODE true` asks nothing). sshd checks the signature as for a real
+    token. Without the middleware, the key cannot sign: refused by ssh and by SSH001 alike."""
+    node, port = "node02", 2212
+    key = tmp_path / "id_ed25519_sk"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519-sk", "-w", SK_DUMMY, "-O", "no-touch-required", "-N", "",
+                    "-f", str(key)], check=True, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    (tmp_path / "authorized_keys").write_text("no-touch-required " + key.with_suffix(".pub").read_text())
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[{cluster.ip(node)}]:{port} {host_key(cluster, node)}\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host {node}\n{host_block(cluster, node, Port=str(port), IdentityFile=str(key))}"
+                      f"    SecurityKeyProvider {SK_DUMMY}\n".replace(str(cluster.known_hosts), str(known)))
+    with sshd_with(cluster, node, port, f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}"):
+        assert openssh(config, node, batch=False)[:2] == (0, node)
+        assert ssh001(cluster, config, node)[node]["status"] == "pass"
+        config.write_text(config.read_text().replace(f"    SecurityKeyProvider {SK_DUMMY}\n", ""))
+        assert openssh(config, node, batch=False)[0] != 0  # the default middleware (libfido2) finds no token
+        ssh = ssh001(cluster, config, node)[node]
     assert ssh["status"] == "fail" and ssh["evidence"]["reason"] == "auth", ssh
 
 
