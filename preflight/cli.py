@@ -109,6 +109,8 @@ def build_parser() -> Parser:
         p.add_argument("--prometheus", metavar="FILE",
                        help="also write metrics to FILE in node_exporter's textfile-collector format (*.prom)")
         p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page (check x node matrix)")
+        p.add_argument("--resume-from", metavar="PATH", help="the DeepSpeed checkpoint the job resumes from (the "
+                       "folder save_checkpoint wrote, with `latest`, or a tag folder): judged against the planned job")
         memory_options(p)
 
     def launch_command(p: argparse.ArgumentParser, text: str) -> None:
@@ -340,7 +342,7 @@ def _main(argv: List[str]) -> int:
     if args.command is None:
         raise UsageError("a command is needed: lint, check, node, launch, doctor, list, explain or slurm-scripts "
                          "(see `preflight --help`)")
-    for option in ("config", "deepspeed", "hostfile", "checkpoint_dir", "shared_dir"):
+    for option in ("config", "deepspeed", "hostfile", "checkpoint_dir", "shared_dir", "resume_from"):
         if getattr(args, option, None) == "":
             raise UsageError(f"--{option.replace('_', '-')} is an empty path")
     if args.command == "slurm-scripts":

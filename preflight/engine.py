@@ -90,6 +90,7 @@ def evaluate(reg, args, gather=None):
         port=getattr(args, "port", None) or command.integer("main_process_port") or command.integer("master_port"),
         limits=_limits(args, profile),
         checkpoint_dir=getattr(args, "checkpoint_dir", None),
+        resume_from=getattr(args, "resume_from", None),
         profile=profile,
         command=command.argv,
         config_path=args.config,
@@ -100,7 +101,7 @@ def evaluate(reg, args, gather=None):
         manifest=manifest,
     )
     given = config or deepspeed or args.hostfile or command.argv or getattr(plan.memory, "model", None) or batch \
-        or manifest
+        or manifest or plan.resume_from
     if args.command == "lint" and not given:  # a PASS of nothing would be a verdict without evidence
         raise UsageError("nothing to lint: give --config, --deepspeed, --sbatch, --k8s, --hostfile or --model (and "
                          f"no accelerate default config is at {accelerate_default_config()})")

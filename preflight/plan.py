@@ -60,6 +60,7 @@ class Plan:
     port: int = DEFAULT_PORT
     limits: Limits = Limits()
     checkpoint_dir: Optional[str] = None
+    resume_from: Optional[str] = None  # --resume-from: the checkpoint the job loads (CKPT)
     profile: Optional["Profile"] = None  # pins and per-host expectations (its thresholds are in limits)
     command: Tuple[str, ...] = ()  # the launch command (after `--`): its flags override the files
     config_path: Optional[str] = None  # --config as given: each node resolves it in the job's directory
@@ -95,6 +96,16 @@ class Plan:
                 if isinstance(nvme, str) and nvme:
                     paths[f"{block}.nvme_path"] = self.job_path(nvme)
         return paths
+
+    @functools.cached_property
+    def resume(self) -> Optional[dict]:
+        """What this machine reads of the checkpoint given with --resume-from (preflight.node.checkpoint), once."""
+        if not self.resume_from:
+            return None
+        from preflight.node import checkpoint
+
+        universal = self.deepspeed.get("checkpoint", "load_universal") if self.deepspeed is not None else None
+        return checkpoint.deepspeed(self.job_path(self.resume_from), universal=universal is True)
 
     @functools.cached_property
     def conditions(self) -> tuple:
@@ -169,6 +180,7 @@ def build_plan(
     port: Optional[int] = None,
     limits: Limits = Limits(),
     checkpoint_dir: Optional[str] = None,
+    resume_from: Optional[str] = None,
     profile: Optional["Profile"] = None,
     command: Tuple[str, ...] = (),
     config_path: Optional[str] = None,
@@ -226,6 +238,7 @@ def build_plan(
         port=port or config_port or DEFAULT_PORT,
         limits=limits,
         checkpoint_dir=checkpoint_dir,
+        resume_from=resume_from,
         profile=profile,
         command=tuple(command),
         config_path=config_path,

@@ -64,6 +64,9 @@ FAMILIES: Dict[str, tuple] = {
             "launchers and ranks on every node.", "../doctor.md"),
     "MEM": ("memory fit", "Whether the model fits the GPUs, the host memory and the NVMe offload space, for its "
             "ZeRO stage and offload (with `--model`).", "../memory.md"),
+    "CKPT": ("will it resume", "The DeepSpeed checkpoint named by --resume-from, read as files (never unpickled) "
+             "on the machine preflight runs on, against the planned job: its tag, its files, the world and ZeRO stage "
+             "it was saved with.", "../commands.md#lint"),
     "RDMA": ("InfiniBand and RoCE", "Ports, rates, GIDs, firmware, error counters and GPUDirect RDMA on the nodes "
              "that have RDMA devices.", "../fabric.md"),
 }

@@ -291,7 +291,7 @@ def specs():
 @pytest.mark.parametrize("only,skip,expected", [
     (["CFG030"], [], ["CFG030"]),
     (["CFG04"], [], ["CFG040", "CFG041"]),
-    (["zero"], [], ["CFG040", "CFG041", "MEM001"]),
+    (["zero"], [], ["CFG040", "CFG041", "CKPT003", "MEM001"]),
     (["batch-size", "CFG011"], [], ["CFG011", "CFG030"]),
     (["CFG0"], ["deepspeed", "slurm", "kubernetes"], ["CFG001", "CFG002", "CFG010", "CFG011", "CFG020", "CFG090"]),
     (["CFG07", "kubernetes"], ["multinode"], ["CFG070", "CFG076", "CFG080", "CFG082", "CFG083", "CFG086"]),

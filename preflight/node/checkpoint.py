@@ -1,0 +1,120 @@
+"""What a node sees of a checkpoint it is to resume from (preflight's CKPT facts), read as files, never loaded:
+names and sizes, each torch file's zip central directory, and the plain data of the small pickles that say how
+the checkpoint was saved (preflight.node.pickled). DeepSpeed's layout, as its engine names and loads the files
+(deepspeed/runtime/engine.py: _get_ckpt_name, _get_rank_zero_ckpt_name, load_checkpoint)."""
+import os
+import re
+import stat
+import zipfile
+
+from preflight.node.pickled import Opaque, plain_data
+
+PICKLE_BYTES = 16 << 20  # a model-states pickle without its tensors: kilobytes; past this it is not read
+TAG_BYTES = 4096
+ZERO_FILE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
+ZERO3_MODEL_FILE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+
+
+def _regular(path):
+    """os.stat of a regular file, else None (a FIFO or a device is never opened)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info if stat.S_ISREG(info.st_mode) else None
+
+
+def _small_text(path, limit=TAG_BYTES):
+    if _regular(path) is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(limit).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+
+
+def torch_file(path, read_pickle=False):
+    """{"bytes", "whole": True | the reason it is not, "data": plain data of its pickle (read_pickle)} of a file
+    torch.save wrote (a zip: its central directory at the end is gone when a save was cut short)."""
+    info = _regular(path)
+    if info is None:
+        return {"bytes": None, "whole": "not a regular file" if os.path.lexists(path) else "missing"}
+    found = {"bytes": info.st_size, "whole": True}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            for member in members:
+                if member.header_offset + member.compress_size > info.st_size:
+                    found["whole"] = "member %s runs past the end of the file" % member.filename
+                    return found
+            if read_pickle:
+                pickles = [m for m in members if m.filename.endswith("/data.pkl") or m.filename == "data.pkl"]
+                if pickles and pickles[0].file_size <= PICKLE_BYTES:
+                    found["data"] = plain_data(archive.read(pickles[0]))
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        found["whole"] = "not a whole torch file (%s)" % (str(exc) or type(exc).__name__)
+    return found
+
+
+def deepspeed(root, tag=None, universal=False):
+    """The facts of a DeepSpeed checkpoint: `root` is the folder save_checkpoint was given (with `latest`) or a
+    tag folder itself; tag as load_checkpoint would be given one; universal: the job sets checkpoint.load_universal
+    (its tag then comes from `latest_universal`, as load_checkpoint reads it)."""
+    facts = {"path": root, "format": "deepspeed", "latest": _small_text(os.path.join(root, "latest")),
+             "latest_universal": _small_text(os.path.join(root, "latest_universal"))}
+    if tag is None and facts["latest"] is None and _looks_like_tag(root):
+        root, tag = os.path.dirname(root.rstrip("/")) or ".", os.path.basename(root.rstrip("/"))
+        facts["path"] = root
+    facts["tag"] = tag or facts["latest_universal" if universal else "latest"]
+    folder = os.path.join(root, facts["tag"]) if facts["tag"] else None
+    try:
+        names = sorted(os.listdir(folder)) if folder else []
+        facts["tag_exists"] = True
+    except OSError:
+        names, facts["tag_exists"] = [], False if folder else None
+    files = {}
+    for name in names:
+        if ZERO_FILE.match(name) or ZERO3_MODEL_FILE.match(name) or MODEL_FILE.match(name):
+            files[name] = torch_file(os.path.join(folder, name), read_pickle=bool(MODEL_FILE.match(name)))
+    facts["files"] = {name: {k: v for k, v in found.items() if k != "data"} for name, found in files.items()}
+    facts["universal"] = bool(folder) and os.path.isdir(os.path.join(folder, "zero"))
+    saved = next((found.get("data") for name, found in sorted(files.items())
+                  if MODEL_FILE.match(name) and isinstance(found.get("data"), dict)), None)
+    facts["saved"] = _saved(saved) if saved else None
+    return facts
+
+
+def _looks_like_tag(path):
+    try:
+        return any(ZERO_FILE.match(n) or MODEL_FILE.match(n) for n in os.listdir(path))
+    except OSError:
+        return False
+
+
+def _saved(data):
+    """How the checkpoint was saved, from the model states' plain data."""
+    config = data.get("ds_config") if isinstance(data.get("ds_config"), dict) else {}
+    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    precision = next((p for p in ("bf16", "fp16") if isinstance(config.get(p), dict) and config[p].get("enabled")),
+                     "fp32")
+
+    def number(key):
+        value = data.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    stage = zero.get("stage")
+    return {"dp_world_size": number("dp_world_size"), "mp_world_size": number("mp_world_size"),
+            "pp_degree": _parallel(data, "pp_degree"), "tp_degree": _parallel(data, "tp_degree"),
+            "zero_stage": stage if isinstance(stage, int) and not isinstance(stage, bool) else None,
+            "precision": precision, "ds_version": data.get("ds_version") if isinstance(data.get("ds_version"), str)
+            else None, "global_steps": number("global_steps"),
+            # what ds_to_universal needs; without it the conversion asks for --inject_missing_state
+            "universal_info": "universal_checkpoint_info" in data}
+
+
+def _parallel(data, key):
+    dims = data.get("checkpoint_parallel_dimensions")
+    value = dims.get(key) if isinstance(dims, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, (bool, Opaque)) else None

@@ -1,0 +1,68 @@
+"""Real DeepSpeed checkpoints for the CKPT tests, saved and loaded by DeepSpeed itself on the CPU (gloo, torchrun):
+`save_all(folder)` writes ZeRO-1 (fp32), 2 and 3 (bf16) checkpoints of a small model saved by two ranks, in one run;
+`load(folder, config, nproc)` runs DeepSpeed's own load_checkpoint on another world and returns what it said."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SAVE = textwrap.dedent("""
+    import sys, torch, deepspeed
+    out = sys.argv[1]
+    for stage, bf16 in ((1, False), (2, True), (3, True)):
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                  "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+                  "zero_optimization": {"stage": stage}, "bf16": {"enabled": bf16}}
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        x = torch.randn(2, 8, dtype=torch.bfloat16 if bf16 else torch.float32)
+        engine.backward(engine(x).float().pow(2).mean())
+        engine.step()
+        engine.save_checkpoint(f"{out}/zero{stage}", tag="global_step1")
+""")
+
+
+def torchrun(folder, script, nproc, *args, port=29931):
+    """(exit code, output) of `script` run by torchrun on nproc CPU ranks."""
+    (folder / "script.py").write_text(script)
+    runner = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    proc = subprocess.run([runner, "--nproc_per_node", str(nproc), "--master_port", str(port), str(folder / "script.py"),
+                           *map(str, args)], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"))
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def save_all(folder):
+    pytest.importorskip("deepspeed")
+    code, out = torchrun(folder, SAVE, 2, folder)
+    assert code == 0, out[-3000:]
+    return folder
+
+
+LOAD = textwrap.dedent("""
+    import json, sys, torch, deepspeed
+    root, config = sys.argv[1], json.loads(sys.argv[2])
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    try:
+        path, _ = engine.load_checkpoint(root)
+        print("LOADED", path, flush=True)
+    except Exception as exc:
+        print("REFUSED", type(exc).__name__, exc, flush=True)
+""")
+
+
+def load(folder, root, config, nproc):
+    """What DeepSpeed's load_checkpoint says on `nproc` ranks: ("LOADED", path) or ("REFUSED", its message)."""
+    import json
+
+    code, out = torchrun(folder, LOAD, nproc, root, json.dumps(config), port=29932)
+    for word in ("REFUSED", "LOADED"):
+        lines = [line for line in out.splitlines() if line.startswith(word)]
+        if lines:
+            return word, lines[0]
+    raise AssertionError(out[-3000:])
+
+

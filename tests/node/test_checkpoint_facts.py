@@ -1,0 +1,50 @@
+"""preflight.node.checkpoint on real DeepSpeed checkpoints, saved by DeepSpeed itself on the CPU (gloo, two ranks,
+torchrun) in one run for every layout the tests read: ZeRO-1, 2 and 3, bf16 and fp32. Then cut short, taken away
+or swapped for a FIFO, as a killed save or a node without the shared filesystem leaves them."""
+import os
+import shutil
+
+import pytest
+
+from checkpoints import save_all
+from preflight.node.checkpoint import deepspeed
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return save_all(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.mark.parametrize("stage, precision, files", [
+    (1, "fp32", {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                 "mp_rank_00_model_states.pt"}),
+    (2, "bf16", {"bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                 "mp_rank_00_model_states.pt"}),
+    (3, "bf16", {"bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                 "zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"}),
+])
+def test_a_checkpoint_deepspeed_saved_is_read_as_it_was_saved(saved, stage, precision, files):
+    facts = deepspeed(str(saved / f"zero{stage}"))
+    assert facts["latest"] == facts["tag"] == "global_step1" and facts["tag_exists"]
+    assert set(facts["files"]) == files and all(f["whole"] is True for f in facts["files"].values())
+    if stage < 3:
+        assert facts["saved"]["dp_world_size"] == 2 and facts["saved"]["zero_stage"] == stage
+        assert facts["saved"]["precision"] == precision and facts["saved"]["ds_version"]
+    # the tag folder itself, as users pass it
+    assert deepspeed(str(saved / f"zero{stage}" / "global_step1"))["tag"] == "global_step1"
+
+
+def test_a_cut_a_missing_and_a_fifo_shard_are_each_named(saved, tmp_path):
+    copy = tmp_path / "zero2"
+    shutil.copytree(saved / "zero2", copy)
+    tag = copy / "global_step1"
+    cut = tag / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    os.truncate(cut, cut.stat().st_size // 2)
+    (tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    os.mkfifo(tag / "zero_pp_rank_2_mp_rank_00_optim_states.pt")
+    facts = deepspeed(str(copy))
+    assert facts["files"]["bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"]["whole"].startswith("not a whole torch")
+    assert "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt" not in facts["files"]
+    assert facts["files"]["zero_pp_rank_2_mp_rank_00_optim_states.pt"]["whole"] == "not a regular file"
+    (copy / "latest").write_text("global_step9")
+    assert deepspeed(str(copy))["tag_exists"] is False
