@@ -1,12 +1,16 @@
 """CKPT: will the job resume? The DeepSpeed checkpoint named by --resume-from, read as files (never unpickled:
-preflight.node.checkpoint) on the machine preflight runs on, against the planned job, before anything loads it.
+preflight.node.checkpoint) on the machine preflight runs on, against the planned job, before anything loads it:
+each rule is DeepSpeed's own load_checkpoint (runtime/engine.py) and held against it in tests/checks/test_ckpt.py.
 Each node's own view of it (a node without the shared filesystem) is not read yet."""
 from __future__ import annotations
 
-from typing import Iterator
+import re
+from typing import Iterator, List
 
 from preflight.api import Finding, check, fail, passed, skip, warn
 
+ZERO_SHARD = re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_?optim_states\.pt$")
+ZERO3_MODEL = re.compile(r"^zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt$")
 UNIVERSAL_FIX = ("or convert it once: python -m deepspeed.checkpoint.ds_to_universal --input_folder {tag_path} "
                  "--output_folder {tag_path}_universal{inject} (it writes {root}/latest_universal) and set "
                  "checkpoint.load_universal: true in the DeepSpeed config")
@@ -15,9 +19,14 @@ UNIVERSAL_FIX = ("or convert it once: python -m deepspeed.checkpoint.ds_to_unive
 def _resume(ctx):
     facts = ctx.plan.resume
     if facts is None:
-        return None, skip("no --resume-from given")
+        return None, skip("no --resume-from given (nor a resume flag in the launch command)")
+    path, named_by = facts.get("path"), facts.get("named_by")
+    if facts.get("at_run_time"):
+        return None, skip(f"{path} ({named_by}) is set when the job runs")
+    if not facts.get("exists"):
+        return None, skip(f"{path} ({named_by}) is not on this machine (each node's own copy is not read yet)")
     if facts.get("format") != "deepspeed":
-        return None, skip(f"{facts.get('path')}: not a DeepSpeed checkpoint (the other formats are not read yet)")
+        return None, skip(f"{path} ({named_by}): not a DeepSpeed checkpoint (the other formats are not read yet)")
     return facts, None
 
 
@@ -49,11 +58,12 @@ def resume_tag(ctx) -> Iterator[Finding]:
 
 @check("CKPT002", "resume-files", "config", tags=["checkpoint", "resume", "deepspeed"])
 def resume_files(ctx) -> Iterator[Finding]:
-    """Every file the ranks load is there and whole.
+    """Every file the save wrote is there and whole.
 
     Each data-parallel rank loads its own ZeRO shard (`[bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt`, and at
-    stage 3 its model states), rank 0 the model states. A save that was killed leaves a file cut short (a torch
-    file is a zip: its central directory, at the end, is gone), or none at all.
+    stage 3 its own model states, `zero_pp_rank_R_mp_rank_00_model_states.pt`), every rank the model states
+    (`mp_rank_00_model_states.pt`) below stage 3. A save that was killed leaves a file cut short (a torch file is a
+    zip: its central directory, at the end, is gone), or none at all.
 
     Resume from the last tag whose save finished, or save again.
     """
@@ -67,25 +77,46 @@ def resume_files(ctx) -> Iterator[Finding]:
     tag_path = f"{facts['path']}/{facts['tag']}"
     files = facts.get("files") or {}
     broken = {name: found["whole"] for name, found in files.items() if found.get("whole") is not True}
-    saved = facts.get("saved") or {}
-    dp = saved.get("dp_world_size")
-    missing = []
-    if isinstance(dp, int) and dp > 0 and not facts.get("universal"):
-        names = set(files)
-        for rank in range(dp):
-            if not any(n.endswith(f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt") for n in names):
-                missing.append(f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
-    if not any(n.startswith("mp_rank_") or "_model_states" in n for n in files):
-        missing.append("mp_rank_00_model_states.pt")
+    missing = _missing(facts)
     for name, why in sorted(broken.items()):
         yield fail(f"{tag_path}/{name}: {why}", "resume from the last tag whose save finished, or save again",
                    path=f"{tag_path}/{name}")
     if missing:
-        yield fail(f"{tag_path}: {', '.join(missing)} missing (saved by {dp} data-parallel ranks)",
+        dp = (facts.get("saved") or {}).get("dp_world_size")
+        by = f" (saved by {dp} data-parallel ranks)" if dp else ""
+        yield fail(f"{tag_path}: {', '.join(missing)} missing{by}",
                    "resume from the last tag whose save finished, or copy the missing files", path=tag_path,
                    missing=missing)
     if not broken and not missing:
         yield passed(f"{tag_path}: {len(files)} file{'s' if len(files) != 1 else ''}, each whole", path=tag_path)
+
+
+def _sharded(facts) -> bool:
+    """Saved with ZeRO: each rank's optimizer state in a shard of its own, not in the model states."""
+    return any(ZERO_SHARD.match(name) for name in facts.get("files") or {})
+
+
+def _missing(facts) -> List[str]:
+    """The files of the save's own layout that are not there (DeepSpeed's names: engine._get_ckpt_name,
+    _get_rank_zero_ckpt_name), for every data-parallel and model-parallel rank that saved it."""
+    names = set(facts.get("files") or {})
+    saved = facts.get("saved") or {}
+    dp, mp = saved.get("dp_world_size"), saved.get("mp_world_size") or 1
+    zero3 = saved.get("zero_stage") == 3 or any(ZERO3_MODEL.match(n) for n in names)
+    if facts.get("universal") or not isinstance(dp, int) or dp < 1:  # the layout is not known: one model file
+        return [] if any("model_states" in n for n in names) else ["mp_rank_00_model_states.pt"]
+    wanted = [f"zero_pp_rank_{r}_mp_rank_{m:02d}_model_states.pt" for r in range(dp) for m in range(mp)] if zero3 \
+        else [f"mp_rank_{m:02d}_model_states.pt" for m in range(mp)]
+    missing = [name for name in wanted if name not in names]
+    if _sharded(facts) or (saved.get("zero_stage") or 0) >= 1:
+        prefix = "bf16_" if any(n.startswith("bf16_") for n in names) or saved.get("precision") == "bf16" else ""
+        for r in range(dp):
+            for m in range(mp):
+                # the old name without the underscore is still read (engine._get_all_zero_checkpoint_names)
+                if not {f"{prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt",
+                        f"{prefix}zero_pp_rank_{r}_mp_rank_{m:02d}optim_states.pt"} & names:
+                    missing.append(f"{prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt")
+    return missing
 
 
 @check("CKPT003", "resume-world", "config", tags=["checkpoint", "resume", "deepspeed", "zero"])
@@ -95,56 +126,137 @@ def resume_world(ctx) -> Iterator[Finding]:
     DeepSpeed refuses to load ZeRO optimizer states saved by another data-parallel world size ("The checkpoint
     being loaded used a DP world size of 2 but the current world size is 3. Automatic adjustment of ZeRO's
     optimizer state partitioning with a new world size is not currently supported", runtime/engine.py), after the
-    model has loaded on every node. A universal checkpoint (ds_to_universal, checkpoint.load_universal) loads on
-    any world.
+    model has loaded on every node. At stage 3 each rank's parameters are in model states of its own, which the
+    other stages do not look for, nor stage 3 for theirs: load_checkpoint finds no file and stops at `assert
+    len(self.ckpt_list) > 0` (runtime/state_dict_factory.py). Saved with ZeRO, the optimizer is in the shards,
+    which a job without ZeRO does not read; saved without, the shards a ZeRO job opens are not there. Stages 1
+    and 2 load each other's checkpoints, and a universal checkpoint (ds_to_universal, checkpoint.load_universal)
+    loads on any world.
 
-    Run the world it was saved with, or convert it with ds_to_universal and set checkpoint.load_universal.
+    Run the world and stage it was saved with, or convert it with ds_to_universal and set
+    checkpoint.load_universal.
     """
     facts, skipped = _resume(ctx)
     if skipped:
         yield skipped
         return
-    saved = facts.get("saved") or {}
-    dp, stage = saved.get("dp_world_size"), saved.get("zero_stage")
-    if facts.get("universal"):
-        yield passed(f"{facts['path']}: a universal checkpoint: it loads on any data-parallel world")
+    if not facts.get("tag_exists"):
+        yield skip("the tag is not there (CKPT001)")
         return
+    saved = facts.get("saved") or {}
+    root, tag = facts["path"], facts["tag"]
+    tag_path = f"{root}/{tag}"
+    known, unknown = ctx.plan.conditions
+    stage = known.get("zero_stage", -1)
+    if stage is None:
+        yield skip("the job does not run DeepSpeed (its accelerate config uses no DeepSpeed), which this layout is for")
+        return
+    planned = stage if stage != -1 else None
+    names = set(facts.get("files") or {})
+    layout = 3 if any(ZERO3_MODEL.match(n) for n in names) else (
+        "other" if any(n.startswith("mp_rank_") for n in names) else None)
+    world, source = ctx.plan.world_size
+    evidence = dict(saved_dp_world_size=saved.get("dp_world_size"), dp_world_size=world, world_size_from=source,
+                    saved_zero_stage=saved.get("zero_stage"), zero_stage=planned, path=tag_path)
+    if planned is not None and layout is not None and (layout == 3) != (planned == 3):
+        saved_as = "stage 3 (each rank's model states in a file of its own)" if layout == 3 else \
+            f"stage {saved.get('zero_stage', '?')} (one model states file)"
+        yield fail(f"{tag_path}: saved at ZeRO {saved_as}, the job runs stage {planned}: DeepSpeed's "
+                   "load_checkpoint finds no model states file of its stage's name and stops at `assert "
+                   "len(self.ckpt_list) > 0`", f"run ZeRO stage {saved.get('zero_stage', 3 if layout == 3 else 2)}, "
+                   "as it was saved", **evidence)
+        return
+    if facts.get("universal"):
+        yield passed(f"{tag_path}: a universal checkpoint: it loads on any data-parallel world", **evidence)
+        return
+    dp = saved.get("dp_world_size")
     if dp is None:
-        yield skip(f"{facts['path']}: how many ranks saved it is not known (its model states were not read)")
+        yield skip(f"{root}: how many ranks saved it is not known (its model states were not read)")
         return
     if (saved.get("tp_degree") or 1) > 1 or (saved.get("pp_degree") or 1) > 1:
         yield skip(f"saved with tensor parallel {saved.get('tp_degree')} and pipeline {saved.get('pp_degree')}: the "
                    "job's degrees are set by its training code, not judged")
         return
-    world, source = ctx.plan.world_size
     if world is None:
         yield skip(f"the world size is {source}")
         return
-    root, tag = facts["path"], facts["tag"]
-    tag_path = f"{root}/{tag}"
-    planned_stage = _planned_stage(ctx)
-    evidence = dict(saved_dp_world_size=dp, dp_world_size=world, world_size_from=source, saved_zero_stage=stage,
-                    zero_stage=planned_stage, path=tag_path)
+    sharded = _sharded(facts)
+    if planned == 0 and sharded:
+        if known.get("precision") == "bf16":
+            yield skip("saved with ZeRO, loaded at stage 0 with bf16 (DeepSpeed's bf16 optimizer): not judged")
+            return
+        yield fail(f"{tag_path}: saved with ZeRO stage {saved.get('zero_stage')}, whose optimizer state is in each "
+                   "rank's shard; the job runs without ZeRO and loads the optimizer from the model states, where "
+                   "it is None (\"'NoneType' object has no attribute 'copy'\")",
+                   f"run ZeRO stage {saved.get('zero_stage')} as it was saved, " + _universal_fix(facts), **evidence)
+        return
+    if planned == 0:
+        yield passed(f"{tag_path}: saved without ZeRO and loaded without it: every rank loads the same model states, "
+                     "on any world", **evidence)
+        return
     if world != dp:
         yield fail(f"{tag_path}: saved by {dp} data-parallel ranks, the job runs {world} ({source}): DeepSpeed "
                    f"refuses ZeRO optimizer states of another world size (\"The checkpoint being loaded used a DP "
                    f"world size of {dp} but the current world size is {world}\")",
-                   f"run {dp} processes, " + UNIVERSAL_FIX.format(
-                       tag_path=tag_path, root=root,
-                       # saved without Megatron's universal_checkpoint_info: the conversion asserts without this
-                       inject="" if saved.get("universal_info") else " --inject_missing_state"), **evidence)
+                   f"run {dp} processes, " + _universal_fix(facts), **evidence)
         return
-    if isinstance(stage, int) and isinstance(planned_stage, int) and (stage == 3) != (planned_stage == 3):
-        yield fail(f"{tag_path}: saved at ZeRO stage {stage}, the job runs stage {planned_stage}: stage 3 keeps "
-                   "each rank's parameters in files of their own, which the other stages do not read (nor the "
-                   "reverse)", f"run ZeRO stage {stage}, or convert the checkpoint with ds_to_universal",
-                   **evidence)
+    if planned is not None and not sharded:
+        yield fail(f"{tag_path}: saved without ZeRO (its optimizer is in the model states), the job runs ZeRO "
+                   f"stage {planned}, whose ranks open optimizer shards that are not there "
+                   "(zero_pp_rank_0_mp_rank_00_optim_states.pt: FileNotFoundError)",
+                   "run without ZeRO (stage 0) as it was saved, or load the module alone "
+                   "(load_checkpoint(..., load_optimizer_states=False))", **evidence)
         return
-    yield passed(f"{tag_path}: saved by {dp} data-parallel ranks at ZeRO stage {stage}, as the job runs",
-                 **evidence)
+    how = f"at ZeRO stage {saved.get('zero_stage')}" if planned is None or planned == saved.get("zero_stage") else \
+        f"at ZeRO stage {saved.get('zero_stage')}, which stage {planned} loads (both keep the optimizer in shards)"
+    yield passed(f"{tag_path}: saved by {dp} data-parallel ranks {how}, as the job runs", **evidence)
 
 
-def _planned_stage(ctx):
-    ds = ctx.plan.deepspeed
-    stage = ds.get("zero_optimization", "stage") if ds is not None else None
-    return stage if isinstance(stage, int) and not isinstance(stage, bool) else None
+def _universal_fix(facts) -> str:
+    root, tag = facts["path"], facts["tag"]
+    saved = facts.get("saved") or {}
+    return UNIVERSAL_FIX.format(tag_path=f"{root}/{tag}", root=root,
+                                # saved without Megatron's universal_checkpoint_info the conversion asserts
+                                inject="" if saved.get("universal_info") else " --inject_missing_state")
+
+
+@check("CKPT004", "resume-precision", "config", tags=["checkpoint", "resume", "deepspeed", "precision"])
+def resume_precision(ctx) -> Iterator[Finding]:
+    """The job's bf16 setting matches the optimizer shards it loads.
+
+    DeepSpeed names each rank's optimizer shard after bf16 (`bf16_zero_pp_rank_R_...` with bf16 enabled,
+    `zero_pp_rank_R_...` without: engine._get_rank_zero_ckpt_name) and opens the name of the job's own setting, so
+    a checkpoint saved with bf16 and loaded without it, or the reverse, stops with FileNotFoundError on the first
+    shard. fp16 and fp32 share the names. A universal checkpoint loads into any precision.
+
+    Set bf16 as the checkpoint was saved, or convert it with ds_to_universal and set checkpoint.load_universal.
+    """
+    facts, skipped = _resume(ctx)
+    if skipped:
+        yield skipped
+        return
+    shards = sorted(n for n in facts.get("files") or {} if ZERO_SHARD.match(n))
+    if facts.get("universal") or not shards:
+        yield skip("no ZeRO optimizer shards to load" if not facts.get("universal") else
+                   "a universal checkpoint loads into any precision")
+        return
+    known, unknown = ctx.plan.conditions
+    precision, stage = known.get("precision"), known.get("zero_stage", -1)
+    if precision is None:
+        yield skip(f"the job's precision is not known: {unknown.get('precision', 'no config gives it')}")
+        return
+    if stage == 0 or stage is None:
+        yield skip("the job runs without ZeRO: it reads no shards (CKPT003)")
+        return
+    tag_path = f"{facts['path']}/{facts['tag']}"
+    saved_bf16 = shards[0].startswith("bf16_")
+    evidence = dict(precision=precision, saved_shard=shards[0], path=tag_path)
+    if saved_bf16 != (precision == "bf16"):
+        opens = shards[0][len("bf16_"):] if saved_bf16 else "bf16_" + shards[0]
+        yield fail(f"{tag_path}: the optimizer shards were saved {'with' if saved_bf16 else 'without'} bf16 "
+                   f"({shards[0]}), the job runs {precision} and opens {opens}: FileNotFoundError",
+                   f"set bf16.enabled: {'true' if saved_bf16 else 'false'} in the DeepSpeed config as it was saved, "
+                   + _universal_fix(facts), **evidence)
+        return
+    yield passed(f"{tag_path}: optimizer shards saved {'with' if saved_bf16 else 'without'} bf16, as the job "
+                 f"runs ({precision})", **evidence)

@@ -110,7 +110,8 @@ def build_parser() -> Parser:
                        help="also write metrics to FILE in node_exporter's textfile-collector format (*.prom)")
         p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page (check x node matrix)")
         p.add_argument("--resume-from", metavar="PATH", help="the DeepSpeed checkpoint the job resumes from (the "
-                       "folder save_checkpoint wrote, with `latest`, or a tag folder): judged against the planned job")
+                       "folder save_checkpoint wrote, with `latest`, or a tag folder): judged against the planned job; without it, "
+                       "the training script's --resume_from_checkpoint, --load or --resume in the launch command")
         memory_options(p)
 
     def launch_command(p: argparse.ArgumentParser, text: str) -> None:

@@ -61,6 +61,7 @@ class Plan:
     limits: Limits = Limits()
     checkpoint_dir: Optional[str] = None
     resume_from: Optional[str] = None  # --resume-from: the checkpoint the job loads (CKPT)
+    resume_named_by: Optional[str] = None  # the launch command's flag that named it, without --resume-from
     profile: Optional["Profile"] = None  # pins and per-host expectations (its thresholds are in limits)
     command: Tuple[str, ...] = ()  # the launch command (after `--`): its flags override the files
     config_path: Optional[str] = None  # --config as given: each node resolves it in the job's directory
@@ -104,8 +105,13 @@ class Plan:
             return None
         from preflight.node import checkpoint
 
+        named_by = self.resume_named_by or "--resume-from"
+        if "$" in self.resume_from:  # a variable of the batch script's or the node's, set when the job runs
+            return {"path": self.resume_from, "named_by": named_by, "at_run_time": True}
         universal = self.deepspeed.get("checkpoint", "load_universal") if self.deepspeed is not None else None
-        return checkpoint.deepspeed(self.job_path(self.resume_from), universal=universal is True)
+        facts = checkpoint.deepspeed(self.job_path(self.resume_from), universal=universal is True)
+        facts["named_by"] = named_by
+        return facts
 
     @functools.cached_property
     def conditions(self) -> tuple:
@@ -181,6 +187,7 @@ def build_plan(
     limits: Limits = Limits(),
     checkpoint_dir: Optional[str] = None,
     resume_from: Optional[str] = None,
+    resume_named_by: Optional[str] = None,
     profile: Optional["Profile"] = None,
     command: Tuple[str, ...] = (),
     config_path: Optional[str] = None,
@@ -239,6 +246,7 @@ def build_plan(
         limits=limits,
         checkpoint_dir=checkpoint_dir,
         resume_from=resume_from,
+        resume_named_by=resume_named_by,
         profile=profile,
         command=tuple(command),
         config_path=config_path,

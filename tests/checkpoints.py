@@ -1,6 +1,7 @@
 """Real DeepSpeed checkpoints for the CKPT tests, saved and loaded by DeepSpeed itself on the CPU (gloo, torchrun):
-`save_all(folder)` writes ZeRO-1 (fp32), 2 and 3 (bf16) checkpoints of a small model saved by two ranks, in one run;
-`load(folder, config, nproc)` runs DeepSpeed's own load_checkpoint on another world and returns what it said."""
+`save_all(folder)` writes checkpoints without ZeRO and with ZeRO-1 (fp32), ZeRO-2 and 3 (bf16) of a small model
+saved by two ranks, in one run; `load_each(folder, cases, nproc)` runs DeepSpeed's own load_checkpoint for each
+(checkpoint, config) on a world of its own and returns what it said."""
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 SAVE = textwrap.dedent("""
     import sys, torch, deepspeed
     out = sys.argv[1]
-    for stage, bf16 in ((1, False), (2, True), (3, True)):
+    for stage, bf16 in ((0, False), (1, False), (2, True), (3, True)):
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
         config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                   "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
@@ -43,26 +44,31 @@ def save_all(folder):
 
 LOAD = textwrap.dedent("""
     import json, sys, torch, deepspeed
-    root, config = sys.argv[1], json.loads(sys.argv[2])
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    try:
-        path, _ = engine.load_checkpoint(root)
-        print("LOADED", path, flush=True)
-    except Exception as exc:
-        print("REFUSED", type(exc).__name__, exc, flush=True)
+    for root, config in json.loads(sys.argv[1]):
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        try:
+            path, _ = engine.load_checkpoint(root)
+            said = f"LOADED {path}"
+        except Exception as exc:
+            said = f"REFUSED {type(exc).__name__} {exc}".replace("\\n", " ")
+        torch.distributed.barrier()
+        if torch.distributed.get_rank() == 0:
+            print("CASE", said, flush=True)
 """)
 
 
-def load(folder, root, config, nproc):
-    """What DeepSpeed's load_checkpoint says on `nproc` ranks: ("LOADED", path) or ("REFUSED", its message)."""
+def load_each(folder, cases, nproc):
+    """What DeepSpeed's load_checkpoint says for each (checkpoint, config) on `nproc` ranks, in one run: a list of
+    ("LOADED", path) or ("REFUSED", its exception and message)."""
     import json
 
-    code, out = torchrun(folder, LOAD, nproc, root, json.dumps(config), port=29932)
-    for word in ("REFUSED", "LOADED"):
-        lines = [line for line in out.splitlines() if line.startswith(word)]
-        if lines:
-            return word, lines[0]
-    raise AssertionError(out[-3000:])
+    code, out = torchrun(folder, LOAD, nproc, json.dumps([[str(root), config] for root, config in cases]),
+                         port=29932)
+    said = [line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("CASE ")]
+    assert code == 0 and len(said) == len(cases), out[-3000:]
+    return [tuple(words) for words in said]
 
 
+def load(folder, root, config, nproc):
+    return load_each(folder, [(root, config)], nproc)[0]

@@ -136,6 +136,9 @@ LAUNCHER_MODULES = {
 # Options whose value is a file the launcher (or accelerate) reads on the node.
 FILE_OPTIONS = frozenset("config_file deepspeed_config_file deepspeed_hostfile hostfile mpirun_hostfile".split())
 # A word of the script's arguments that names a file (digested on every node when it exists there).
+# The training scripts' flags that name the checkpoint to resume from: the HF Trainer's (TrainingArguments,
+# HfArgumentParser gives each field its dashed alias too), Megatron-DeepSpeed's and the common one.
+RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint", "--load", "--resume")
 FILE_LIKE = re.compile(r"(/|\.(py|json|ya?ml|toml|cfg|ini|txt|sh|jsonl)$)", re.I)
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -175,6 +178,22 @@ class LaunchCommand:
         while i < len(self.argv) and ENV_ASSIGNMENT.match(self.argv[i]):
             i += 1
         return self.argv[i:]
+
+    @property
+    def resume_flag(self) -> Optional[Tuple[str, str]]:
+        """(flag, value) of the training script's own flag that names the checkpoint it resumes from
+        (RESUME_FLAGS; the last one given, as argparse keeps it), or None. A value that is a word of its own
+        (true, a flag) is no path."""
+        found = None
+        for i, word in enumerate(self.script_args):
+            flag, eq, value = word.partition("=")
+            if flag not in RESUME_FLAGS:
+                continue
+            if not eq:
+                value = self.script_args[i + 1] if i + 1 < len(self.script_args) else ""
+            if value and not value.startswith("-") and value.lower() not in ("true", "false", "none", "1", "0"):
+                found = (flag, value)
+        return found
 
     @property
     def files(self) -> List[str]:

@@ -62,11 +62,14 @@ def deepspeed(root, tag=None, universal=False):
     """The facts of a DeepSpeed checkpoint: `root` is the folder save_checkpoint was given (with `latest`) or a
     tag folder itself; tag as load_checkpoint would be given one; universal: the job sets checkpoint.load_universal
     (its tag then comes from `latest_universal`, as load_checkpoint reads it)."""
-    facts = {"path": root, "format": "deepspeed", "latest": _small_text(os.path.join(root, "latest")),
+    facts = {"path": root, "exists": os.path.isdir(root), "format": "deepspeed",
+             "latest": _small_text(os.path.join(root, "latest")),
              "latest_universal": _small_text(os.path.join(root, "latest_universal"))}
     if tag is None and facts["latest"] is None and _looks_like_tag(root):
         root, tag = os.path.dirname(root.rstrip("/")) or ".", os.path.basename(root.rstrip("/"))
         facts["path"] = root
+    elif tag is None and facts["latest"] is None and facts["latest_universal"] is None and not _has_tag(root):
+        facts["format"] = None  # no DeepSpeed checkpoint here (another library's, or nothing)
     facts["tag"] = tag or facts["latest_universal" if universal else "latest"]
     folder = os.path.join(root, facts["tag"]) if facts["tag"] else None
     try:
@@ -76,14 +79,27 @@ def deepspeed(root, tag=None, universal=False):
         names, facts["tag_exists"] = [], False if folder else None
     files = {}
     for name in names:
-        if ZERO_FILE.match(name) or ZERO3_MODEL_FILE.match(name) or MODEL_FILE.match(name):
-            files[name] = torch_file(os.path.join(folder, name), read_pickle=bool(MODEL_FILE.match(name)))
+        zero3 = ZERO3_MODEL_FILE.match(name)
+        if ZERO_FILE.match(name) or zero3 or MODEL_FILE.match(name):
+            # how it was saved: from the model states that rank 0 wrote (at stage 3 every rank writes its own)
+            first = bool(MODEL_FILE.match(name)) or bool(zero3 and zero3.group(1) == "0")
+            files[name] = torch_file(os.path.join(folder, name), read_pickle=first)
     facts["files"] = {name: {k: v for k, v in found.items() if k != "data"} for name, found in files.items()}
     facts["universal"] = bool(folder) and os.path.isdir(os.path.join(folder, "zero"))
     saved = next((found.get("data") for name, found in sorted(files.items())
-                  if MODEL_FILE.match(name) and isinstance(found.get("data"), dict)), None)
+                  if isinstance(found.get("data"), dict)), None)
     facts["saved"] = _saved(saved) if saved else None
     return facts
+
+
+def _has_tag(root, folders=64):
+    """A tag folder among the first `folders` folders of root (a checkpoint root holds a few; a bound for any other)."""
+    try:
+        with os.scandir(root) as entries:
+            found = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)][:folders]
+    except OSError:
+        return False
+    return any(_looks_like_tag(path) for path in found)
 
 
 def _looks_like_tag(path):
@@ -111,7 +127,9 @@ def _saved(data):
             "precision": precision, "ds_version": data.get("ds_version") if isinstance(data.get("ds_version"), str)
             else None, "global_steps": number("global_steps"),
             # what ds_to_universal needs; without it the conversion asks for --inject_missing_state
-            "universal_info": "universal_checkpoint_info" in data}
+            "universal_info": "universal_checkpoint_info" in data,
+            # saved without ZeRO the optimizer is in the model states; with ZeRO in each rank's shard (None here)
+            "optimizer_in_model_states": data.get("optimizer") is not None}
 
 
 def _parallel(data, key):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from checkpoints import load, save_all
+from checkpoints import load_each, save_all
 
 BF16_ZERO2 = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
               "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
@@ -31,31 +31,72 @@ def lint(tmp_path, config, resume, *extra):
     return {r["id"]: r for r in json.loads(proc.stdout)["results"]}
 
 
+def config(stage, bf16, **more):
+    return dict(BF16_ZERO2, zero_optimization={"stage": stage}, bf16={"enabled": bf16}, **more)
+
+
+# (saved as, planned stage, planned bf16, the CKPT check that fails or None): every save by 2 ranks, loaded by 2
+ON_TWO = [
+    ("zero1", 2, False, None),  # stages 1 and 2 keep the optimizer in shards alike
+    ("zero2", 1, True, None),
+    ("zero3", 3, True, None),
+    ("zero0", 0, False, None),
+    ("zero2", 3, True, "CKPT003"),  # the model states of the other layout: an assertion
+    ("zero3", 2, True, "CKPT003"),
+    ("zero1", 0, False, "CKPT003"),  # the optimizer is in the shards, the job reads the model states'
+    ("zero0", 1, False, "CKPT003"),  # no shards to open
+    ("zero2", 2, False, "CKPT004"),  # bf16_zero_pp_rank_* saved, zero_pp_rank_* opened
+    ("zero1", 1, True, "CKPT004"),
+]
+
+
+@pytest.fixture(scope="module")
+def deepspeed_on_two(saved, tmp_path_factory):
+    cases = [(saved / name, config(stage, bf16)) for name, stage, bf16, _ in ON_TWO]
+    return dict(zip(range(len(ON_TWO)), load_each(tmp_path_factory.mktemp("load2"), cases, 2)))
+
+
+@pytest.mark.parametrize("case", range(len(ON_TWO)), ids=[f"{n}-as-stage{s}-{'bf16' if b else 'fp32'}"
+                                                          for n, s, b, _ in ON_TWO])
+def test_ckpt_fails_where_deepspeed_refuses_to_load_and_only_there(saved, deepspeed_on_two, tmp_path, case):
+    name, stage, bf16, failing = ON_TWO[case]
+    found = lint(tmp_path, config(stage, bf16), saved / name, "--world-size", "2")
+    said, line = deepspeed_on_two[case]
+    assert said == ("REFUSED" if failing else "LOADED"), line
+    assert {i for i, r in found.items() if r["status"] == "fail"} == ({failing} if failing else set()), found
+    assert not {i for i, r in found.items() if r["status"] in ("warn", "error")}, found
+
+
 def test_another_world_fails_as_deepspeed_refuses_it_and_the_fix_loads(saved, tmp_path):
     root = tmp_path / "zero2"
     shutil.copytree(saved / "zero2", root)
     found = lint(tmp_path, BF16_ZERO2, root, "--world-size", "3")
     assert found["CKPT003"]["status"] == "fail", found
     assert "saved by 2 data-parallel ranks, the job runs 3" in found["CKPT003"]["message"]
-    said, line = load(tmp_path, str(root), BF16_ZERO2, 3)
+    without_zero = lint(tmp_path, config(0, False), saved / "zero0", "--world-size", "3")
+    assert {r["status"] for r in without_zero.values()} == {"pass", "skip"}, without_zero
+    (said, line), (said0, line0) = load_each(tmp_path, [(root, BF16_ZERO2), (saved / "zero0", config(0, False))], 3)
     assert said == "REFUSED" and "DP world size of 2 but the current world size is 3" in line, line
+    assert said0 == "LOADED", line0  # saved without ZeRO: any world
     fix = found["CKPT003"]["remediation"]
     command = fix.split("convert it once: ", 1)[1].split(" (it writes", 1)[0].split()
     assert command[:3] == ["python", "-m", "deepspeed.checkpoint.ds_to_universal"], fix
     converted = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, timeout=300,
                                env=dict(os.environ, DS_ACCELERATOR="cpu"))
     assert converted.returncode == 0, converted.stderr[-2000:]
-    universal = dict(BF16_ZERO2, checkpoint={"load_universal": True})
-    found = lint(tmp_path, universal, root, "--world-size", "3")
-    assert {r["status"] for r in found.values()} == {"pass"}, found
-    said, line = load(tmp_path, str(root), universal, 3)
-    assert said == "LOADED", line
+    # the universal checkpoint loads on another world and into another precision, not at stage 3
+    universal = [config(2, True), config(1, False), config(3, True)]
+    universal = [dict(c, checkpoint={"load_universal": True}) for c in universal]
+    verdicts = [lint(tmp_path, c, root, "--world-size", "3") for c in universal]
+    assert [{i for i, r in v.items() if r["status"] == "fail"} for v in verdicts] == [set(), set(), {"CKPT003"}], \
+        verdicts
+    said = load_each(tmp_path, [(root, c) for c in universal], 3)
+    assert [s[0] for s in said] == ["LOADED", "LOADED", "REFUSED"], said
 
 
 def test_the_same_world_passes_and_deepspeed_loads_it(saved, tmp_path):
     found = lint(tmp_path, BF16_ZERO2, saved / "zero2", "--world-size", "2")
     assert {r["status"] for r in found.values()} == {"pass"}, found
-    assert load(tmp_path, str(saved / "zero2"), BF16_ZERO2, 2)[0] == "LOADED"
 
 
 def test_a_tag_that_is_not_there_and_a_root_without_latest(saved, tmp_path):
@@ -75,3 +116,42 @@ def test_a_shard_cut_short_is_named(saved, tmp_path):
     os.truncate(shard, shard.stat().st_size // 2)
     found = lint(tmp_path, BF16_ZERO2, root, "--world-size", "2")["CKPT002"]
     assert found["status"] == "fail" and str(shard) in found["message"], found
+
+
+def test_a_stage_3_save_without_one_ranks_model_states_is_named(saved, tmp_path):
+    root = tmp_path / "zero3"
+    shutil.copytree(saved / "zero3", root)
+    (root / "global_step1" / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
+    found = lint(tmp_path, config(3, True), root, "--world-size", "2")
+    assert found["CKPT002"]["status"] == "fail", found
+    assert found["CKPT002"]["evidence"]["missing"] == ["zero_pp_rank_1_mp_rank_00_model_states.pt"], found
+
+
+def lint_command(tmp_path, config, *command):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "preflight", "lint", "--deepspeed", str(ds), "--json", "-v",
+                           "--only", "CKPT", "--", *command], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return {r["id"]: r for r in json.loads(proc.stdout)["results"]}
+
+
+@pytest.mark.parametrize("flag", ["--resume_from_checkpoint", "--resume-from-checkpoint", "--load", "--resume"])
+def test_the_training_scripts_own_resume_flag_names_the_checkpoint(saved, tmp_path, flag):
+    for words in ([flag, str(saved / "zero2")], [f"{flag}={saved / 'zero2'}"]):
+        found = lint_command(tmp_path, BF16_ZERO2, "accelerate", "launch", "--num_processes", "3", "train.py",
+                             "--lr", "1e-4", *words)
+        assert found["CKPT003"]["status"] == "fail", found
+        assert "saved by 2 data-parallel ranks, the job runs 3" in found["CKPT003"]["message"]
+
+
+@pytest.mark.parametrize("words,why", [
+    (["--resume", "--lr", "3"], "no --resume-from given (nor a resume flag in the launch command)"),
+    (["--resume_from_checkpoint", "True"], "no --resume-from given (nor a resume flag in the launch command)"),
+    (["--load", "$CKPT_DIR"], "$CKPT_DIR (--load) is set when the job runs"),
+    (["--load", "/nowhere/ckpt"], "/nowhere/ckpt (--load) is not on this machine"),
+])
+def test_a_resume_flag_that_names_no_checkpoint_here_is_not_judged(tmp_path, words, why):
+    found = lint_command(tmp_path, BF16_ZERO2, "python", "train.py", *words)
+    assert {r["status"] for r in found.values()} == {"skip"}, found
+    assert all(r["message"].startswith(why) for r in found.values()), found

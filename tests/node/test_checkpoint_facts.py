@@ -16,6 +16,7 @@ def saved(tmp_path_factory):
 
 
 @pytest.mark.parametrize("stage, precision, files", [
+    (0, "fp32", {"mp_rank_00_model_states.pt"}),
     (1, "fp32", {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt",
                  "mp_rank_00_model_states.pt"}),
     (2, "bf16", {"bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
@@ -25,11 +26,15 @@ def saved(tmp_path_factory):
 ])
 def test_a_checkpoint_deepspeed_saved_is_read_as_it_was_saved(saved, stage, precision, files):
     facts = deepspeed(str(saved / f"zero{stage}"))
+    if stage == 0:  # without ZeRO the optimizer's state is in the model states
+        assert facts["saved"]["optimizer_in_model_states"] is True and facts["saved"]["zero_stage"] == 0
+        return
     assert facts["latest"] == facts["tag"] == "global_step1" and facts["tag_exists"]
     assert set(facts["files"]) == files and all(f["whole"] is True for f in facts["files"].values())
-    if stage < 3:
-        assert facts["saved"]["dp_world_size"] == 2 and facts["saved"]["zero_stage"] == stage
-        assert facts["saved"]["precision"] == precision and facts["saved"]["ds_version"]
+    # at stage 3 from rank 0's own model states
+    assert facts["saved"]["dp_world_size"] == 2 and facts["saved"]["zero_stage"] == stage
+    assert facts["saved"]["precision"] == precision and facts["saved"]["ds_version"]
+    assert facts["saved"]["optimizer_in_model_states"] is False  # ZeRO keeps it in the shards
     # the tag folder itself, as users pass it
     assert deepspeed(str(saved / f"zero{stage}" / "global_step1"))["tag"] == "global_step1"
 
@@ -48,3 +53,14 @@ def test_a_cut_a_missing_and_a_fifo_shard_are_each_named(saved, tmp_path):
     assert facts["files"]["zero_pp_rank_2_mp_rank_00_optim_states.pt"]["whole"] == "not a regular file"
     (copy / "latest").write_text("global_step9")
     assert deepspeed(str(copy))["tag_exists"] is False
+
+
+def test_a_folder_that_holds_no_deepspeed_checkpoint_is_said_so_quickly(saved, tmp_path):
+    for i in range(200):  # a big folder of anything: only its first folders are looked into
+        (tmp_path / f"d{i:03d}").mkdir()
+    assert deepspeed(str(tmp_path))["format"] is None
+    assert deepspeed(str(tmp_path / "nowhere"))["exists"] is False
+    # a root without `latest`, a tag folder inside: DeepSpeed's own (it warns, CKPT001)
+    shutil.copytree(saved / "zero1" / "global_step1", tmp_path / "d000" / "global_step1")
+    found = deepspeed(str(tmp_path / "d000"))
+    assert found["format"] == "deepspeed" and found["tag"] is None
