@@ -1,7 +1,7 @@
 """CKPT: will the job resume? The DeepSpeed checkpoint named by --resume-from, read as files (never unpickled:
 preflight.node.checkpoint) on the machine preflight runs on, against the planned job, before anything loads it:
 each rule is DeepSpeed's own load_checkpoint (runtime/engine.py) and held against it in tests/checks/test_ckpt.py.
-Each node's own view of it (a node without the shared filesystem) is not read yet."""
+Then on every node (CKPT005): its own listing of the checkpoint against the files its ranks load."""
 from __future__ import annotations
 
 import re
@@ -260,3 +260,87 @@ def resume_precision(ctx) -> Iterator[Finding]:
         return
     yield passed(f"{tag_path}: optimizer shards saved {'with' if saved_bf16 else 'without'} bf16, as the job "
                  f"runs ({precision})", **evidence)
+
+
+@check("CKPT005", "resume-on-node", "node", tags=["checkpoint", "resume", "deepspeed", "filesystem"])
+def resume_on_node(ctx) -> Iterator[Finding]:
+    """This node sees the checkpoint, the tag and the files its own ranks load.
+
+    Every rank opens the checkpoint on its own node: `latest` for the tag, the model states (below stage 3 one
+    file for all, at stage 3 its own), and its own ZeRO optimizer shard (engine._load_zero_checkpoint loads the
+    shard of its data-parallel rank alone). A node without the shared filesystem, or with a copy of its own, lacks
+    them or resumes from another tag: DeepSpeed warns "Unable to find latest file" and that rank starts from
+    scratch beside the others, or it stops with FileNotFoundError after the model has loaded everywhere.
+
+    Mount the checkpoint's filesystem on this node, or copy the tag folder (and `latest`) to the same path.
+    """
+    job = ctx.fact.get("job") if isinstance(ctx.fact.get("job"), dict) else {}
+    seen = job.get("checkpoint")
+    if not isinstance(seen, dict):
+        yield skip("no --resume-from given (nor a resume flag in the launch command)")
+        return
+    path = seen.get("path")
+    if "$" in str(path):
+        yield skip(f"{path} is set when the job runs")
+        return
+    head = ctx.plan.resume if ctx.plan.resume and ctx.plan.resume.get("exists") else None
+    ranks = _node_ranks(ctx)
+    whose = f"ranks {ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank {ranks[0]}" if ranks else "its ranks"
+    load = "loads" if len(ranks) == 1 else "load"
+    if not seen.get("exists"):
+        yield fail(f"{path} is not on {ctx.node}, which {whose} {load} from", FIX_ON_NODE, path=path, ranks=ranks)
+        return
+    tag = seen.get("tag")
+    if head is not None and head.get("format") == "deepspeed" and head.get("tag") and tag != head.get("tag"):
+        yield fail(f"{path}: {ctx.node}'s `latest` names {tag!r}, this machine's {head['tag']!r}: {whose} would "
+                   "resume from another step than the other ranks", FIX_ON_NODE, path=path, tag=tag,
+                   head_tag=head.get("tag"))
+        return
+    if seen.get("format") != "deepspeed" or not tag:
+        yield skip(f"{path} on {ctx.node}: no DeepSpeed tag to load (CKPT001 judges this machine's)")
+        return
+    if not seen.get("tag_exists"):
+        yield fail(f"{path}/{tag} is not on {ctx.node}, which {whose} {load} from", FIX_ON_NODE, path=path, tag=tag)
+        return
+    names = seen.get("names")
+    names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else None  # a node sends anything
+    if head is None or head.get("tag") != tag:
+        yield passed(f"{path}/{tag}: there ({seen.get('count')} files; this machine has no copy to compare)")
+        return
+    if names is None:  # the head's listing, or past LISTED names: a node sends their digest alone
+        if seen.get("digest") != head.get("digest"):
+            yield warn(f"{path}/{tag} on {ctx.node}: {seen.get('count')} files, not the {head.get('count')} this "
+                       "machine sees", FIX_ON_NODE, path=path)
+        else:
+            yield passed(f"{path}/{tag}: the same {seen.get('count')} files as this machine's")
+        return
+    wanted = _files_of_ranks(head, ranks) if ranks else set(head.get("files") or {})
+    lacking = sorted(wanted - set(names))
+    if lacking:
+        shown = ", ".join(lacking[:4]) + (f" and {len(lacking) - 4} more" if len(lacking) > 4 else "")
+        yield fail(f"{path}/{tag} on {ctx.node} lacks {shown}, which {whose} {load}", FIX_ON_NODE, path=path,
+                   missing=lacking, ranks=ranks)
+        return
+    yield passed(f"{path}/{tag}: the {len(wanted)} files {whose} {load} are there", path=path, ranks=ranks)
+
+
+FIX_ON_NODE = "mount the checkpoint's filesystem on this node, or copy the tag folder and `latest` to the same path"
+
+
+def _node_ranks(ctx) -> List[int]:
+    """The global ranks the node's launch runs (its machine rank times the processes per node, as accelerate and
+    torchrun number them), or [] where its launch is not known."""
+    view = (((ctx.probes or {}).get("job") or {}).get("nodes") or {}).get(ctx.node) or {}
+    rank, per_node = view.get("machine_rank"), view.get("processes")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, per_node)) or per_node < 1 or rank < 0:
+        return []
+    return list(range(rank * per_node, (rank + 1) * per_node))
+
+
+def _files_of_ranks(head, ranks) -> set:
+    """The files of the head's copy that these ranks open, by the save's layout (DeepSpeed's names)."""
+    names = set(head.get("files") or {})
+    wanted = {n for n in names if n.startswith("mp_rank_")}  # the model states every rank loads below stage 3
+    for rank in ranks:
+        wanted |= {n for n in names if re.match(rf"^(bf16_)?zero_pp_rank_{rank}_mp_rank_\d+_", n)}
+    return wanted

@@ -98,6 +98,11 @@ class Plan:
                     paths[f"{block}.nvme_path"] = self.job_path(nvme)
         return paths
 
+    @property
+    def load_universal(self) -> bool:
+        """The DeepSpeed config sets checkpoint.load_universal: load_checkpoint reads `latest_universal`."""
+        return self.deepspeed is not None and self.deepspeed.get("checkpoint", "load_universal") is True
+
     @functools.cached_property
     def resume(self) -> Optional[dict]:
         """What this machine reads of the checkpoint given with --resume-from (preflight.node.checkpoint), once."""
@@ -108,8 +113,7 @@ class Plan:
         named_by = self.resume_named_by or "--resume-from"
         if "$" in self.resume_from:  # a variable of the batch script's or the node's, set when the job runs
             return {"path": self.resume_from, "named_by": named_by, "at_run_time": True}
-        universal = self.deepspeed.get("checkpoint", "load_universal") if self.deepspeed is not None else None
-        facts = checkpoint.deepspeed(self.job_path(self.resume_from), universal=universal is True)
+        facts = checkpoint.deepspeed(self.job_path(self.resume_from), universal=self.load_universal)
         facts["named_by"] = named_by
         return facts
 

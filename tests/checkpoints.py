@@ -3,6 +3,7 @@
 saved by two ranks, in one run; `load_each(folder, cases, nproc)` runs DeepSpeed's own load_checkpoint for each
 (checkpoint, config) on a world of its own and returns what it said."""
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -25,9 +26,16 @@ SAVE = textwrap.dedent("""
 """)
 
 
-def torchrun(folder, script, nproc, *args, port=29931):
+def free_port():
+    with socket.socket() as probe:  # the kernel's choice: runs beside each other (xdist, a second checkout) differ
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun(folder, script, nproc, *args):
     """(exit code, output) of `script` run by torchrun on nproc CPU ranks."""
     (folder / "script.py").write_text(script)
+    port = free_port()
     runner = os.path.join(os.path.dirname(sys.executable), "torchrun")
     proc = subprocess.run([runner, "--nproc_per_node", str(nproc), "--master_port", str(port), str(folder / "script.py"),
                            *map(str, args)], capture_output=True, text=True, timeout=600,
@@ -63,8 +71,7 @@ def load_each(folder, cases, nproc):
     ("LOADED", path) or ("REFUSED", its exception and message)."""
     import json
 
-    code, out = torchrun(folder, LOAD, nproc, json.dumps([[str(root), config] for root, config in cases]),
-                         port=29932)
+    code, out = torchrun(folder, LOAD, nproc, json.dumps([[str(root), config] for root, config in cases]))
     said = [line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("CASE ")]
     assert code == 0 and len(said) == len(cases), out[-3000:]
     return [tuple(words) for words in said]

@@ -87,7 +87,10 @@ def request(plan, environ: Optional[Mapping[str, str]] = None) -> dict:
             "files": list(dict.fromkeys(f for f in files if f)), "text": text, "programs": programs,
             "expand": plan.expand_vars, "env": dict(cmd.env) if cmd is not None else {},
             "deadline_s": JOB_READ_S, "resolve": head_names(cmd),
-            "keep": list(allocation.STEP_VARIABLES) if step_allocation(plan, environ) else []}
+            "keep": list(allocation.STEP_VARIABLES) if step_allocation(plan, environ) else [],
+            # the checkpoint the job resumes from, as each node sees it (CKPT005)
+            "resume": {"path": plan.resume_from, "universal": plan.load_universal,
+                       "digest": (plan.resume or {}).get("digest")} if plan.resume_from else None}
 
 
 def head_names(cmd: Optional[launchcmd.LaunchCommand]) -> List[str]:

@@ -2,6 +2,7 @@
 names and sizes, each torch file's zip central directory, and the plain data of the small pickles that say how
 the checkpoint was saved (preflight.node.pickled). DeepSpeed's layout, as its engine names and loads the files
 (deepspeed/runtime/engine.py: _get_ckpt_name, _get_rank_zero_ckpt_name, load_checkpoint)."""
+import hashlib
 import os
 import re
 import stat
@@ -11,6 +12,7 @@ from preflight.node.pickled import Opaque, plain_data
 
 PICKLE_BYTES = 16 << 20  # a model-states pickle without its tensors: kilobytes; past this it is not read
 TAG_BYTES = 4096
+LISTED = 4096  # a node names up to this many files of the tag; past it, their digest alone
 ZERO_FILE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
 ZERO3_MODEL_FILE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
@@ -58,10 +60,12 @@ def torch_file(path, read_pickle=False):
     return found
 
 
-def deepspeed(root, tag=None, universal=False):
+def deepspeed(root, tag=None, universal=False, read=True, head_digest=None):
     """The facts of a DeepSpeed checkpoint: `root` is the folder save_checkpoint was given (with `latest`) or a
     tag folder itself; tag as load_checkpoint would be given one; universal: the job sets checkpoint.load_universal
-    (its tag then comes from `latest_universal`, as load_checkpoint reads it)."""
+    (its tag then comes from `latest_universal`, as load_checkpoint reads it). read=False: names alone (what each
+    node sees, one listing; the head reads the files once): their digest, and the names themselves, up to LISTED,
+    only where the digest is not the head's (head_digest): a shared filesystem sends 16 characters a node."""
     facts = {"path": root, "exists": os.path.isdir(root), "format": "deepspeed",
              "latest": _small_text(os.path.join(root, "latest")),
              "latest_universal": _small_text(os.path.join(root, "latest_universal"))}
@@ -72,20 +76,25 @@ def deepspeed(root, tag=None, universal=False):
         facts["format"] = None  # no DeepSpeed checkpoint here (another library's, or nothing)
     facts["tag"] = tag or facts["latest_universal" if universal else "latest"]
     folder = os.path.join(root, facts["tag"]) if facts["tag"] else None
-    try:
-        names = sorted(os.listdir(folder)) if folder else []
-        facts["tag_exists"] = True
-    except OSError:
-        names, facts["tag_exists"] = [], False if folder else None
-    files = {}
-    for name in names:
-        zero3 = ZERO3_MODEL_FILE.match(name)
-        if ZERO_FILE.match(name) or zero3 or MODEL_FILE.match(name):
-            # how it was saved: from the model states that rank 0 wrote (at stage 3 every rank writes its own)
-            first = bool(MODEL_FILE.match(name)) or bool(zero3 and zero3.group(1) == "0")
-            files[name] = torch_file(os.path.join(folder, name), read_pickle=first)
-    facts["files"] = {name: {k: v for k, v in found.items() if k != "data"} for name, found in files.items()}
+    names, facts["tag_exists"] = [], None
+    if folder:
+        try:
+            names, facts["tag_exists"] = sorted(os.listdir(folder)), True
+        except OSError:
+            facts["tag_exists"] = False
+    listed = [n for n in names if ZERO_FILE.match(n) or ZERO3_MODEL_FILE.match(n) or MODEL_FILE.match(n)]
+    facts["count"], facts["digest"] = len(listed), hashlib.sha256("\n".join(listed).encode()).hexdigest()[:16]
     facts["universal"] = bool(folder) and os.path.isdir(os.path.join(folder, "zero"))
+    if not read:
+        facts["names"] = listed if len(listed) <= LISTED and facts["digest"] != head_digest else None
+        return facts
+    files = {}
+    for name in listed:
+        zero3 = ZERO3_MODEL_FILE.match(name)
+        # how it was saved: from the model states that rank 0 wrote (at stage 3 every rank writes its own)
+        first = bool(MODEL_FILE.match(name)) or bool(zero3 and zero3.group(1) == "0")
+        files[name] = torch_file(os.path.join(folder, name), read_pickle=first)
+    facts["files"] = {name: {k: v for k, v in found.items() if k != "data"} for name, found in files.items()}
     saved = next((found.get("data") for name, found in sorted(files.items())
                   if isinstance(found.get("data"), dict)), None)
     facts["saved"] = _saved(saved) if saved else None

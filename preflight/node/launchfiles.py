@@ -8,6 +8,7 @@ import re
 import stat
 import time
 
+from preflight.node import checkpoint
 from preflight.node.paths import resolve
 
 TEXT_LIMIT = 1 << 20  # a config file's text comes back up to this size; bigger files only as a digest
@@ -49,11 +50,16 @@ def facts(job):
         else:
             files[name] = read_file(word(name), cwd, name in (job.get("text") or ()), until)
     names = [word(name) for name in job.get("resolve") or ()] + [_main_process_ip(config_file)]
+    resume, seen = job.get("resume") if isinstance(job.get("resume"), dict) else {}, None
+    if isinstance(resume.get("path"), str):  # names alone: the head reads the files once
+        seen = checkpoint.deepspeed(os.path.join(cwd, word(resume["path"])), read=False,
+                                      universal=resume.get("universal") is True, head_digest=resume.get("digest"))
     return {
         "cwd": cwd, "cwd_exists": os.path.isdir(cwd), "argv": [word(a, session) for a in job.get("argv") or ()],
         "config": config_file, "files": files,
         "programs": dict((name, _program(word(name), cwd)) for name in job.get("programs") or ()),
-        "resolved": resolve(names), "deepspeed_env": deepspeed_env_files(cwd, dict(os.environ, **(job.get("env") or {}))),
+        "resolved": resolve(names), "checkpoint": seen,
+        "deepspeed_env": deepspeed_env_files(cwd, dict(os.environ, **(job.get("env") or {}))),
     }
 
 

@@ -64,3 +64,15 @@ def test_a_folder_that_holds_no_deepspeed_checkpoint_is_said_so_quickly(saved, t
     shutil.copytree(saved / "zero1" / "global_step1", tmp_path / "d000" / "global_step1")
     found = deepspeed(str(tmp_path / "d000"))
     assert found["format"] == "deepspeed" and found["tag"] is None
+
+
+def test_a_node_names_its_files_only_where_they_are_not_the_heads(saved, tmp_path):
+    head = deepspeed(str(saved / "zero2"))
+    same = deepspeed(str(saved / "zero2"), read=False, head_digest=head["digest"])
+    assert same["names"] is None and same["digest"] == head["digest"] and same["count"] == 3
+    copy = tmp_path / "zero2"
+    shutil.copytree(saved / "zero2", copy)
+    (copy / "global_step1" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    other = deepspeed(str(copy), read=False, head_digest=head["digest"])
+    assert other["names"] == ["bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt"]
+    assert "files" not in other and "saved" not in other  # names alone: the head reads the files once

@@ -68,8 +68,7 @@ def test_a_program_is_shipped_with_the_modules_it_imports_and_no_others():
     agent = json.loads(shipping.bundle(shipping.AGENT))
     assert set(agent["modules"]) == {"preflight", "preflight.node"} | {
         f"preflight.node.{p.stem}" for p in MODULES
-        if p.stem not in ("__init__", "allreduce", "pairlinks", "checkpoint", "pickled")}
-    # census: lazily; pairlinks: the worker's; checkpoint, pickled: read on the head for --resume-from
+        if p.stem not in ("__init__", "allreduce", "pairlinks")}  # census: lazily; pairlinks: the worker's
     assert agent["main"] == "preflight.node.agent" and agent["packages"] == ["preflight", "preflight.node"]
     worker = json.loads(shipping.bundle(shipping.ALLREDUCE))
     assert set(worker["modules"]) == {"preflight", "preflight.node", "preflight.node.allreduce",

@@ -1,0 +1,91 @@
+"""CKPT005 over real SSH sessions on the test cluster: each node's job folder is its own (a private bind mount at
+the same path), as on nodes without a shared filesystem, and holds its own copy of a real DeepSpeed checkpoint
+(ZeRO-2, bf16, saved by two ranks). Each node's ranks come from its own accelerate config (machine_rank)."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from checkpoints import save_all
+from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.cluster
+
+ACCELERATE = str(Path(sys.executable).parent / "accelerate")
+DS = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+      "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+SHARD = "global_step1/bf16_zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return save_all(tmp_path_factory.mktemp("checkpoints")) / "zero2"
+
+
+@pytest.fixture
+def job(cluster, tmp_path, saved):
+    """Two nodes, one rank each; the job folder on this machine (the head's copy) and on each node, each with
+    the checkpoint at ckpt/."""
+    nodes = cluster.nodes[:2]
+    workdir = tmp_path / "job"
+    folders = {n: cluster.bind_dir(n, str(workdir)) for n in nodes}
+    for index, folder in enumerate([workdir, *folders.values()]):
+        config = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "num_machines": 2,
+                  "machine_rank": max(0, index - 1), "num_processes": 2, "main_process_ip": cluster.ip(nodes[0]),
+                  "main_process_port": 29513, "use_cpu": True,
+                  "deepspeed_config": {"deepspeed_config_file": "ds.json", "deepspeed_multinode_launcher": "standard"}}
+        (folder / "accelerate.yaml").write_text(yaml.safe_dump(config))
+        (folder / "ds.json").write_text(json.dumps(DS))
+        (folder / "train.py").write_text("print('training')\n")
+        shutil.copytree(saved, folder / "ckpt")
+    return workdir, nodes, folders
+
+
+def ckpt005(cluster, workdir, nodes, *resume, script_args=()):
+    argv = [sys.executable, "-m", "preflight", "check", "--hosts", ",".join(nodes), "--ssh-config",
+            str(cluster.ssh_config), "--python", sys.executable, "--only", "CKPT", "--json", *resume, "--",
+            ACCELERATE, "launch", "--config_file", "accelerate.yaml", "train.py", *script_args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=workdir)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads(proc.stdout)
+    return {tuple(r["nodes"]): r for r in doc["results"] if r["id"] == "CKPT005"}, doc
+
+
+def test_every_node_with_its_ranks_files_passes(cluster, job):
+    workdir, nodes, _ = job
+    for resume, script_args in ((["--resume-from", "ckpt"], ()), ((), ("--resume_from_checkpoint", "ckpt"))):
+        found, doc = ckpt005(cluster, workdir, nodes, *resume, script_args=script_args)
+        assert list(found) == [tuple(nodes)] and found[tuple(nodes)]["status"] == "pass", found  # one line for all
+        assert "the same 3 files as this machine's" in found[tuple(nodes)]["message"], found
+        assert {r["status"] for r in doc["results"]} == {"pass"}, doc["results"]
+
+
+def test_a_node_without_its_ranks_shard_is_named_with_the_rank(cluster, job):
+    workdir, nodes, folders = job
+    (folders[nodes[1]] / "ckpt" / SHARD.format(1)).unlink()
+    (folders[nodes[0]] / "ckpt" / SHARD.format(1)).unlink()  # rank 1's: node01's rank 0 does not load it
+    found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "ckpt")
+    assert found[(nodes[0],)]["status"] == "pass", found
+    lacking = found[(nodes[1],)]
+    assert lacking["status"] == "fail" and lacking["evidence"]["ranks"] == [1], lacking
+    assert lacking["evidence"]["missing"] == [SHARD.format(1).split("/")[1]], lacking
+    assert f"on {nodes[1]} lacks bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt, which rank 1 loads" \
+        in lacking["message"], lacking
+
+
+def test_a_node_without_the_checkpoint_and_one_at_another_step(cluster, job):
+    workdir, nodes, folders = job
+    shutil.rmtree(folders[nodes[1]] / "ckpt")
+    found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "ckpt")
+    assert found[(nodes[1],)]["status"] == "fail" and "is not on" in found[(nodes[1],)]["message"], found
+    shutil.copytree(folders[nodes[0]] / "ckpt", folders[nodes[1]] / "ckpt")
+    (folders[nodes[1]] / "ckpt" / "global_step1").rename(folders[nodes[1]] / "ckpt" / "global_step0")
+    (folders[nodes[1]] / "ckpt" / "latest").write_text("global_step0")
+    found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "ckpt")
+    odd = found[(nodes[1],)]
+    assert odd["status"] == "fail" and "names 'global_step0', this machine's 'global_step1'" in odd["message"], found
