@@ -348,16 +348,17 @@ def _main(argv: List[str]) -> int:
             raise UsageError(f"--{option.replace('_', '-')} is an empty path")
     if args.command == "slurm-scripts":
         return _slurm_scripts(args)
-    if getattr(args, "ssh_config", None) is not None:
-        _check_ssh_config(args.ssh_config, getattr(args, "hosts", None), getattr(args, "timeout", 10.0))
     if args.command in ("check", "launch"):
         from preflight.remote import early
 
-        # The first nodes are reached, and their programs started, while the checks load and the plan is built.
+        # The first nodes are reached, and their programs started, while the SSH config is validated, the checks
+        # load and the plan is built; a run that stops on bad input ends them (below).
         args.early_start = early.start(args)
     from preflight import registry
 
     try:
+        if getattr(args, "ssh_config", None) is not None:
+            _check_ssh_config(args.ssh_config, getattr(args, "hosts", None), getattr(args, "timeout", 10.0))
         reg = registry.load()
         for problem in reg.problems:
             print(f"preflight: warning: {problem}", file=sys.stderr)
