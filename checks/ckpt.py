@@ -8,6 +8,7 @@ import re
 from typing import Iterator, List
 
 from preflight.api import Finding, check, fail, passed, skip, warn
+from preflight.collective.options import format_size
 
 ZERO_SHARD = re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_?optim_states\.pt$")
 ZERO3_MODEL = re.compile(r"^zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt$")
@@ -344,3 +345,44 @@ def _files_of_ranks(head, ranks) -> set:
     for rank in ranks:
         wanted |= {n for n in names if re.match(rf"^(bf16_)?zero_pp_rank_{rank}_mp_rank_\d+_", n)}
     return wanted
+
+
+@check("CKPT006", "resume-room", "node", tags=["checkpoint", "resume", "deepspeed", "filesystem"])
+def resume_room(ctx) -> Iterator[Finding]:
+    """The filesystem that holds the checkpoint, on this node, has room for the next save and lets the job write.
+
+    DeepSpeed's save_checkpoint writes a whole new tag (the same files as the last one, of the same size) before
+    anything is removed: the Trainer's save_total_limit and scripts that keep the last N delete old tags only after
+    the new one is written. With less free than one tag, the first save fails with "No space left on device" hours
+    into the run, and the tag it leaves is cut short.
+
+    Free space on the checkpoint's filesystem (or save elsewhere), or make the folder writable by the job's user.
+    """
+    job = ctx.fact.get("job") if isinstance(ctx.fact.get("job"), dict) else {}
+    seen = job.get("checkpoint")
+    room = seen.get("room") if isinstance(seen, dict) else None
+    head = ctx.plan.resume if ctx.plan.resume and ctx.plan.resume.get("exists") else None
+    if not isinstance(room, dict) or not isinstance(room.get("free_bytes"), int):
+        yield skip("no checkpoint on this node to measure (CKPT005)" if isinstance(seen, dict) else
+                   "no --resume-from given (nor a resume flag in the launch command)")
+        return
+    sizes = [f.get("bytes") for f in ((head or {}).get("files") or {}).values() if isinstance(f, dict)]
+    tag_bytes = sum(b for b in sizes if isinstance(b, int)) if sizes else None
+    path, free = seen.get("path"), room["free_bytes"]
+    evidence = dict(path=path, free_bytes=free, tag_bytes=tag_bytes)
+    if room.get("writable") is False:
+        yield fail(f"{path} on {ctx.node} is not writable by this session's user: the job cannot save there",
+                   "make the checkpoint folder writable by the job's user, or save elsewhere", **evidence)
+        return
+    if not tag_bytes:
+        yield skip("the size of a save is not known (this machine has no copy of the checkpoint)")
+        return
+    if free < tag_bytes:
+        yield fail(f"{path} on {ctx.node}: {format_size(free)} free, the next save needs {format_size(tag_bytes)} "
+                   "(the last tag's size): it fails with \"No space left on device\"",
+                   "free space on the checkpoint's filesystem, or save to another", **evidence)
+        return
+    saves = free // tag_bytes
+    yield passed(f"{path}: {format_size(free)} free, room for {saves} save{'s' if saves != 1 else ''} of "
+                 f"{format_size(tag_bytes)}", **evidence)
+

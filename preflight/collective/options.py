@@ -34,9 +34,8 @@ def parse_sizes(text: str) -> Tuple[int, ...]:
 
 
 def format_size(nbytes: int) -> str:
+    """In the largest unit it reaches: whole where it divides, else to a tenth (1 MiB, 1.5 GiB, 12.3 KiB)."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    if nbytes >= MIB:
-        return f"{nbytes / MIB:.1f} MiB"
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}" if nbytes % scale == 0 else f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes} B"

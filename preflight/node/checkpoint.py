@@ -87,6 +87,7 @@ def deepspeed(root, tag=None, universal=False, read=True, head_digest=None):
     facts["universal"] = bool(folder) and os.path.isdir(os.path.join(folder, "zero"))
     if not read:
         facts["names"] = listed if len(listed) <= LISTED and facts["digest"] != head_digest else None
+        facts["room"] = _room(root)
         return facts
     files = {}
     for name in listed:
@@ -99,6 +100,15 @@ def deepspeed(root, tag=None, universal=False, read=True, head_digest=None):
                   if isinstance(found.get("data"), dict)), None)
     facts["saved"] = _saved(saved) if saved else None
     return facts
+
+
+def _room(root):
+    """{"free_bytes", "writable"} of the filesystem that holds the checkpoint, where the next save goes."""
+    try:
+        info = os.statvfs(root)
+    except OSError:
+        return None
+    return {"free_bytes": info.f_bavail * info.f_frsize, "writable": os.access(root, os.W_OK)}
 
 
 def _has_tag(root, folders=64):

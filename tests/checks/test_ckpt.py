@@ -155,3 +155,29 @@ def test_a_resume_flag_that_names_no_checkpoint_here_is_not_judged(tmp_path, wor
     found = lint_command(tmp_path, BF16_ZERO2, "python", "train.py", *words)
     assert {r["status"] for r in found.values()} == {"skip"}, found
     assert all(r["message"].startswith(why) for r in found.values()), found
+
+
+def test_a_node_without_room_for_the_next_save_fails(saved, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "pf-ckpt-test", str(small)], check=True)
+    try:
+        shutil.copytree(saved / "zero2", small / "zero2")
+        ds = tmp_path / "ds.json"
+        ds.write_text(json.dumps(BF16_ZERO2))
+
+        def room():
+            proc = subprocess.run([sys.executable, "-m", "preflight", "node", "--deepspeed", str(ds), "--resume-from",
+                                   str(small / "zero2"), "--only", "CKPT006", "--json"], capture_output=True,
+                                  text=True, timeout=120)
+            [found] = json.loads(proc.stdout)["results"]
+            return found
+
+        assert room()["status"] == "pass", room()
+        free = os.statvfs(small).f_bavail * os.statvfs(small).f_frsize
+        (small / "filler").write_bytes(b"\0" * (free - 8192))  # less left than one tag (14 KiB)
+        found = room()
+        assert found["status"] == "fail" and "No space left on device" in found["message"], found
+        assert found["evidence"]["tag_bytes"] > found["evidence"]["free_bytes"], found
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
