@@ -160,12 +160,12 @@ def resume_world(ctx) -> Iterator[Finding]:
     evidence = dict(saved_dp_world_size=saved.get("dp_world_size"), dp_world_size=world, world_size_from=source,
                     saved_zero_stage=saved.get("zero_stage"), zero_stage=planned, path=tag_path)
     if planned is not None and layout is not None and (layout == 3) != (planned == 3):
+        was = saved.get("zero_stage") if isinstance(saved.get("zero_stage"), int) else 3 if layout == 3 else "0-2"
         saved_as = "stage 3 (each rank's model states in a file of its own)" if layout == 3 else \
-            f"stage {saved.get('zero_stage', '?')} (one model states file)"
+            f"stage {was} (one model states file)"
         yield fail(f"{tag_path}: saved at ZeRO {saved_as}, the job runs stage {planned}: DeepSpeed's "
                    "load_checkpoint finds no model states file of its stage's name and stops at `assert "
-                   "len(self.ckpt_list) > 0`", f"run ZeRO stage {saved.get('zero_stage', 3 if layout == 3 else 2)}, "
-                   "as it was saved", **evidence)
+                   "len(self.ckpt_list) > 0`", f"run ZeRO stage {was}, as it was saved", **evidence)
         return
     if facts.get("universal"):
         yield passed(f"{tag_path}: a universal checkpoint: it loads on any data-parallel world", **evidence)
@@ -174,9 +174,9 @@ def resume_world(ctx) -> Iterator[Finding]:
     if dp is None:
         yield skip(f"{root}: how many ranks saved it is not known (its model states were not read)")
         return
-    if (saved.get("tp_degree") or 1) > 1 or (saved.get("pp_degree") or 1) > 1:
-        yield skip(f"saved with tensor parallel {saved.get('tp_degree')} and pipeline {saved.get('pp_degree')}: the "
-                   "job's degrees are set by its training code, not judged")
+    if any((saved.get(k) or 1) > 1 for k in ("tp_degree", "pp_degree", "mp_world_size")):
+        yield skip(f"saved with model parallel {saved.get('mp_world_size')}, tensor parallel {saved.get('tp_degree')} "
+                   f"and pipeline {saved.get('pp_degree')}: the job's degrees are set by its training code, not judged")
         return
     if world is None:
         yield skip(f"the world size is {source}")
@@ -189,7 +189,8 @@ def resume_world(ctx) -> Iterator[Finding]:
         yield fail(f"{tag_path}: saved with ZeRO stage {saved.get('zero_stage')}, whose optimizer state is in each "
                    "rank's shard; the job runs without ZeRO and loads the optimizer from the model states, where "
                    "it is None (\"'NoneType' object has no attribute 'copy'\")",
-                   f"run ZeRO stage {saved.get('zero_stage')} as it was saved, " + _universal_fix(facts), **evidence)
+                   f"run ZeRO stage {saved.get('zero_stage')} as it was saved, or load the module alone "
+                   "(load_checkpoint(..., load_optimizer_states=False))", **evidence)
         return
     if planned == 0:
         yield passed(f"{tag_path}: saved without ZeRO and loaded without it: every rank loads the same model states, "

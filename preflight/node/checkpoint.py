@@ -15,6 +15,7 @@ TAG_BYTES = 4096
 LISTED = 4096  # a node names up to this many files of the tag; past it, their digest alone
 ZERO_FILE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
 ZERO3_MODEL_FILE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+TRAINER_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # transformers' PREFIX_CHECKPOINT_DIR, trainer_utils
 MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 
 
@@ -66,9 +67,12 @@ def deepspeed(root, tag=None, universal=False, read=True, head_digest=None):
     (its tag then comes from `latest_universal`, as load_checkpoint reads it). read=False: names alone (what each
     node sees, one listing; the head reads the files once): their digest, and the names themselves, up to LISTED,
     only where the digest is not the head's (head_digest): a shared filesystem sends 16 characters a node."""
+    newest = None if os.path.lexists(os.path.join(root, "latest")) else _newest_trainer_checkpoint(root)
+    if newest is not None:  # a Trainer's output folder: it resumes from its newest checkpoint-N
+        root = os.path.join(root, newest)
     facts = {"path": root, "exists": os.path.isdir(root), "format": "deepspeed",
              "latest": _small_text(os.path.join(root, "latest")),
-             "latest_universal": _small_text(os.path.join(root, "latest_universal"))}
+             "latest_universal": _small_text(os.path.join(root, "latest_universal")), "trainer_checkpoint": newest}
     if tag is None and facts["latest"] is None and _looks_like_tag(root):
         root, tag = os.path.dirname(root.rstrip("/")) or ".", os.path.basename(root.rstrip("/"))
         facts["path"] = root
@@ -109,6 +113,19 @@ def _room(root):
     except OSError:
         return None
     return {"free_bytes": info.f_bavail * info.f_frsize, "writable": os.access(root, os.W_OK)}
+
+
+def _newest_trainer_checkpoint(root):
+    """The checkpoint-N with the largest N in root, as the HF Trainer picks it (trainer_utils.get_last_checkpoint,
+    for resume_from_checkpoint=True and its example scripts), or None. A Trainer with DeepSpeed saves each one
+    with the engine's save_checkpoint: a DeepSpeed root, with its `latest`."""
+    try:
+        with os.scandir(root) as entries:
+            found = [(int(m.group(1)), entry.name) for entry in entries
+                     for m in [TRAINER_CHECKPOINT.match(entry.name)] if m and entry.is_dir()]
+    except OSError:
+        return None
+    return max(found)[1] if found else None
 
 
 def _has_tag(root, folders=64):

@@ -8,7 +8,6 @@ import re
 import stat
 import time
 
-from preflight.node import checkpoint
 from preflight.node.paths import resolve
 
 TEXT_LIMIT = 1 << 20  # a config file's text comes back up to this size; bigger files only as a digest
@@ -52,6 +51,8 @@ def facts(job):
     names = [word(name) for name in job.get("resolve") or ()] + [_main_process_ip(config_file)]
     resume, seen = job.get("resume") if isinstance(job.get("resume"), dict) else {}, None
     if isinstance(resume.get("path"), str):  # names alone: the head reads the files once
+        from preflight.node import checkpoint  # zipfile and pickletools: only for a job that resumes
+
         seen = checkpoint.deepspeed(os.path.join(cwd, word(resume["path"])), read=False,
                                       universal=resume.get("universal") is True, head_digest=resume.get("digest"))
     return {

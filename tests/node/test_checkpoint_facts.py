@@ -76,3 +76,13 @@ def test_a_node_names_its_files_only_where_they_are_not_the_heads(saved, tmp_pat
     other = deepspeed(str(copy), read=False, head_digest=head["digest"])
     assert other["names"] == ["bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt"]
     assert "files" not in other and "saved" not in other  # names alone: the head reads the files once
+
+
+def test_a_trainer_output_folder_resumes_from_its_newest_checkpoint(saved, tmp_path):
+    # as the HF Trainer with DeepSpeed lays it out: engine.save_checkpoint(output_dir/checkpoint-N) each time
+    for step in (5, 40, 9):
+        shutil.copytree(saved / "zero2", tmp_path / f"checkpoint-{step}")
+    (tmp_path / "checkpoint-100").write_text("a file, not a checkpoint")  # get_last_checkpoint takes folders only
+    facts = deepspeed(str(tmp_path))
+    assert facts["trainer_checkpoint"] == "checkpoint-40" and facts["path"] == str(tmp_path / "checkpoint-40")
+    assert facts["tag"] == "global_step1" and facts["tag_exists"] and facts["saved"]["dp_world_size"] == 2
