@@ -60,7 +60,7 @@ def test_a_rank_of_another_run_is_never_counted():
     deadline), and a's own rank 1 meets rank 0 with the exact sum of a world of two."""
     port = free_port()
     head = start_worker(port, [0], 2, "a" * 16, budget=40.0)
-    time.sleep(0.5)
+    listening(port)  # a's store is up (its torch import can take seconds on a loaded machine): then the stranger
     stranger = start_worker(port, [1], 2, "b" * 16, budget=20.0)
     time.sleep(0.5)
     own = start_worker(port, [1], 2, "a" * 16, budget=40.0)
