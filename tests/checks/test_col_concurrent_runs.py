@@ -26,9 +26,9 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def start_worker(port, ranks, world, run, budget):
+def start_worker(port, ranks, world, run, budget, timeout_s=30):
     options = {"master_addr": "127.0.0.1", "master_port": port, "world_size": world, "ranks": ranks,
-               "backend": "gloo", "sizes": [4096], "timeout_s": 30, "budget_s": budget, "env": {}, "run": run}
+               "backend": "gloo", "sizes": [4096], "timeout_s": timeout_s, "budget_s": budget, "env": {}, "run": run}
     proc = subprocess.Popen(["bash", "-c", shipped_command(sys.executable)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdin.write(shipped_input(ALLREDUCE, options))
@@ -59,14 +59,15 @@ def test_a_rank_of_another_run_is_never_counted():
     """Run a's rank 0 holds the store; run b's rank 1 finds a's token there and stays out (a port clash at its
     deadline), and a's own rank 1 meets rank 0 with the exact sum of a world of two."""
     port = free_port()
-    head = start_worker(port, [0], 2, "a" * 16, budget=40.0)
+    head = start_worker(port, [0], 2, "a" * 16, budget=60.0, timeout_s=55)  # it waits for its rank 1 (below)
     listening(port)  # a's store is up (its torch import can take seconds on a loaded machine): then the stranger
     stranger = start_worker(port, [1], 2, "b" * 16, budget=20.0)
-    time.sleep(0.5)
-    own = start_worker(port, [1], 2, "a" * 16, budget=40.0)
+    # a's own rank 1 only once the stranger has given up: started beside it, it could finish run a (and close
+    # its store) before a slow stranger had even imported torch, which then found no store at all
     [intruder] = report_of(stranger)["ranks"]
     assert intruder["kind"] == "clash" and intruder["stage"] == "store", intruder
     assert f"127.0.0.1:{port} is held by another preflight run" in intruder["error"]
+    own = start_worker(port, [1], 2, "a" * 16, budget=40.0)  # the stranger was never counted as a's rank 1
     first, second = report_of(head), report_of(own)
     assert first["ok"] and second["ok"], (first, second)
     assert first["ranks"][0]["check"] == {"ok": True, "expected": 3.0, "mismatches": 0, "first": None}
