@@ -17,7 +17,8 @@ UNIVERSAL_FIX = ("or convert it once: python -m deepspeed.checkpoint.ds_to_unive
                  "checkpoint.load_universal: true in the DeepSpeed config")
 
 
-def _resume(ctx):
+def _resume(ctx, tag=False):
+    """(the facts of the checkpoint this machine read, None) or (None, the skip); tag: its tag folder is there too."""
     facts = ctx.plan.resume
     if facts is None:
         return None, skip("no --resume-from given (nor a resume flag in the launch command)")
@@ -28,6 +29,8 @@ def _resume(ctx):
         return None, skip(f"{path} ({named_by}) is not on this machine (each node's own copy is not read yet)")
     if facts.get("format") != "deepspeed":
         return None, skip(f"{path} ({named_by}): not a DeepSpeed checkpoint (the other formats are not read yet)")
+    if tag and not facts.get("tag_exists"):
+        return None, skip("the tag is not there (CKPT001)")
     return facts, None
 
 
@@ -68,12 +71,9 @@ def resume_files(ctx) -> Iterator[Finding]:
 
     Resume from the last tag whose save finished, or save again.
     """
-    facts, skipped = _resume(ctx)
+    facts, skipped = _resume(ctx, tag=True)
     if skipped:
         yield skipped
-        return
-    if not facts.get("tag_exists"):
-        yield skip("the tag is not there (CKPT001)")
         return
     tag_path = f"{facts['path']}/{facts['tag']}"
     files = facts.get("files") or {}
@@ -137,12 +137,9 @@ def resume_world(ctx) -> Iterator[Finding]:
     Run the world and stage it was saved with, or convert it with ds_to_universal and set
     checkpoint.load_universal.
     """
-    facts, skipped = _resume(ctx)
+    facts, skipped = _resume(ctx, tag=True)
     if skipped:
         yield skipped
-        return
-    if not facts.get("tag_exists"):
-        yield skip("the tag is not there (CKPT001)")
         return
     saved = facts.get("saved") or {}
     root, tag = facts["path"], facts["tag"]
