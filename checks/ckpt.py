@@ -1,7 +1,9 @@
-"""CKPT: will the job resume? The DeepSpeed checkpoint named by --resume-from, read as files (never unpickled:
+"""CKPT: will the job resume? The checkpoint named by --resume-from, read as files (never unpickled:
 preflight.node.checkpoint) on the machine preflight runs on, against the planned job, before anything loads it:
-each rule is DeepSpeed's own load_checkpoint (runtime/engine.py) and held against it in tests/checks/test_ckpt.py.
-Then on every node (CKPT005): its own listing of the checkpoint against the files its ranks load."""
+a DeepSpeed checkpoint, a DCP folder, accelerate's save_state or a Trainer's checkpoint-N. Each rule is the loading
+library's own (DeepSpeed's load_checkpoint, accelerate's load_state, the Trainer's resume, DCP's load) and held
+against it in tests/checks/test_ckpt.py and test_ckpt_formats.py. Then on every node (CKPT005): its own listing of
+the checkpoint against the files its ranks load."""
 from __future__ import annotations
 
 import re
@@ -9,9 +11,15 @@ from typing import Iterator, List
 
 from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.collective.options import format_size
+from preflight.node.checkpoint import RNG_FILE, ZERO3_MODEL_FILE as ZERO3_MODEL, ZERO_FILE as ZERO_SHARD
 
-ZERO_SHARD = re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_?optim_states\.pt$")
-ZERO3_MODEL = re.compile(r"^zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt$")
+FORMATS = {"deepspeed": "a DeepSpeed checkpoint", "dcp": "a torch.distributed.checkpoint (DCP) folder",
+           "accelerate": "an accelerate save_state folder", "trainer": "a Trainer checkpoint"}
+# the files the Trainer resumes the model from (trainer.py _load_from_checkpoint: its WEIGHTS_NAME,
+# SAFE_WEIGHTS_NAME, their indexes and the PEFT adapters'), else "Can't find a valid checkpoint"
+TRAINER_WEIGHTS = ("pytorch_model.bin", "model.safetensors", "pytorch_model.bin.index.json",
+                   "model.safetensors.index.json", "adapter_model.bin", "adapter_model.safetensors")
+ACCELERATE_MODEL = re.compile(r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|pytorch_model_fsdp.*)$")
 UNIVERSAL_FIX = ("or convert it once: python -m deepspeed.checkpoint.ds_to_universal --input_folder {tag_path} "
                  "--output_folder {tag_path}_universal{inject} (it writes {root}/latest_universal) and set "
                  "checkpoint.load_universal: true in the DeepSpeed config")
@@ -27,11 +35,17 @@ def _resume(ctx, tag=False):
         return None, skip(f"{path} ({named_by}) is set when the job runs")
     if not facts.get("exists"):
         return None, skip(f"{path} ({named_by}) is not on this machine (each node's own copy is not read yet)")
-    if facts.get("format") != "deepspeed":
-        return None, skip(f"{path} ({named_by}): not a DeepSpeed checkpoint (the other formats are not read yet)")
-    if tag and not facts.get("tag_exists"):
+    if facts.get("format") not in FORMATS:
+        return None, skip(f"{path} ({named_by}): no checkpoint preflight reads (a DeepSpeed root or tag, a DCP "
+                          "folder, an accelerate save_state folder, a Trainer checkpoint-N): the training code "
+                          "loads it")
+    if tag and facts["format"] == "deepspeed" and not facts.get("tag_exists"):
         return None, skip("the tag is not there (CKPT001)")
     return facts, None
+
+
+def _given(ctx) -> str:
+    return ctx.plan.job_path(ctx.plan.resume_from)
 
 
 @check("CKPT001", "resume-tag", "config", tags=["checkpoint", "resume", "deepspeed"])
@@ -40,7 +54,10 @@ def resume_tag(ctx) -> Iterator[Finding]:
 
     DeepSpeed's load_checkpoint reads the tag from `latest` in the folder it is given; without that file and
     without a tag it only warns and returns nothing, and the job trains from scratch. A `latest` naming a tag
-    folder that is not there fails when the first file is opened, after the model has loaded on every node.
+    folder that is not there fails when the first file is opened, after the model has loaded on every node. The
+    other libraries resume from a folder: DCP's, accelerate's save_state folder (its project's newest
+    checkpoints/checkpoint_N under automatic checkpoint naming), a Trainer's checkpoint-N (the newest in its output
+    folder, as resume_from_checkpoint=True picks it).
 
     Give the checkpoint root that save_checkpoint wrote (with its `latest`) or the tag folder itself.
     """
@@ -49,6 +66,12 @@ def resume_tag(ctx) -> Iterator[Finding]:
         yield skipped
         return
     root = facts["path"]
+    if facts["format"] != "deepspeed":
+        step = (facts.get("trainer_state") or {}).get("global_step")
+        newest = f", the newest in {_given(ctx)}" if facts.get("picked") else ""
+        yield passed(f"{root}: {FORMATS[facts['format']]}{newest}" + (f", at step {step}" if step is not None
+                                                                     else ""), path=root, format=facts["format"])
+        return
     if facts["tag"] is None:
         yield warn(f"{root}: no `latest` file and no tag: DeepSpeed's load_checkpoint warns \"Unable to find latest "
                    "file\" and returns (None, None), so the job starts from scratch",
@@ -67,13 +90,22 @@ def resume_files(ctx) -> Iterator[Finding]:
     Each data-parallel rank loads its own ZeRO shard (`[bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt`, and at
     stage 3 its own model states, `zero_pp_rank_R_mp_rank_00_model_states.pt`), every rank the model states
     (`mp_rank_00_model_states.pt`) below stage 3. A save that was killed leaves a file cut short (a torch file is a
-    zip: its central directory, at the end, is gone), or none at all.
+    zip: its central directory, at the end, is gone), or none at all. A DCP `.metadata` names each data file and the
+    bytes each holds; a sharded model's index (model.safetensors.index.json) its shards; a safetensors file says in
+    its header where its tensors end. The Trainer resumes the model from model.safetensors or pytorch_model.bin
+    (their index, a PEFT adapter, FSDP's folder), else stops with "Can't find a valid checkpoint"; it loads the
+    optimizer and learning-rate schedule only when optimizer.pt and scheduler.pt are both there, and the step from
+    trainer_state.json: without them it resumes with a new optimizer, or from step 0, without a word. accelerate's
+    load_state opens the first model's weights (model.safetensors, else pytorch_model.bin).
 
     Resume from the last tag whose save finished, or save again.
     """
     facts, skipped = _resume(ctx, tag=True)
     if skipped:
         yield skipped
+        return
+    if facts["format"] != "deepspeed":
+        yield from _state_files(facts)
         return
     tag_path = f"{facts['path']}/{facts['tag']}"
     files = facts.get("files") or {}
@@ -90,6 +122,71 @@ def resume_files(ctx) -> Iterator[Finding]:
                    missing=missing)
     if not broken and not missing:
         yield passed(f"{tag_path}: {len(files)} file{'s' if len(files) != 1 else ''}, each whole", path=tag_path)
+
+
+def _state_files(facts) -> Iterator[Finding]:
+    """CKPT002 for a folder saved without DeepSpeed (DCP, accelerate, the Trainer)."""
+    root, fmt = facts["path"], facts["format"]
+    files, needs = facts.get("files") or {}, facts.get("needs") or {}
+    broken = {name: found["whole"] for name, found in files.items()
+              if isinstance(found.get("whole"), str) and _loaded(name, fmt)}
+    missing = []
+    for name, need in sorted(needs.items()):
+        have = (files.get(name) or {}).get("bytes")
+        if need.get("there") is False:
+            missing.append(f"{name} (named by {need.get('by')})")
+        elif isinstance(have, int) and isinstance(need.get("bytes"), int) and have < need["bytes"] \
+                and name not in broken:
+            broken[name] = f"cut short: {have} bytes, {need.get('by')} says its data runs to {need['bytes']}"
+    fix = "resume from the last checkpoint whose save finished, or save again"
+    for name, why in sorted(broken.items()):
+        yield fail(f"{root}/{name}: {why}", fix, path=f"{root}/{name}")
+    if missing:
+        yield fail(f"{root}: {', '.join(missing)} missing", fix, path=root, missing=missing)
+    failed = bool(broken or missing)
+    if fmt == "trainer" and not (any(n in files for n in TRAINER_WEIGHTS) or any(
+            n.startswith("pytorch_model_fsdp") or n.split("/")[-1] in TRAINER_WEIGHTS[4:] for n in files)):
+        failed = True
+        yield fail(f"{root}: no model weights ({', '.join(TRAINER_WEIGHTS[:2])}, an index, an adapter or FSDP's): "
+                   f"the Trainer stops with \"Can't find a valid checkpoint at {root}\"", fix, path=root)
+    if fmt == "accelerate" and not any(ACCELERATE_MODEL.match(n.split("/")[0]) for n in files):
+        failed = True
+        yield fail(f"{root}: no model weights (model.safetensors, pytorch_model.bin or FSDP's): accelerate's "
+                   "load_state opens pytorch_model.bin for the first model and stops with FileNotFoundError", fix,
+                   path=root)
+    if fmt == "trainer":
+        # its test: optimizer.pt, optimizer.bin or a folder named for the optimizer (FSDP's), and scheduler.pt
+        optimizer = any(n in ("optimizer.pt", "optimizer.bin") or ("/" in n and "optimizer" in n.split("/")[0])
+                        for n in files)
+        lacking = [n for n, there in (("optimizer.pt", optimizer), ("scheduler.pt", "scheduler.pt" in files))
+                   if not there]
+        if lacking:
+            failed = True
+            yield warn(f"{root}: no {' and no '.join(lacking)}: the Trainer loads the optimizer and learning-rate "
+                       "schedule only when both are there, and resumes with new ones without a word", fix, path=root)
+        if "trainer_state.json" not in files:
+            failed = True
+            yield warn(f"{root}: no trainer_state.json: the Trainer loads the weights and counts from step 0, "
+                       "repeating the schedule and the data already seen", fix, path=root)
+    if not failed:
+        checked = sum(1 for found in files.values() if found.get("whole") is True)
+        whole = "each whole" if checked == len(files) else \
+            f"{checked} read whole (the others' formats have no end to check)"
+        yield passed(f"{root}: {len(files)} file{'s' if len(files) != 1 else ''}, {whole}"
+                     + (f", every file {_needs_by(needs)} names there" if needs else ""), path=root)
+
+
+def _loaded(name: str, fmt: str) -> bool:
+    """Whether the library's resume reads this file: every weights, optimizer and data file; of the JSON files
+    only a weights index, and the Trainer's trainer_state.json and config.json (_load_from_checkpoint) - a JSON
+    file of the user's own is not read."""
+    if not name.endswith(".json"):
+        return True
+    return name.endswith(".index.json") or (fmt == "trainer" and name in ("trainer_state.json", "config.json"))
+
+
+def _needs_by(needs) -> str:
+    return " and ".join(sorted({need.get("by", "?") for need in needs.values()}))
 
 
 def _sharded(facts) -> bool:
@@ -124,22 +221,29 @@ def _missing(facts) -> List[str]:
 def resume_world(ctx) -> Iterator[Finding]:
     """The checkpoint was saved by the data-parallel world and ZeRO stage the job will load it with.
 
-    DeepSpeed refuses to load ZeRO optimizer states saved by another data-parallel world size ("The checkpoint
-    being loaded used a DP world size of 2 but the current world size is 3. Automatic adjustment of ZeRO's
-    optimizer state partitioning with a new world size is not currently supported", runtime/engine.py), after the
-    model has loaded on every node. At stage 3 each rank's parameters are in model states of its own, which the
-    other stages do not look for, nor stage 3 for theirs: load_checkpoint finds no file and stops at `assert
-    len(self.ckpt_list) > 0` (runtime/state_dict_factory.py). Saved with ZeRO, the optimizer is in the shards,
-    which a job without ZeRO does not read; saved without, the shards a ZeRO job opens are not there. Stages 1
-    and 2 load each other's checkpoints, and a universal checkpoint (ds_to_universal, checkpoint.load_universal)
-    loads on any world.
+    DeepSpeed refuses to load ZeRO optimizer states saved by another data-parallel world size ("The checkpoint being
+    loaded used a DP world size of 2 but the current world size is 3. Automatic adjustment of ZeRO's optimizer state
+    partitioning with a new world size is not currently supported", runtime/engine.py), after the model has loaded
+    on every node. At stage 3 each rank's parameters are in model states of its own, which the other stages do not
+    look for, nor stage 3 for theirs: load_checkpoint finds no file and stops at `assert len(self.ckpt_list) > 0`
+    (runtime/state_dict_factory.py). Saved with ZeRO, the optimizer is in the shards, which a job without ZeRO does
+    not read; saved without, the shards a ZeRO job opens are not there. Stages 1 and 2 load each other's
+    checkpoints, and a universal checkpoint (ds_to_universal, checkpoint.load_universal) loads on any world. Saved
+    without DeepSpeed the world may change: DCP reshards its data to the ranks that load it; accelerate's save_state
+    and the Trainer save one full model and optimizer state that every rank loads (a rank without random states of
+    its own logs it and goes on). A DeepSpeed job does not read them: accelerate hands its model to DeepSpeed's
+    load_checkpoint, which finds no model states and stops at `assert len(self.ckpt_list) > 0`; the Trainer with
+    DeepSpeed looks for global_step folders and stops with "Can't find a valid checkpoint".
 
     Run the world and stage it was saved with, or convert it with ds_to_universal and set
-    checkpoint.load_universal.
+    checkpoint.load_universal; resume a checkpoint saved without DeepSpeed without it.
     """
     facts, skipped = _resume(ctx, tag=True)
     if skipped:
         yield skipped
+        return
+    if facts["format"] != "deepspeed":
+        yield from _state_world(ctx, facts)
         return
     saved = facts.get("saved") or {}
     root, tag = facts["path"], facts["tag"]
@@ -211,6 +315,73 @@ def resume_world(ctx) -> Iterator[Finding]:
     yield passed(f"{tag_path}: saved by {dp} data-parallel ranks {how}, as the job runs", **evidence)
 
 
+def _state_world(ctx, facts) -> Iterator[Finding]:
+    """CKPT003 for a folder saved without DeepSpeed (DCP, accelerate, the Trainer)."""
+    root, fmt = facts["path"], facts["format"]
+    files = facts.get("files") or {}
+    known, _ = ctx.plan.conditions
+    stage = known.get("zero_stage", -1)
+    world, source = ctx.plan.world_size
+    evidence = dict(path=root, format=fmt, dp_world_size=world, world_size_from=source)
+    deepspeed_job = isinstance(stage, int) and not isinstance(stage, bool) and stage >= 0
+    if deepspeed_job and fmt == "accelerate":
+        yield fail(f"{root}: saved by accelerate without DeepSpeed, the job runs DeepSpeed (ZeRO stage {stage}): "
+                   f"load_state hands the model to DeepSpeed's load_checkpoint({root}, 'pytorch_model'), which "
+                   "finds no model states there and stops at `assert len(self.ckpt_list) > 0`",
+                   "resume without DeepSpeed, as it was saved, or load its weights into the model before "
+                   "accelerator.prepare (the optimizer state does not carry over)", **evidence)
+        return
+    if deepspeed_job and fmt == "trainer":
+        yield fail(f"{root}: saved by the Trainer without DeepSpeed, the job runs DeepSpeed (ZeRO stage {stage}): "
+                   f"the Trainer looks for global_step* folders there and stops with \"Can't find a valid "
+                   f"checkpoint at {root}\" (transformers' deepspeed_load_checkpoint)",
+                   f"resume without DeepSpeed, as it was saved, or start from its weights ({root} as the model "
+                   "path) without resume_from_checkpoint", **evidence)
+        return
+    fsdp = sorted({n.split("/")[0] for n in files if n.startswith("pytorch_model_fsdp")})
+    if fmt == "trainer" and fsdp and known.get("fsdp_version", -1) is None and stage is None:
+        yield fail(f"{root}: saved with FSDP ({fsdp[0]}), the job runs without it: the Trainer stops with "
+                   f"\"Checkpoint found at {root} is only supported when using PyTorch FSDP\"",
+                   "resume with FSDP, as it was saved", **evidence)
+        return
+    if any(re.match(r"^pytorch_model_fsdp(_\d+)?_rank\d+\.bin$", n) for n in fsdp):
+        yield skip(f"{root}: saved with FSDP's LOCAL_STATE_DICT (a file per rank): the world it loads on is not "
+                   "judged")
+        return
+    if fmt == "dcp" or any(n.endswith("/.metadata") for n in files):
+        yield passed(f"{root}: saved with torch.distributed.checkpoint (DCP), which reshards it to the ranks that "
+                     "load it: any world", **evidence)
+        return
+    yield passed(f"{root}: one full model and optimizer state, which every rank loads: any world"
+                 + _rng_note(files, world, fmt), **evidence)
+
+
+def _rng_note(files, world, fmt) -> str:
+    """The ranks that find no random states of their own (each loads its own by index; it logs that and goes on)."""
+    indexes = (m.group(1) or m.group(2) for m in map(RNG_FILE.match, files) if m)
+    saved = {int(index) for index in indexes if index}
+    if not isinstance(world, int) or world < 2:
+        return ""
+    lacking = [r for r in range(world) if r not in saved]
+    if not lacking:
+        return ""
+    if len(lacking) == 1:
+        who = f"rank {lacking[0]} of {world} finds no random states of its own"
+    else:
+        who = f"ranks {_ranges(lacking)} of {world} find no random states of their own"
+    by = "accelerate" if fmt == "accelerate" else "the Trainer"
+    return f"; {who} ({by} logs it and goes on: the data order and random draws differ from a run not interrupted)"
+
+
+def _ranges(ranks) -> str:
+    spans, start = [], ranks[0]
+    for prev, cur in zip(ranks, ranks[1:] + [None]):
+        if cur != prev + 1:
+            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = cur
+    return ", ".join(spans)
+
+
 def _universal_fix(facts) -> str:
     root, tag = facts["path"], facts["tag"]
     saved = facts.get("saved") or {}
@@ -265,11 +436,13 @@ def resume_precision(ctx) -> Iterator[Finding]:
 def resume_on_node(ctx) -> Iterator[Finding]:
     """This node sees the checkpoint, the tag and the files its own ranks load.
 
-    Every rank opens the checkpoint on its own node: `latest` for the tag, the model states (below stage 3 one
-    file for all, at stage 3 its own), and its own ZeRO optimizer shard (engine._load_zero_checkpoint loads the
-    shard of its data-parallel rank alone). A node without the shared filesystem, or with a copy of its own, lacks
-    them or resumes from another tag: DeepSpeed warns "Unable to find latest file" and that rank starts from
-    scratch beside the others, or it stops with FileNotFoundError after the model has loaded everywhere.
+    Every rank opens the checkpoint on its own node: with DeepSpeed `latest` for the tag, the model states (below
+    stage 3 one file for all, at stage 3 its own), and its own ZeRO optimizer shard (engine._load_zero_checkpoint
+    loads the shard of its data-parallel rank alone); saved without DeepSpeed, the newest checkpoint-N, the whole
+    model and optimizer state and its own random states (any rank reads any DCP data file). A node without the
+    shared filesystem, or with a copy of its own, lacks them or resumes from another step: DeepSpeed warns "Unable
+    to find latest file" and that rank starts from scratch beside the others, or it stops with FileNotFoundError
+    after the model has loaded everywhere.
 
     Mount the checkpoint's filesystem on this node, or copy the tag folder (and `latest`) to the same path.
     """
@@ -289,41 +462,55 @@ def resume_on_node(ctx) -> Iterator[Finding]:
     if not seen.get("exists"):
         yield fail(f"{path} is not on {ctx.node}, which {whose} {load} from", FIX_ON_NODE, path=path, ranks=ranks)
         return
-    tag = seen.get("tag")
+    tag, picked = seen.get("tag"), seen.get("picked")
+    if head is not None and picked != head.get("picked") and head.get("picked"):
+        yield fail(f"{path}: the newest checkpoint on {ctx.node} is {picked or 'none'}, on this machine "
+                   f"{head['picked']}: {whose} would resume from another step than the other ranks", FIX_ON_NODE,
+                   path=path, picked=picked, head_picked=head.get("picked"))
+        return
     if head is not None and head.get("format") == "deepspeed" and head.get("tag") and tag != head.get("tag"):
         yield fail(f"{path}: {ctx.node}'s `latest` names {tag!r}, this machine's {head['tag']!r}: {whose} would "
                    "resume from another step than the other ranks", FIX_ON_NODE, path=path, tag=tag,
                    head_tag=head.get("tag"))
         return
-    if seen.get("format") != "deepspeed" or not tag:
-        yield skip(f"{path} on {ctx.node}: no DeepSpeed tag to load (CKPT001 judges this machine's)")
+    if seen.get("format") == "deepspeed" and not tag or seen.get("format") not in FORMATS:
+        yield skip(f"{path} on {ctx.node}: no checkpoint to load that preflight reads (CKPT001 judges this "
+                   "machine's)")
         return
-    if not seen.get("tag_exists"):
+    if tag and not seen.get("tag_exists"):
         yield fail(f"{path}/{tag} is not on {ctx.node}, which {whose} {load} from", FIX_ON_NODE, path=path, tag=tag)
         return
+    folder = f"{seen.get('path')}/{tag}" if tag else seen.get("path")
     names = seen.get("names")
     names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else None  # a node sends anything
-    if head is None or head.get("tag") != tag:
-        yield passed(f"{path}/{tag}: there ({seen.get('count')} files; this machine has no copy to compare)")
+    if head is None or head.get("tag") != tag or head.get("format") != seen.get("format"):
+        yield passed(f"{folder}: there ({seen.get('count')} files; this machine has no copy to compare)")
         return
     if names is None:  # the head's listing, or past LISTED names: a node sends their digest alone
         if seen.get("digest") != head.get("digest"):
-            yield warn(f"{path}/{tag} on {ctx.node}: {seen.get('count')} files, not the {head.get('count')} this "
+            yield warn(f"{folder} on {ctx.node}: {seen.get('count')} files, not the {head.get('count')} this "
                        "machine sees", FIX_ON_NODE, path=path)
         else:
-            yield passed(f"{path}/{tag}: the same {seen.get('count')} files as this machine's")
+            yield passed(f"{folder}: the same {seen.get('count')} files as this machine's")
         return
     wanted = _files_of_ranks(head, ranks) if ranks else set(head.get("files") or {})
     lacking = sorted(wanted - set(names))
     if lacking:
         shown = ", ".join(lacking[:4]) + (f" and {len(lacking) - 4} more" if len(lacking) > 4 else "")
-        yield fail(f"{path}/{tag} on {ctx.node} lacks {shown}, which {whose} {load}", FIX_ON_NODE, path=path,
-                   missing=lacking, ranks=ranks)
+        if all(RNG_FILE.match(n) for n in lacking):  # accelerate and the Trainer log it and go on
+            their = "their" if len(ranks) > 1 else "its"
+            yield warn(f"{folder} on {ctx.node} lacks {shown}: {whose} resume without {their} random states (the "
+                       "data order and random draws differ from a run not interrupted)",
+                       FIX_ON_NODE, path=path, missing=lacking, ranks=ranks)
+        else:
+            yield fail(f"{folder} on {ctx.node} lacks {shown}, which {whose} {load}", FIX_ON_NODE, path=path,
+                       missing=lacking, ranks=ranks)
         return
-    yield passed(f"{path}/{tag}: the {len(wanted)} files {whose} {load} are there", path=path, ranks=ranks)
+    yield passed(f"{folder}: the {len(wanted)} files {whose} {load} are there", path=path, ranks=ranks)
 
 
-FIX_ON_NODE = "mount the checkpoint's filesystem on this node, or copy the tag folder and `latest` to the same path"
+FIX_ON_NODE = ("mount the checkpoint's filesystem on this node, or copy the checkpoint (DeepSpeed's: the tag folder "
+               "and `latest`) to the same path")
 
 
 def _node_ranks(ctx) -> List[int]:
@@ -337,8 +524,12 @@ def _node_ranks(ctx) -> List[int]:
 
 
 def _files_of_ranks(head, ranks) -> set:
-    """The files of the head's copy that these ranks open, by the save's layout (DeepSpeed's names)."""
+    """The files of the head's copy that these ranks open, by the save's layout: DeepSpeed's names; saved
+    without DeepSpeed every file but the other ranks' random states (DCP: any rank may read any data file)."""
     names = set(head.get("files") or {})
+    if head.get("format") != "deepspeed":
+        own = {str(r) for r in ranks}
+        return {n for n in names for m in [RNG_FILE.match(n)] if not m or (m.group(1) or m.group(2)) in own}
     wanted = {n for n in names if n.startswith("mp_rank_")}  # the model states every rank loads below stage 3
     for rank in ranks:
         wanted |= {n for n in names if re.match(rf"^(bf16_)?zero_pp_rank_{rank}_mp_rank_\d+_", n)}
@@ -349,10 +540,10 @@ def _files_of_ranks(head, ranks) -> set:
 def resume_room(ctx) -> Iterator[Finding]:
     """The filesystem that holds the checkpoint, on this node, has room for the next save and lets the job write.
 
-    DeepSpeed's save_checkpoint writes a whole new tag (the same files as the last one, of the same size) before
-    anything is removed: the Trainer's save_total_limit and scripts that keep the last N delete old tags only after
-    the new one is written. With less free than one tag, the first save fails with "No space left on device" hours
-    into the run, and the tag it leaves is cut short.
+    DeepSpeed's save_checkpoint writes a whole new tag (accelerate and the Trainer a new folder: the same files as
+    the last one, of the same size) before anything is removed: the Trainer's save_total_limit and scripts that
+    keep the last N delete old tags only after the new one is written. With less free than one tag, the first save
+    fails with "No space left on device" hours into the run, and the tag it leaves is cut short.
 
     Free space on the checkpoint's filesystem (or save elsewhere), or make the folder writable by the job's user.
     """
@@ -377,7 +568,7 @@ def resume_room(ctx) -> Iterator[Finding]:
         return
     if free < tag_bytes:
         yield fail(f"{path} on {ctx.node}: {format_size(free)} free, the next save needs {format_size(tag_bytes)} "
-                   "(the last tag's size): it fails with \"No space left on device\"",
+                   "(the last save's size): it fails with \"No space left on device\"",
                    "free space on the checkpoint's filesystem, or save to another", **evidence)
         return
     saves = free // tag_bytes

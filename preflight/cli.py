@@ -109,9 +109,11 @@ def build_parser() -> Parser:
         p.add_argument("--prometheus", metavar="FILE",
                        help="also write metrics to FILE in node_exporter's textfile-collector format (*.prom)")
         p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page (check x node matrix)")
-        p.add_argument("--resume-from", metavar="PATH", help="the DeepSpeed checkpoint the job resumes from (the "
-                       "folder save_checkpoint wrote, with `latest`, or a tag folder): judged against the planned job; without it, "
-                       "the training script's --resume_from_checkpoint, --load or --resume in the launch command")
+        p.add_argument("--resume-from", metavar="PATH", help="the checkpoint the job resumes from: DeepSpeed's (the "
+                       "folder save_checkpoint wrote, with `latest`, or a tag folder), a DCP folder, accelerate's "
+                       "save_state folder or a Trainer's checkpoint-N (a folder of those: its newest), judged against "
+                       "the planned job; without it, the training script's --resume_from_checkpoint, --load or "
+                       "--resume in the launch command")
         memory_options(p)
 
     def launch_command(p: argparse.ArgumentParser, text: str) -> None:

@@ -113,7 +113,7 @@ class Plan:
         named_by = self.resume_named_by or "--resume-from"
         if "$" in self.resume_from:  # a variable of the batch script's or the node's, set when the job runs
             return {"path": self.resume_from, "named_by": named_by, "at_run_time": True}
-        facts = checkpoint.deepspeed(self.job_path(self.resume_from), universal=self.load_universal)
+        facts = checkpoint.read(self.job_path(self.resume_from), universal=self.load_universal)
         facts["named_by"] = named_by
         return facts
 

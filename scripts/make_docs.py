@@ -64,9 +64,10 @@ FAMILIES: Dict[str, tuple] = {
             "launchers and ranks on every node.", "../doctor.md"),
     "MEM": ("memory fit", "Whether the model fits the GPUs, the host memory and the NVMe offload space, for its "
             "ZeRO stage and offload (with `--model`).", "../memory.md"),
-    "CKPT": ("will it resume", "The DeepSpeed checkpoint named by --resume-from (or the training script's "
-             "--resume_from_checkpoint, --load or --resume), read as files (never unpickled) against the planned "
-             "job: its tag, its files, the world, ZeRO stage and precision it was saved with, on the machine "
+    "CKPT": ("will it resume", "The checkpoint named by --resume-from (or the training script's "
+             "--resume_from_checkpoint, --load or --resume): DeepSpeed's, a DCP folder, accelerate's save_state "
+             "or a Trainer's checkpoint-N, read as files (never unpickled) against the planned job: the save it "
+             "resumes from, its files, the world, ZeRO stage and precision it was saved with, on the machine "
              "preflight runs on; then on every node, the files that node's ranks load.", "../commands.md#lint"),
     "RDMA": ("InfiniBand and RoCE", "Ports, rates, GIDs, firmware, error counters and GPUDirect RDMA on the nodes "
              "that have RDMA devices.", "../fabric.md"),

@@ -32,14 +32,17 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def torchrun(folder, script, nproc, *args):
-    """(exit code, output) of `script` run by torchrun on nproc CPU ranks."""
-    (folder / "script.py").write_text(script)
+def torchrun(folder, script, nproc, *args, env=None):
+    """(exit code, output) of `script` run by torchrun on nproc CPU ranks, with `env` over this environment."""
+    # torch 2.13's exit after gloo collectives aborts now and then ("terminate called without an active
+    # exception", from a thread's destructor; one DCP run in three): once the script is through, leave without it
+    (folder / "script.py").write_text(script + "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n"
+                                      "_sys.stderr.flush()\n_os._exit(0)\n")
     port = free_port()
     runner = os.path.join(os.path.dirname(sys.executable), "torchrun")
     proc = subprocess.run([runner, "--nproc_per_node", str(nproc), "--master_port", str(port), str(folder / "script.py"),
                            *map(str, args)], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1"))
+                          env=dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", **(env or {})))
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -79,3 +82,110 @@ def load_each(folder, cases, nproc):
 
 def load(folder, root, config, nproc):
     return load_each(folder, [(root, config)], nproc)[0]
+
+
+# The other libraries' layouts, saved by two ranks (accelerate's save_state on the CPU, MULTI_CPU; a DCP folder)
+# and by one Trainer process; the model is the one above, the Trainer's a one-layer GPT-2.
+SAVE_STATES = textwrap.dedent("""
+    import sys, torch
+    import torch.distributed.checkpoint as dcp
+    from accelerate import Accelerator
+    out = sys.argv[1]
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    for step in range(2):
+        acc.backward(model(torch.randn(2, 8)).pow(2).mean())
+        opt.step(); sched.step(); opt.zero_grad()
+        acc.save_state(f"{out}/accelerate/checkpoints/checkpoint_{step}")
+    dcp.save({"model": model.state_dict()}, checkpoint_id=f"{out}/dcp")
+""")
+
+TRAINER = textwrap.dedent("""
+    import json, sys, torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    out, resumes = sys.argv[1], json.loads(sys.argv[2])
+    data = [{"input_ids": torch.randint(0, 64, (8,)), "labels": torch.randint(0, 64, (8,))} for _ in range(8)]
+    for resume in resumes or [None]:
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=16))
+        args = TrainingArguments(out if resume is None else out + "/again", max_steps=3, save_steps=1,
+                                 per_device_train_batch_size=2, report_to=[], use_cpu=True, disable_tqdm=True)
+        try:
+            Trainer(model=model, args=args, train_dataset=data).train(resume_from_checkpoint=resume)
+            said = "LOADED"
+        except Exception as exc:
+            said = f"REFUSED {type(exc).__name__} {exc}".replace("\\n", " ")
+        if resume is not None:
+            print("CASE", said, flush=True)
+""")
+
+
+def save_states(folder):
+    """accelerate's save_state (checkpoints/checkpoint_0 and _1) and a DCP folder, by two ranks; a Trainer's output
+    folder (checkpoint-1 to 3), by one process."""
+    pytest.importorskip("accelerate")
+    code, out = torchrun(folder, SAVE_STATES, 2, folder)
+    assert code == 0, out[-3000:]
+    proc = subprocess.run([sys.executable, "-c", TRAINER, str(folder / "trainer"), "[]"], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return folder
+
+
+LOAD_STATES = textwrap.dedent("""
+    import os, sys, torch
+    import torch.distributed.checkpoint as dcp
+    from accelerate import Accelerator
+    acc = Accelerator(cpu=sys.argv[3] != "deepspeed")
+    if sys.argv[3] == "deepspeed":  # a DeepSpeed job's accelerate (ACCELERATE_USE_DEEPSPEED, ZeRO-2)
+        acc.state.deepspeed_plugin.deepspeed_config.update(train_micro_batch_size_per_gpu=2,
+                                                           train_batch_size=2 * int(os.environ["WORLD_SIZE"]))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    try:
+        if sys.argv[1] == "dcp":
+            dcp.load({"model": model.state_dict()}, checkpoint_id=sys.argv[2])
+        else:
+            acc.load_state(sys.argv[2])
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        # The ranks that did not raise wait in a collective for this one: torchrun ends them once it exits.
+        said = f"CASE REFUSED {type(exc).__name__} {exc}".replace("\\n", " ")
+        os.write(1, f"{said}\\n".encode())  # one write: the ranks share torchrun's unbuffered pipe
+        os._exit(1)
+    torch.distributed.barrier()
+    if acc.process_index == 0:
+        print("CASE LOADED", flush=True)
+""")
+
+
+def load_states(folder, cases, nproc, deepspeed=False):
+    """What accelerate's load_state ("accelerate") or DCP's load ("dcp") says of each (kind, path) on `nproc`
+    ranks, one run each: REFUSED and the exception where a rank raised, LOADED where every rank loaded;
+    deepspeed: accelerate of a DeepSpeed job (ZeRO-2)."""
+    env = dict(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_ZERO_STAGE="2") if deepspeed else {}
+    said = []
+    for kind, path in cases:
+        code, out = torchrun(folder, LOAD_STATES, nproc, kind, path, "deepspeed" if deepspeed else "plain", env=env)
+        lines = [line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("CASE ")]
+        refused = [words for words in lines if words[0] == "REFUSED"]
+        if refused:
+            said.append(tuple(refused[0]))
+        else:
+            assert code == 0 and lines == [["LOADED"]], out[-9000:]
+            said.append(("LOADED",))
+    return said
+
+
+def trainer_resumes(folder, paths):
+    """What the Trainer's train(resume_from_checkpoint=PATH) says for each path, one process."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-c", TRAINER, str(folder), json.dumps([str(p) for p in paths])],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    said = [line.split(" ", 2)[1:] for line in proc.stdout.splitlines() if line.startswith("CASE ")]
+    assert proc.returncode == 0 and len(said) == len(paths), proc.stdout[-2000:] + proc.stderr[-3000:]
+    return [tuple(words) for words in said]

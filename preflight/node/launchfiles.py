@@ -53,8 +53,8 @@ def facts(job):
     if isinstance(resume.get("path"), str):  # names alone: the head reads the files once
         from preflight.node import checkpoint  # zipfile and pickletools: only for a job that resumes
 
-        seen = checkpoint.deepspeed(os.path.join(cwd, word(resume["path"])), read=False,
-                                      universal=resume.get("universal") is True, head_digest=resume.get("digest"))
+        seen = checkpoint.read(os.path.join(cwd, word(resume["path"])), read=False,
+                               universal=resume.get("universal") is True, head_digest=resume.get("digest"))
     return {
         "cwd": cwd, "cwd_exists": os.path.isdir(cwd), "argv": [word(a, session) for a in job.get("argv") or ()],
         "config": config_file, "files": files,

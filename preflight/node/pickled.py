@@ -8,13 +8,14 @@ MAX_OPS = 2000000  # past this the stream is not read further: None
 
 
 class Opaque(object):
-    """An object the pickle would have built: its class or callable's name where the stream says it, and the
-    arguments it would have been called with (plain data, or Opaque), never used to call anything."""
+    """An object the pickle would have built: its class or callable's name where the stream says it, the
+    arguments it would have been called with and the state it would have been given (BUILD: a dataclass's
+    fields), as plain data or Opaque, never used to call anything."""
 
-    __slots__ = ("name", "args")
+    __slots__ = ("name", "args", "state")
 
     def __init__(self, name, args=()):
-        self.name, self.args = name, args
+        self.name, self.args, self.state = name, args, None
 
     def __repr__(self):
         return "Opaque(%s%s)" % (self.name, "" if not self.args else ", %r" % (self.args,))
@@ -108,7 +109,9 @@ def plain_data(data):
                 made = stack.pop()
                 stack.append(Opaque(made.name if isinstance(made, Opaque) else "?"))
             elif name == "BUILD":
-                stack.pop()  # the state an object would be given
+                state = stack.pop()
+                if isinstance(stack[-1], Opaque):
+                    stack[-1].state = state
             elif name == "BINPERSID":
                 stack.pop()
                 stack.append(Opaque("persistent"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from checkpoints import save_all
+from checkpoints import save_all, save_states
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.cluster
@@ -89,3 +89,36 @@ def test_a_node_without_the_checkpoint_and_one_at_another_step(cluster, job):
     found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "ckpt")
     odd = found[(nodes[1],)]
     assert odd["status"] == "fail" and "names 'global_step0', this machine's 'global_step1'" in odd["message"], found
+
+
+@pytest.fixture(scope="module")
+def saved_states(tmp_path_factory):
+    return save_states(tmp_path_factory.mktemp("states")) / "accelerate"
+
+
+def test_a_save_without_deepspeed_on_each_node(cluster, job, saved_states):
+    """accelerate's project folder, copied to each node: each resumes from its newest checkpoint_N, with the model
+    and optimizer state (a node without them fails) and its rank's random states (without them accelerate logs it
+    and goes on: a warning)."""
+    workdir, nodes, folders = job
+    for folder in (workdir, *folders.values()):
+        shutil.copytree(saved_states, folder / "acc")
+    found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "acc")
+    assert list(found) == [tuple(nodes)] and found[tuple(nodes)]["status"] == "pass", found
+    assert "checkpoint_1: the same 5 files as this machine's" in found[tuple(nodes)]["message"], found
+    newest = folders[nodes[1]] / "acc" / "checkpoints" / "checkpoint_1"
+    (newest / "random_states_1.pkl").unlink()  # rank 1's, on the second node
+    (folders[nodes[0]] / "acc" / "checkpoints" / "checkpoint_1" / "random_states_1.pkl").unlink()  # not rank 0's
+    found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "acc")
+    assert found[(nodes[0],)]["status"] == "pass", found
+    odd = found[(nodes[1],)]
+    assert odd["status"] == "warn" and "lacks random_states_1.pkl: rank 1 resume without its random" in \
+        odd["message"], odd
+    (newest / "optimizer.bin").unlink()
+    found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "acc")
+    assert found[(nodes[1],)]["status"] == "fail" and "lacks optimizer.bin, random_states_1.pkl, which rank 1 " \
+        "loads" in found[(nodes[1],)]["message"], found
+    shutil.rmtree(newest)
+    found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "acc")
+    assert found[(nodes[1],)]["status"] == "fail" and f"the newest checkpoint on {nodes[1]} is " \
+        "checkpoints/checkpoint_0, on this machine checkpoints/checkpoint_1" in found[(nodes[1],)]["message"], found

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from checkpoints import save_all
-from preflight.node.checkpoint import deepspeed
+from preflight.node.checkpoint import deepspeed, read
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +58,11 @@ def test_a_cut_a_missing_and_a_fifo_shard_are_each_named(saved, tmp_path):
 def test_a_folder_that_holds_no_deepspeed_checkpoint_is_said_so_quickly(saved, tmp_path):
     for i in range(200):  # a big folder of anything: only its first folders are looked into
         (tmp_path / f"d{i:03d}").mkdir()
-    assert deepspeed(str(tmp_path))["format"] is None
-    assert deepspeed(str(tmp_path / "nowhere"))["exists"] is False
+    assert read(str(tmp_path))["format"] is None
+    assert read(str(tmp_path / "nowhere"))["exists"] is False
     # a root without `latest`, a tag folder inside: DeepSpeed's own (it warns, CKPT001)
     shutil.copytree(saved / "zero1" / "global_step1", tmp_path / "d000" / "global_step1")
-    found = deepspeed(str(tmp_path / "d000"))
+    found = read(str(tmp_path / "d000"))
     assert found["format"] == "deepspeed" and found["tag"] is None
 
 
@@ -83,6 +83,6 @@ def test_a_trainer_output_folder_resumes_from_its_newest_checkpoint(saved, tmp_p
     for step in (5, 40, 9):
         shutil.copytree(saved / "zero2", tmp_path / f"checkpoint-{step}")
     (tmp_path / "checkpoint-100").write_text("a file, not a checkpoint")  # get_last_checkpoint takes folders only
-    facts = deepspeed(str(tmp_path))
-    assert facts["trainer_checkpoint"] == "checkpoint-40" and facts["path"] == str(tmp_path / "checkpoint-40")
+    facts = read(str(tmp_path))
+    assert facts["picked"] == "checkpoint-40" and facts["path"] == str(tmp_path / "checkpoint-40")
     assert facts["tag"] == "global_step1" and facts["tag_exists"] and facts["saved"]["dp_world_size"] == 2
