@@ -11,7 +11,8 @@ from typing import Iterator, List
 
 from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.collective.options import format_size
-from preflight.node.checkpoint import RNG_FILE, ZERO3_MODEL_FILE as ZERO3_MODEL, ZERO_FILE as ZERO_SHARD
+from preflight.node.checkpoint import LAYER_FILE as LAYER, MODEL_FILE as MODEL_STATES, RNG_FILE, \
+    ZERO3_MODEL_FILE as ZERO3_MODEL, ZERO_FILE as ZERO_SHARD
 
 FORMATS = {"deepspeed": "a DeepSpeed checkpoint", "dcp": "a torch.distributed.checkpoint (DCP) folder",
            "accelerate": "an accelerate save_state folder", "trainer": "a Trainer checkpoint"}
@@ -69,8 +70,9 @@ def resume_tag(ctx) -> Iterator[Finding]:
     if facts["format"] != "deepspeed":
         step = (facts.get("trainer_state") or {}).get("global_step")
         newest = f", the newest in {_given(ctx)}" if facts.get("picked") else ""
-        yield passed(f"{root}: {FORMATS[facts['format']]}{newest}" + (f", at step {step}" if step is not None
-                                                                     else ""), path=root, format=facts["format"])
+        at = f", at step {step}" if step is not None else ""
+        yield passed(f"{root}: {FORMATS[facts['format']]}{newest}{at}{_by_rank(facts)}", path=root,
+                     format=facts["format"])
         return
     if facts["tag"] is None:
         yield warn(f"{root}: no `latest` file and no tag: DeepSpeed's load_checkpoint warns \"Unable to find latest "
@@ -80,7 +82,31 @@ def resume_tag(ctx) -> Iterator[Finding]:
         yield fail(f"{root}/latest names {facts['tag']!r}, which is not a folder in {root}",
                    f"point {root}/latest at a tag that is there, or give the tag folder", path=root, tag=facts["tag"])
     else:
-        yield passed(f"{root}: resumes from tag {facts['tag']}", path=root, tag=facts["tag"])
+        yield passed(f"{root}: resumes from tag {facts['tag']}{_by_rank(facts)}", path=root, tag=facts["tag"])
+
+
+def _by_rank(facts) -> str:
+    """What every rank loads and what each rank loads for itself (its number as R), as the library names the
+    files: DeepSpeed's model states and ZeRO shards; the others' whole state and random states."""
+    names = sorted(facts.get("files") or {})
+    if facts["format"] == "dcp":
+        return "; every rank reads .metadata and, of the data files, the bytes its own shards need"
+    if facts["format"] == "deepspeed":
+        if _model_parallel(facts):
+            layers = any(LAYER.match(n) for n in names)
+            return (f"; each {'pipeline stage' if layers else 'model-parallel rank'} loads its own "
+                    f"mp_rank_NN_model_states.pt{' and its layers, layer_NN-*model_states.pt' if layers else ''}, "
+                    "each data-parallel rank its own ZeRO shard of them (which global rank is which is the "
+                    "training code's topology)")
+        own = {n for n in names if ZERO_SHARD.match(n) or ZERO3_MODEL.match(n)}
+        every = ", ".join(n for n in names if MODEL_STATES.match(n))
+    else:
+        own = {n for n in names if RNG_FILE.match(n) and re.search(r"\d", n)}
+        every = "the whole model and optimizer state"
+    rank = r"(?<=zero_pp_rank_)\d+|(?<=random_states_)\d+|(?<=rng_state_)\d+"
+    mine = sorted({re.sub(rank, "R", n) for n in own})
+    return (f"; every rank loads {every}" if every else ";") + (
+        f"{',' if every else ''} each rank R its own {' and '.join(mine)}" if mine else "")
 
 
 @check("CKPT002", "resume-files", "config", tags=["checkpoint", "resume", "deepspeed"])
@@ -89,12 +115,13 @@ def resume_files(ctx) -> Iterator[Finding]:
 
     Each data-parallel rank loads its own ZeRO shard (`[bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt`, and at
     stage 3 its own model states, `zero_pp_rank_R_mp_rank_00_model_states.pt`), every rank the model states
-    (`mp_rank_00_model_states.pt`) below stage 3. A save that was killed leaves a file cut short (a torch file is a
-    zip: its central directory, at the end, is gone), or none at all. A DCP `.metadata` names each data file and the
-    bytes each holds; a sharded model's index (model.safetensors.index.json) its shards; a safetensors file says in
-    its header where its tensors end. The Trainer resumes the model from model.safetensors or pytorch_model.bin
-    (their index, a PEFT adapter, FSDP's folder), else stops with "Can't find a valid checkpoint"; it loads the
-    optimizer and learning-rate schedule only when optimizer.pt and scheduler.pt are both there, and the step from
+    (`mp_rank_00_model_states.pt`) below stage 3; a pipeline stage its own model states and its layers'
+    (`layer_NN-model_states.pt`). A save that was killed leaves a file cut short (a torch file is a zip: its central
+    directory, at the end, is gone), or none at all. A DCP `.metadata` names each data file and the bytes each
+    holds; a sharded model's index (model.safetensors.index.json) its shards; a safetensors file says in its header
+    where its tensors end. The Trainer resumes the model from model.safetensors or pytorch_model.bin (their index, a
+    PEFT adapter, FSDP's folder), else stops with "Can't find a valid checkpoint"; it loads the optimizer and
+    learning-rate schedule only when optimizer.pt and scheduler.pt are both there, and the step from
     trainer_state.json: without them it resumes with a new optimizer, or from step 0, without a word. accelerate's
     load_state opens the first model's weights (model.safetensors, else pytorch_model.bin).
 
@@ -405,6 +432,10 @@ def resume_precision(ctx) -> Iterator[Finding]:
     if skipped:
         yield skipped
         return
+    if facts["format"] != "deepspeed":
+        yield skip(f"saved without DeepSpeed ({FORMATS[facts['format']]}), with no ZeRO optimizer shards named "
+                   "by precision", path=facts["path"])
+        return
     shards = sorted(n for n in facts.get("files") or {} if ZERO_SHARD.match(n))
     if facts.get("universal") or not shards:
         yield skip("no ZeRO optimizer shards to load" if not facts.get("universal") else
@@ -430,6 +461,71 @@ def resume_precision(ctx) -> Iterator[Finding]:
         return
     yield passed(f"{tag_path}: optimizer shards saved {'with' if saved_bf16 else 'without'} bf16, as the job "
                  f"runs ({precision})", **evidence)
+
+
+# torch's optimizers that DeepSpeed builds from its config's optimizer.type (engine._configure_basic_optimizer),
+# by the parameter-group or state key the first step reads that another family's saved state lacks (torch/optim:
+# adam.py `state["step"]`, sgd.py `group["momentum"]`, adagrad.py `state["sum"]`); Adam and AdamW share theirs
+FIRST_STEP_READS = {"adam": "step", "adamw": "step", "sgd": "momentum", "adagrad": "sum"}
+FAMILY = {"adam": "Adam", "adamw": "Adam", "sgd": "SGD", "adagrad": "Adagrad"}
+
+
+@check("CKPT007", "resume-optimizer", "config", tags=["checkpoint", "resume", "deepspeed", "optimizer"])
+def resume_optimizer(ctx) -> Iterator[Finding]:
+    """The job's optimizer is the one whose state the checkpoint holds.
+
+    load_checkpoint hands the saved optimizer state to the job's optimizer (torch's Optimizer.load_state_dict),
+    which takes the saved parameter groups in place of its own without looking at what wrote them: Adam's state
+    loads into SGD or Adagrad without a word, and the first step stops with KeyError: 'momentum' (SGD) or 'sum'
+    (Adagrad), the key its own step reads ('step' for Adam on SGD's state); at ZeRO stage 3 Adagrad refuses it in
+    load_checkpoint ("loaded state dict contains a parameter group that doesn't match the size of optimizer's
+    group"). The types come from the DeepSpeed config saved in the model states and the job's; an optimizer the
+    training code builds is not known.
+
+    Resume with the optimizer type the checkpoint was saved with, or load the module alone
+    (load_checkpoint(..., load_optimizer_states=False)) and start the optimizer afresh.
+    """
+    facts, skipped = _resume(ctx, tag=True)
+    if skipped:
+        yield skipped
+        return
+    if facts["format"] != "deepspeed":
+        yield skip(f"saved without DeepSpeed ({FORMATS[facts['format']]}), whose optimizer the training code builds",
+                   path=facts["path"])
+        return
+    known, unknown = ctx.plan.conditions
+    planned, saved = known.get("optimizer"), (facts.get("saved") or {}).get("optimizer")
+    if facts.get("universal"):
+        yield skip("a universal checkpoint: its optimizer state is loaded by parameter, not judged here")
+        return
+    if saved is None:
+        yield skip("the checkpoint's DeepSpeed config names no optimizer type (its training code gave one), or its "
+                   "model states were not read")
+        return
+    if planned is None:
+        yield skip(f"the job's optimizer is not known: {unknown.get('optimizer', 'the job does not run DeepSpeed')}")
+        return
+    tag_path = f"{facts['path']}/{facts['tag']}"
+    evidence = dict(saved_optimizer=saved, optimizer=planned, path=tag_path)
+    if saved not in FAMILY or planned not in FAMILY:
+        other = saved if saved not in FAMILY else planned
+        yield skip(f"{other}: an optimizer whose saved state preflight does not judge", **evidence)
+        return
+    if FAMILY[saved] == FAMILY[planned]:
+        yield passed(f"{tag_path}: saved with {saved}, the job runs {planned}: the same parameter groups and "
+                     "state", **evidence)
+        return
+    stage = known.get("zero_stage", -1)
+    if planned == "adagrad" and stage == 3:
+        stops = ("load_checkpoint stops with ValueError (\"loaded state dict contains a parameter group that "
+                 "doesn't match the size of optimizer's group\")")
+    else:
+        stops = (f"{FAMILY[planned]} loads it without a word, and its first step stops with KeyError: "
+                 f"'{FIRST_STEP_READS[planned]}'")
+    yield fail(f"{tag_path}: the optimizer state was saved by {FAMILY[saved]} ({saved}), the job runs "
+               f"{FAMILY[planned]} ({planned}): {stops}",
+               f"set optimizer.type: {saved} as it was saved, or load the module alone "
+               "(load_checkpoint(..., load_optimizer_states=False))", **evidence)
 
 
 @check("CKPT005", "resume-on-node", "node", tags=["checkpoint", "resume", "deepspeed", "filesystem"])
@@ -497,7 +593,11 @@ def resume_on_node(ctx) -> Iterator[Finding]:
     lacking = sorted(wanted - set(names))
     if lacking:
         shown = ", ".join(lacking[:4]) + (f" and {len(lacking) - 4} more" if len(lacking) > 4 else "")
-        if all(RNG_FILE.match(n) for n in lacking):  # accelerate and the Trainer log it and go on
+        if _model_parallel(head):
+            yield warn(f"{folder} on {ctx.node} lacks {shown}: saved model or pipeline parallel, which of them "
+                       f"{whose} load is the training code's topology, not known here", FIX_ON_NODE, path=path,
+                       missing=lacking, ranks=ranks)
+        elif all(RNG_FILE.match(n) for n in lacking):  # accelerate and the Trainer log it and go on
             their = "their" if len(ranks) > 1 else "its"
             yield warn(f"{folder} on {ctx.node} lacks {shown}: {whose} resume without {their} random states (the "
                        "data order and random draws differ from a run not interrupted)",
@@ -527,6 +627,8 @@ def _files_of_ranks(head, ranks) -> set:
     """The files of the head's copy that these ranks open, by the save's layout: DeepSpeed's names; saved
     without DeepSpeed every file but the other ranks' random states (DCP: any rank may read any data file)."""
     names = set(head.get("files") or {})
+    if _model_parallel(head):  # each rank's model-parallel and data-parallel coordinates are the code's
+        return names
     if head.get("format") != "deepspeed":
         own = {str(r) for r in ranks}
         return {n for n in names for m in [RNG_FILE.match(n)] if not m or (m.group(1) or m.group(2)) in own}
@@ -534,6 +636,14 @@ def _files_of_ranks(head, ranks) -> set:
     for rank in ranks:
         wanted |= {n for n in names if re.match(rf"^(bf16_)?zero_pp_rank_{rank}_mp_rank_\d+_", n)}
     return wanted
+
+
+def _model_parallel(facts) -> bool:
+    """Saved by a model- or pipeline-parallel DeepSpeed job: a model states file per model-parallel rank, or a
+    pipeline's layer files."""
+    names = facts.get("files") or {}
+    return facts.get("format") == "deepspeed" and (sum(1 for n in names if MODEL_STATES.match(n)) > 1
+                                                   or any(LAYER.match(n) for n in names))
 
 
 @check("CKPT006", "resume-room", "node", tags=["checkpoint", "resume", "deepspeed", "filesystem"])

@@ -6,7 +6,12 @@
 - docs/known-defects.md, the rows of the known-defects table PKG008 judges (preflight/inputs/known_defects.toml);
 - the `preflight COMMAND --help` blocks of docs/commands.md (between `<!-- help:COMMAND:begin -->` and
   `<!-- help:COMMAND:end -->`), as the parser prints them at 100 columns, with the interpreter's path
-  shown as /venv/bin/python.
+  shown as /venv/bin/python;
+- the transcripts of real runs (docs/transcripts/NAME.txt: the command, then what it printed) in the family
+  pages that list them (FAMILY_TRANSCRIPTS) and in README.md between `<!-- transcript:NAME:begin -->` and
+  `<!-- transcript:NAME:end -->`. The transcripts themselves are written by the tests that run them on inputs
+  the libraries made (tests/checks/test_transcripts.py, PREFLIGHT_WRITE_TRANSCRIPTS=1), which fail when a run
+  no longer prints what its transcript says.
 
     python scripts/make_docs.py           # list the files that are stale (exit 1 when any is)
     python scripts/make_docs.py --write   # rewrite them
@@ -30,6 +35,8 @@ DOCS = ROOT / "docs"
 CHECKS_DIR = DOCS / "checks"
 COMMANDS = DOCS / "commands.md"
 KNOWN_DEFECTS = DOCS / "known-defects.md"
+TRANSCRIPTS = DOCS / "transcripts"
+README = ROOT / "README.md"
 BUILTIN = "preflight.checks"
 HELP_WIDTH = "100"
 SHOWN_PYTHON = "/venv/bin/python"
@@ -74,6 +81,29 @@ FAMILIES: Dict[str, tuple] = {
 }
 
 
+# The transcripts a family page shows after its table: (docs/transcripts/NAME.txt, what the run shows).
+FAMILY_TRANSCRIPTS: Dict[str, List[tuple]] = {
+    "CKPT": [("ckpt-world", "A DeepSpeed ZeRO-2 checkpoint saved by two ranks, resumed on three: DeepSpeed would "
+                            "refuse it after the model has loaded on every node."),
+             ("ckpt-accelerate", "accelerate's project folder (save_state with automatic checkpoint naming), "
+                                 "resumed on three ranks: the newest save, and the rank without random states "
+                                 "of its own."),
+             ("ckpt-dcp-cut", "A torch.distributed.checkpoint folder whose data file a killed copy cut short: "
+                              "its `.metadata` says how many bytes each file holds."),
+             ("ckpt-trainer-deepspeed", "A Trainer's output folder, saved without DeepSpeed, resumed by a job "
+                                        "that runs DeepSpeed.")],
+}
+
+
+def transcript(name: str) -> str:
+    """A transcript as a fenced block, or a line saying it is missing (make_docs then fails the check)."""
+    path = TRANSCRIPTS / f"{name}.txt"
+    if not path.exists():
+        raise SystemExit(f"make_docs: {path.relative_to(ROOT)} is missing: run the tests that write it "
+                         "(PREFLIGHT_WRITE_TRANSCRIPTS=1 pytest tests/checks/test_transcripts.py)")
+    return "```\n" + path.read_text().rstrip("\n") + "\n```"
+
+
 def builtin_checks():
     from preflight import registry
 
@@ -110,6 +140,12 @@ def family_page(family: str, specs: Sequence) -> str:
               "| ID | name | scope | what it checks |", "|---|---|---|---|"]
     for s in specs:
         lines.append(f"| [{s.id}](#{s.id.lower()}-{s.name}) | {s.name} | {s.scope} | {cell(s.what)} |")
+    shown = FAMILY_TRANSCRIPTS.get(family, [])
+    if shown:
+        lines += ["", "## What it looks like", "", "Real runs, on inputs the libraries made "
+                  "(docs/transcripts/, checked by the tests against a new run):"]
+        for name, caption in shown:
+            lines += ["", caption, "", transcript(name)]
     for s in specs:
         tags = ", ".join(f"`{t}`" for t in s.tags) or "none"
         lines += ["", f"## {s.id} {s.name}", "",
@@ -178,12 +214,24 @@ def _help(cli, argv: List[str]) -> str:
 
 def commands_page(text: str, helps: Dict[str, str]) -> str:
     for command, usage in helps.items():
-        begin, end = f"<!-- help:{command}:begin -->", f"<!-- help:{command}:end -->"
-        if begin not in text:
-            continue
-        head, rest = text.split(begin, 1)
-        text = f"{head}{begin}\n```\n$ preflight {command if command != 'preflight' else ''}".rstrip() + \
-               f" --help\n{usage}```\n{end}{rest.split(end, 1)[1]}"
+        shown = f"$ preflight {command if command != 'preflight' else ''}".rstrip() + f" --help\n{usage}"
+        text = with_block(text, f"help:{command}", f"```\n{shown}```")
+    return text
+
+
+def with_block(text: str, marker: str, body: str) -> str:
+    """text with what lies between `<!-- MARKER:begin -->` and `<!-- MARKER:end -->` replaced by body."""
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    if begin not in text:
+        return text
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}"
+
+
+def transcript_blocks(text: str) -> str:
+    """text with each `<!-- transcript:NAME:begin -->` block holding that transcript."""
+    for name in re.findall(r"<!-- transcript:([\w-]+):begin -->", text):
+        text = with_block(text, f"transcript:{name}", transcript(name))
     return text
 
 
@@ -242,6 +290,7 @@ def expected() -> Dict[pathlib.Path, str]:
     pages = check_pages()
     pages[COMMANDS] = commands_page(COMMANDS.read_text(), commands_help())
     pages[KNOWN_DEFECTS] = known_defects_page(GENERATED)
+    pages[README] = transcript_blocks(README.read_text())
     return pages
 
 

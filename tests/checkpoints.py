@@ -1,7 +1,9 @@
 """Real DeepSpeed checkpoints for the CKPT tests, saved and loaded by DeepSpeed itself on the CPU (gloo, torchrun):
 `save_all(folder)` writes checkpoints without ZeRO and with ZeRO-1 (fp32), ZeRO-2 and 3 (bf16) of a small model
-saved by two ranks, in one run; `load_each(folder, cases, nproc)` runs DeepSpeed's own load_checkpoint for each
-(checkpoint, config) on a world of its own and returns what it said."""
+saved by two ranks, one of ZeRO-1 with SGD (zero1-sgd/) and a two-stage pipeline's (pipe/), in one run; `load_each(folder, cases, nproc)` runs
+DeepSpeed's own load_checkpoint for each (checkpoint, config) on a world of its own and returns what it said
+(`load_pipeline` for the pipeline's); `save_states` and `load_states` do the same for accelerate's save_state
+and DCP, `trainer_resumes` for the Trainer."""
 import os
 import socket
 import subprocess
@@ -10,7 +12,21 @@ import textwrap
 
 import pytest
 
-SAVE = textwrap.dedent("""
+# A two-stage pipeline (PipelineModule, ZeRO-1, fp32) of the same layers, each stage on its own rank.
+PIPELINE = textwrap.dedent("""
+    def pipeline():
+        import torch, deepspeed
+        from deepspeed.pipe import PipelineModule
+        deepspeed.init_distributed(dist_backend="gloo")  # PipelineModule asks for the rank first
+        layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)]
+        model = PipelineModule(layers=layers, num_stages=2, loss_fn=lambda out, y: (out - y).pow(2).mean())
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=PIPE_CONFIG)
+        return engine
+""")
+PIPE_CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+               "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+               "zero_optimization": {"stage": 1}}
+SAVE = f"PIPE_CONFIG = {PIPE_CONFIG!r}\n" + PIPELINE + textwrap.dedent("""
     import sys, torch, deepspeed
     out = sys.argv[1]
     for stage, bf16 in ((0, False), (1, False), (2, True), (3, True)):
@@ -23,6 +39,33 @@ SAVE = textwrap.dedent("""
         engine.backward(engine(x).float().pow(2).mean())
         engine.step()
         engine.save_checkpoint(f"{out}/zero{stage}", tag="global_step1")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    config.update(optimizer={"type": "SGD", "params": {"lr": 1e-3, "momentum": 0.9}}, bf16={"enabled": False},
+                  zero_optimization={"stage": 1}, zero_allow_untested_optimizer=True)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    engine.backward(engine(torch.randn(2, 8)).pow(2).mean())
+    engine.step()
+    engine.save_checkpoint(f"{out}/zero1-sgd", tag="global_step1")
+    engine = pipeline()
+    engine.train_batch(data_iter=iter([(torch.randn(2, 8), torch.randn(2, 4))] * 2))
+    engine.save_checkpoint(f"{out}/pipe", tag="global_step1")
+""")
+
+
+LOAD_PIPELINE = f"PIPE_CONFIG = {PIPE_CONFIG!r}\n" + PIPELINE + textwrap.dedent("""
+    import os, sys
+    engine = pipeline()
+    try:
+        path, _ = engine.load_checkpoint(sys.argv[1])
+    except BaseException as exc:
+        # the other stage waits in a collective for this one: torchrun ends it once this one exits
+        said = f"CASE REFUSED {type(exc).__name__} {exc}".replace("\\n", " ")
+        os.write(1, f"{said}\\n".encode())
+        os._exit(1)
+    import torch
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        print("CASE LOADED", path, flush=True)
 """)
 
 
@@ -60,6 +103,10 @@ LOAD = textwrap.dedent("""
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
         try:
             path, _ = engine.load_checkpoint(root)
+            if sys.argv[2] == "step":  # and the first step after it
+                x = torch.randn(2, 8, dtype=torch.bfloat16 if engine.bfloat16_enabled() else torch.float32)
+                engine.backward(engine(x).float().pow(2).mean())
+                engine.step()
             said = f"LOADED {path}"
         except Exception as exc:
             said = f"REFUSED {type(exc).__name__} {exc}".replace("\\n", " ")
@@ -69,12 +116,13 @@ LOAD = textwrap.dedent("""
 """)
 
 
-def load_each(folder, cases, nproc):
+def load_each(folder, cases, nproc, step=False):
     """What DeepSpeed's load_checkpoint says for each (checkpoint, config) on `nproc` ranks, in one run: a list of
-    ("LOADED", path) or ("REFUSED", its exception and message)."""
+    ("LOADED", path) or ("REFUSED", its exception and message); step: and the first training step after it."""
     import json
 
-    code, out = torchrun(folder, LOAD, nproc, json.dumps([[str(root), config] for root, config in cases]))
+    code, out = torchrun(folder, LOAD, nproc, json.dumps([[str(root), config] for root, config in cases]),
+                         "step" if step else "load")
     said = [line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("CASE ")]
     assert code == 0 and len(said) == len(cases), out[-3000:]
     return [tuple(words) for words in said]
@@ -82,6 +130,16 @@ def load_each(folder, cases, nproc):
 
 def load(folder, root, config, nproc):
     return load_each(folder, [(root, config)], nproc)[0]
+
+
+def load_pipeline(folder, root):
+    """What DeepSpeed's load_checkpoint says of `root` in the two-stage pipeline that saved it: ("LOADED", path)
+    or ("REFUSED", the exception a stage raised)."""
+    code, out = torchrun(folder, LOAD_PIPELINE, 2, root)
+    said = [line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("CASE ")]
+    refused = [words for words in said if words[0] == "REFUSED"]
+    assert refused or (code == 0 and len(said) == 1), out[-3000:]
+    return tuple((refused or said)[0])
 
 
 # The other libraries' layouts, saved by two ranks (accelerate's save_state on the CPU, MULTI_CPU; a DCP folder)

@@ -24,6 +24,9 @@ ZERO3_MODEL_FILE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.
 # transformers' PREFIX_CHECKPOINT_DIR (trainer_utils) and accelerate's automatic_checkpoint_naming (checkpoints/)
 NEWEST = re.compile(r"^checkpoint[-_](\d+)$")
 MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+# a pipeline's layers, each loaded by the stage that holds it (runtime/pipe/module.py: ckpt_layer_path; with
+# tensor slicing the rank's coordinates follow the index: layer_03-model_01-model_states.pt)
+LAYER_FILE = re.compile(r"^layer_\d+(?:-[\w-]+)?-model_states\.pt$")
 # the random states each process saves and loads by its own index (accelerate: random_states_I.pkl; the
 # Trainer: rng_state_I.pth, or rng_state.pth saved by one process)
 RNG_FILE = re.compile(r"^(?:random_states_(\d+)\.pkl|rng_state(?:_(\d+))?\.pth)$")
@@ -118,7 +121,8 @@ def deepspeed(root, tag=None, universal=False, read=True, head_digest=None):
             names, facts["tag_exists"] = sorted(os.listdir(folder)), True
         except OSError:
             facts["tag_exists"] = False
-    listed = [n for n in names if ZERO_FILE.match(n) or ZERO3_MODEL_FILE.match(n) or MODEL_FILE.match(n)]
+    listed = [n for n in names if ZERO_FILE.match(n) or ZERO3_MODEL_FILE.match(n) or MODEL_FILE.match(n)
+              or LAYER_FILE.match(n)]
     _listed(facts, listed, read, head_digest)
     facts["universal"] = bool(folder) and os.path.isdir(os.path.join(folder, "zero"))
     if not read:
@@ -349,7 +353,9 @@ def _saved(data):
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     stage = zero.get("stage")
-    return {"dp_world_size": number("dp_world_size"), "mp_world_size": number("mp_world_size"),
+    optimizer = config.get("optimizer") if isinstance(config.get("optimizer"), dict) else {}
+    return {"optimizer": optimizer["type"].lower() if isinstance(optimizer.get("type"), str) else None,
+            "dp_world_size": number("dp_world_size"), "mp_world_size": number("mp_world_size"),
             "pp_degree": _parallel(data, "pp_degree"), "tp_degree": _parallel(data, "tp_degree"),
             "zero_stage": stage if isinstance(stage, int) and not isinstance(stage, bool) else None,
             "precision": precision, "ds_version": data.get("ds_version") if isinstance(data.get("ds_version"), str)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from checkpoints import load_each, save_all
+from checkpoints import PIPE_CONFIG, load_each, load_pipeline, save_all
 
 BF16_ZERO2 = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
               "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
@@ -116,6 +116,49 @@ def test_a_shard_cut_short_is_named(saved, tmp_path):
     os.truncate(shard, shard.stat().st_size // 2)
     found = lint(tmp_path, BF16_ZERO2, root, "--world-size", "2")["CKPT002"]
     assert found["status"] == "fail" and str(shard) in found["message"], found
+
+
+def test_a_pipelines_layer_cut_short_fails_as_deepspeed_refuses_it(saved, tmp_path):
+    """A two-stage pipeline's save: each stage loads its own model states and layer files, which global rank is
+    which stage is the training code's; a layer file cut short stops the stage that loads it."""
+    whole = lint(tmp_path, PIPE_CONFIG, saved / "pipe", "--world-size", "2")
+    assert [i for i, r in whole.items() if r["status"] in ("fail", "warn")] == [], whole
+    assert whole["CKPT002"]["message"].endswith("7 files, each whole"), whole  # 2 model states, 3 layers, 2 shards
+    assert "each pipeline stage loads its own" in whole["CKPT001"]["message"], whole
+    assert load_pipeline(tmp_path, saved / "pipe")[0] == "LOADED"
+    root = tmp_path / "pipe"
+    shutil.copytree(saved / "pipe", root)
+    layer = root / "global_step1" / "layer_02-model_states.pt"
+    os.truncate(layer, layer.stat().st_size - 200)
+    found = lint(tmp_path, PIPE_CONFIG, root, "--world-size", "2")["CKPT002"]
+    assert found["status"] == "fail" and str(layer) in found["message"], found
+    said = load_pipeline(tmp_path, root)
+    assert said[0] == "REFUSED" and "failed finding central directory" in said[1], said
+
+
+SGD = {"type": "SGD", "params": {"lr": 1e-3, "momentum": 0.9}}
+OPTIMIZERS = [  # (saved, the job's config, what DeepSpeed says, CKPT007's status, what its message says)
+    ("zero2", config(2, True, optimizer=SGD, zero_allow_untested_optimizer=True), "KeyError 'momentum'", "fail",
+     "KeyError: 'momentum'"),
+    ("zero2", config(2, True, optimizer={"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}), None,
+     "pass", "the same parameter groups"),
+    ("zero3", config(3, True, optimizer={"type": "Adagrad", "params": {"lr": 1e-3}},
+                     zero_allow_untested_optimizer=True), "ValueError loaded state dict contains a parameter group",
+     "fail", "loaded state dict contains a parameter group"),
+    ("zero1", config(1, False, optimizer={"type": "Adagrad", "params": {"lr": 1e-3}},
+                     zero_allow_untested_optimizer=True), "KeyError 'sum'", "fail", "KeyError: 'sum'"),
+    ("zero1-sgd", config(1, False, optimizer={"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}}),
+     "KeyError 'step'", "fail", "KeyError: 'step'"),
+]
+
+
+def test_another_optimizer_fails_where_its_first_step_does_and_only_there(saved, tmp_path):
+    """Held against DeepSpeed's own load_checkpoint and the first step after it, on the world that saved it."""
+    said = load_each(tmp_path, [(saved / name, job) for name, job, *_ in OPTIMIZERS], 2, step=True)
+    for (name, job, refused, status, message), (what, why) in zip(OPTIMIZERS, said):
+        assert (what == "LOADED") == (refused is None) and (refused is None or why.startswith(refused)), (name, why)
+        found = lint(tmp_path, job, saved / name, "--world-size", "2")["CKPT007"]
+        assert found["status"] == status and message in found["message"], (name, found)
 
 
 def test_a_stage_3_save_without_one_ranks_model_states_is_named(saved, tmp_path):

@@ -91,7 +91,7 @@ def test_the_newest_save_of_a_folder_of_saves_is_the_one_judged(saved, tmp_path)
     assert accelerate["message"].startswith(f"{saved}/accelerate/checkpoints/checkpoint_1: an accelerate save_state")
     trainer = lint(tmp_path, saved / "trainer")["CKPT001"]
     assert trainer["message"] == (f"{saved}/trainer/checkpoint-3: a Trainer checkpoint, the newest in "
-                                  f"{saved}/trainer, at step 3")
+                                  f"{saved}/trainer, at step 3; every rank loads the whole model and optimizer state")
 
 
 def test_what_a_failure_names(saved, tmp_path):

@@ -122,3 +122,18 @@ def test_a_save_without_deepspeed_on_each_node(cluster, job, saved_states):
     found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "acc")
     assert found[(nodes[1],)]["status"] == "fail" and f"the newest checkpoint on {nodes[1]} is " \
         "checkpoints/checkpoint_0, on this machine checkpoints/checkpoint_1" in found[(nodes[1],)]["message"], found
+
+
+def test_a_pipelines_save_on_a_node_without_one_of_its_layers(cluster, job, saved):
+    """A pipeline's ranks load their stage's files, and which global rank runs which stage is the training code's
+    topology: a node without one of the files is warned of, not failed (its ranks may not load it)."""
+    workdir, nodes, folders = job
+    for folder in (workdir, *folders.values()):
+        shutil.copytree(saved.parent / "pipe", folder / "pipe")
+    found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "pipe")
+    assert list(found) == [tuple(nodes)] and found[tuple(nodes)]["status"] == "pass", found
+    (folders[nodes[1]] / "pipe" / "global_step1" / "layer_02-model_states.pt").unlink()
+    found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "pipe")
+    odd = found[(nodes[1],)]
+    assert odd["status"] == "warn" and "lacks layer_02-model_states.pt: saved model or pipeline parallel" in \
+        odd["message"], odd

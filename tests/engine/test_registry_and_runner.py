@@ -440,8 +440,9 @@ def _make_docs():
 
 
 def test_the_generated_docs_match_the_registry_and_the_parser():
-    """docs/checks/ (one page per family) and the --help blocks of docs/commands.md are what
-    scripts/make_docs.py makes from the registry and the parser now."""
+    """docs/checks/ (one page per family), the --help blocks of docs/commands.md and the transcripts in the
+    family pages and README.md are what scripts/make_docs.py makes from the registry, the parser and
+    docs/transcripts/ now (tests/checks/test_transcripts.py holds the transcripts to real runs)."""
     make_docs = _make_docs()
     pages = make_docs.expected()
     stale = make_docs.stale_files(pages)
@@ -454,6 +455,9 @@ def test_the_generated_docs_match_the_registry_and_the_parser():
         assert f"| {spec.id}" in pages[make_docs.CHECKS_DIR / "README.md"] or f"[{spec.id}]" in page
     for command, usage in make_docs.commands_help().items():
         assert usage in pages[make_docs.COMMANDS], f"docs/commands.md has no --help block for {command}"
+    for family, shown in make_docs.FAMILY_TRANSCRIPTS.items():
+        for name, caption in shown:
+            assert make_docs.transcript(name) in pages[make_docs.CHECKS_DIR / make_docs.family_page_name(family)]
 
 
 def test_the_docs_check_fails_when_a_page_is_stale(tmp_path, monkeypatch):
