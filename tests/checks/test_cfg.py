@@ -447,7 +447,8 @@ def test_golden_job_passes_every_check(capsys, folder):
     not_passed = {r["id"] for r in doc["results"] if r["status"] != "pass"}
     # the validators wait for --deep, the memory estimate for --model, the batch-script and manifest checks for
     # --sbatch and --k8s, the checkpoint checks for --resume-from
-    assert not_passed == {"CFG090", "CFG091", "MEM001", "CKPT001", "CKPT002", "CKPT003", "CKPT004"} | BATCH_CHECKS | \
+    assert not_passed == {"CFG090", "CFG091", "MEM001", "CKPT001", "CKPT002", "CKPT003", "CKPT004",
+                          "CKPT007"} | BATCH_CHECKS | \
         MANIFEST_CHECKS, shown(doc["results"])
     # every input was read: the DeepSpeed JSON named by the accelerate config, the hostfile
     assert any("train_batch_size" in r["message"] and "world size" in r["message"]
