@@ -67,9 +67,9 @@ def resume_tag(ctx) -> Iterator[Finding]:
         yield skipped
         return
     root = facts["path"]
+    newest = f", the newest in {_given(ctx)}" if facts.get("picked") else ""
     if facts["format"] != "deepspeed":
         step = (facts.get("trainer_state") or {}).get("global_step")
-        newest = f", the newest in {_given(ctx)}" if facts.get("picked") else ""
         at = f", at step {step}" if step is not None else ""
         yield passed(f"{root}: {FORMATS[facts['format']]}{newest}{at}{_by_rank(facts)}", path=root,
                      format=facts["format"])
@@ -82,7 +82,8 @@ def resume_tag(ctx) -> Iterator[Finding]:
         yield fail(f"{root}/latest names {facts['tag']!r}, which is not a folder in {root}",
                    f"point {root}/latest at a tag that is there, or give the tag folder", path=root, tag=facts["tag"])
     else:
-        yield passed(f"{root}: resumes from tag {facts['tag']}{_by_rank(facts)}", path=root, tag=facts["tag"])
+        where = f": the newest in {_given(ctx)}," if facts.get("picked") else ":"
+        yield passed(f"{root}{where} resumes from tag {facts['tag']}{_by_rank(facts)}", path=root, tag=facts["tag"])
 
 
 def _by_rank(facts) -> str:

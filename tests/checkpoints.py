@@ -247,3 +247,40 @@ def trainer_resumes(folder, paths):
     said = [line.split(" ", 2)[1:] for line in proc.stdout.splitlines() if line.startswith("CASE ")]
     assert proc.returncode == 0 and len(said) == len(paths), proc.stdout[-2000:] + proc.stderr[-3000:]
     return [tuple(words) for words in said]
+
+
+# The Trainer with DeepSpeed (ZeRO-2, its batch sizes and learning rate "auto", as the Trainer fills them), on
+# CPU ranks: each checkpoint-N is a DeepSpeed root (global_stepN, latest) beside the Trainer's own files. The
+# config names no train_batch_size: on the CPU the Trainer counts one process and would fill it wrong.
+TRAINER_DS_CONFIG = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                     "zero_optimization": {"stage": 2},
+                     "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}}}
+TRAINER_DS = f"DS = {TRAINER_DS_CONFIG!r}\n" + textwrap.dedent("""
+    import os, sys, torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    out, resume = sys.argv[1], sys.argv[2] or None
+    data = [{"input_ids": torch.randint(0, 64, (8,)), "labels": torch.randint(0, 64, (8,))} for _ in range(16)]
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=16))
+    args = TrainingArguments(out, max_steps=3 if resume is None else 4, save_steps=1, per_device_train_batch_size=2,
+                             report_to=[], disable_tqdm=True, deepspeed=DS)
+    try:
+        Trainer(model=model, args=args, train_dataset=data).train(resume_from_checkpoint=resume)
+    except BaseException as exc:  # the other ranks wait for this one in a collective: torchrun ends them
+        said = f"CASE REFUSED {type(exc).__name__} {exc}".replace("\\\\n", " ")
+        os.write(1, f"{said}\\\\n".encode())
+        os._exit(1)
+    if int(os.environ["RANK"]) == 0:
+        print("CASE LOADED", flush=True)
+""")
+
+
+def trainer_deepspeed(out, nproc, resume=None):
+    """The Trainer with DeepSpeed on `nproc` CPU ranks: without `resume` it trains 3 steps and saves each into
+    the output folder `out` (checkpoint-1 to 3); with it, what train(resume_from_checkpoint=resume) says (its
+    saves go beside `out`): ("LOADED",) or ("REFUSED", the exception a rank raised)."""
+    pytest.importorskip("transformers")
+    code, said = torchrun(out.parent, TRAINER_DS, nproc, out.parent / "again" if resume else out, resume or "")
+    lines = [line.split(" ", 2)[1:] for line in said.splitlines() if line.startswith("CASE ")]
+    refused = [words for words in lines if words[0] == "REFUSED"]
+    assert refused or (code == 0 and lines == [["LOADED"]]), said[-3000:]
+    return tuple((refused or lines)[0])

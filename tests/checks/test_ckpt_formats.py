@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from checkpoints import load_states, save_states, trainer_resumes
+from checkpoints import TRAINER_DS_CONFIG, load_states, save_states, trainer_deepspeed, trainer_resumes
 
 ZERO2 = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}
 
@@ -122,3 +122,21 @@ def test_a_deepspeed_job_does_not_resume_a_save_without_deepspeed(saved, librari
         deepspeed_load_checkpoint(None, str(saved / "trainer" / "checkpoint-3"))
     # a DCP folder is read by the job's own dcp.load, not by DeepSpeed's load_checkpoint: it reshards either way
     assert lint(tmp_path, saved / "dcp", "--deepspeed", str(ds))["CKPT003"]["status"] == "pass"
+
+
+def test_the_trainer_with_deepspeed_resumes_on_the_world_that_saved_it_and_only_there(tmp_path):
+    """Each checkpoint-N of a Trainer with DeepSpeed is a DeepSpeed root: its newest is judged as DeepSpeed loads
+    it, and the Trainer resumes on the two ranks that saved it and refuses three."""
+    saved = tmp_path / "out"
+    assert trainer_deepspeed(saved, 2) == ("LOADED",)
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps(TRAINER_DS_CONFIG))
+    on_two = lint(tmp_path, saved, "--deepspeed", str(ds), "--world-size", "2")
+    assert [r for r in on_two.values() if r["status"] in ("fail", "warn")] == [], on_two
+    assert on_two["CKPT001"]["message"].startswith(f"{saved}/checkpoint-3: the newest in {saved}, resumes from tag "
+                                                   "global_step3"), on_two
+    assert trainer_deepspeed(saved, 2, resume=saved / "checkpoint-3") == ("LOADED",)
+    on_three = lint(tmp_path, saved, "--deepspeed", str(ds), "--world-size", "3")["CKPT003"]
+    assert on_three["status"] == "fail" and "saved by 2 data-parallel ranks, the job runs 3" in on_three["message"]
+    said = trainer_deepspeed(saved, 3, resume=saved / "checkpoint-3")
+    assert said[0] == "REFUSED" and "used a DP world size of 2 but the current world size is 3" in said[1], said
