@@ -261,7 +261,9 @@ def resume_world(ctx) -> Iterator[Finding]:
     and the Trainer save one full model and optimizer state that every rank loads (a rank without random states of
     its own logs it and goes on). A DeepSpeed job does not read them: accelerate hands its model to DeepSpeed's
     load_checkpoint, which finds no model states and stops at `assert len(self.ckpt_list) > 0`; the Trainer with
-    DeepSpeed looks for global_step folders and stops with "Can't find a valid checkpoint".
+    DeepSpeed looks for global_step folders and stops with "Can't find a valid checkpoint". A Trainer's checkpoint
+    saved with DeepSpeed and resumed without it loads the weights the Trainer wrote beside the tag and starts a new
+    optimizer.
 
     Run the world and stage it was saved with, or convert it with ds_to_universal and set
     checkpoint.load_universal; resume a checkpoint saved without DeepSpeed without it.
@@ -279,6 +281,15 @@ def resume_world(ctx) -> Iterator[Finding]:
     known, unknown = ctx.plan.conditions
     stage = known.get("zero_stage", -1)
     if stage is None:
+        beside = facts.get("beside") or []
+        weights = [n for n in TRAINER_WEIGHTS if n in beside]
+        if "trainer_state.json" in beside and weights:
+            yield warn(f"{root}: saved by the Trainer with DeepSpeed, the job runs without it: the Trainer loads "
+                       f"{weights[0]} and trainer_state.json, finds no optimizer.pt (the optimizer is in "
+                       "DeepSpeed's shards) and goes on with a new optimizer and learning-rate schedule without a "
+                       "word", "resume with the DeepSpeed config it was saved with, or accept a new optimizer",
+                       path=root, saved_zero_stage=saved.get("zero_stage"))
+            return
         yield skip("the job does not run DeepSpeed (its accelerate config uses no DeepSpeed), which this layout is for")
         return
     planned = stage if stage != -1 else None

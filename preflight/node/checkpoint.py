@@ -127,6 +127,9 @@ def deepspeed(root, tag=None, universal=False, read=True, head_digest=None):
     facts["universal"] = bool(folder) and os.path.isdir(os.path.join(folder, "zero"))
     if not read:
         return facts
+    # what the Trainer with DeepSpeed writes beside the tag (its checkpoint-N: the weights, trainer_state.json),
+    # which the Trainer reads when it resumes without DeepSpeed
+    facts["beside"] = sorted(n for n in _listing(root) if "/" not in n)[:LISTED]
     files = {}
     for name in listed:
         zero3 = ZERO3_MODEL_FILE.match(name)

@@ -140,3 +140,12 @@ def test_the_trainer_with_deepspeed_resumes_on_the_world_that_saved_it_and_only_
     assert on_three["status"] == "fail" and "saved by 2 data-parallel ranks, the job runs 3" in on_three["message"]
     said = trainer_deepspeed(saved, 3, resume=saved / "checkpoint-3")
     assert said[0] == "REFUSED" and "used a DP world size of 2 but the current world size is 3" in said[1], said
+    # resumed without DeepSpeed (an accelerate config without it): the Trainer loads the weights beside the tag
+    # and, without optimizer.pt, goes on with a new optimizer
+    accelerate = tmp_path / "accelerate.yaml"
+    accelerate.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+                          "num_processes: 2\nmixed_precision: 'no'\n")
+    plain = lint(tmp_path, saved, "--config", str(accelerate))["CKPT003"]
+    assert plain["status"] == "warn" and "loads model.safetensors and trainer_state.json, finds no optimizer.pt" \
+        in plain["message"], plain
+    assert trainer_resumes(tmp_path / "plain", [saved / "checkpoint-3"]) == [("LOADED",)]
