@@ -14,6 +14,8 @@ from preflight.collective.options import format_size
 from preflight.node.checkpoint import LAYER_FILE as LAYER, MODEL_FILE as MODEL_STATES, RNG_FILE, \
     ZERO3_MODEL_FILE as ZERO3_MODEL, ZERO_FILE as ZERO_SHARD
 
+# the rank's number in the name of a file each rank saves and loads for itself
+RANK_NUMBER = r"(?<=zero_pp_rank_)\d+|(?<=random_states_)\d+|(?<=rng_state_)\d+"
 FORMATS = {"deepspeed": "a DeepSpeed checkpoint", "dcp": "a torch.distributed.checkpoint (DCP) folder",
            "accelerate": "an accelerate save_state folder", "trainer": "a Trainer checkpoint"}
 # the files the Trainer resumes the model from (trainer.py _load_from_checkpoint: its WEIGHTS_NAME,
@@ -72,7 +74,7 @@ def resume_tag(ctx) -> Iterator[Finding]:
         step = (facts.get("trainer_state") or {}).get("global_step")
         at = f", at step {step}" if step is not None else ""
         yield passed(f"{root}: {FORMATS[facts['format']]}{newest}{at}{_by_rank(facts)}", path=root,
-                     format=facts["format"])
+                     format=facts["format"], resume_files=_resume_files(facts))
         return
     if facts["tag"] is None:
         yield warn(f"{root}: no `latest` file and no tag: DeepSpeed's load_checkpoint warns \"Unable to find latest "
@@ -83,7 +85,50 @@ def resume_tag(ctx) -> Iterator[Finding]:
                    f"point {root}/latest at a tag that is there, or give the tag folder", path=root, tag=facts["tag"])
     else:
         where = f": the newest in {_given(ctx)}," if facts.get("picked") else ":"
-        yield passed(f"{root}{where} resumes from tag {facts['tag']}{_by_rank(facts)}", path=root, tag=facts["tag"])
+        yield passed(f"{root}{where} resumes from tag {facts['tag']}{_by_rank(facts)}", path=root, tag=facts["tag"],
+                     resume_files=_resume_files(facts))
+
+
+RESUME_ROWS = 32  # rows of the table of what loads; a ZeRO save's shards are one row (rank R), whatever the world
+
+
+def _resume_files(facts) -> List[dict]:
+    """The table of what the job loads (the terminal and the HTML show it under the results): the files of the
+    save, relative to the folder CKPT001 names, a rank's own by their pattern (R for its number), each with who
+    loads it, how many and their size; the files no resume reads (training_args.bin, a tokenizer's) are left
+    out."""
+    rows: dict = {}
+    for name, found in sorted((facts.get("files") or {}).items()):
+        who = _loaded_by(facts, name)
+        if who is None:
+            continue
+        shown = re.sub(RANK_NUMBER, "R", name) if who == "each rank R" else \
+            re.sub(r"(^|/)__\d+_", r"\1__R_", name) if name.endswith(".distcp") else name  # DCP: __RANK_N.distcp
+        row = rows.setdefault(shown, {"file": shown, "loaded_by": who, "files": 0, "bytes": 0})
+        row["files"] += 1
+        row["bytes"] += found.get("bytes") if isinstance(found.get("bytes"), int) else 0
+    return [dict(row, bytes=format_size(row["bytes"])) for row in rows.values()][:RESUME_ROWS]
+
+
+def _loaded_by(facts, name) -> str | None:
+    """Who loads a file of the save, as its library opens it; None for a file no resume reads."""
+    fmt = facts["format"]
+    if fmt == "deepspeed":
+        if _model_parallel(facts):
+            return "its stage or model-parallel rank"
+        return "each rank R" if ZERO_SHARD.match(name) or ZERO3_MODEL.match(name) else "every rank"
+    if RNG_FILE.match(name):
+        return "each rank R" if re.search(r"\d", name) else "one process"
+    if fmt == "dcp" or name.endswith(".distcp"):
+        return "every rank" if name.split("/")[-1] == ".metadata" else "the ranks their shards need"
+    loaded = name in TRAINER_WEIGHTS or ACCELERATE_MODEL.match(name.split("/")[0]) or RESUMED.match(name)
+    return "every rank" if loaded else None
+
+
+# what accelerate's load_state and the Trainer read beside the weights: a sharded model's shards, the optimizer,
+# the learning-rate schedule, the grad scaler, the Trainer's state
+RESUMED = re.compile(r"^(?:(?:model|pytorch_model)-\d+-of-\d+\.(?:safetensors|bin)|(?:optimizer|scheduler)(?:_\d+)?"
+                     r"\.(?:bin|pt)|scaler\.pt|trainer_state\.json)$")
 
 
 def _by_rank(facts) -> str:
@@ -104,8 +149,7 @@ def _by_rank(facts) -> str:
     else:
         own = {n for n in names if RNG_FILE.match(n) and re.search(r"\d", n)}
         every = "the whole model and optimizer state"
-    rank = r"(?<=zero_pp_rank_)\d+|(?<=random_states_)\d+|(?<=rng_state_)\d+"
-    mine = sorted({re.sub(rank, "R", n) for n in own})
+    mine = sorted({re.sub(RANK_NUMBER, "R", n) for n in own})
     return (f"; every rank loads {every}" if every else ";") + (
         f"{',' if every else ''} each rank R its own {' and '.join(mine)}" if mine else "")
 

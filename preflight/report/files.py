@@ -466,19 +466,21 @@ _DIFFERS = ' class="differs" title="differs from the other nodes"'
 
 
 def table_html(results: Sequence[Result], e: Callable[[object], str]) -> List[str]:
-    """The section of a table in the results' evidence (the launch plan, the census), none without one: the
-    cells unlike the other nodes' in red, as in the terminal. `e` escapes, as for the rest of the page."""
-    from preflight.report.render import evidence_table, table_cell
+    """A section for each table in the results' evidence (the launch plan, the census, the checkpoint's files),
+    none without one: the cells unlike the other nodes' in red, as in the terminal. `e` escapes, as for the rest
+    of the page."""
+    from preflight.report.render import evidence_tables, table_cell
 
-    plan = evidence_table(results)
-    if not plan:
-        return []
-    out = [f"<h2>{e(plan.title.capitalize())}</h2>", '<table class="plan"><thead><tr>'
-           + "".join(f'<th scope="col">{e(c.replace("_", " "))}</th>' for c in plan.columns) + "</tr></thead><tbody>"]
-    for i, row in enumerate(plan.rows):
-        cells = (f'<td{_DIFFERS if (i, j) in plan.differs else ""}>{e(table_cell(v))}</td>' for j, v in enumerate(row))
-        out.append(f"<tr>{''.join(cells)}</tr>")
-    out.append("</tbody></table>")
+    out = []
+    for plan in evidence_tables(results):
+        out += [f"<h2>{e(plan.title.capitalize())}</h2>", '<table class="plan"><thead><tr>'
+                + "".join(f'<th scope="col">{e(c.replace("_", " "))}</th>' for c in plan.columns)
+                + "</tr></thead><tbody>"]
+        for i, row in enumerate(plan.rows):
+            cells = (f'<td{_DIFFERS if (i, j) in plan.differs else ""}>{e(table_cell(v))}</td>'
+                     for j, v in enumerate(row))
+            out.append(f"<tr>{''.join(cells)}</tr>")
+        out.append("</tbody></table>")
     return out
 
 

@@ -64,11 +64,14 @@ def summary(results: Sequence[Result]) -> str:
     return ", ".join(f"{counts[s]} {one if counts[s] == 1 else many}" for s, one, many in words if counts[s]) or "no checks ran"
 
 
-# Tables that results carry in their evidence (JOB001's launch plan, RUN001's census): key -> (title, the
-# columns whose cells are not compared with the rest of their column). The launch plan's node, rank and
-# config path differ by design (config_sha compares what the path holds); the census compares nothing.
-TABLES = {"launch_plan": ("launch plan", ("node", "machine_rank", "config")), "census": ("census", None)}
+# Tables that results carry in their evidence (JOB001's launch plan, RUN001's census, CKPT001's files of the
+# checkpoint and the ranks that load them): key -> (title, the columns whose cells are not compared with the
+# rest of their column, the width the terminal cuts a cell to). The launch plan's node, rank and config path
+# differ by design (config_sha compares what the path holds); the census and the checkpoint's files compare
+# nothing; a ZeRO shard's name, whole, is 46 characters.
 CELL_MAX = 40
+TABLES = {"launch_plan": ("launch plan", ("node", "machine_rank", "config"), CELL_MAX),
+          "census": ("census", None, CELL_MAX), "resume_files": ("what the job resumes from", None, 64)}
 
 
 class EvidenceTable(NamedTuple):
@@ -76,17 +79,22 @@ class EvidenceTable(NamedTuple):
     columns: List[str]
     rows: List[List[Any]]  # the values, in the columns' order
     differs: Set[Tuple[int, int]]  # (row, column) of each cell unlike its column's most common value
+    cell_max: int = CELL_MAX  # the terminal cuts a longer cell in the middle
 
 
-def evidence_table(results: Sequence[Result]) -> Optional[EvidenceTable]:
-    """The first table among the results' evidence (columns: the first row's keys, in order), and the cells a
-    user would otherwise compare by hand. None when there is none."""
-    key, table = next(((k, r.evidence[k]) for r in results for k in TABLES if isinstance(r.evidence.get(k), list)),
-                      (None, None))
+def evidence_tables(results: Sequence[Result]) -> List[EvidenceTable]:
+    """The tables among the results' evidence, each kind once (its first), in TABLES' order (columns: the first
+    row's keys, in order), with the cells a user would otherwise compare by hand."""
+    found = (_evidence_table(key, next((r.evidence[key] for r in results if isinstance(r.evidence.get(key), list)),
+                                       None)) for key in TABLES)
+    return [table for table in found if table is not None]
+
+
+def _evidence_table(key: str, table: Optional[list]) -> Optional[EvidenceTable]:
     rows = [row for row in table or () if isinstance(row, Mapping)]
     if not rows:
         return None
-    title, uncompared = TABLES[key]
+    title, uncompared, cell_max = TABLES[key]
     columns = list(rows[0])
     values = [[row.get(c) for c in columns] for row in rows]
     differs = set()
@@ -96,7 +104,7 @@ def evidence_table(results: Sequence[Result]) -> Optional[EvidenceTable]:
         seen = [repr(row[j]) for row in values]  # repr: hashable, and 1, True and "1" stay apart
         common = Counter(seen).most_common(1)[0][0]  # ties go to the first seen: the first row's value wins
         differs.update((i, j) for i, value in enumerate(seen) if value != common)
-    return EvidenceTable(title, columns, values, differs)
+    return EvidenceTable(title, columns, values, differs, cell_max)
 
 
 class LinkMatrix(NamedTuple):
@@ -148,12 +156,12 @@ def table_cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _cut(text: str) -> str:
+def _cut(text: str, width: int) -> str:
     """A long cell cut in the middle: the end of a path tells more than its start."""
-    if len(text) <= CELL_MAX:
+    if len(text) <= width:
         return text
-    head = (CELL_MAX - 1) // 3
-    return f"{text[:head]}\u2026{text[head - CELL_MAX + 1:]}"
+    head = (width - 1) // 3
+    return f"{text[:head]}\u2026{text[head - width + 1:]}"
 
 
 def table_lines(plan: EvidenceTable, color: bool) -> List[List[Tuple[str, str]]]:
@@ -161,7 +169,7 @@ def table_lines(plan: EvidenceTable, color: bool) -> List[List[Tuple[str, str]]]
     marked with a trailing '*' (explained on a line under the table)."""
     mark = "" if color else "*"
     table = [[c.replace("_", " ") for c in plan.columns]]
-    table += [[_cut(table_cell(v)) + (mark if (i, j) in plan.differs else "") for j, v in enumerate(row)]
+    table += [[_cut(table_cell(v), plan.cell_max) + (mark if (i, j) in plan.differs else "") for j, v in enumerate(row)]
               for i, row in enumerate(plan.rows)]
     widths = [max(len(row[j]) for row in table) for j in range(len(plan.columns))]
     last = len(widths) - 1
@@ -268,9 +276,8 @@ def terminal(results: Sequence[Result], verdict: str, duration_s: float, stream:
     skipped = None if verbose else skip_line(results)
     if skipped:
         lines.append([(skipped, STYLE[Status.SKIP])])
-    plan = evidence_table(results)
-    if plan:
-        lines += table_lines(plan, color)
+    for table in evidence_tables(results):
+        lines += table_lines(table, color)
     lines.append(
         [("verdict: ", "bold"), (verdict.upper(), VERDICT_STYLE[verdict]), (f"  {summary(results)} in {duration_s:.2f} s", "")]
     )

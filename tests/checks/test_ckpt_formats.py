@@ -149,3 +149,20 @@ def test_the_trainer_with_deepspeed_resumes_on_the_world_that_saved_it_and_only_
     assert plain["status"] == "warn" and "loads model.safetensors and trainer_state.json, finds no optimizer.pt" \
         in plain["message"], plain
     assert trainer_resumes(tmp_path / "plain", [saved / "checkpoint-3"]) == [("LOADED",)]
+
+
+def test_what_the_job_resumes_from_is_a_table_in_the_terminal_and_the_html(saved, tmp_path):
+    """CKPT001 carries the files the resume reads, a rank's own by their pattern, with who loads them: the
+    terminal and the HTML page show it under the results."""
+    rows = lint(tmp_path, saved / "accelerate")["CKPT001"]["evidence"]["resume_files"]
+    assert [(r["file"], r["loaded_by"], r["files"]) for r in rows] == [
+        ("model.safetensors", "every rank", 1), ("optimizer.bin", "every rank", 1),
+        ("random_states_R.pkl", "each rank R", 2), ("scheduler.bin", "every rank", 1)], rows
+    page = tmp_path / "report.html"
+    proc = subprocess.run([sys.executable, "-m", "preflight", "lint", "--resume-from", str(saved / "dcp"),
+                           "--world-size", "3", "--only", "CKPT", "--html", str(page)], capture_output=True, text=True,
+                          timeout=120)
+    assert "what the job resumes from:" in proc.stdout and "__R_0.distcp  the ranks their shards need  2" in \
+        proc.stdout, proc.stdout
+    html = page.read_text()
+    assert "<h2>What the job resumes from</h2>" in html and "<td>.metadata</td><td>every rank</td>" in html, html

@@ -76,19 +76,19 @@ def test_no_plan_no_table():
         lines = plain(results(plan))
         assert "launch plan:" not in lines and "* differs" not in "\n".join(lines)
         assert lines[-1].startswith("verdict: FAIL")
-    assert render.evidence_table(results(None)) is None
+    assert render.evidence_tables(results(None)) == []
 
 
 def test_the_most_common_value_is_the_reference_and_ties_go_to_the_first_row():
-    plan = render.evidence_table(results([row("a", 0, zero_stage=3), row("b", 1, zero_stage=2)]))
+    [plan] = render.evidence_tables(results([row("a", 0, zero_stage=3), row("b", 1, zero_stage=2)]))
     assert plan.differs == {(1, plan.columns.index("zero_stage"))}
-    plan = render.evidence_table(results([row("a", 0, processes="4"), row("b", 1), row("c", 2)]))
+    [plan] = render.evidence_tables(results([row("a", 0, processes="4"), row("b", 1), row("c", 2)]))
     assert plan.differs == {(0, plan.columns.index("processes"))}  # "4" is not 4
-    assert render.evidence_table(results([row("a", 0), row("b", 1)])).differs == set()
+    assert render.evidence_tables(results([row("a", 0), row("b", 1)]))[0].differs == set()
 
 
 def test_colour_marks_in_bold_red_without_a_star():
-    plan = render.evidence_table(results())
+    [plan] = render.evidence_tables(results())
     lines = render.table_lines(plan, color=True)
     marked = [(text, style) for line in lines for text, style in line if style == "bold red"]
     assert marked == [("3", "bold red")]
