@@ -614,7 +614,8 @@ def resume_on_node(ctx) -> Iterator[Finding]:
     if not seen.get("exists"):
         yield fail(f"{path} is not on {ctx.node}, which {whose} {load} from", FIX_ON_NODE, path=path, ranks=ranks)
         return
-    tag, picked = seen.get("tag"), seen.get("picked")
+    # a node sends anything: what is not text is not known
+    tag, picked, fmt = (seen.get(k) if isinstance(seen.get(k), str) else None for k in ("tag", "picked", "format"))
     if head is not None and picked != head.get("picked") and head.get("picked"):
         yield fail(f"{path}: the newest checkpoint on {ctx.node} is {picked or 'none'}, on this machine "
                    f"{head['picked']}: {whose} would resume from another step than the other ranks", FIX_ON_NODE,
@@ -625,7 +626,7 @@ def resume_on_node(ctx) -> Iterator[Finding]:
                    "resume from another step than the other ranks", FIX_ON_NODE, path=path, tag=tag,
                    head_tag=head.get("tag"))
         return
-    if seen.get("format") == "deepspeed" and not tag or seen.get("format") not in FORMATS:
+    if fmt == "deepspeed" and not tag or fmt not in FORMATS:
         yield skip(f"{path} on {ctx.node}: no checkpoint to load that preflight reads (CKPT001 judges this "
                    "machine's)")
         return
@@ -635,7 +636,7 @@ def resume_on_node(ctx) -> Iterator[Finding]:
     folder = f"{seen.get('path')}/{tag}" if tag else seen.get("path")
     names = seen.get("names")
     names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else None  # a node sends anything
-    if head is None or head.get("tag") != tag or head.get("format") != seen.get("format"):
+    if head is None or head.get("tag") != tag or head.get("format") != fmt:
         yield passed(f"{folder}: there ({seen.get('count')} files; this machine has no copy to compare)")
         return
     if names is None:  # the head's listing, or past LISTED names: a node sends their digest alone

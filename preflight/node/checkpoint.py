@@ -129,7 +129,7 @@ def deepspeed(root, tag=None, universal=False, read=True, head_digest=None):
         return facts
     # what the Trainer with DeepSpeed writes beside the tag (its checkpoint-N: the weights, trainer_state.json),
     # which the Trainer reads when it resumes without DeepSpeed
-    facts["beside"] = sorted(n for n in _listing(root) if "/" not in n)[:LISTED]
+    facts["beside"] = _listing(root, subfolders=False)[:LISTED]
     files = {}
     for name in listed:
         zero3 = ZERO3_MODEL_FILE.match(name)
@@ -182,16 +182,16 @@ def saved_state(root, read=True, head_digest=None):
     return facts
 
 
-def _listing(root):
-    """The regular files of root and of its subfolders (DCP data, a PEFT adapter each), as relative names, up to
-    ENTRIES in all."""
+def _listing(root, subfolders=True):
+    """The regular files of root and of its subfolders (DCP data, a PEFT adapter each; subfolders=False: root's
+    alone), as relative names, up to ENTRIES in all."""
     names, folders = [], []
     try:
         with os.scandir(root) as entries:
             for _, entry in zip(range(ENTRIES), entries):
                 if entry.is_file(follow_symlinks=True):
                     names.append(entry.name)
-                elif entry.is_dir(follow_symlinks=False):
+                elif subfolders and entry.is_dir(follow_symlinks=False):
                     folders.append(entry.name)
         for folder in sorted(folders):
             with os.scandir(os.path.join(root, folder)) as inside:

@@ -166,3 +166,30 @@ def test_what_the_job_resumes_from_is_a_table_in_the_terminal_and_the_html(saved
         proc.stdout, proc.stdout
     html = page.read_text()
     assert "<h2>What the job resumes from</h2>" in html and "<td>.metadata</td><td>every rank</td>" in html, html
+
+
+HOSTILE = [  # what a node may send in place of its listing of the checkpoint
+    {"exists": True, "format": ["deepspeed"], "picked": ["x"], "tag": {"a": 1}, "names": "abc", "count": "many"},
+    {"exists": True, "format": {"dcp": 1}, "tag": None, "names": [1, None, "x"], "room": {"free_bytes": "lots"}},
+    {"exists": True, "format": "deepspeed", "tag": ["global_step1"], "tag_exists": True, "names": None,
+     "digest": ["x"], "room": {"free_bytes": 10, "writable": "yes"}},
+    {"exists": True, "format": "accelerate", "picked": 7, "names": [["a"]], "room": []},
+    "not a mapping", None, [],
+]
+
+
+@pytest.mark.parametrize("sent", HOSTILE, ids=range(len(HOSTILE)))
+def test_a_node_that_sends_a_listing_of_another_shape_is_never_our_error(saved, sent):
+    """CKPT005 and CKPT006 read what each node sends key by key: a wrong shape is judged or skipped, never
+    raises (a check that raises is preflight's own bug, exit 3)."""
+    from preflight import registry, runner
+    from preflight.plan import build_plan
+    from preflight.result import Status
+
+    plan = build_plan(nodes=("n1",))
+    save = saved / "accelerate" / "checkpoints" / "checkpoint_1"  # the save itself: no newest to pick first
+    plan = plan.__class__(**{**plan.__dict__, "remote": True, "resume_from": str(save)})
+    ctx = runner.CheckContext(plan, {"n1": {"facts": {"job": {"checkpoint": sent}}, "error": None}}, {})
+    for check_id in ("CKPT005", "CKPT006"):
+        found = runner.run_check(registry.load().get(check_id), ctx)
+        assert found and all(r.status is not Status.ERROR for r in found), (check_id, found)
