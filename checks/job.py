@@ -44,7 +44,11 @@ def _multi_node_or_skip(ctx) -> Optional[Finding]:
     if not ctx.plan.remote:
         return skip("this machine alone: no other node's launch to compare")
     if not _views(ctx):
-        return skip("no node's launch was read (no node reached)")
+        if not ctx.reachable:
+            return skip("no node's launch was read (no node reached)")
+        if not ctx.plan.command:
+            return skip("no launch command given (after `--`)")
+        return skip("no node's launch was read")
     return None
 
 

@@ -321,7 +321,7 @@ def main_port_free(ctx) -> Iterator[Finding]:
     every rank stops), start the nodes a waiting job expects, or choose another main_process_port.
     """
     probe = (ctx.probes or {}).get("port") or {}
-    listen, head, port = probe.get("listen"), probe.get("head", ctx.plan.head), ctx.plan.port
+    listen, head, port = probe.get("listen"), probe.get("head", ctx.plan.head), probe.get("number", ctx.plan.port)
     if listen is None:
         yield skip(f"the head {head} was not reached", blocked_by=cause_of(ctx, head))
         return
@@ -376,7 +376,7 @@ def main_port_reachable(ctx) -> Iterator[Finding]:
     if not listen.get("bound"):
         yield skip("no listener on the head (see NET003)", blocked_by="NET003")
         return
-    port, head, ok = ctx.plan.port, probe.get("head"), []
+    port, head, ok = probe.get("number", ctx.plan.port), probe.get("head"), []
     for node, answer in sorted(probe.get("workers", {}).items()):
         if answer.get("ok"):
             ok.append(node)

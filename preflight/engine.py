@@ -360,6 +360,7 @@ def gather_for(plan, args, specs=()):
         data_paths=any(s.id in DATA_PATH_CHECKS for s in specs),
         job=view.request(plan),
         job_files=view.named_files,
+        job_port=None if plan.port_named else lambda head: view.head_port(plan, head),
         early=getattr(args, "early_start", None),
     )
     facts, probes = gather.gather(list(plan.nodes), plan.remote, options)

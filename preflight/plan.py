@@ -58,6 +58,7 @@ class Plan:
     nodes: Tuple[str, ...] = ()  # the first is the head; empty for lint
     remote: bool = False  # nodes are reached over SSH (else: this machine, in-process)
     port: int = DEFAULT_PORT
+    port_named: bool = True  # by --port, the launch command or the config here (else: each node's own config)
     limits: Limits = Limits()
     checkpoint_dir: Optional[str] = None
     resume_from: Optional[str] = None  # --resume-from: the checkpoint the job loads (CKPT)
@@ -247,6 +248,7 @@ def build_plan(
         nodes=nodes or (),
         remote=remote,
         port=port or config_port or DEFAULT_PORT,
+        port_named=bool(port or config_port),
         limits=limits,
         checkpoint_dir=checkpoint_dir,
         resume_from=resume_from,

@@ -8,10 +8,12 @@
   `<!-- help:COMMAND:end -->`), as the parser prints them at 100 columns, with the interpreter's path
   shown as /venv/bin/python;
 - the transcripts of real runs (docs/transcripts/NAME.txt: the command, then what it printed) in the family
-  pages that list them (FAMILY_TRANSCRIPTS) and in README.md between `<!-- transcript:NAME:begin -->` and
-  `<!-- transcript:NAME:end -->`. The transcripts themselves are written by the tests that run them on inputs
-  the libraries made (tests/checks/test_transcripts.py, PREFLIGHT_WRITE_TRANSCRIPTS=1), which fail when a run
-  no longer prints what its transcript says.
+  pages that list them (FAMILY_TRANSCRIPTS) and in README.md and docs/*.md between
+  `<!-- transcript:NAME:begin -->` and `<!-- transcript:NAME:end -->` (`transcript:NAME:passes=N`: only its
+  first N PASS lines, the others shown as `...`; `passes=CFG07,JOB002`: the PASS lines of these checks). The
+  transcripts themselves are written by the tests that run them (tests/transcripts.py: tests/checks/
+  test_transcripts.py on local inputs, the cluster tests on the test cluster; PREFLIGHT_WRITE_TRANSCRIPTS=1),
+  which fail when a run no longer prints what its transcript says.
 
     python scripts/make_docs.py           # list the files that are stale (exit 1 when any is)
     python scripts/make_docs.py --write   # rewrite them
@@ -95,13 +97,35 @@ FAMILY_TRANSCRIPTS: Dict[str, List[tuple]] = {
 }
 
 
-def transcript(name: str) -> str:
-    """A transcript as a fenced block, or a line saying it is missing (make_docs then fails the check)."""
+def transcript(name: str, passes: str = "") -> str:
+    """A transcript as a fenced block, with only the PASS lines `passes` names (see cut_passes), when given; a
+    missing one stops the script."""
     path = TRANSCRIPTS / f"{name}.txt"
     if not path.exists():
         raise SystemExit(f"make_docs: {path.relative_to(ROOT)} is missing: run the tests that write it "
-                         "(PREFLIGHT_WRITE_TRANSCRIPTS=1 pytest tests/checks/test_transcripts.py)")
-    return "```\n" + path.read_text().rstrip("\n") + "\n```"
+                         "(PREFLIGHT_WRITE_TRANSCRIPTS=1 pytest tests/checks/test_transcripts.py "
+                         "tests/cli/test_cluster_transcripts.py)")
+    lines = path.read_text().rstrip("\n").split("\n")
+    return "```\n" + "\n".join(cut_passes(lines, passes) if passes else lines) + "\n```"
+
+
+def cut_passes(lines: List[str], passes: str) -> List[str]:
+    """lines with only the PASS lines `passes` names (a number: the first N; else check IDs or their prefixes,
+    comma-separated), each run of the lines left out (with the indented lines under them) shown as `...`."""
+    shown: List[str] = []
+    count, cutting = 0, False
+    for line in lines:
+        if line.startswith("PASS  "):
+            count += 1
+            check = line.split()[1]
+            cutting = count > int(passes) if passes.isdigit() else not check.startswith(tuple(passes.split(",")))
+        elif not line.startswith("      "):
+            cutting = False
+        if not cutting:
+            shown.append(line)
+        elif shown[-1] != "...":
+            shown.append("...")
+    return shown
 
 
 def builtin_checks():
@@ -229,9 +253,9 @@ def with_block(text: str, marker: str, body: str) -> str:
 
 
 def transcript_blocks(text: str) -> str:
-    """text with each `<!-- transcript:NAME:begin -->` block holding that transcript."""
-    for name in re.findall(r"<!-- transcript:([\w-]+):begin -->", text):
-        text = with_block(text, f"transcript:{name}", transcript(name))
+    """text with each `<!-- transcript:NAME[:passes=WHICH]:begin -->` block holding that transcript."""
+    for marker, name, passes in re.findall(r"<!-- (transcript:([\w-]+)(?::passes=([\w,]+))?):begin -->", text):
+        text = with_block(text, marker, transcript(name, passes))
     return text
 
 
@@ -290,7 +314,8 @@ def expected() -> Dict[pathlib.Path, str]:
     pages = check_pages()
     pages[COMMANDS] = commands_page(COMMANDS.read_text(), commands_help())
     pages[KNOWN_DEFECTS] = known_defects_page(GENERATED)
-    pages[README] = transcript_blocks(README.read_text())
+    for page in [README, *sorted(DOCS.glob("*.md"))]:
+        pages[page] = transcript_blocks(pages.get(page, page.read_text()))
     return pages
 
 

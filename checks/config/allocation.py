@@ -8,7 +8,7 @@ from typing import Iterator, Optional, Tuple
 
 from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.inputs.allocation import command_script, fold_counts, srun_options, step_layout, written_value
-from preflight.inputs.documents import shorten
+from preflight.inputs.documents import counted, shorten
 from preflight.inputs.launchcmd import LAUNCHER_NAMES as NAMES, LOCAL_ADDRESSES as LOCAL, MULTI_LAUNCHERS
 
 NODE_COUNT_VARS = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
@@ -173,15 +173,15 @@ def allocation(ctx) -> Iterator[Finding]:
         if over:
             found = True
             yield fail(f"{where}: {name} starts {over[0][1]} processes on {_names(over)} ({per_source}), which have "
-                       f"{over[0][2]} GPUs in this allocation ({alloc.gpus_from}): ranks share a GPU or stop on "
-                       "'invalid device ordinal'", f"start {over[0][2]} processes per node, or ask SLURM for more "
-                       "GPUs per node (--gpus-per-node)", **ev)
+                       f"{counted(over[0][2], 'GPU')} in this allocation ({alloc.gpus_from}): ranks share a GPU or "
+                       "stop on 'invalid device ordinal'", f"start {counted(over[0][2], 'process', 'processes')} per node, "
+                       "or ask SLURM for more GPUs per node (--gpus-per-node)", **ev)
         elif idle:
             found = True
             yield warn(f"{where}: {name} starts {idle[0][1]} processes on {_names(idle)} ({per_source}), which have "
-                       f"{idle[0][2]} GPUs in this allocation ({alloc.gpus_from}): the others stay idle",
-                       f"start {idle[0][2]} processes per node (accelerate: --num_processes is the whole job's, "
-                       "nodes x GPUs per node)", **ev)
+                       f"{counted(idle[0][2], 'GPU')} in this allocation ({alloc.gpus_from}): the others stay idle",
+                       f"start {counted(idle[0][2], 'process', 'processes')} per node (accelerate: --num_processes "
+                       "is the whole job's, nodes x GPUs per node)", **ev)
     elif launcher in MULTI_LAUNCHERS and not gpus:
         notes.append(f"GPUs per node not judged: {alloc.gpus_from}")
 

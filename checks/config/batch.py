@@ -8,7 +8,8 @@ import re
 from typing import Iterator, Optional
 
 from preflight.api import Finding, check, fail, passed, skip, warn
-from preflight.inputs.documents import InputError, parse_deepspeed, parse_json, parse_yaml, shorten, syntax_by_name
+from preflight.inputs.documents import (InputError, counted, parse_deepspeed, parse_json, parse_yaml, shorten,
+                                        syntax_by_name)
 from preflight.inputs.launchcmd import LAUNCHER_NAMES as NAMES, LOCAL_ADDRESSES as LOCAL, MULTI_LAUNCHERS
 
 
@@ -202,12 +203,13 @@ def launchers_per_node(ctx) -> Iterator[Finding]:
     if launcher == "python" and alloc.gpus_per_node and per_node is not None and per_node != alloc.gpus_per_node \
             and step.command.script and not step.srun_hidden:
         found = True
-        yield warn(f"{where}: srun starts {per_node} task(s) per node running python {shorten(step.command.script)} "
+        yield warn(f"{where}: srun starts {counted(per_node, 'task')} per node running python "
+                   f"{shorten(step.command.script)} "
                    f"on {alloc.gpus_per_node} GPUs per node: with srun as the launcher (plain DDP, Lightning) each "
                    "task is one rank on one GPU", f"set --ntasks-per-node={alloc.gpus_per_node}, or start a "
                    "launcher (torchrun) with one task per node", gpus_per_node=alloc.gpus_per_node, **ev)
     if not found:
-        shape = f"{per_node} task(s) per node" + (", each one node of the rendezvous" if per_task else "")
+        shape = f"{counted(per_node, 'task')} per node" + (", each one node of the rendezvous" if per_task else "")
         yield passed(f"{where}: srun starts {shape} on {nodes or '?'} nodes, running {name}{hidden}"
                      f"{_script_unknown(script, script_word)}", **ev)
 

@@ -131,8 +131,9 @@ def launch_command(ctx) -> Iterator[Finding]:
                           flag=before, script=command.script))
     yield from found
     if not found:
-        yield passed(f"{name} reads the command: script {shorten(command.script)}, {len(command.options)} options"
-                     f"{unjudged}")
+        count = len(command.options)
+        yield passed(f"{name} reads the command: script {shorten(command.script)}, {count} option"
+                     f"{'' if count == 1 else 's'}{unjudged}")
 
 
 def _missing(ctx, named: str):

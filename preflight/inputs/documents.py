@@ -44,6 +44,11 @@ def shorten(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def counted(count: int, noun: str, plural: str = "") -> str:
+    """'1 GPU', '2 GPUs', '2 processes' (plural: when adding an s is not it)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 # Limits on what a configuration file can be; past them the file is refused, not walked.
 MAX_DEPTH = 100  # nesting: deeper structures overflow recursive walks (deepcopy, json, the checks)
 MAX_VALUES = 100_000  # values with every use of an alias expanded: refuses a "billion laughs"

@@ -610,6 +610,12 @@ def launches(plan, facts: Mapping[str, Any], head_address: Optional[str],
     return result
 
 
+def head_port(plan, facts: Mapping[str, Any]) -> Optional[int]:
+    """The main port of the head's own launch (its own config, as its facts read it), or None."""
+    port = (launches(plan, facts, None)["nodes"].get(plan.head) or {}).get("main_port")
+    return port if isinstance(port, int) and 1 <= port <= 65535 else None
+
+
 def _variables(words) -> set:
     """The names of the $VARs left in these words."""
     return {m.group(0).lstrip("${") for word in words for m in UNEXPANDED.finditer(word)}

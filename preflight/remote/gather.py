@@ -57,6 +57,8 @@ class GatherOptions:
     transport: str = "ssh"  # a name of preflight.remote.transport: "srun" runs job steps inside a SLURM allocation
     job: Optional[dict] = None  # what each node's launch would read (preflight.node.launchfiles.facts; job.view.request)
     job_files: Optional[Callable[[dict], List[str]]] = None  # the files a node's own config names (job.view.named_files)
+    # the main port the head's own launch files set ({head: its facts} -> port), where the plan names none
+    job_port: Optional[Callable[[dict], Optional[int]]] = None
     slurm_job: Optional[str] = None  # srun into this job from outside it (`doctor --slurm-job`)
     census: Optional[dict] = None  # `doctor`: the census of the running job (preflight.node.census); no probes then
     data_paths: bool = True  # the probes between every pair of nodes (NET007-NET011): routes, names, ports, path MTU
@@ -327,6 +329,8 @@ def gather_ssh(names: List[str], options: GatherOptions) -> tuple:
                       f"{time.monotonic() - started:.1f} s")
         if options.census:  # read only: the running job's port, folders and network are left alone
             return {n.name: n.to_context() for n in nodes}, {"head": {"name": names[0], "address": head_address}}
+        if options.job_port is not None and nodes[0].error is None:
+            options = replace(options, port=options.job_port({nodes[0].name: nodes[0].to_context()}) or options.port)
         probes = {"port": _probe_port(nodes, options), "head": {"name": names[0], "address": head_address}}
         if options.shared_dir:
             probes["shared_dir"] = _probe_shared_dir(nodes, options)
@@ -528,7 +532,7 @@ def _cleanup_ask(node: NodeState, request: dict, timeout: float) -> None:
 def _probe_port(nodes: List[NodeState], options: GatherOptions) -> dict:
     """A temporary listener on the head's main port, and a connection to it from every worker."""
     head, workers = nodes[0], [n for n in nodes[1:] if n.error is None]
-    result = {"head": head.name, "listen": None, "workers": {}}
+    result = {"head": head.name, "number": options.port, "listen": None, "workers": {}}
     if head.error is not None:
         return result
     result["listen"] = _probe_ask(head, {"op": "listen", "port": options.port}, options.timeout)

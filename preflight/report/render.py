@@ -209,7 +209,8 @@ def passes(results: Sequence[Result]) -> List[Tuple[Result, Tuple[str, ...]]]:
 
 def skip_reason(message: str) -> str:
     """What a skip is counted under: its message up to the first ': ' outside brackets (the statement; what
-    follows explains it, and differs from node to node)."""
+    follows explains it, and differs from node to node), after the file it is about (`train.slurm:12: `), if it
+    begins with one."""
     depth = 0
     for i, char in enumerate(message):
         if char in "([":
@@ -217,6 +218,9 @@ def skip_reason(message: str) -> str:
         elif char in ")]":
             depth = max(0, depth - 1)
         elif char == ":" and not depth and message[i + 1:i + 2] == " ":
+            place = message[:i]
+            if " " not in place and ("/" in place or "." in place) and message[i + 2:]:  # a file, not a statement
+                return skip_reason(message[i + 2:])
             return message[:i]
     return message
 

@@ -232,3 +232,14 @@ def test_a_name_of_another_host_and_one_a_node_cannot_resolve_fail(job):
     assert set(messages) == {("node02",), ("node03",)}, messages
     assert "main_process_ip 'no-such-head' does not resolve on node02" in messages[("node02",)]
     assert "node03 has 'node03', which reaches node03 there" in messages[("node03",)]
+
+
+def test_without_a_launch_command_the_job_checks_say_so_not_that_no_node_was_reached():
+    from preflight import registry, runner
+    from preflight.plan import build_plan
+
+    plan = build_plan(nodes=("n1", "n2"))
+    plan = plan.__class__(**{**plan.__dict__, "remote": True})
+    ctx = runner.CheckContext(plan, {n: {"facts": {"host": {}}, "error": None} for n in plan.nodes}, {"job": {}})
+    [result] = runner.run_check(registry.load().get("JOB002"), ctx)
+    assert result.status.value == "skip" and result.message == "no launch command given (after `--`)", result

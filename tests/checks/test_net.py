@@ -3,6 +3,7 @@ by another process or a running job (NET003 names the job's launcher, node rank 
 port reached from every worker (NET004), what NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME and NCCL_IB_HCA select
 on each node (NET005): recorded node facts first, then the real test cluster."""
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from cluster_check import check
@@ -526,3 +528,38 @@ def test_socket_ifname_and_environment_differences(cluster):
         doc, _ = check(cluster, "--only", "NET005,PKG004")
     assert doc["verdict"] == "pass"
     assert "eth0" in results(doc, "NET005")["node02"]["message"]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("where", ["torchrun's --master_port", "each node's own accelerate config"])
+def test_the_main_port_judged_is_the_one_the_job_uses_where_only_the_launch_or_the_nodes_name_it(cluster, tmp_path,
+                                                                                                   where):
+    """Neither --port nor a config on the head names the port: the job's own is judged, not 29500."""
+    (tmp_path / "train.py").write_text("")
+    holder = cluster.netns_popen("node01", [sys.executable, "-c", "import socket, time; old_job = socket.socket();"
+                                            "old_job.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
+                                            "old_job.bind(('0.0.0.0', 29512)); old_job.listen(); time.sleep(60)"])
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: (holder.kill(), holder.wait(timeout=10)))
+        deadline = time.monotonic() + 10
+        while cluster.netns_exec("node01", ["ss", "-ltn", "sport = :29512"]).stdout.count("LISTEN") == 0:
+            assert time.monotonic() < deadline, "the holder never listened"
+            time.sleep(0.1)
+        if where.startswith("torchrun"):
+            command = [os.path.join(VENV, "torchrun"), "--nnodes", "3", "--master_addr", "node01", "--master_port",
+                       "29512", "--node_rank", "$NODE_RANK", "train.py"]
+        else:
+            for rank, node in enumerate(cluster.nodes):
+                home = tmp_path / f"hf-{node}"
+                (home / "accelerate").mkdir(parents=True)
+                (home / "accelerate" / "default_config.yaml").write_text(yaml.safe_dump({
+                    "distributed_type": "MULTI_GPU", "use_cpu": True, "num_machines": 3, "num_processes": 3,
+                    "machine_rank": rank, "main_process_ip": "node01", "main_process_port": 29512}))
+                stack.enter_context(cluster.env(node, HF_HOME=str(home)))
+            command = [os.path.join(VENV, "accelerate"), "launch", "train.py"]
+        proc = subprocess.run([sys.executable, "-m", "preflight", "check", "--hosts", ",".join(cluster.nodes),
+                               "--ssh-config", str(cluster.ssh_config), "--only", "NET003,NET004", "--json", "--",
+                               *command], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    doc = json.loads(proc.stdout)
+    taken = results(doc, "NET003")["node01"]
+    assert taken["status"] == "fail" and "port 29512 on the head node01 is taken" in taken["message"], taken

@@ -2,8 +2,10 @@
 on the CPU, 3 nodes, each fault made the way users make it. Each diagnosis must name the right family,
 nodes and ranks within 10 s, a healthy running job must give no false alarm, and the job must be left
 running, untouched (the tests check its processes afterwards)."""
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import transcripts
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from healthy_jobs import end, start_on, tails
 
@@ -374,8 +377,25 @@ def test_one_rank_sleeping_before_the_all_reduce_the_others_wait_in(cluster, job
     jobs.untouched(launchers, jobs.rank_pids().values())
 
 
-def test_two_nodes_with_the_same_machine_rank_each_host_a_store(cluster, jobs):
-    """The guide's deadlock: `accelerate config` said machine_rank 0 on node01 and node02."""
+@pytest.fixture
+def short_jobs(cluster):
+    """jobs in the folder the transcripts show (the launch plan's cells are cut at 40 characters: a long or random
+    path would be cut elsewhere each run)."""
+    folder = Path("/tmp/pfdocs-job")
+    shutil.rmtree(folder, ignore_errors=True)  # a run killed before its teardown
+    folder.mkdir()
+    started = Jobs(cluster, folder)
+    try:
+        yield started
+    finally:
+        started.stop()
+        shutil.rmtree(folder)
+
+
+def test_two_nodes_with_the_same_machine_rank_each_host_a_store(cluster, short_jobs):
+    """The guide's deadlock: `accelerate config` said machine_rank 0 on node01 and node02. doctor names it, and so
+    does `check`, run meanwhile with the nodes' own configs (their HF_HOME), which also names the job on the port."""
+    jobs = short_jobs
     launchers = [jobs.accelerate(node, 29653, rank) for node, rank in zip(cluster.nodes, (0, 0, 2))]
     jobs.wait_listening("node01", 29653)
     jobs.wait_listening("node02", 29653)
@@ -384,6 +404,19 @@ def test_two_nodes_with_the_same_machine_rank_each_host_a_store(cluster, jobs):
     [duplicate] = found(doc, "RUN002")
     assert duplicate["nodes"] == ["node01", "node02"] and "node rank 0 on 2 nodes" in duplicate["message"]
     assert "each host a rendezvous store on port 29653" in duplicate["message"]
+    shown = {cluster.ssh_config: "/tmp/pfdocs/ssh_config", jobs.tmp: "/tmp/pfdocs-job", transcripts.VENV: "/venv"}
+    said, code = transcripts.run("doctor-duplicate-rank", jobs.tmp, shown)
+    assert code == 1
+    # what differs from one run to the next: process IDs, ages, CPU use
+    pids = [(r"\bpid \d+", "pid P"), (r"\bkill \d+", "kill P"), (r"(?m)^(  node\d\d  )\d+", r"\1P"),
+            (r"\b\d+%  \d+s\b", "C%  As")]
+    transcripts.held("doctor-duplicate-rank", said, varies=pids)
+    with contextlib.ExitStack() as configs:
+        for node in cluster.nodes:
+            configs.enter_context(cluster.env(node, HF_HOME=str(jobs.tmp / f"hf-{node}")))
+        said, code = transcripts.run("doctor-check-meanwhile", jobs.tmp, shown)
+    assert code == 1
+    transcripts.held("doctor-check-meanwhile", said, varies=pids)
     jobs.untouched(launchers, [])
 
 

@@ -177,7 +177,7 @@ def test_more_processes_than_the_allocations_gpus_fail(tmp_path):
     environ, text = recorded("tasks_per_node_1_gpus_per_node_1")
     results = judge(tmp_path, environ, RANKED.format(head="node01"), scontrol=text)
     [(_, message)] = [r for r in results if r[0] == "fail"]
-    assert "starts 4 processes on node[01-02] (num_processes 8 / num_machines 2), which have 1 GPUs" in message
+    assert "starts 4 processes on node[01-02] (num_processes 8 / num_machines 2), which have 1 GPU in" in message
     healthy = judge(tmp_path, environ, RANKED.format(head="node01").replace("8", "2"), scontrol=text)
     assert statuses(healthy) == ["pass"], healthy
 

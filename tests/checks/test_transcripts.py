@@ -1,27 +1,17 @@
-"""The transcripts the docs show (docs/transcripts/NAME.txt: `$ preflight ...`, then what it printed) are what
-preflight prints today: each command is run again, on inputs the libraries made in this test (DeepSpeed, accelerate,
-DCP and the Trainer saving real checkpoints), in a folder shown as SHOWN_ROOT. Only what a run measures may differ
-(MEASURED: its duration, sizes). PREFLIGHT_WRITE_TRANSCRIPTS=1 writes the transcripts from these runs instead
-(then `python scripts/make_docs.py --write` puts them in the pages)."""
+"""The transcripts of runs that need no cluster (tests/transcripts.py: a transcript is what preflight prints
+today), each command run again in a folder shown as SHOWN_ROOT: the CKPT ones on checkpoints the libraries save in
+this test (DeepSpeed, accelerate, DCP and the Trainer), the lint ones on the files the README lints."""
 import json
-import os
 import pathlib
-import re
-import shlex
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from checkpoints import save_all, save_states
+from transcripts import TRANSCRIPTS, held, names, run
 
-TRANSCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "transcripts"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHOWN_ROOT = "/tmp/pfdocs"
-WRITE = os.environ.get("PREFLIGHT_WRITE_TRANSCRIPTS") == "1"
-# what differs from run to run: the duration, and the sizes of files that hold measured values (a Trainer's
-# trainer_state.json holds its losses)
-MEASURED = [(re.compile(r" in \d+\.\d+ s$", re.M), " in N s"), (re.compile(r"\b\d+(\.\d+)? (B|KiB|MiB|GiB)\b"), "N B")]
 ZERO2 = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2},
          "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
 
@@ -44,39 +34,44 @@ def ckpt_inputs(tmp_path_factory):
     return root
 
 
-INPUTS = {"ckpt": "ckpt_inputs"}  # a transcript's name prefix: the fixture that lays out its folder
+@pytest.fixture(scope="module")
+def lint_inputs(tmp_path_factory):
+    """The lint transcripts' folder: a batch script with two launch mistakes (tests/fixtures/transcripts) and
+    JobSet's own PyTorch example (tests/fixtures/k8s)."""
+    root = tmp_path_factory.mktemp("pfdocs")
+    shutil.copytree(ROOT / "tests" / "fixtures" / "transcripts", root, dirs_exist_ok=True)
+    shutil.copy(ROOT / "tests" / "fixtures" / "k8s" / "jobset_pytorch_resnet.yaml", root)
+    return root
 
 
-def shown(text, root):
-    return text.replace(str(root), SHOWN_ROOT)
+@pytest.fixture(scope="module")
+def examples_inputs(tmp_path_factory):
+    """docs/examples as the docs ship it."""
+    root = tmp_path_factory.mktemp("pfdocs")
+    shutil.copytree(ROOT / "docs" / "examples", root, dirs_exist_ok=True)
+    return root
 
 
-@pytest.mark.parametrize("path", sorted(TRANSCRIPTS.glob("*.txt")), ids=lambda p: p.stem)
-def test_a_transcript_is_what_preflight_prints_today(path, request):
-    fixture = INPUTS.get(path.stem.split("-")[0])
-    assert fixture, f"{path.name}: no inputs for it here (INPUTS)"
-    root = request.getfixturevalue(fixture)
-    command = path.read_text().splitlines()[0]
-    assert command.startswith("$ preflight "), f"{path.name}: its first line is not `$ preflight ...`"
-    argv = [sys.executable, "-m", "preflight", *shlex.split(command[len("$ preflight "):])]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=root,
-                          env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
-    assert "Traceback" not in proc.stderr and proc.returncode != 3, proc.stdout + proc.stderr  # 3: our own bug
-    said = shown(f"{command}\n{proc.stdout}{proc.stderr}", root)
-    if WRITE:
-        path.write_text(said)
-    assert measured(said) == measured(path.read_text()), said
+INPUTS = {"ckpt": "ckpt_inputs", "lint": "lint_inputs", "examples": "examples_inputs"}  # a name's prefix: its folder
 
 
-def measured(text):
-    for pattern, shown in MEASURED:
-        text = pattern.sub(shown, text)
-    return text
+@pytest.mark.parametrize("name", [n for prefix in INPUTS for n in names(prefix + "-")])
+def test_a_transcript_is_what_preflight_prints_today(name, request):
+    root = request.getfixturevalue(INPUTS[name.split("-")[0]])
+    held(name, run(name, root, {root: SHOWN_ROOT})[0])
 
 
-def test_every_transcript_is_in_the_docs():
-    """A transcript nobody shows is not kept: each is in a family page or README.md (make_docs puts it there)."""
-    docs = pathlib.Path(__file__).resolve().parents[2]
-    text = "\n".join(p.read_text() for p in [docs / "README.md", *(docs / "docs" / "checks").glob("*.md")])
+def test_every_transcript_is_run_by_a_test_and_shown_in_the_docs():
+    """A transcript nobody runs or shows is not kept: a test runs each (INPUTS here, or a test that names it:
+    those on the test cluster), and a family page, README.md or a docs page shows it (make_docs puts it there)."""
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("**/*.md")])
+    tests = "\n".join(p.read_text() for p in (ROOT / "tests").glob("**/test_*.py"))
     for path in TRANSCRIPTS.glob("*.txt"):
-        assert path.read_text().rstrip("\n") in text, f"{path.name} is in no page: python scripts/make_docs.py --write"
+        assert path.stem.split("-")[0] in INPUTS or f'"{path.stem}"' in tests, f"{path.name}: no test runs it"
+        assert f"transcript:{path.stem}:" in text or path.read_text().rstrip("\n") in text, \
+            f"{path.name} is in no page: python scripts/make_docs.py --write"
+
+
+def test_a_file_a_page_shows_beside_its_transcript_is_the_one_the_transcript_ran_on():
+    page = (ROOT / "docs" / "linting.md").read_text()
+    assert "$ cat train.sbatch\n" + (ROOT / "tests" / "fixtures" / "transcripts" / "train.sbatch").read_text() in page

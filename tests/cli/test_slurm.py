@@ -3,6 +3,7 @@ prolog (preflight/gate/slurm_scripts/prolog.sh, as `preflight slurm-scripts` wri
 HealthCheckProgram (healthcheck.sh: run the way slurmd runs it, on the node with an empty
 environment, and fired by slurmd itself through HealthCheckProgram= and HealthCheckInterval=)."""
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import transcripts
 from cluster import cluster, cluster_up  # noqa: F401
 from slurm_cluster import make_slurm_fixtures
 
@@ -292,18 +294,23 @@ JOB = """#!/bin/bash
 {tasks}#SBATCH --gpus-per-node={gpus}
 #SBATCH --time=3
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-{preflight} check --slurm --sbatch "$0" --python {python} --timeout 20 {select} --json >{out}/check.json || exit 1
+{shown}{preflight} check --slurm --sbatch "$0" --python {python} --timeout 20 {select} --json >{out}/check.json || exit 1
 srun {srun} bash -c "{accelerate} launch --num_machines 2 --num_processes {procs} --machine_rank \\$SLURM_NODEID \\
     --main_process_ip $MASTER_ADDR --main_process_port 29631 {train}"
 """
 
 
 def submit(slurm, tmp_path, *sbatch, srun="--ntasks-per-node=1", gpus=1, procs=2, select="--skip COL",
-           tasks="#SBATCH --ntasks-per-node=1\n"):
-    """The batch script, submitted with `sbatch --wait [OPTIONS]`: (exit code, CFG075's results, the output)."""
+           tasks="#SBATCH --ntasks-per-node=1\n", transcript=""):
+    """The batch script, submitted with `sbatch --wait [OPTIONS]`: (exit code, CFG075's results, the output). With
+    a transcript's name, the batch step first runs its command as the transcript shows it, into transcript.txt."""
+    shown = ""
+    if transcript:
+        shown = f"{shlex.join([PREFLIGHT, *transcripts.command(transcript)])} >{tmp_path}/transcript.txt 2>&1\n"
+        shown = shown.replace("'$0'", '"$0"')
     (tmp_path / "train.py").write_text(TRAIN.format(out=str(tmp_path)))
     job = tmp_path / "job.sh"
-    job.write_text(JOB.format(preflight=PREFLIGHT, python=sys.executable, out=tmp_path, select=select, srun=srun,
+    job.write_text(JOB.format(shown=shown, preflight=PREFLIGHT, python=sys.executable, out=tmp_path, select=select, srun=srun,
                               tasks=tasks, gpus=gpus, procs=procs, accelerate=BIN / "accelerate",
                               train=tmp_path / "train.py"))
     proc = slurm.run(["sbatch", "--wait", "--parsable", f"--output={tmp_path}/job.out", *sbatch, str(job)],
@@ -349,13 +356,16 @@ def test_an_allocation_changed_on_the_sbatch_command_line_is_judged_as_slurm_gav
     """The script is clean as written (lint --sbatch passes it); `sbatch --ntasks-per-node=2 --gpus-per-node=1`
     gives the job two tasks and one GPU per node, and the gate inside the allocation names both."""
     code, doc, output = submit(slurm_gpu, tmp_path, "--ntasks-per-node=2", "--gpus-per-node=1", srun="", gpus=2,
-                               procs=4, select="--only slurm,SSH")
+                               procs=4, select="--only slurm,SSH", transcript="slurm-allocation")
     assert code != 0, output
+    said = (transcripts.TRANSCRIPTS / "slurm-allocation.txt").read_text().splitlines()[0] + "\n" + \
+        (tmp_path / "transcript.txt").read_text().replace(str(transcripts.VENV), "/venv")
+    transcripts.held("slurm-allocation", re.sub(r"/\S+/slurm_script", ".../slurm_script", said))
     found = cfg075(doc)
     assert [s for s, _ in found] == ["fail", "fail"], found
     assert "srun starts 2(x2) tasks on node[01-02] in this allocation (SLURM_NTASKS=4, SLURM_NTASKS_PER_NODE=2)" \
         in found[0][1], found
-    assert "starts 4 processes on node[01-02] (num_processes 4 / num_machines 2), which have 1 GPUs" in found[1][1]
+    assert "starts 4 processes on node[01-02] (num_processes 4 / num_machines 2), which have 1 GPU in" in found[1][1]
     lint = subprocess.run([PREFLIGHT, "lint", "--sbatch", str(tmp_path / "job.sh"), "--json", "--only",
                            "CFG071,CFG074"], capture_output=True, text=True, timeout=60,
                           env={"PATH": str(BIN) + ":/usr/bin:/bin"})

@@ -2,7 +2,8 @@
 fresh virtual environment (its dependencies from the package index, as `pip install preflight-multinode` takes
 them; no source tree on the path), and run from there: `lint` on a fixture, `check` on this machine, and `check`
 on the test cluster with the all-reduce, so that shipping the node modules, the check entry points and the package
-data are proven from the installed wheel. `pipx install` of the wheel gives a working command too."""
+data are proven from the installed wheel. `pipx install` of the wheel gives a working command too, and the wheel
+in fresh environments of Python 3.9 and 3.13 runs the README's commands as written."""
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import preflight
+import transcripts
 from cluster import make_cluster_fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +104,57 @@ def test_pipx_install_of_the_wheel_gives_a_working_command(dist, tmp_path):
     run(pipx, "install", "--python", sys.executable, dist[0], cwd=tmp_path, env=env)
     version = run(tmp_path / "bin" / "preflight", "--version", cwd=tmp_path, env=env).stdout
     assert version == f"preflight-multinode {preflight.__version__}\n"
+
+
+def other_python(version: str):
+    """An interpreter of this Python version: on the PATH, else one pyenv built (None: neither)."""
+    found = shutil.which(f"python{version}")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:  # not a pyenv shim only
+        return found
+    built = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
+    return str(built[-1]) if built else None
+
+
+README_LINTS = ("lint-sbatch", "lint-k8s-jobset", "examples-sbatch", "examples-k8s")  # the README's, on its files
+
+
+@pytest.mark.parametrize("version", ["3.9", "3.13"])
+def test_the_wheel_on_the_oldest_and_newest_python_runs_the_readmes_commands_as_written(dist, tmp_path, version):
+    """A fresh venv of Python 3.9 (the oldest pyproject allows) and 3.13 with the wheel: `--version`, `check` and
+    `node` on this machine, the README's lint commands printing what their transcripts show, its preflight.toml,
+    its plugin example, and `slurm-scripts`."""
+    python = other_python(version)
+    if python is None:
+        pytest.skip(f"no Python {version} on this machine (PATH, ~/.pyenv)")
+    venv = tmp_path / "env"
+    run(python, "-m", "venv", venv, cwd=tmp_path)
+    run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", dist[0],
+        cwd=tmp_path)
+    env, cwd = outside_the_tree(tmp_path / "work")
+    cwd.mkdir()
+    preflight_bin = venv / "bin" / "preflight"
+    assert run(preflight_bin, "--version", cwd=cwd, env=env).stdout == f"preflight-multinode {preflight.__version__}\n"
+    for argv in (["check"], ["node", "--budget", "20", "--skip", "CLK002"]):
+        proc = subprocess.run([str(preflight_bin), *argv], capture_output=True, text=True, timeout=300, cwd=cwd,
+                              env=env)
+        assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, (argv, proc.stdout, proc.stderr)
+    for name in README_LINTS:
+        inputs = cwd / name
+        shutil.copytree(ROOT / "tests" / "fixtures" / "transcripts", inputs)
+        shutil.copy(ROOT / "tests" / "fixtures" / "k8s" / "jobset_pytorch_resnet.yaml", inputs)
+        if name.startswith("examples"):
+            shutil.copytree(ROOT / "docs" / "examples", inputs, dirs_exist_ok=True)
+        said, _ = transcripts.run(name, inputs, python=venv / "bin" / "python", env=env)
+        transcripts.held(name, said, write=False)
+    readme = (ROOT / "README.md").read_text()
+    profile = readme[readme.index("```toml\n# preflight.toml\n") + 8:]
+    (cwd / "preflight.toml").write_text(profile[:profile.index("```\n")])
+    shutil.copy(ROOT / "docs" / "examples" / "train.slurm", cwd)
+    shutil.copy(ROOT / "docs" / "examples" / "accelerate.yaml", cwd)
+    lint = subprocess.run([str(preflight_bin), "lint", "--sbatch", "train.slurm"], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env=env)
+    assert lint.returncode == 0 and "verdict: PASS" in lint.stdout, (lint.stdout, lint.stderr)
+    (cwd / "slurm").mkdir()
+    run(preflight_bin, "slurm-scripts", cwd / "slurm", cwd=cwd, env=env)
+    written = sorted(p.name for p in (cwd / "slurm").iterdir())
+    assert written == [f"preflight-{n}.sh" for n in ("epilog", "healthcheck", "prolog")]

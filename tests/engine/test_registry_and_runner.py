@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import transcripts
 from conftest import run_cli, run_subprocess
 import preflight
 from preflight import registry, runner
@@ -162,6 +163,11 @@ def test_a_third_party_plugin_registers_and_runs(tmp_path, good):
     assert run_subprocess("lint", "--config", good, "--only", "acme", "--strict", env=env).returncode == 1
 
 
+def test_the_plugin_example_of_the_docs_is_the_readmes():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "writing-a-check.md").read_text()
+    assert readme_plugin().split("\n", 1)[1] in docs
+
+
 def readme_plugin():
     """The plugin example of the README, as a user copies it."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -180,6 +186,11 @@ def test_the_readmes_plugin_example_runs_as_written_on_the_public_api(tmp_path):
             "stage": 3, "offload_param": {"device": "nvme", "nvme_path": nvme}}}))
         doc = json.loads(run_subprocess("lint", "--deepspeed", str(ds), "--only", "ACME001", "--json", env=env).stdout)
         assert [(r["id"], r["status"]) for r in doc["results"]] == [("ACME001", status)], doc
+    (tmp_path / "ds.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/home/alice/offload"}}}, indent=2))
+    said, code = transcripts.run("plugin-acme", tmp_path, env=env)
+    assert code == 1
+    transcripts.held("plugin-acme", said)
 
 
 def test_a_broken_plugin_is_reported_and_the_run_goes_on(tmp_path, good):

@@ -86,6 +86,13 @@ def test_the_skip_reason_is_the_statement_before_its_explanation():
     assert render.skip_reason("no --shared-dir given") == "no --shared-dir given"
 
 
+def test_the_skip_reason_of_a_message_about_a_file_is_its_statement_not_the_file():
+    assert render.skip_reason("job.yaml:3: no pod asks for RDMA (no NCCL_IB_HCA): x") == \
+        "no pod asks for RDMA (no NCCL_IB_HCA)"
+    assert render.skip_reason("/ckpt/global_step1: saved without DeepSpeed") == "saved without DeepSpeed"
+    assert render.skip_reason("deepspeed: not importable") == "deepspeed"
+
+
 def on_a_terminal(args):
     """`preflight ARGS` with stdout on a pseudo-terminal, as a person runs it: (the text without its colours,
     whether it was coloured)."""
