@@ -14,15 +14,16 @@ import sys
 TRANSCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "transcripts"
 VENV = pathlib.Path(sys.executable).parent.parent  # shown as /venv
 WRITE = os.environ.get("PREFLIGHT_WRITE_TRANSCRIPTS") == "1"
-# what differs from run to run: durations; the sizes of files or mounts that hold measured values (a Trainer's
-# trainer_state.json holds its losses) and of free memory, which the nodes measure each at its moment; a clock's
+# what differs from run to run: durations; free memory, which the nodes measure each at its moment; a clock's
 # offset and its error; the all-reduce's bandwidths; a table's columns, as wide as what they hold
 MEASURED = [(re.compile(r"(SYS003 free-memory \S+  ).*"), r"\1(measured)"),
             (re.compile(r"\b(busbw|algbw|MiB) \d+(\.\d+)?\b"), r"\1 X"),
             (re.compile(r"\d+(\.\d+)?(-\d+(\.\d+)?)? GB/s"), "X GB/s"),
             (re.compile(r"[+-]\d+\.\d+ s \(± [\d.]+ [mµ]?s\)"), "+T s (± E)"),
-            (re.compile(r" in \d+(\.\d+)? s\b"), " in N s"), (re.compile(r"\b\d+(\.\d+)? (B|KiB|MiB|GiB)\b"), "N B"),
-            (re.compile(r"(?<=\S) {2,}(?=\S)"), "  ")]
+            (re.compile(r" in \d+(\.\d+)? s\b"), " in N s"), (re.compile(r"(?<=\S) {2,}(?=\S)"), "  ")]
+# sizes, where a run measures them (varies=SIZES): a machine's /dev/shm and memory, files that hold measured values
+# (a Trainer's trainer_state.json holds its losses); an estimate's sizes are held as they are
+SIZES = [(r"\b\d+(\.\d+)? (B|KiB|MiB|GiB)\b", "N B")]
 
 
 def names(prefix: str) -> list:
@@ -95,6 +96,6 @@ def held(name: str, said: str, varies=(), write: bool = WRITE) -> None:
 
 
 def measured(text: str, varies=()) -> str:
-    for pattern, shown in [*((re.compile(p), s) for p, s in varies), *MEASURED]:
+    for pattern, shown in [*MEASURED, *((re.compile(p), s) for p, s in varies)]:
         text = pattern.sub(shown, text)
     return text

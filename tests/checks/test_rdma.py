@@ -2,9 +2,11 @@
 over recorded sysfs / procfs trees (tests/fixtures/sysfs) and recorded NVML answers: the collector reads the
 tree, its facts make the JSON trip from the node, and the checks, the runner and the CLI run for real."""
 import json
+import os
 
 import pytest
 
+import transcripts
 from conftest import run_cli
 from fabric_nodes import IB0, IB1, SPECS, recorded_nodes, run_on, statuses_by_nodes
 from preflight import runner
@@ -297,3 +299,29 @@ def test_hostile_values_in_every_fabric_field_never_make_an_rdma_check_raise(tmp
                     defects.append((path, value, "the healthy node", r.message))
     assert not defects, defects[:5]
     assert let_through > 50  # what the shapes let through was judged, not only refused
+
+
+def test_the_fabric_pages_transcript_is_what_node_prints_on_a_recorded_node(tmp_path, monkeypatch, capsys):
+    """docs/fabric.md: `preflight node` on a recorded InfiniBand node (its sysfs, procfs and kernel log, NVML's
+    answers) whose second HCA lost its link, without nvidia_peermem, with link errors and GPU 1 fallen off the bus."""
+    import socket
+
+    from nvml_fake import fake
+    from preflight.node import fabric, gpus
+    from sysfs_tree import FIXTURES, lay_out
+    from test_gpu import XID_79
+
+    kmsg = json.loads((FIXTURES / "ib-node.json").read_text())["files"]["dev/kmsg"]
+    faults = {IB1 + "state": "1: DOWN\n", IB1 + "phys_state": "3: Disabled\n", IB0 + "counters/link_downed": "2\n",
+              "proc/modules": "nvidia 56463360 0 - Live 0x0\nmlx5_ib 446464 0 - Live 0x0\n",
+              "sys/module/nvidia_peermem/version": None, "sys/kernel/mm/memory_peers/nv_mem/version": None,
+              "dev/kmsg": kmsg + XID_79}
+    monkeypatch.setattr(fabric, "SYSROOT", str(lay_out(tmp_path / "root", "ib-node", faults)))
+    monkeypatch.setattr(gpus, "Nvml", fake("h100x8.json"))
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu01")  # the node's name, as the page shows it
+    monkeypatch.setenv("COLUMNS", "120")
+    for name in [n for n in os.environ if n.startswith(("NCCL_", "CUDA_VISIBLE"))]:
+        monkeypatch.delenv(name)
+    code, out, err = run_cli(capsys, *transcripts.command("fabric-node"))
+    assert code == 1
+    transcripts.held("fabric-node", "$ preflight " + " ".join(transcripts.command("fabric-node")) + "\n" + err + out)

@@ -416,7 +416,7 @@ def test_two_nodes_with_the_same_machine_rank_each_host_a_store(cluster, short_j
             configs.enter_context(cluster.env(node, HF_HOME=str(jobs.tmp / f"hf-{node}")))
         said, code = transcripts.run("doctor-check-meanwhile", jobs.tmp, shown)
     assert code == 1
-    transcripts.held("doctor-check-meanwhile", said, varies=pids)
+    transcripts.held("doctor-check-meanwhile", said, varies=pids + transcripts.SIZES)
     jobs.untouched(launchers, [])
 
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from checkpoints import save_all, save_states
-from transcripts import TRANSCRIPTS, held, names, run
+from transcripts import SIZES, TRANSCRIPTS, held, names, run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHOWN_ROOT = "/tmp/pfdocs"
@@ -36,10 +36,11 @@ def ckpt_inputs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lint_inputs(tmp_path_factory):
-    """The lint transcripts' folder: a batch script with two launch mistakes (tests/fixtures/transcripts) and
-    JobSet's own PyTorch example (tests/fixtures/k8s)."""
+    """The lint transcripts' folder: the files the pages show (tests/fixtures/transcripts), JobSet's own PyTorch
+    example (tests/fixtures/k8s) and Meta-Llama-3-8B's config.json."""
     root = tmp_path_factory.mktemp("pfdocs")
     shutil.copytree(ROOT / "tests" / "fixtures" / "transcripts", root, dirs_exist_ok=True)
+    shutil.copytree(ROOT / "tests" / "fixtures" / "models" / "llama-3-8b-instruct", root / "Meta-Llama-3-8B")
     shutil.copy(ROOT / "tests" / "fixtures" / "k8s" / "jobset_pytorch_resnet.yaml", root)
     return root
 
@@ -58,7 +59,7 @@ INPUTS = {"ckpt": "ckpt_inputs", "lint": "lint_inputs", "examples": "examples_in
 @pytest.mark.parametrize("name", [n for prefix in INPUTS for n in names(prefix + "-")])
 def test_a_transcript_is_what_preflight_prints_today(name, request):
     root = request.getfixturevalue(INPUTS[name.split("-")[0]])
-    held(name, run(name, root, {root: SHOWN_ROOT})[0])
+    held(name, run(name, root, {root: SHOWN_ROOT})[0], varies=SIZES if name.startswith("ckpt") else ())
 
 
 def test_every_transcript_is_run_by_a_test_and_shown_in_the_docs():
