@@ -13,7 +13,7 @@ from preflight.inputs import launchcmd
 from preflight.report import redact
 from preflight.node import PROGRAM_MARK
 from preflight.collective import datapath
-from preflight.job.nccl import interface_spec, nccl_list, nccl_matches, selected_interfaces
+from preflight.job.nccl import interface_spec, nccl_interfaces, nccl_list, nccl_matches, selected_interfaces
 
 
 def _is_loopback(address: str) -> bool:
@@ -441,18 +441,22 @@ def _judge_link(name: str, link: Mapping, network) -> Optional[str]:
 
 @check("NET005", "socket-ifname", "node", tags=["network", "nccl", "gloo"])
 def socket_ifname(ctx) -> Iterator[Finding]:
-    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, when set, select an existing interface with an address.
+    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, when set, select an existing interface with an address; unset on
+    a node with GPUs, NCCL's own choice is on the network to the head.
 
     NCCL and gloo bind to the interfaces these name (NCCL by prefix, `=` for an exact name, `^` to exclude);
     a name that matches nothing on one node makes NCCL fail with 'no socket interface found' or gloo
     hang, on that node only. They may differ between nodes (interfaces are named per node), so PKG004
     does not compare their text: here the selected interface must also be UP and have an address on the
     network this node reaches the head through, and NCCL_IB_HCA must name RDMA devices this node has
-    (else NCCL falls back to TCP sockets, or fails, on this node only).
+    (else NCCL falls back to TCP sockets, or fails, on this node only). Unset, NCCL picks by its own rules (an
+    ib* interface first, else the first but docker*, lo and virbr* in the kernel's order, IPv4 before IPv6): an
+    IPoIB interface with only a link-local address, a management NIC or a container bridge that comes first puts
+    the address every other rank connects to where they may not reach it.
 
     Set them to the interface of the training network as it is named on each node (`ip -br addr`),
-    e.g. NCCL_SOCKET_IFNAME=eth0 or =ib0; bring a DOWN interface up (`ip link set IF up`); set NCCL_IB_HCA
-    to this node's HCAs (`ibv_devices`), or unset it.
+    e.g. NCCL_SOCKET_IFNAME=eth0 or ==eth0 (that name exactly); bring a DOWN interface up (`ip link set IF up`);
+    set NCCL_IB_HCA to this node's HCAs (`ibv_devices`), or unset it.
     """
     env = ctx.fact.get("env", {})
     host = ctx.fact.get("host", {})
@@ -473,12 +477,47 @@ def socket_ifname(ctx) -> Iterator[Finding]:
                        variable=var, value=spec, interfaces=usable)
             continue
         yield _judge_selection(ctx, var, spec, nccl, chosen, interfaces, host, links)
+    if (ctx.fact.get("gpus") or {}).get("available") and interface_spec(env, "NCCL_SOCKET_IFNAME") is None:
+        found = True  # the ranks here run NCCL: its default choice decides the address the others connect to
+        yield _judge_nccl_default(ctx, host, links)
     hca = env.get("NCCL_IB_HCA")
     if hca is not None:
         found = True
         yield _judge_ib_hca(ctx, hca, host.get("rdma_devices"))
     if not found:
-        yield skip("none of NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA is set")
+        yield skip("none of NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA is set (and no GPU for NCCL here)")
+
+
+def _judge_nccl_default(ctx, host: Mapping, links: Optional[Mapping]) -> Finding:
+    """NCCL's own choice, NCCL_SOCKET_IFNAME unset: the interface it bootstraps over holds the address every other
+    rank connects to, so it must be on the network the nodes reach each other over."""
+    import ipaddress
+
+    chosen, rule = nccl_interfaces(ctx.fact)
+    if not chosen:
+        return fail(f"NCCL_SOCKET_IFNAME is unset and NCCL's default finds no interface with an address here "
+                    f"({rule}): NCCL stops with 'no socket interface found'",
+                    f"bring the training interface up on {ctx.node}, or set NCCL_SOCKET_IFNAME to it")
+    name, address = chosen[0]
+    said = f"NCCL_SOCKET_IFNAME is unset: NCCL bootstraps over {name} ({address}), {rule}"
+    evidence = {"variable": "NCCL_SOCKET_IFNAME", "value": None, "interfaces": [n for n, _ in chosen],
+                "address": address, "rule": rule}
+    if links is None:
+        return passed(f"{said} (the head's network not checked: these facts have no host.links)", **evidence)
+    found, why = _network_to_head(host, links)
+    if not found:
+        return passed(f"{said} (the head's network not checked: {why})", **evidence)
+    network, route_interface, source = found
+    evidence.update(network=str(network), route_interface=route_interface, source=source)
+    ip = ipaddress.ip_address(address)
+    if ip in network:
+        return passed(f"{said}: on {network}, the network this node reaches the head over", **evidence)
+    local = " (a link-local address: it reaches only the hosts on that one link)" if ip.is_link_local else ""
+    return Finding(Status.WARN, f"{said}, which is not on {network}, the network this node reaches the head "
+                   f"{_head_target(ctx)} over from {source} on {route_interface}{local}: every other rank connects "
+                   f"to {address}, so every node must reach it", f"set NCCL_SOCKET_IFNAME=={route_interface} on "
+                   f"{ctx.node} (the interface to the head), or check that every node reaches {address}",
+                   evidence=evidence)
 
 
 def _judge_selection(ctx, var: str, spec: str, nccl: bool, chosen: List[str], interfaces: Mapping,

@@ -4,6 +4,7 @@
   check's ID, name, scope, tags, the module that defines it, and the three paragraphs of its docstring
   (what it checks, why it matters, how to fix), as `preflight explain ID` prints them;
 - docs/known-defects.md, the rows of the known-defects table PKG008 judges (preflight/inputs/known_defects.toml);
+- the counts of the built-in checks in README.md and CHANGELOG.md ("N checks in M families", "M check families");
 - the `preflight COMMAND --help` blocks of docs/commands.md (between `<!-- help:COMMAND:begin -->` and
   `<!-- help:COMMAND:end -->`), as the parser prints them at 100 columns, with the interpreter's path
   shown as /venv/bin/python;
@@ -39,6 +40,7 @@ COMMANDS = DOCS / "commands.md"
 KNOWN_DEFECTS = DOCS / "known-defects.md"
 TRANSCRIPTS = DOCS / "transcripts"
 README = ROOT / "README.md"
+CHANGELOG = ROOT / "CHANGELOG.md"
 BUILTIN = "preflight.checks"
 HELP_WIDTH = "100"
 SHOWN_PYTHON = "/venv/bin/python"
@@ -308,6 +310,12 @@ def known_defects_page(generated: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def with_counts(text: str, checks: int, families: int) -> str:
+    """text with its counts of the built-in checks ("116 checks in 14 families", "14 check families") as the
+    registry has them."""
+    text = re.sub(r"\b\d+ checks in \d+ families\b", f"{checks} checks in {families} families", text)
+    return re.sub(r"\b\d+ check families\b", f"{families} check families", text)
+
 
 def expected() -> Dict[pathlib.Path, str]:
     """Every generated file and the content it must have."""
@@ -316,6 +324,9 @@ def expected() -> Dict[pathlib.Path, str]:
     pages[KNOWN_DEFECTS] = known_defects_page(GENERATED)
     for page in [README, *sorted(DOCS.glob("*.md"))]:
         pages[page] = transcript_blocks(pages.get(page, page.read_text()))
+    specs = builtin_checks()
+    for page in (README, CHANGELOG):
+        pages[page] = with_counts(pages.get(page, page.read_text()), len(specs), len({s.family for s in specs}))
     return pages
 
 

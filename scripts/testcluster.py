@@ -397,7 +397,7 @@ class Cluster:
                         "dir": str(self.dir / name), "pid": None, "env": {}, "loopback_hostname": False,
                         "shm": None, "drop_ports": [], "allowed_ports": None, "ntp_pid": None, "slow_link": None,
                         "slow_path": None, "frozen": False, "stopped": False, "binds": {}, "mtu": None,
-                        "captured": None, "hosts_override": {}})
+                        "captured": None, "interfaces": [], "hosts_override": {}})
         return out
 
     # ---- ssh and exec helpers
@@ -674,7 +674,8 @@ class Cluster:
             banner = self.banner(n["name"], timeout=0.5) if n["netns"] in existing else None
             faults = {k: n[k] for k in ("env", "loopback_hostname", "shm", "binds", "drop_ports", "allowed_ports",
                                         "ntp_pid", "slow_link", "slow_path",
-                                        "frozen", "stopped", "mtu", "captured", "hosts_override") if n.get(k)}
+                                        "frozen", "stopped", "mtu", "captured", "interfaces", "hosts_override")
+                      if n.get(k)}
             out["nodes"].append({"name": n["name"], "ip": n["ip"], "netns": n["netns"], "netns_exists":
                                  n["netns"] in existing, "sshd_pid": n.get("pid"), "sshd_alive":
                                  bool(n.get("pid")) and _alive(n["pid"]), "banner": banner.decode(errors="replace")
@@ -1044,6 +1045,28 @@ class Cluster:
             _run(ns + ["route", "replace", f"{target}/32", "dev", "cap0"])
             n["captured"] = target
 
+    def add_interface(self, node: str, name: str, address: Optional[str] = None, carrier: bool = True) -> None:
+        """Another interface on the node, after its eth0 in the kernel's order: a veth pair kept inside its
+        namespace (NAME and pf-NAME), UP, with `address` (CIDR) if given; IPv6 gives it its link-local address.
+        Without carrier, its peer stays down (NO-CARRIER)."""
+        with self._mutate() as state:
+            n = self._node(state, node)
+            ns = ["ip", "-n", n["netns"]]
+            _run(ns + ["link", "add", name, "type", "veth", "peer", "name", f"pf-{name}"])
+            n.setdefault("interfaces", []).append(name)
+            _run(ns + ["link", "set", name, "up"])
+            if carrier:
+                _run(ns + ["link", "set", f"pf-{name}", "up"])
+            if address:
+                _run(ns + ["addr", "add", address, "dev", name])
+
+    def remove_interfaces(self, node: str) -> None:
+        with self._mutate() as state:
+            n = self._node(state, node)
+            for name in n.get("interfaces") or []:
+                _run(["ip", "-n", n["netns"], "link", "del", name], check=False)  # its peer and addresses too
+            n["interfaces"] = []
+
     def release_route(self, node: str) -> None:
         with self._mutate() as state:
             n = self._node(state, node)
@@ -1179,6 +1202,8 @@ class Cluster:
             self.normal_mtu(node)
         if n.get("captured"):
             self.release_route(node)
+        if n.get("interfaces"):
+            self.remove_interfaces(node)
         if n.get("frozen"):
             self.thaw_sshd(node)
         overlay = Path(n["dir"]) / "overlay"
@@ -1223,6 +1248,15 @@ class Cluster:
             yield
         finally:
             self.replace_env(node, previous)
+
+    @contextlib.contextmanager
+    def extra_interface(self, node: str, name: str, address: Optional[str] = None,
+                        carrier: bool = True) -> Iterator[None]:
+        self.add_interface(node, name, address, carrier)
+        try:
+            yield
+        finally:
+            self.remove_interfaces(node)
 
     @contextlib.contextmanager
     def faked_time(self, node: str, offset: str = "+5s") -> Iterator[None]:

@@ -15,8 +15,11 @@ TRANSCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "transcript
 VENV = pathlib.Path(sys.executable).parent.parent  # shown as /venv
 WRITE = os.environ.get("PREFLIGHT_WRITE_TRANSCRIPTS") == "1"
 # what differs from run to run: durations; free memory, which the nodes measure each at its moment; a clock's
-# offset and its error; the all-reduce's bandwidths; a table's columns, as wide as what they hold
+# offset and its error; the all-reduce's bandwidths; the test environment's own distributions and their versions
+# (a developer's venv holds a few more than CI's fresh one); a table's columns, as wide as what they hold
 MEASURED = [(re.compile(r"(SYS003 free-memory \S+  ).*"), r"\1(measured)"),
+            (re.compile(r"the same \d+ distributions"), "the same N distributions"),
+            (re.compile(r"\b(python|torch|deepspeed|accelerate|transformers) \d+\.\d+(\.\d+)?(\+\w+)?"), r"\1 V"),
             (re.compile(r"\b(busbw|algbw|MiB) \d+(\.\d+)?\b"), r"\1 X"),
             (re.compile(r"\d+(\.\d+)?(-\d+(\.\d+)?)? GB/s"), "X GB/s"),
             (re.compile(r"[+-]\d+\.\d+ s \(± [\d.]+ [mµ]?s\)"), "+T s (± E)"),

@@ -77,27 +77,106 @@ def selected_interfaces(spec: str, names: List[str], nccl: bool) -> List[str]:
     return [n for n in names if nccl_matches(n, None, exact, entries) != exclude]
 
 
+RUNNING_ONLY_SINCE = (2, 28, 3)  # NCCL skips interfaces without carrier (IFF_RUNNING), and sets virbr* apart
+NCCL_DEFAULT_RULES = (("ib", "an ib* interface"), ("^docker,lo,virbr", "the first interface but docker*, lo and "
+                      "virbr*"), ("docker", "a docker* interface"), ("lo", "loopback"), ("virbr", "a virbr* interface"))
+NCCL_DEFAULT_RULES_BEFORE = (("ib", "an ib* interface"), ("^docker,lo", "the first interface but docker* and lo"),
+                             ("docker", "a docker* interface"), ("lo", "loopback"))
+
+
+def nccl_interfaces(facts: Mapping[str, Any]) -> Tuple[List[Tuple[str, str]], str]:
+    """([(interface, the address NCCL uses there)] in NCCL's order, the rule that chose them), as NCCL's
+    ncclFindInterfaces picks on this node (src/misc/socket.cc, src/os/linux.cc): NCCL_SOCKET_IFNAME when set,
+    else the first rule that finds any: ib* interfaces, the subnet of NCCL_COMM_ID's address, every interface but
+    docker*, lo and virbr* (virbr* only since NCCL 2.28.3), then docker*, lo, virbr*. It walks getifaddrs: the IPv4
+    addresses by interface index, then the IPv6 ones (never ::1), one address per interface, NCCL_SOCKET_FAMILY
+    AF_INET or AF_INET6 keeping one family; since NCCL 2.28.3 only interfaces with carrier (IFF_RUNNING). Its
+    bootstrap, and so every rank's address for the others, is the first."""
+    host, env = facts.get("host") or {}, facts.get("env") or {}
+    interfaces, links = host.get("interfaces"), host.get("links")
+    if not isinstance(interfaces, dict):
+        return [], "the node's interfaces are not known"
+    links = links if isinstance(links, dict) and "error" not in links else {}
+    release = nccl_version(facts)
+    recent = release is None or tuple(release[:3]) >= RUNNING_ONLY_SINCE
+    family = {"AF_INET": 4, "AF_INET6": 6}.get(env.get("NCCL_SOCKET_FAMILY"))
+    walk = []  # getifaddrs' entries NCCL keeps, in its order
+    for wanted in (4, 6):
+        for name, addresses in interfaces.items():
+            link = links.get(name) if isinstance(links.get(name), dict) else {}
+            if recent and link.get("running") is False or not isinstance(addresses, list):
+                continue
+            walk += [(name, a) for a in addresses if isinstance(a, str) and (":" in a) == (wanted == 6)
+                     and a != "::1" and family in (None, wanted)]
+
+    def found(spec):
+        exclude, exact, entries = nccl_list(spec)
+        chosen = {}
+        for name, address in walk:
+            if nccl_matches(name, None, exact, entries) != exclude:
+                chosen.setdefault(name, address)
+        return list(chosen.items())
+
+    spec = interface_spec(env, "NCCL_SOCKET_IFNAME")
+    if spec is not None:
+        return found(spec), f"NCCL_SOCKET_IFNAME={spec}"
+    (ib, said), *rest = NCCL_DEFAULT_RULES if recent else NCCL_DEFAULT_RULES_BEFORE
+    if found(ib):
+        return found(ib), f"its default: {said}"
+    comm_id = _comm_id_address(env.get("NCCL_COMM_ID"))
+    same = [(n, a) for n, a in walk if comm_id is not None and _in_subnet(links.get(n), a, comm_id)][:1]
+    if same:
+        return same, f"its default: the subnet of NCCL_COMM_ID ({comm_id})"
+    for spec, said in rest:
+        if found(spec):
+            return found(spec), f"its default: {said}"
+    return [], "its default finds no interface with an address"
+
+
+def _comm_id_address(comm_id: Any):
+    """NCCL_COMM_ID's address ("10.0.0.1:29500", "[fe80::1]:29500"), or None."""
+    import ipaddress
+
+    if not isinstance(comm_id, str) or len(comm_id) < 2:
+        return None
+    host = comm_id[1:].split("]", 1)[0] if comm_id.startswith("[") else comm_id.rsplit(":", 1)[0]
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name: NCCL resolves it; not judged here
+
+
+def _in_subnet(link: Any, address: str, target) -> bool:
+    """Whether `address` of this interface (with its prefix in the link's facts) holds `target`."""
+    import ipaddress
+
+    entries = (link.get("ipv4") or []) + (link.get("ipv6") or []) if isinstance(link, dict) else []
+    for entry in entries:
+        if isinstance(entry, str) and entry.split("/", 1)[0] == address:
+            try:
+                return target in ipaddress.ip_interface(entry).network
+            except ValueError:
+                return False
+    return False
+
+
 def socket_interface(facts: Mapping[str, Any]) -> Optional[str]:
-    """The interface NCCL's socket transport (with GPUs) or gloo (without) binds on this node, as they pick
-    it: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME when set, else NCCL's default (an ib* interface first, then
-    any but docker*, lo and virbr*, then those), else gloo's (the address the hostname resolves to)."""
+    """The interface NCCL's socket transport (with GPUs) or gloo (without) binds on this node, and its address,
+    as they pick it: NCCL's first (nccl_interfaces), or gloo's GLOO_SOCKET_IFNAME when set, else the address the
+    hostname resolves to."""
     host, env = facts.get("host") or {}, facts.get("env") or {}
     interfaces = host.get("interfaces") or {}
     if not isinstance(interfaces, dict):
         return None
+    if (facts.get("gpus") or {}).get("available"):
+        chosen, rule = nccl_interfaces(facts)
+        spec = interface_spec(env, "NCCL_SOCKET_IFNAME")
+        return f"{chosen[0][0]} {chosen[0][1]}" if chosen else (f"none matches {spec}" if spec else None)
     usable = [n for n, addrs in interfaces.items() if isinstance(addrs, list) and addrs]
-    gpus = (facts.get("gpus") or {}).get("available")
-    spec = interface_spec(env, "NCCL_SOCKET_IFNAME" if gpus else "GLOO_SOCKET_IFNAME")
+    spec = interface_spec(env, "GLOO_SOCKET_IFNAME")
     if spec is not None:
-        chosen = selected_interfaces(spec, usable, bool(gpus))
+        chosen = selected_interfaces(spec, usable, False)
         return f"{chosen[0]} {interfaces[chosen[0]][0]}" if chosen else f"none matches {spec}"
-    if gpus:
-        for prefixes, exclude in ((("ib",), False), (("docker", "lo", "virbr"), True), (("docker",), False),
-                                  (("lo",), False), (("virbr",), False)):
-            ordered = [n for n in usable if n.startswith(prefixes) != exclude]
-            if ordered:
-                return f"{ordered[0]} {interfaces[ordered[0]][0]}"
-        return None
     resolved = host.get("resolves_to")
     if isinstance(resolved, list) and resolved:
         owner = next((n for n in usable if resolved[0] in interfaces[n]), None)
