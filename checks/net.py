@@ -509,7 +509,11 @@ def _judge_nccl_default(ctx, host: Mapping, links: Optional[Mapping]) -> Finding
         return passed(f"{said} (the head's network not checked: {why})", **evidence)
     network, route_interface, source = found
     evidence.update(network=str(network), route_interface=route_interface, source=source)
-    ip = ipaddress.ip_address(address)
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:  # what the node sent is no address: not judged
+        return skip(f"NCCL_SOCKET_IFNAME is unset: NCCL bootstraps over {name}, whose address {address!r} does not "
+                    "parse", **evidence)
     if ip in network:
         return passed(f"{said}: on {network}, the network this node reaches the head over", **evidence)
     local = " (a link-local address: it reaches only the hosts on that one link)" if ip.is_link_local else ""

@@ -161,3 +161,14 @@ def test_a_container_bridge_is_named_where_the_kernel_lists_it_before_the_traini
         assert result.remediation.startswith("set NCCL_SOCKET_IFNAME==eth0")
     else:
         assert result.status is Status.PASS and "over eth0" in result.message, (order, result)
+
+
+@pytest.mark.parametrize("interfaces", [{"eth0": ["not-an-address"]}, {"eth0": ["10.0.0.2/33"]}, {}, {"eth0": [""]},
+                                        {"ib0": ["fe80::1%eth0"], "eth0": ["10.0.0.2"]}, {"ib0": ["::"]}])
+def test_a_hostile_node_s_interfaces_never_make_net005_raise(interfaces):
+    """Whatever text a node sends where its addresses go (the facts' shapes are held on arrival: lists of text)."""
+    facts = node({"eth0": ["10.0.0.2"]})
+    facts["host"]["interfaces"] = interfaces
+    facts["env"] = {"NCCL_SOCKET_FAMILY": "AF_UNIX", "NCCL_COMM_ID": "[::1"}
+    for result in net005(facts):
+        assert result.status is not Status.ERROR, result
