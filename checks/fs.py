@@ -96,7 +96,8 @@ def offload_path(ctx) -> Iterator[Finding]:
     paths = ctx.plan.paths
     keys = [k for k in ("offload_param.nvme_path", "offload_optimizer.nvme_path") if k in paths]
     if not keys:
-        yield skip("the DeepSpeed config offloads nothing to NVMe")
+        yield skip("the DeepSpeed config offloads nothing to NVMe" if ctx.plan.deepspeed is not None else
+                   "no DeepSpeed config given (--deepspeed, or deepspeed_config_file in the accelerate config)")
         return
     for key in keys:
         yield from _folder(ctx, key, f"DeepSpeed's {key}")

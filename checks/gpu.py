@@ -483,3 +483,82 @@ def xid_errors(ctx) -> Iterator[Finding]:
         extra = f" (program errors only: {'; '.join(dict.fromkeys(program))})" if program else ""
         cut = " (the log was read only in part: it floods)" if xid.get("cut") else ""
         yield passed(f"no GPU fault Xid on the job's GPUs since the driver loaded{extra}{cut}", **evidence)
+
+
+FABRIC_HEALTH_SAID = {"degraded_bandwidth": "its bandwidth is degraded", "route_recovery": "a route is in recovery",
+                      "route_unhealthy": "a route is unhealthy",
+                      "access_timeout_recovery": "it recovers from an access timeout"}
+
+
+@check("GPU009", "nvswitch-fabric", "node", tags=["gpu", "nvml", "nvswitch", "fabric"])
+def nvswitch_fabric(ctx) -> Iterator[Finding]:
+    """On a node with NVSwitches, every GPU is registered with the NVSwitch fabric, and Fabric Manager runs at
+    the driver's own version.
+
+    On NVSwitch systems (HGX and DGX A100, H100, H200, B200) CUDA starts no work until Fabric Manager has set up
+    the NVSwitches and registered the GPUs: before that, and for good when nvidia-fabricmanager is stopped or of
+    another version than the driver (it refuses to start: 'fabric manager NVIDIA GPU driver interface version
+    ... don't match with driver version'), every CUDA call fails with 'system not yet initialized'
+    (cudaErrorSystemNotReady, 802), and NCCL with it. A fabric NVML flags (degraded bandwidth, an unhealthy
+    route) slows or stops the job's NVLink traffic.
+
+    Install nvidia-fabricmanager of exactly the driver's version (the package nvidia-fabricmanager-BRANCH at
+    VERSION) and start it: `systemctl enable --now nvidia-fabricmanager`; after a driver update, update it too
+    and reboot. Drain a node whose fabric NVML flags.
+    """
+    gpus = gpus_of(ctx.fact)
+    if gpus is None:
+        yield skip(f"no GPU facts on this node: {no_gpus_reason(ctx.fact)}")
+        return
+    devices = [g for g in gpus.get("devices") or [] if not lost(g)]
+    fabric = ctx.fact.get("fabric") if isinstance(ctx.fact.get("fabric"), dict) else {}
+    switches = [n for n, d in ((fabric.get("pci") or {}).get("devices") or {}).items() if d.get("kind") == "nvswitch"]
+    states = [g for g in devices if isinstance(g.get("fabric"), dict) and g["fabric"]["state"] != "not_supported"]
+    if not switches and not states:
+        yield skip("no NVSwitch on this node (none on its PCIe tree, and NVML reports no GPU fabric)")
+        return
+    driver, manager = gpus.get("driver_version"), fabric.get("fabric_manager") or {}
+    in_container = bool((ctx.fact.get("host") or {}).get("container"))
+    running = None if in_container else manager.get("running")  # a container sees only its own processes
+    version = manager.get("version")
+    about = []
+    if running is False:
+        about.append("nv-fabricmanager is not running")
+    if version and driver and version != driver:
+        about.append(f"Fabric Manager {version} ({manager.get('package')}) is not the driver's {driver}, which "
+                     "makes it refuse to start")
+    at = driver or "of the driver's version"
+    fix = f"install nvidia-fabricmanager {at} and start it (systemctl enable --now nvidia-fabricmanager) on {ctx.node}"
+    evidence = {"nvswitches": len(switches), "driver": driver, "fabric_manager": manager or None,
+                "states": {g["index"]: g["fabric"] for g in states}}
+    pending = [g for g in states if g["fabric"]["state"] in ("not_started", "in_progress")]
+    failed = [g for g in states if g["fabric"]["state"] == "completed" and g["fabric"]["status"] != 0]
+    if pending or failed:
+        parts = [f"{indices(pending)} not registered with the NVSwitch fabric (NVML: {pending[0]['fabric']['state']})"
+                 ] if pending else []
+        if failed:
+            parts.append(f"{indices(failed)}: registration failed (NVML status {failed[0]['fabric']['status']})")
+        said = "; ".join(parts)
+        yield fail(f"{said}: CUDA stops with 'system not yet initialized' (802) until Fabric Manager registers them"
+                   + (f" ({'; '.join(about)})" if about else ""), fix, **evidence)
+        return
+    if not states and (running is False or about):  # a fabric NVML cannot tell (before Hopper): Fabric Manager's word
+        yield fail(f"{len(switches)} NVSwitches and {'; '.join(about)}: CUDA stops with 'system not yet initialized' "
+                   "(802) on this node", fix, **evidence)
+        return
+    if about:  # registered, so Fabric Manager ran: it is what the next start of it or of the node meets
+        yield warn(f"the GPU fabric is registered, but {'; '.join(about)}: at its next start (a reboot, a restart of "
+                   "the service) CUDA stops with 'system not yet initialized' (802)", fix, **evidence)
+        return
+    flagged = {g["index"]: g["fabric"]["health"] for g in states if g["fabric"].get("health")}
+    if flagged:
+        worst = [g for g in states if g["index"] in flagged]
+        said = ", ".join(FABRIC_HEALTH_SAID.get(h, h) for h in flagged[worst[0]["index"]])
+        yield warn(f"{indices(worst)}: NVML flags the fabric's health: {said}", f"drain {ctx.node} and check its "
+                   "NVSwitches and NVLinks (nvidia-smi -q | grep -A8 Fabric, Fabric Manager's log)", **evidence)
+        return
+    tail = f", Fabric Manager {version}" if version else ""
+    tail += " running" if running else ""
+    shown = f"{indices(states)} registered with the NVSwitch fabric (NVML: completed)" if states else \
+        f"{len(switches)} NVSwitches"
+    yield passed(f"{shown}{tail}" + (", as the driver" if version and version == driver else ""), **evidence)

@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from preflight.api import Finding, Status, check, fail, fold, grouped, passed, skip, warn
-from preflight.job.gpus import job_gpus
+from preflight.job.gpus import gpus_of, job_gpus
 from preflight.job.nccl import (GID_CHOICE_SINCE, fabric_of, gid_kind, ib_disabled, nccl_version,
                                 rdma_devices_nccl_may_use, selected_ports, used_gid)
 
@@ -473,10 +473,38 @@ def _pci_on_node(ctx) -> Tuple[Dict[str, dict], Dict[str, dict], Dict[str, dict]
     rdma = fabric.get("rdma") or {}
     hcas = {name: devices[rdma[name].get("pci")] for name in rdma_devices_nccl_may_use(ctx.fact)
             if rdma[name].get("pci") in devices}
-    if not gpus or not hcas:
-        return {}, {}, {}, skip(f"the PCIe tree shows {len(gpus)} NVIDIA GPU(s) and {len(hcas)} HCA(s) NCCL may use "
-                                "on this node: no path between them to judge")
+    if not gpus:
+        return {}, {}, {}, skip("the PCIe tree shows no NVIDIA GPU on this node: no GPU path to judge")
     return gpus, hcas, pci.get("acs") or {}, None
+
+
+def _paths_said(paths) -> str:
+    kinds = {"peer" if other.startswith("GPU ") else "hca" for _, _, other, _ in paths}
+    return " and ".join(said for kind, said in (("hca", "the GPUs and their HCAs"),
+                                                 ("peer", "the GPUs that reach each other over PCIe")) if kind in kinds)
+
+
+def _pcie_peers(ctx, gpus: Dict[str, dict]) -> List[Tuple[str, str]]:
+    """The pairs of GPUs whose peer-to-peer traffic turns in a PCIe switch they share (where ACS can send it up
+    to the root complex instead): both without an active NVLink, as NVML reports them (NVSwitch or bridge GPUs
+    talk over NVLink); none where NVML did not answer. GPUs under different root ports meet in the root complex
+    whatever ACS says."""
+    nvml = gpus_of(ctx.fact) or {}
+    links = {str(d.get("pci_bus_id") or "").lower()[-12:]: d.get("nvlink_active") for d in nvml.get("devices") or []}
+    pcie = sorted(bdf for bdf in gpus if bdf in links and not any(links[bdf] or []))
+    return [(a, b) for i, a in enumerate(pcie) for b in pcie[i + 1:] if _shared(gpus[a], gpus[b])]
+
+
+def _gpu_paths(ctx, gpus, hcas) -> Tuple[List[Tuple[str, dict, str, dict]], Optional[Finding]]:
+    """The device pairs whose DMA crosses the PCIe tree: each GPU and its nearest HCAs (GPUDirect RDMA), and the
+    GPUs that reach each other over PCIe (peer-to-peer); or a skip when there are none."""
+    paths = [(f"GPU {bdf}", gpu, name, hcas[name]) for bdf, gpu in sorted(gpus.items())
+             for name in (_nearest(gpu, hcas)[1] if hcas else [])]
+    paths += [(f"GPU {a}", gpus[a], f"GPU {b}", gpus[b]) for a, b in _pcie_peers(ctx, gpus)]
+    if not paths:
+        return [], skip(f"no HCA NCCL may use and no GPUs that reach each other over PCIe ({len(gpus)} GPU(s), "
+                        "NVLink or no NVML answer): no GPUDirect RDMA or peer-to-peer path to judge")
+    return paths, None
 
 
 def _shared(a: dict, b: dict) -> int:
@@ -512,7 +540,8 @@ def acs_text(ctl: int) -> str:
 @check("RDMA008", "pcie-acs", "node", tags=["rdma", "gpu", "pcie", "gpudirect"])
 def pcie_acs(ctx) -> Iterator[Finding]:
     """PCIe Access Control Services (ACS) do not redirect peer-to-peer traffic on the bridges between each GPU
-    and the HCA nearest to it (ReqRedir, CmpltRedir, EgressCtrl off in ACSCtl).
+    and the HCA nearest to it, and between GPUs that reach each other over PCIe (no NVLink): ReqRedir,
+    CmpltRedir, EgressCtrl off in ACSCtl.
 
     With ACS redirecting, every GPUDirect RDMA transfer between the GPU and its HCA goes up to the root complex
     instead of turning in the PCIe switch: bandwidth drops, and on many platforms the transfers fail (NET/IB
@@ -523,17 +552,18 @@ def pcie_acs(ctx) -> Iterator[Finding]:
     bridge; run `preflight node` as root (a SLURM prolog) to check it.
     """
     gpus, hcas, acs, why = _pci_of(ctx)
+    paths, why = (None, why) if why else _gpu_paths(ctx, gpus, hcas)
     if why:
         yield why
         return
-    between: Dict[str, List[str]] = {}  # bridge -> the GPU-HCA pairs whose path crosses it
-    for bdf, gpu in sorted(gpus.items()):
-        for name in _nearest(gpu, hcas)[1]:
-            hca, shared = hcas[name], _shared(gpu, hcas[name])
-            for bridge in (gpu.get("bridges") or [])[shared:] + (hca.get("bridges") or [])[shared:]:
-                between.setdefault(bridge, []).append(f"GPU {bdf} - {name}")
+    between: Dict[str, List[str]] = {}  # bridge -> the pairs whose path crosses it
+    for one, a, other, b in paths:
+        shared = _shared(a, b)
+        for bridge in (a.get("bridges") or [])[shared:] + (b.get("bridges") or [])[shared:]:
+            between.setdefault(bridge, []).append(f"{one} - {other}")
+    what = _paths_said(paths)
     if not between:
-        yield passed("no PCIe bridge between the GPUs and their HCAs", bridges=[])
+        yield passed(f"no PCIe bridge between {what}", bridges=[])
         return
     redirecting = {b: acs[b]["ctl"] for b in sorted(between) if isinstance((acs.get(b) or {}).get("ctl"), int)
                    and acs[b]["ctl"] & ACS_REDIRECTS}
@@ -545,22 +575,24 @@ def pcie_acs(ctx) -> Iterator[Finding]:
     if redirecting:
         said = "; ".join(f"{b} (ACSCtl {acs_text(ctl)}) between {', '.join(sorted(set(between[b])))}"
                          for b, ctl in redirecting.items())
-        yield warn(f"ACS redirects peer-to-peer traffic on {said}: GPUDirect RDMA goes through the root complex, "
-                   "slower, or fails", f"disable ACS in the BIOS of {ctx.node}, or as root at each boot: "
+        moved = " and ".join(w for w, on in (("GPUDirect RDMA", "the GPUs and their HCAs" in what),
+                                             ("GPU peer-to-peer", "over PCIe" in what)) if on)
+        yield warn(f"ACS redirects peer-to-peer traffic on {said}: {moved} goes through the root complex, slower, or "
+                   "fails", f"disable ACS in the BIOS of {ctx.node}, or as root at each boot: "
                    + "; ".join(f"setpci -s {b} ECAP_ACS+6.w=0000" for b in redirecting), **evidence)
     elif unread:
-        yield skip(f"the ACS of {len(unread)} bridge(s) between the GPUs and their HCAs cannot be read: the kernel "
+        yield skip(f"the ACS of {len(unread)} bridge(s) between {what} cannot be read: the kernel "
                    "gives a user without root the first 64 bytes of PCI config space, and ACS lies beyond byte 256 "
                    "(run preflight node as root, as a SLURM prolog does)", **evidence)
     else:
-        yield passed(f"ACS redirects nothing on the {len(between)} bridge(s) between the GPUs and their HCAs",
-                     **evidence)
+        yield passed(f"ACS redirects nothing on the {len(between)} bridge(s) between {what}", **evidence)
 
 
 @check("RDMA009", "iommu-mode", "node", tags=["rdma", "gpu", "pcie", "gpudirect"])
 def iommu_mode(ctx) -> Iterator[Finding]:
     """The IOMMU does not translate the DMA of the node's GPUs and HCAs: it is off, or in passthrough mode
-    (`iommu=pt`: IOMMU group type identity in /sys/kernel/iommu_groups/N/type).
+    (`iommu=pt`: IOMMU group type identity in /sys/kernel/iommu_groups/N/type), where they use GPUDirect RDMA or
+    reach each other over PCIe.
 
     With translation on (intel_iommu=on or amd_iommu=on without iommu=pt: group type DMA or DMA-FQ), every
     peer-to-peer and GPUDirect RDMA access goes through the IOMMU's page tables: NCCL runs slower, hangs in its
@@ -570,6 +602,7 @@ def iommu_mode(ctx) -> Iterator[Finding]:
     update-grub and reboot), or turn the IOMMU off in the BIOS where nothing on the node needs it.
     """
     gpus, hcas, _, why = _pci_of(ctx)
+    why = why or _gpu_paths(ctx, gpus, hcas)[1]
     if why:
         yield why
         return
@@ -609,8 +642,9 @@ def gpu_hca_locality(ctx) -> Iterator[Finding]:
     Let NCCL use the HCA beside each GPU (NCCL_IB_HCA naming every rail, or unset), or bring that HCA up.
     """
     gpus, hcas, _, why = _pci_of(ctx)
-    if why:
-        yield why
+    if why or not hcas:
+        yield why or skip(f"the PCIe tree shows {len(gpus)} NVIDIA GPU(s) and no HCA NCCL may use on this node: no "
+                          "GPU-HCA path to judge")
         return
     fabric, _ = fabric_of(ctx.fact)
     devices = (fabric.get("pci") or {}).get("devices") or {}

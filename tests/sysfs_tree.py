@@ -4,7 +4,7 @@ collector's fabric facts (fabric.SYSROOT stands where "/" stands on a node).
 A recording: {"about": ..., "files": {PATH: TEXT}, "links": {PATH: TARGET}, "binary": {PATH: {"size": N,
 "at": {OFFSET: HEX}}}}, paths relative to the root (a link's target too); a binary file (a PCI device's config
 space) is N zero bytes with the given bytes at their offsets (hexadecimal, as `lspci -xxxx` prints them). A
-change maps PATH to new text, to None to remove that file, or to bytes.
+change maps PATH to new text, to None to remove that file (or link), or to bytes.
 """
 import json
 import os
@@ -27,6 +27,8 @@ def lay_out(root: pathlib.Path, recording: str, change=None) -> pathlib.Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(text) if isinstance(text, bytes) else target.write_text(text)
     for path, target in doc.get("links", {}).items():
+        if path in files and files[path] is None:  # a change removes this link too
+            continue
         link = root / path
         link.parent.mkdir(parents=True, exist_ok=True)
         (root / target).mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,9 @@ PCI_DEVICES = os.path.join("sys", "bus", "pci", "devices")
 PCI_NAME = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 PCI_LIMIT = 4096  # devices looked at: a large server has a few hundred
 NVIDIA_VENDOR, DISPLAY_CLASSES = "0x10de", ("0x0300", "0x0302")  # VGA and 3D controllers
+NVSWITCH_CLASS = "0x0680"  # an NVSwitch is an NVIDIA "other bridge" (HGX A100, H100, H200, B200)
+DPKG_STATUS = os.path.join("var", "lib", "dpkg", "status")
+DPKG_STATUS_LIMIT = 64 << 20  # a large image's dpkg status is a few MB
 # PCIe extended capabilities start at 0x100 of config space; the kernel gives the first 64 bytes to a user
 # without CAP_SYS_ADMIN (drivers/pci/pci-sysfs.c, pci_read_config), so ACS is read only as root (as lspci).
 CONFIG_BYTES, EXTENDED_CAPS, ACS_CAP_ID = 4096, 0x100, 0x000D
@@ -164,6 +167,8 @@ def _pci(root, rdma):
         vendor, klass = _sys_text(os.path.join(folder, "vendor")), _sys_text(os.path.join(folder, "class")) or ""
         if vendor == NVIDIA_VENDOR and klass[:6] in DISPLAY_CLASSES:
             nodes[name] = _pci_node(root, folder, "gpu")
+        elif vendor == NVIDIA_VENDOR and klass[:6] == NVSWITCH_CLASS:
+            nodes[name] = _pci_node(root, folder, "nvswitch")
     for name, device in sorted(rdma.items()):
         if PCI_NAME.match(device.get("pci") or ""):
             nodes[device["pci"]] = _pci_node(root, os.path.join(root, "sys", "class", "infiniband", name, "device"),
@@ -266,6 +271,31 @@ def xid_events(root):
     return {"readable": True, "events": events, "count": count, "cut": cut}
 
 
+def fabric_manager(root):
+    """Fabric Manager, on a node with NVSwitches: whether nv-fabricmanager runs (its /proc/PID/comm, cut to 15
+    characters) and the version of its package (dpkg's status: Debian, Ubuntu, DGX OS; None elsewhere)."""
+    running = None
+    proc = os.path.join(root, "proc")
+    for pid in _sys_list(proc):
+        if pid.isdigit():
+            running = bool(running)
+            if (_sys_text(os.path.join(proc, pid, "comm")) or "").startswith("nv-fabricmanag"):
+                running = True
+                break
+    version = package = None
+    try:
+        with open(os.path.join(root, DPKG_STATUS), "rb") as handle:
+            stanzas = handle.read(DPKG_STATUS_LIMIT).decode("utf-8", "replace").split("\n\n")
+    except OSError:
+        stanzas = []
+    for stanza in stanzas:
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[:1].isspace())
+        name = fields.get("Package", "")
+        if re.fullmatch(r"nvidia-fabricmanager(-\d+)?", name) and fields.get("Status", "").endswith(" installed"):
+            package, version = name, fields.get("Version", "").split("-", 1)[0] or None
+    return {"running": running, "version": version, "package": package}
+
+
 def facts(root=None):
     root = root or SYSROOT
     modules = _loaded_modules(root)
@@ -276,4 +306,6 @@ def facts(root=None):
               "nvidia_driver": _sys_text(os.path.join(root, "proc", "driver", "nvidia", "version"))}
     if fabric["nvidia_driver"]:  # Xids come from the NVIDIA driver only
         fabric["xid"] = xid_events(root)
+    if any(d["kind"] == "nvswitch" for d in fabric["pci"]["devices"].values()):
+        fabric["fabric_manager"] = fabric_manager(root)
     return fabric

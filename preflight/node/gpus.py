@@ -125,6 +125,33 @@ class Nvml(object):
             raise NvmlUnsupported("nvmlDeviceGetNvLinkState")
         return states
 
+    def fabric(self, index):
+        """The GPU's registration with the NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV, else the first version):
+        [state (NVML_GPU_FABRIC_STATE_*), status (an nvmlReturn_t), clique ID, health mask (None before V2)]."""
+        import ctypes
+
+        nv, handle = self.nv, self._handle(index)
+        versioned = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
+        if versioned is not None and getattr(nv, "nvmlDeviceGetGpuFabricInfoV", None) is not None:
+            info = versioned()
+            try:
+                self._call("nvmlDeviceGetGpuFabricInfoV", handle, ctypes.byref(info))
+                return [int(info.state), int(info.status), int(info.cliqueId), int(info.healthMask)]
+            except (NvmlUnsupported, nv.NVMLError) as exc:  # a driver without V2 (or another struct version)
+                if isinstance(exc, nv.NVMLError_GpuIsLost):
+                    raise
+        info = getattr(nv, "c_nvmlGpuFabricInfo_t", None)
+        if info is None:
+            raise NvmlUnsupported("nvmlDeviceGetGpuFabricInfo")
+        info = info()
+        try:
+            self._call("nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info))
+        except nv.NVMLError as exc:  # a GPU before Hopper, or a driver that has no fabric to tell of
+            if isinstance(exc, nv.NVMLError_GpuIsLost):
+                raise
+            raise NvmlUnsupported("nvmlDeviceGetGpuFabricInfo")
+        return [int(info.state), int(info.status), int(info.cliqueId), None]
+
     def clock_event_reasons(self, index):
         """The bit mask of why the clocks are below their maximum (idle, power cap, thermal, ...)."""
         return int(self._call(("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
@@ -132,6 +159,10 @@ class Nvml(object):
 
 
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}  # NVML_GPU_FABRIC_STATE_*
+# The health mask's fields (NVML_GPU_FABRIC_HEALTH_MASK_*): (shift, what a value of 1, "TRUE", means)
+FABRIC_HEALTH = ((0, "degraded_bandwidth"), (2, "route_recovery"), (4, "route_unhealthy"),
+                 (6, "access_timeout_recovery"))
 CLOCK_EVENT_REASONS = ((0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"),
                        (0x8, "hw_slowdown"), (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"),
                        (0x40, "hw_thermal_slowdown"), (0x80, "hw_power_brake_slowdown"),
@@ -182,6 +213,7 @@ def _gpu(nvml, index):
         for pid, used in ask("processes", kind) or []:
             processes.setdefault(pid, {"pid": pid, "used_memory_bytes": used})
     reasons = ask("clock_event_reasons")
+    fabric = ask("fabric")
     gpu = {
         "index": index, "name": ask("name"), "uuid": ask("uuid"), "pci_bus_id": ask("pci_bus_id"),
         "memory_total_bytes": memory[0], "memory_used_bytes": memory[1],
@@ -200,6 +232,9 @@ def _gpu(nvml, index):
         "pcie_width": ask("pcie_link", "width"), "pcie_max_width": ask("pcie_link", "max_width"),
         "nvlink_active": ask("nvlink_states"),
         "clock_event_reasons": None if reasons is None else [n for bit, n in CLOCK_EVENT_REASONS if reasons & bit],
+        "fabric": None if fabric is None else {
+            "state": FABRIC_STATES.get(fabric[0], str(fabric[0])), "status": fabric[1], "clique": fabric[2],
+            "health": None if fabric[3] is None else [n for shift, n in FABRIC_HEALTH if fabric[3] >> shift & 3 == 1]},
     }
     if errors:
         gpu["errors"] = errors

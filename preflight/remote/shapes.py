@@ -212,7 +212,8 @@ GPU = Obj(
     remapped_rows_failure=(bool, NONE), persistence_mode=(bool, NONE), mig_enabled=(bool, NONE),
     mig_pending=(bool, NONE), compute_mode=TEXT, processes=Each(Obj(pid=int, used_memory_bytes=COUNT)),
     pcie_generation=COUNT, pcie_max_generation=COUNT, pcie_width=COUNT, pcie_max_width=COUNT,
-    nvlink_active=Either(NONE, Each(bool)), clock_event_reasons=Either(NONE, Each(str)), errors=Keyed(str))
+    nvlink_active=Either(NONE, Each(bool)), clock_event_reasons=Either(NONE, Each(str)), errors=Keyed(str),
+    fabric=Either(NONE, Obj(state=Need(str), status=Need(int), clique=COUNT, health=Either(NONE, Each(str)))))
 # A GID table entry: preflight.node.fabric writes index and gid for every entry it keeps (it skips the empty
 # ones), and NCCL_IB_GID_INDEX is looked up by index: an entry without them is not one of the collector's.
 GID = Obj(index=Need(int), gid=Need(str), type=TEXT, ndev=TEXT)
@@ -228,7 +229,7 @@ FABRIC = Obj(
     iommu=Obj(cmdline=Each(str), units=Each(str)),
     nccl=Obj(libraries=Each(str), plugins=Each(Obj(name=str, path=str, bytes=COUNT)), net_plugin=TEXT,
              cuda_compat=Each(str)),
-    kernel=TEXT, nvidia_driver=TEXT,
+    kernel=TEXT, nvidia_driver=TEXT, fabric_manager=Obj(running=(bool, NONE), version=TEXT, package=TEXT),
     xid=Obj(readable=bool, reason=str, count=int, cut=bool,
             events=Each(Obj(pci=str, xid=int, text=str, uptime_s=(int, float, NONE)))),
     error=ERROR)

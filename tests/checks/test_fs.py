@@ -182,3 +182,13 @@ def test_hostile_storage_values_are_refused_or_judged_never_a_check_defect():
                             defects.append((name, key, value, r.id, r.nodes, r.message))
     assert not defects, defects[:5]
     assert judged >= 20
+
+
+def test_without_a_deepspeed_config_the_offload_check_says_none_was_given():
+    from preflight import registry, runner
+    from preflight.plan import build_plan
+
+    plan = build_plan(nodes=("n1",))
+    ctx = runner.CheckContext(plan, {"n1": {"facts": {"host": {}, "storage": {}}, "error": None}}, {})
+    [result] = runner.run_check(registry.load().get("FS003"), ctx)
+    assert result.status.value == "skip" and result.message.startswith("no DeepSpeed config given"), result

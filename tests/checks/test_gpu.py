@@ -138,7 +138,7 @@ def test_every_recording_goes_through_every_gpu_check(tmp_path, recording):
     """Recordings made on real GPUs (scripts/device_gpu_check.sh) are replayed here as they are added."""
     the_plan = plan(tmp_path, mixed_precision="bf16")
     states = {"n01": node(recording), "n02": node(recording)}
-    for check_id in ("GPU001", "GPU002", "GPU003", "GPU004", "GPU005", "GPU006"):
+    for check_id in ("GPU001", "GPU002", "GPU003", "GPU004", "GPU005", "GPU006", "GPU009"):
         results = run(check_id, the_plan, states)
         assert results and not [r.message for r in results if r.status == Status.ERROR], (check_id, recording)
 
@@ -200,6 +200,44 @@ def test_the_real_adapter_maps_nvml_answers():
     assert adapter.processes(0, "compute") == [[7, 2**30]]
     assert adapter.nvlink_states(0) == [True] * 7 + [False] + [True] * 10
     assert adapter.clock_event_reasons(0) == 0x41 and adapter.name(0) == "Tesla V100-PCIE-32GB"
+
+
+def test_the_real_adapter_reads_the_gpu_fabric_with_pynvmls_own_structures():
+    """nvmlDeviceGetGpuFabricInfoV fills pynvml's c_nvmlGpuFabricInfoV_t (its health mask); a driver without it
+    falls back to the first version, and a GPU before Hopper (NotSupported) has no fabric to tell of."""
+    def fill(**fields):
+        def call(handle, ref):
+            for name, value in fields.items():
+                setattr(ref._obj, name, value)
+        return call
+
+    def raises(error):
+        def call(*args):
+            raise error()
+        return call
+
+    base = dict(NVMLError=pynvml.NVMLError, NVMLError_GpuIsLost=pynvml.NVMLError_GpuIsLost,
+                NVMLError_FunctionNotFound=pynvml.NVMLError_FunctionNotFound,
+                NVMLError_NotSupported=pynvml.NVMLError_NotSupported, nvmlDeviceGetHandleByIndex=lambda i: i,
+                c_nvmlGpuFabricInfoV_t=pynvml.c_nvmlGpuFabricInfoV_t,
+                c_nvmlGpuFabricInfo_t=pynvml.c_nvmlGpuFabricInfo_t)
+    cases = [(dict(nvmlDeviceGetGpuFabricInfoV=fill(state=3, status=0, cliqueId=5, healthMask=0x11)), [3, 0, 5, 0x11]),
+             (dict(nvmlDeviceGetGpuFabricInfoV=raises(pynvml.NVMLError_FunctionNotFound),
+                   nvmlDeviceGetGpuFabricInfo=fill(state=2, status=0, cliqueId=0)), [2, 0, 0, None])]
+    for calls, answer in cases:
+        adapter = gpus.Nvml.__new__(gpus.Nvml)
+        adapter.nv, adapter.handles = types.SimpleNamespace(**base, **calls), {}
+        assert adapter.fabric(0) == answer
+    adapter.nv = types.SimpleNamespace(**base, nvmlDeviceGetGpuFabricInfoV=raises(pynvml.NVMLError_NotSupported),
+                                       nvmlDeviceGetGpuFabricInfo=raises(pynvml.NVMLError_NotSupported))
+    with pytest.raises(gpus.NvmlUnsupported):
+        adapter.fabric(0)
+    adapter.nv = types.SimpleNamespace(**base, nvmlDeviceGetGpuFabricInfoV=raises(pynvml.NVMLError_GpuIsLost))
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        adapter.fabric(0)
+    facts = gpu_facts("fabric-degraded.json")
+    assert facts["devices"][3]["fabric"] == {"state": "completed", "status": 0, "clique": 0,
+                                             "health": ["degraded_bandwidth"]}
 
 
 def test_the_recorder_writes_what_the_fake_replays():
@@ -380,7 +418,7 @@ def test_nvlink_down(tmp_path):
 def test_a_lost_gpu_fails(tmp_path):
     [result] = health(tmp_path, "gpu-lost.json")
     assert result.status == Status.FAIL and result.evidence["gpu"] == 5 and "GpuIsLost" in result.message
-    assert result.message.startswith("GPU 5: NVML could not read") and "and 20 more" in result.message
+    assert result.message.startswith("GPU 5: NVML could not read") and "and 21 more" in result.message
     [count] = run("GPU001", plan(tmp_path, nodes=("n01",)), {"n01": node("gpu-lost.json")})
     assert count.status == Status.FAIL and "7 GPU(s) usable" in count.message and "GPU 5 not answering" in count.message
 
@@ -436,7 +474,7 @@ def test_check_reports_gpu_findings(tmp_path, capsys, monkeypatch):
     code, doc, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU", "--json")
     assert code == 0 and {r["id"]: r["status"] for r in doc["results"]} == {
         "GPU001": "pass", "GPU002": "skip", "GPU003": "pass", "GPU004": "pass", "GPU005": "pass", "GPU006": "pass",
-        "GPU007": "skip", "GPU008": "pass"}
+        "GPU007": "skip", "GPU008": "pass", "GPU009": "pass"}
     monkeypatch.setattr(gpus, "Nvml", fake("busy.json"))
     code, doc, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU004", "--json")
     assert code == 1 and doc["verdict"] == "fail" and "pid 48214" in doc["results"][1]["message"]

@@ -96,7 +96,7 @@ def test_nodes_without_a_pcie_tree_of_gpus_skip_the_path_checks_with_the_reason(
     for check_id in NEW_CHECKS[1:]:
         results = run_on(check_id, states, tmp_path)
         assert {r.status for r in results} == {Status.SKIP}, check_id
-        assert "GPU" in results[0].message and "HCA" in results[0].message, results[0].message
+        assert "no NVIDIA GPU" in results[0].message, results[0].message
 
 
 def test_facts_from_an_older_collector_skip_the_path_checks(tmp_path):
@@ -269,3 +269,43 @@ def test_hostile_pci_facts_never_make_a_path_check_raise(tmp_path):
                             defects.append((path, value, check_id, r.message))
     assert not defects, defects[:5]
     assert judged  # some hostile values pass the shapes and are judged, not only refused
+
+
+# --- GPU peer-to-peer over PCIe, on a node without an HCA NCCL may use -----------------------------------------
+
+NO_HCA = {"NCCL_IB_DISABLE": "1"}  # NCCL uses no HCA: the GPUs' own paths remain
+# hgx-node with a second GPU (19:00.0) where mlx5_0 sits: two GPUs under one PCIe switch (ports 17:00.0, 17:01.0)
+SWITCH = "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:19:00.0/"
+TWO_GPUS = {SWITCH + "vendor": "0x10de\n", SWITCH + "class": "0x030200\n", SWITCH + "device": "0x2331\n",
+            **{path: None for path in [*HGX["files"], *HGX["links"]] if path.startswith("sys/class/infiniband/mlx5_0/")}}
+
+
+def test_acs_redirecting_above_a_gpu_of_a_pcie_server_is_named_for_gpu_peer_to_peer(tmp_path):
+    states = recorded_nodes(tmp_path, "hgx-node", {"n01": TWO_GPUS, "n02": {**TWO_GPUS, GPU_PORT: acs_config(0x1D)}},
+                            env=NO_HCA, nvml="pcie-x8.json")
+    results = run_on("RDMA008", states, tmp_path)
+    assert statuses_by_nodes(results) == {(("n01",), Status.PASS), (("n02",), Status.WARN)}, results
+    warned = next(r for r in results if r.status == Status.WARN)
+    assert "0000:17:00.0 (ACSCtl SrcValid+ TransBlk- ReqRedir+" in warned.message
+    assert "between GPU 0000:18:00.0 - GPU 0000:19:00.0" in warned.message
+    assert "GPU peer-to-peer goes through the root complex" in warned.message and "GPUDirect" not in warned.message
+    passed = next(r for r in results if r.status == Status.PASS)
+    assert "between the GPUs that reach each other over PCIe" in passed.message
+
+
+def test_the_iommu_translating_a_pcie_servers_gpus_is_named_without_an_hca(tmp_path):
+    translated = dict({g: "DMA-FQ\n" for g in GROUPS}, **{"proc/cmdline": "BOOT_IMAGE=/boot/vmlinuz ro intel_iommu=on\n"})
+    states = recorded_nodes(tmp_path, "hgx-node", {"n01": {**TWO_GPUS, **translated}, "n02": TWO_GPUS}, env=NO_HCA,
+                            nvml="pcie-x8.json")
+    assert statuses_by_nodes(run_on("RDMA009", states, tmp_path)) == {(("n01",), Status.WARN),
+                                                                     (("n02",), Status.PASS)}
+
+
+@pytest.mark.parametrize("nvml", ["h100x8.json", "pcie-x8.json"])
+def test_gpus_on_nvlink_or_under_different_root_ports_without_an_hca_have_no_pcie_path_to_judge(tmp_path, nvml):
+    """NVLink carries the peer-to-peer traffic; GPUs under different root ports meet in the root complex."""
+    states = recorded_nodes(tmp_path, "hgx-node", {"n02": {GPU_PORT: acs_config(0x1D)}}, env=NO_HCA, nvml=nvml)
+    for check_id in ("RDMA008", "RDMA009", "RDMA010"):
+        results = run_on(check_id, states, tmp_path)
+        assert {r.status for r in results} == {Status.SKIP}, (check_id, results)
+    assert "no GPUs that reach each other over PCIe" in run_on("RDMA008", states, tmp_path)[0].message
