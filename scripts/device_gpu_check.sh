@@ -4,7 +4,9 @@
 #  2. the real adapter (gpus.Nvml) inside the recorder of tests/nvml_fake.py: every answer it gave
 #     is written to tests/fixtures/nvml/recorded-<model>.json, which the tests' fake adapter replays;
 #  3. where preflight is installed with its test extra, tests/checks/test_gpu.py (its first test then takes
-#     the real path, and every recording is replayed).
+#     the real path, and every recording is replayed);
+#  4. where torch sees two GPUs or more, peer-to-peer between every pair (scripts/p2p_probe.py: a verified copy
+#     each way, bounded in time), written to p2p.json.
 # It needs python3 with nvidia-ml-py: the environment's own, or pynvml.py alone carried from .venv, as in
 #   run(command="scripts/device_gpu_check.sh", timeout_s=300,
 #       carry=[".venv/lib/python3.11/site-packages/pynvml.py"])
@@ -74,6 +76,11 @@ if "$PY" -c "import pytest, yaml; from preflight import registry; assert 'GPU001
     "$PY" -m pytest -q -p no:cacheprovider tests/checks/test_gpu.py 2>&1 | tee "$WORK/pytest.log" || status=$?
 else
     echo "tests not run: $PY lacks pytest, pyyaml or preflight installed (pip install -e '.[test]')"
+fi
+echo "== 4. GPU peer-to-peer, every pair (scripts/p2p_probe.py)"
+if [ -z "${NVML_FAKE:-}" ]; then
+    timeout 150 "$PY" scripts/p2p_probe.py --timeout 120 >"$WORK/p2p.json" || echo "p2p_probe: exit $? (1: a pair failed or hung, 2: nothing to probe)"
+    head -c 4000 "$WORK/p2p.json"
 fi
 if [ -n "${OUT:-}" ]; then
     cp "$WORK"/*.json "$WORK"/*.log "$OUT"/ 2>/dev/null || true

@@ -528,3 +528,15 @@ def test_xid_unreadable_kernel_log_skips_with_the_reason(tmp_path):
 def test_the_real_kernel_log_is_read_without_blocking():
     xid = fabric.xid_events("/")
     assert xid["readable"] is True or "kmsg" in xid["reason"]
+
+
+def test_the_device_machines_p2p_probe_says_when_there_is_no_pair_to_probe():
+    """scripts/p2p_probe.py copies between every GPU pair on a lent GPU machine; here torch has no CUDA."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "p2p_probe.py"
+    proc = subprocess.run([sys.executable, str(script), "--timeout", "5"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and json.loads(proc.stdout) == {"probed": False,
+                                                                "reason": "0 CUDA GPU(s) here: no pair to probe"}
