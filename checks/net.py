@@ -802,13 +802,16 @@ def routes_between_nodes(ctx) -> Iterator[Finding]:
         # Another way out is a failure where it loses the peer; where the peer still answers over it (two
         # rails, a routed second network) the job may run, so it is said, not refused.
         lost = [p for p, r in zip(peers, results) if datapath.lost(r)]
+        captured = next((r.get("route") for r in results if r.get("route") and r.get("route") != "default"), None)
+        fix = (f"on {node}: delete the route that captures it (ip route del {captured}), or take "
+               f"{captured.rsplit(' dev ', 1)[-1]} off the training subnet" if captured and not captured.startswith(
+                   "default") else f"on {node}: `ip route get {address}` shows the route that captures it; delete "
+               "it (ip route del ...) or take that interface off the training subnet")
         yield Finding(Status.FAIL if lost else Status.WARN, "; ".join(text for _, text in items) + ": the traffic to "
                       f"{'it' if len(peers) == 1 else 'them'} leaves where the peer{'s are' if len(peers) > 1 else ' is'} "
                       "not" + ("" if lost else f", and {'it answers' if len(peers) == 1 else 'they answer'} there: "
                                "NCCL and gloo connect over it too"),
-                      f"on {node}: `ip route get {address}` shows the route that captures it; delete it "
-                      "(ip route del ...) or take that interface off the training subnet", nodes=(node,),
-                      evidence={"peers": peers, "unreachable": lost})
+                      fix, nodes=(node,), evidence={"peers": peers, "unreachable": lost, "route": captured})
     fine = sorted(n for n in probe.get("peers", {}) if n not in by_node)
     if fine:
         yield Finding(Status.PASS, "reaches every other node over the same interface", nodes=tuple(fine))

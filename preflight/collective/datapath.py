@@ -52,8 +52,9 @@ def route_anomalies(probe: Mapping, facts: Mapping) -> Dict[Pair, str]:
             if result.get("route_error"):
                 found[(node, peer)] = f"has no route to {where}: {result['route_error']}"
             elif device and usual and device != usual:
-                found[(node, peer)] = (f"routes to {where} over {device}, not over {usual} as to its other peers"
-                                       + (" and the head" if route.get("interface") == usual else ""))
+                captured = f" (the route {result['route']})" if result.get("route") else ""
+                found[(node, peer)] = (f"routes to {where} over {device}{captured}, not over {usual} as to its other "
+                                       "peers" + (" and the head" if route.get("interface") == usual else ""))
             elif device and own and own != "lo" and device != own:  # an address on lo (unnumbered) is no capture
                 found[(node, peer)] = f"routes to {where} over {device}, from {source}, an address of {own}"
     return found

@@ -39,7 +39,7 @@ def port_range():
 
 
 def routes():
-    """The IPv4 main table from /proc/net/route: (destination, mask, metric, device), as integers."""
+    """The IPv4 main table from /proc/net/route: (destination, mask, metric, device, gateway), as integers."""
     table = []
     try:
         with open("/proc/net/route") as handle:
@@ -50,23 +50,30 @@ def routes():
         fields = line.split()
         if len(fields) < 8 or not int(fields[3], 16) & 0x1:  # RTF_UP
             continue
-        table.append((socket.ntohl(int(fields[1], 16)), socket.ntohl(int(fields[7], 16)), int(fields[6]), fields[0]))
+        table.append((socket.ntohl(int(fields[1], 16)), socket.ntohl(int(fields[7], 16)), int(fields[6]), fields[0],
+                      socket.ntohl(int(fields[2], 16))))
     return table
 
 
-def route_device(address, table):
-    """The device of the most specific route to an IPv4 address (the lowest metric among equals), or None."""
+def route_to(address, table):
+    """(device, the route as `ip route` writes it) of the most specific route to an IPv4 address (the lowest
+    metric among equals), or (None, None)."""
     try:
         target = struct.unpack("!I", socket.inet_aton(address))[0]
     except (OSError, TypeError):
-        return None
+        return None, None
     best = None
-    for dest, mask, metric, device in table:
+    for dest, mask, metric, device, gateway in table:
         if target & mask == dest:
             key = (bin(mask).count("1"), -metric)
             if best is None or key > best[0]:
-                best = (key, device)
-    return best[1] if best else None
+                best = (key, dest, mask, device, gateway)
+    if best is None:
+        return None, None
+    _, dest, mask, device, gateway = best
+    where = "default" if not mask else "%s/%d" % (socket.inet_ntoa(struct.pack("!I", dest)), bin(mask).count("1"))
+    via = " via %s" % socket.inet_ntoa(struct.pack("!I", gateway)) if gateway else ""
+    return device, "%s%s dev %s" % (where, via, device)
 
 
 def in_threads(func, items, most, lock):
@@ -350,7 +357,7 @@ def _route(peer, table):
             sock.close()
     except OSError as exc:
         found["route_error"] = exc.strerror or str(exc)
-    found["device"] = route_device(address, table)
+    found["device"], found["route"] = route_to(address, table)
     return found
 
 

@@ -281,7 +281,7 @@ SECTIONS = {
 
 # The data-path probe's answers (preflight.node.paths): the responder's ports, then each peer as probed.
 PATHS_OPEN = Obj(open=Need(bool), tcp_port=int, udp_port=int, port_range=Either(NONE, Each(int, length=2)), error=TEXT)
-PATH_PEER = Obj(address=TEXT, source=TEXT, route_error=TEXT, device=TEXT, names=Keyed(RESOLVED),
+PATH_PEER = Obj(address=TEXT, source=TEXT, route_error=TEXT, device=TEXT, route=TEXT, names=Keyed(RESOLVED),
                 tcp=Obj(ok=Need(bool), error=TEXT, seconds=NUMBER),
                 mtu=Obj(size=Need(int), ok=Need(bool), carried=COUNT, refused=bool, lossy=bool, error=TEXT), error=TEXT)
 PATHS_PROBE = Obj(paths=Need(Keyed(PATH_PEER)))

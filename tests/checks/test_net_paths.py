@@ -103,7 +103,12 @@ def test_a_captured_route_fails_the_node_that_has_it_and_no_probe_blames_its_pee
     assert statuses(routes) == {(Status.FAIL, ("n02",)), (Status.PASS, ("n01", "n03"))}
     fail = next(r for r in routes if r.status == Status.FAIL)
     assert "routes to n03 (10.0.0.3) over cap0, not over eth0" in fail.message
-    assert "ip route get 10.0.0.3" in fail.remediation
+    assert "ip route get 10.0.0.3" in fail.remediation  # a node that did not say which route: ip route get tells
+    p = probe({("n02", "n03"): dict(lost, route="10.0.0.3/32 dev cap0"), ("n03", "n02"): back})
+    fail = next(r for r in run("NET010", facts(), p) if r.status == Status.FAIL)
+    assert "over cap0 (the route 10.0.0.3/32 dev cap0), not over eth0" in fail.message
+    assert fail.remediation == ("on n02: delete the route that captures it (ip route del 10.0.0.3/32 dev cap0), or "
+                                "take cap0 off the training subnet")
     for check_id in ("NET008", "NET009"):
         assert not any(r.status in (Status.FAIL, Status.WARN) for r in run(check_id, facts(), p)), check_id
 
@@ -266,11 +271,13 @@ def test_a_path_that_drops_every_datagram_is_not_called_an_mtu(monkeypatch):
     assert found["ok"] is False and found["carried"] is None and "no datagram came back" in found["error"]
 
 
-def test_the_most_specific_route_wins():
-    table = [(0, 0, 0, "eth0"), (0x0A4D0000, 0xFFFFFF00, 0, "eth0"), (0x0A4D000D, 0xFFFFFFFF, 0, "cap0")]
-    assert paths.route_device("10.77.0.13", table) == "cap0"
-    assert paths.route_device("10.77.0.12", table) == "eth0"
-    assert paths.route_device("not an address", table) is None
+def test_the_most_specific_route_wins_and_is_named_as_ip_route_writes_it():
+    table = [(0, 0, 0, "eth0", 0x0A4D0001), (0x0A4D0000, 0xFFFFFF00, 0, "eth0", 0),
+             (0x0A4D000D, 0xFFFFFFFF, 0, "cap0", 0)]
+    assert paths.route_to("10.77.0.13", table) == ("cap0", "10.77.0.13/32 dev cap0")
+    assert paths.route_to("10.77.0.12", table) == ("eth0", "10.77.0.0/24 dev eth0")
+    assert paths.route_to("192.168.1.1", table) == ("eth0", "default via 10.77.0.1 dev eth0")
+    assert paths.route_to("not an address", table) == (None, None)
 
 
 # --- the real test cluster --------------------------------------------------------------------------------
@@ -327,6 +334,10 @@ def test_a_second_interface_with_a_more_specific_route_is_named_on_its_node(clus
         doc, _ = check(cluster, "--only", PATH_CHECKS, "--timeout", "5")
     found = _by_id(doc)
     assert ("fail", ("node02",)) in found["NET010"] and len([s for s, _ in found["NET010"] if s == "fail"]) == 1
+    failed = next(r for r in doc["results"] if r["id"] == "NET010" and r["status"] == "fail")
+    target = cluster.ip("node03")
+    assert f"(the route {target}/32 dev cap0)" in failed["message"], failed["message"]
+    assert f"ip route del {target}/32 dev cap0" in failed["remediation"]
     for check_id in ("NET008", "NET009", "NET011"):
         assert not any(s in ("fail", "warn") for s, _ in found[check_id]), (check_id, found[check_id])
 
