@@ -487,12 +487,18 @@ def _paths_said(paths) -> str:
 def _pcie_peers(ctx, gpus: Dict[str, dict]) -> List[Tuple[str, str]]:
     """The pairs of GPUs whose peer-to-peer traffic turns in a PCIe switch they share (where ACS can send it up
     to the root complex instead): both without an active NVLink, as NVML reports them (NVSwitch or bridge GPUs
-    talk over NVLink); none where NVML did not answer. GPUs under different root ports meet in the root complex
-    whatever ACS says."""
-    nvml = gpus_of(ctx.fact) or {}
-    links = {str(d.get("pci_bus_id") or "").lower()[-12:]: d.get("nvlink_active") for d in nvml.get("devices") or []}
-    pcie = sorted(bdf for bdf in gpus if bdf in links and not any(links[bdf] or []))
-    return [(a, b) for i, a in enumerate(pcie) for b in pcie[i + 1:] if _shared(gpus[a], gpus[b])]
+    talk over NVLink), and peer-to-peer read and write allowed by the driver where NVML says
+    (nvmlDeviceGetP2PStatus: else CUDA and NCCL copy through host memory); none where NVML did not answer. GPUs
+    under different root ports meet in the root complex whatever ACS says."""
+    nvml = {str(d.get("pci_bus_id") or "").lower()[-12:]: d for d in (gpus_of(ctx.fact) or {}).get("devices") or []}
+    pcie = sorted(bdf for bdf in gpus if bdf in nvml and not any(nvml[bdf].get("nvlink_active") or []))
+
+    def peer_to_peer(a, b) -> bool:  # NVML's word where it gave one: the driver lets them read and write each other
+        status = (nvml[a].get("p2p") or {}).get(str(nvml[b].get("index")))
+        return not isinstance(status, dict) or (status.get("read"), status.get("write")) == ("ok", "ok")
+
+    return [(a, b) for i, a in enumerate(pcie) for b in pcie[i + 1:]
+            if _shared(gpus[a], gpus[b]) and peer_to_peer(a, b)]
 
 
 def _gpu_paths(ctx, gpus, hcas) -> Tuple[List[Tuple[str, dict, str, dict]], Optional[Finding]]:

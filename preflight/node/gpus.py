@@ -152,6 +152,14 @@ class Nvml(object):
             raise NvmlUnsupported("nvmlDeviceGetGpuFabricInfo")
         return [int(info.state), int(info.status), int(info.cliqueId), None]
 
+    def p2p(self, index, other):
+        """Peer-to-peer from this GPU to GPU `other` (its NVML index, as text), as NVML reports it
+        (nvmlDeviceGetP2PStatus): {"read", "write", "nvlink": an NVML_P2P_STATUS_* number}."""
+        peer = self._handle(int(other))
+        # NVML_P2P_CAPS_INDEX_READ, _WRITE, _NVLINK: 0, 1, 2 (pynvml writes the first as a one-item tuple)
+        return {which: int(self._call("nvmlDeviceGetP2PStatus", self._handle(index), peer, caps))
+                for which, caps in (("read", 0), ("write", 1), ("nvlink", 2))}
+
     def clock_event_reasons(self, index):
         """The bit mask of why the clocks are below their maximum (idle, power cap, thermal, ...)."""
         return int(self._call(("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
@@ -159,6 +167,9 @@ class Nvml(object):
 
 
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+MAX_P2P_PEERS = 16  # GPUs per node whose pairs are asked (3 calls a pair): 16 makes 720 calls, a few ms
+P2P_STATUS = {0: "ok", 1: "chipset_not_supported", 2: "gpu_not_supported", 3: "ioh_topology_not_supported",
+              4: "disabled_by_regkey", 5: "not_supported", 6: "unknown"}  # NVML_P2P_STATUS_*
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}  # NVML_GPU_FABRIC_STATE_*
 # The health mask's fields (NVML_GPU_FABRIC_HEALTH_MASK_*): (shift, what a value of 1, "TRUE", means)
 FABRIC_HEALTH = ((0, "degraded_bandwidth"), (2, "route_recovery"), (4, "route_unhealthy"),
@@ -189,12 +200,12 @@ def facts(nvml=None):
         cuda = nvml.cuda_driver_version()
         return {"available": True, "driver_version": nvml.driver_version(),
                 "cuda_driver_version": "%d.%d" % (cuda // 1000, cuda % 1000 // 10),
-                "count": nvml.count(), "devices": [_gpu(nvml, index) for index in range(nvml.count())]}
+                "count": nvml.count(), "devices": [_gpu(nvml, index, nvml.count()) for index in range(nvml.count())]}
     finally:
         nvml.close()
 
 
-def _gpu(nvml, index):
+def _gpu(nvml, index, count=0):
     errors = {}
 
     def ask(method, *args):
@@ -214,6 +225,13 @@ def _gpu(nvml, index):
             processes.setdefault(pid, {"pid": pid, "used_memory_bytes": used})
     reasons = ask("clock_event_reasons")
     fabric = ask("fabric")
+    peers = {}
+    for other in (str(i) for i in range(min(count, MAX_P2P_PEERS)) if i != index):
+        try:
+            found = nvml.p2p(index, other)
+        except Exception:  # unsupported, or the peer's own failure (a lost GPU), which its own calls report
+            continue
+        peers[other] = {which: P2P_STATUS.get(status, str(status)) for which, status in found.items()}
     gpu = {
         "index": index, "name": ask("name"), "uuid": ask("uuid"), "pci_bus_id": ask("pci_bus_id"),
         "memory_total_bytes": memory[0], "memory_used_bytes": memory[1],
@@ -235,6 +253,7 @@ def _gpu(nvml, index):
         "fabric": None if fabric is None else {
             "state": FABRIC_STATES.get(fabric[0], str(fabric[0])), "status": fabric[1], "clique": fabric[2],
             "health": None if fabric[3] is None else [n for shift, n in FABRIC_HEALTH if fabric[3] >> shift & 3 == 1]},
+        "p2p": peers or None,
     }
     if errors:
         gpu["errors"] = errors

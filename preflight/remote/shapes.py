@@ -213,7 +213,8 @@ GPU = Obj(
     mig_pending=(bool, NONE), compute_mode=TEXT, processes=Each(Obj(pid=int, used_memory_bytes=COUNT)),
     pcie_generation=COUNT, pcie_max_generation=COUNT, pcie_width=COUNT, pcie_max_width=COUNT,
     nvlink_active=Either(NONE, Each(bool)), clock_event_reasons=Either(NONE, Each(str)), errors=Keyed(str),
-    fabric=Either(NONE, Obj(state=Need(str), status=Need(int), clique=COUNT, health=Either(NONE, Each(str)))))
+    fabric=Either(NONE, Obj(state=Need(str), status=Need(int), clique=COUNT, health=Either(NONE, Each(str)))),
+    p2p=Either(NONE, Keyed(Obj(read=TEXT, write=TEXT, nvlink=TEXT))))
 # A GID table entry: preflight.node.fabric writes index and gid for every entry it keeps (it skips the empty
 # ones), and NCCL_IB_GID_INDEX is looked up by index: an entry without them is not one of the collector's.
 GID = Obj(index=Need(int), gid=Need(str), type=TEXT, ndev=TEXT)

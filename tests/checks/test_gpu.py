@@ -540,3 +540,32 @@ def test_the_device_machines_p2p_probe_says_when_there_is_no_pair_to_probe():
     proc = subprocess.run([sys.executable, str(script), "--timeout", "5"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and json.loads(proc.stdout) == {"probed": False,
                                                                 "reason": "0 CUDA GPU(s) here: no pair to probe"}
+
+
+def test_peer_to_peer_status_per_pair_as_nvml_reports_it():
+    """nvmlDeviceGetP2PStatus for read, write and NVLink (caps indexes 0, 1, 2), each other GPU by its index; a
+    pair NVML cannot answer for (a lost peer) is left out, never this GPU's own error."""
+    calls = []
+
+    def status(a, b, caps):
+        calls.append((a, b, caps))
+        if b == "handle2":
+            raise pynvml.NVMLError_GpuIsLost()
+        return {0: 0, 1: 0, 2: 5}[caps]
+
+    adapter = gpus.Nvml.__new__(gpus.Nvml)
+    adapter.nv = types.SimpleNamespace(NVMLError_FunctionNotFound=pynvml.NVMLError_FunctionNotFound,
+                                       NVMLError_NotSupported=pynvml.NVMLError_NotSupported,
+                                       nvmlDeviceGetHandleByIndex=lambda i: "handle%d" % i,
+                                       nvmlDeviceGetP2PStatus=status)
+    adapter.handles = {}
+    assert adapter.p2p(0, "1") == {"read": 0, "write": 0, "nvlink": 5}
+    assert calls == [("handle0", "handle1", 0), ("handle0", "handle1", 1), ("handle0", "handle1", 2)]
+    v100 = gpu_facts("v100.json")["devices"][0]
+    assert v100["p2p"] == {"1": {"read": "ok", "write": "ok", "nvlink": "not_supported"},
+                           "2": {"read": "ioh_topology_not_supported", "write": "ioh_topology_not_supported",
+                                 "nvlink": "not_supported"},
+                           "3": {"read": "ioh_topology_not_supported", "write": "ioh_topology_not_supported",
+                                 "nvlink": "not_supported"}}
+    lost = gpu_facts("gpu-lost.json")
+    assert "errors" not in lost["devices"][4] and lost["devices"][5]["p2p"] is None

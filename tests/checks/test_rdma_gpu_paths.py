@@ -309,3 +309,15 @@ def test_gpus_on_nvlink_or_under_different_root_ports_without_an_hca_have_no_pci
         results = run_on(check_id, states, tmp_path)
         assert {r.status for r in results} == {Status.SKIP}, (check_id, results)
     assert "no GPUs that reach each other over PCIe" in run_on("RDMA008", states, tmp_path)[0].message
+
+
+def test_a_pair_whose_peer_to_peer_the_driver_disables_is_not_judged_for_acs(tmp_path):
+    """NVML says the driver does not let GPUs 0 and 1 read each other (a registry key): CUDA and NCCL copy
+    through host memory, so ACS on their switch moves none of their traffic."""
+    states = recorded_nodes(tmp_path, "hgx-node", {"n01": {**TWO_GPUS, GPU_PORT: acs_config(0x1D)}}, env=NO_HCA,
+                            nvml="pcie-x8.json")
+    for index, other in ((0, "1"), (1, "0")):
+        states["n01"]["facts"]["gpus"]["devices"][index]["p2p"][other] = {
+            "read": "disabled_by_regkey", "write": "disabled_by_regkey", "nvlink": "not_supported"}
+    [result] = run_on("RDMA008", {"n01": states["n01"]}, tmp_path)
+    assert result.status is Status.SKIP and "no GPUs that reach each other over PCIe" in result.message, result
