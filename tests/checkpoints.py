@@ -3,11 +3,16 @@
 saved by two ranks, one of ZeRO-1 with SGD (zero1-sgd/) and a two-stage pipeline's (pipe/), in one run; `load_each(folder, cases, nproc)` runs
 DeepSpeed's own load_checkpoint for each (checkpoint, config) on a world of its own and returns what it said
 (`load_pipeline` for the pipeline's); `save_states` and `load_states` do the same for accelerate's save_state
-and DCP, `trainer_resumes` for the Trainer."""
+and DCP, `trainer_resumes` for the Trainer. Each save runs once per test run; later callers get a copy.
+"""
+import atexit
 import os
+import pathlib
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -91,8 +96,24 @@ def torchrun(folder, script, nproc, *args, env=None):
 
 def save_all(folder):
     pytest.importorskip("deepspeed")
-    code, out = torchrun(folder, SAVE, 2, folder)
+    return _saved_once("save_all", folder, lambda: torchrun(folder, SAVE, 2, folder))
+
+
+# What a save made in this test run, kept for the next module that asks: each gets a copy of its own in its
+# folder (it may cut or remove files), and the libraries save once per run, not once per module (about 40 s each).
+_SAVED = {}
+
+
+def _saved_once(kind, folder, save):
+    if kind in _SAVED:
+        shutil.copytree(_SAVED[kind], folder, dirs_exist_ok=True, symlinks=True)
+        return folder
+    code, out = save()
     assert code == 0, out[-3000:]
+    kept = pathlib.Path(tempfile.mkdtemp(prefix=f"pf-{kind}-"))
+    shutil.copytree(folder, kept, dirs_exist_ok=True, symlinks=True)
+    atexit.register(shutil.rmtree, kept, True)
+    _SAVED[kind] = kept
     return folder
 
 
@@ -184,12 +205,16 @@ def save_states(folder):
     """accelerate's save_state (checkpoints/checkpoint_0 and _1) and a DCP folder, by two ranks; a Trainer's output
     folder (checkpoint-1 to 3), by one process."""
     pytest.importorskip("accelerate")
-    code, out = torchrun(folder, SAVE_STATES, 2, folder)
-    assert code == 0, out[-3000:]
-    proc = subprocess.run([sys.executable, "-c", TRAINER, str(folder / "trainer"), "[]"], capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return folder
+
+    def save():
+        code, out = torchrun(folder, SAVE_STATES, 2, folder)
+        if code != 0:
+            return code, out
+        proc = subprocess.run([sys.executable, "-c", TRAINER, str(folder / "trainer"), "[]"], capture_output=True,
+                              text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        return proc.returncode, proc.stderr
+
+    return _saved_once("save_states", folder, save)
 
 
 LOAD_STATES = textwrap.dedent("""

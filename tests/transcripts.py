@@ -1,8 +1,8 @@
 """The transcripts the docs show (docs/transcripts/NAME.txt: `$ preflight ...`, then what it printed) are what
 preflight prints today: the tests that own a transcript run its command again and hand the output to `held`,
 which fails when it differs from the file. Only what a run measures may differ (MEASURED). With
-PREFLIGHT_WRITE_TRANSCRIPTS=1 `held` writes the file from the run instead (then `python scripts/make_docs.py
---write` puts it in the pages)."""
+PREFLIGHT_WRITE_TRANSCRIPTS=1 `held` writes the file from the run where it differs (then `python
+scripts/make_docs.py --write` puts it in the pages)."""
 import difflib
 import os
 import pathlib
@@ -91,9 +91,10 @@ def held(name: str, said: str, varies=(), write: bool = WRITE) -> None:
     """said (the command line, then what the run printed) is the transcript, but for what a run measures and
     what `varies` ((pattern, shown) pairs: process IDs, ages) says differs from one run to the next."""
     path = TRANSCRIPTS / f"{name}.txt"
-    if write:
-        path.write_text(said)
     now, then = measured(said, varies), measured(path.read_text(), varies)
+    if write and now != then:  # only what changed: a rerun that measured other durations leaves the docs alone
+        path.write_text(said)
+        then = now
     assert now == then, "".join(difflib.unified_diff(then.splitlines(True), now.splitlines(True), f"{name}.txt",
                                                      "this run"))
 
