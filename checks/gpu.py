@@ -559,6 +559,9 @@ def nvswitch_fabric(ctx) -> Iterator[Finding]:
         return
     tail = f", Fabric Manager {version}" if version else ""
     tail += " running" if running else ""
+    if running is None and not states:  # nothing NVML says either: said as not known, not as fine
+        tail += ("; whether nv-fabricmanager runs is not known here (" + ("a container sees only its own processes"
+                 if in_container else "this user does not see other users' processes") + ")")
     shown = f"{indices(states)} registered with the NVSwitch fabric (NVML: completed)" if states else \
         f"{len(switches)} NVSwitches"
     yield passed(f"{shown}{tail}" + (", as the driver" if version and version == driver else ""), **evidence)

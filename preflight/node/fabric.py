@@ -273,15 +273,14 @@ def xid_events(root):
 
 def fabric_manager(root):
     """Fabric Manager, on a node with NVSwitches: whether nv-fabricmanager runs (its /proc/PID/comm, cut to 15
-    characters) and the version of its package (dpkg's status: Debian, Ubuntu, DGX OS; None elsewhere)."""
-    running = None
+    characters; None where this user does not see other users' processes: /proc mounted with hidepid) and the
+    version of its package (dpkg's status: Debian, Ubuntu, DGX OS; None elsewhere)."""
     proc = os.path.join(root, "proc")
-    for pid in _sys_list(proc):
-        if pid.isdigit():
-            running = bool(running)
-            if (_sys_text(os.path.join(proc, pid, "comm")) or "").startswith("nv-fabricmanag"):
-                running = True
-                break
+    running = False if _sys_text(os.path.join(proc, "1", "comm")) else None  # PID 1 hidden: nobody else seen
+    for pid in _sys_list(proc) if running is not None else ():
+        if pid.isdigit() and (_sys_text(os.path.join(proc, pid, "comm")) or "").startswith("nv-fabricmanag"):
+            running = True
+            break
     version = package = None
     try:
         with open(os.path.join(root, DPKG_STATUS), "rb") as handle:
