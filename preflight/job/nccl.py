@@ -100,14 +100,11 @@ def nccl_interfaces(facts: Mapping[str, Any]) -> Tuple[List[Tuple[str, str]], st
     release = nccl_version(facts)
     recent = release is None or tuple(release[:3]) >= RUNNING_ONLY_SINCE
     family = {"AF_INET": 4, "AF_INET6": 6}.get(env.get("NCCL_SOCKET_FAMILY"))
-    walk = []  # getifaddrs' entries NCCL keeps, in its order
-    for wanted in (4, 6):
-        for name, addresses in interfaces.items():
-            link = links.get(name) if isinstance(links.get(name), dict) else {}
-            if recent and link.get("running") is False or not isinstance(addresses, list):
-                continue
-            walk += [(name, a) for a in addresses if isinstance(a, str) and (":" in a) == (wanted == 6)
-                     and a != "::1" and family in (None, wanted)]
+    every = [(name, a) for wanted in (4, 6) for name, addresses in interfaces.items()  # getifaddrs' order
+             if isinstance(addresses, list) for a in addresses if isinstance(a, str) and (":" in a) == (wanted == 6)]
+    walk = [(name, a) for name, a in every  # the entries ncclOsFindInterfaces keeps
+            if not (recent and (links.get(name) if isinstance(links.get(name), dict) else {}).get("running") is False)
+            and a != "::1" and family in (None, 6 if ":" in a else 4)]
 
     def found(spec):
         exclude, exact, entries = nccl_list(spec)
@@ -124,7 +121,8 @@ def nccl_interfaces(facts: Mapping[str, Any]) -> Tuple[List[Tuple[str, str]], st
     if found(ib):
         return found(ib), f"its default: {said}"
     comm_id = _comm_id_address(env.get("NCCL_COMM_ID"))
-    same = [(n, a) for n, a in walk if comm_id is not None and _in_subnet(links.get(n), a, comm_id)][:1]
+    # ncclFindInterfaceMatchSubnet walks every entry: no carrier or family test there
+    same = [(n, a) for n, a in every if comm_id is not None and _in_subnet(links.get(n), a, comm_id)][:1]
     if same:
         return same, f"its default: the subnet of NCCL_COMM_ID ({comm_id})"
     for spec, said in rest:

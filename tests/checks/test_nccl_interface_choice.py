@@ -172,3 +172,13 @@ def test_a_hostile_node_s_interfaces_never_make_net005_raise(interfaces):
     facts["env"] = {"NCCL_SOCKET_FAMILY": "AF_UNIX", "NCCL_COMM_ID": "[::1"}
     for result in net005(facts):
         assert result.status is not Status.ERROR, result
+
+
+def test_nccl_comm_ids_subnet_match_walks_every_entry_as_ncclfindinterfacematchsubnet_does():
+    """It tests no carrier and no NCCL_SOCKET_FAMILY (src/os/linux.cc): an interface without carrier on the
+    subnet is chosen there, where the default rules would skip it."""
+    interfaces = {"lo": ["127.0.0.1"], "eno1": ["192.168.1.5"], "eth0": ["10.0.0.2"]}
+    links = {"eno1": {"up": True, "running": True, "ipv4": ["192.168.1.5/24"]},
+             "eth0": {"up": True, "running": False, "ipv4": ["10.0.0.2/24"]}}
+    assert picked(node(interfaces, links, env={"NCCL_COMM_ID": "10.0.0.1:29600"}))[0] == ("eth0", "10.0.0.2")
+    assert picked(node(interfaces, links))[0] == ("eno1", "192.168.1.5")
