@@ -488,6 +488,10 @@ def socket_ifname(ctx) -> Iterator[Finding]:
         yield skip("none of NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA is set (and no GPU for NCCL here)")
 
 
+# Interfaces container runtimes and CNI plugins make (NCCL's default sets apart only docker*, lo and virbr*)
+CONTAINER_BRIDGES = ("cni", "flannel", "cali", "cilium", "br-", "veth", "lxc", "podman", "kube", "weave")
+
+
 def _judge_nccl_default(ctx, host: Mapping, links: Optional[Mapping]) -> Finding:
     """NCCL's own choice, NCCL_SOCKET_IFNAME unset: the interface it bootstraps over holds the address every other
     rank connects to, so it must be on the network the nodes reach each other over."""
@@ -516,12 +520,17 @@ def _judge_nccl_default(ctx, host: Mapping, links: Optional[Mapping]) -> Finding
                     "parse", **evidence)
     if ip in network:
         return passed(f"{said}: on {network}, the network this node reaches the head over", **evidence)
-    local = " (a link-local address: it reaches only the hosts on that one link)" if ip.is_link_local else ""
+    if ip.is_link_local:
+        why = "a link-local address: it reaches only the hosts on that one link"
+    elif name.startswith(CONTAINER_BRIDGES):
+        why = "a container network's bridge: each node's is its own, which the other nodes do not reach"
+    else:  # a second network every node may have (IPoIB, a dedicated fabric): NET009 probes it from the others
+        return passed(f"{said}, not {network} (the network to the head): the other ranks connect to {address} "
+                      "(NET009 probes it from the other nodes)", **evidence)
     return Finding(Status.WARN, f"{said}, which is not on {network}, the network this node reaches the head "
-                   f"{_head_target(ctx)} over from {source} on {route_interface}{local}: every other rank connects "
-                   f"to {address}, so every node must reach it", f"set NCCL_SOCKET_IFNAME=={route_interface} on "
-                   f"{ctx.node} (the interface to the head), or check that every node reaches {address}",
-                   evidence=evidence)
+                   f"{_head_target(ctx)} over from {source} on {route_interface} ({why}): every other rank connects "
+                   f"to {address}", f"set NCCL_SOCKET_IFNAME=={route_interface} on {ctx.node} (the interface to the "
+                   "head)", evidence=evidence)
 
 
 def _judge_selection(ctx, var: str, spec: str, nccl: bool, chosen: List[str], interfaces: Mapping,

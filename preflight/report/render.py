@@ -211,18 +211,19 @@ def skip_reason(message: str) -> str:
     """What a skip is counted under: its message up to the first ': ' outside brackets (the statement; what
     follows explains it, and differs from node to node), after the file it is about (`train.slurm:12: `), if it
     begins with one."""
-    depth = 0
+    depth, start = 0, 0
     for i, char in enumerate(message):
         if char in "([":
             depth += 1
         elif char in ")]":
             depth = max(0, depth - 1)
         elif char == ":" and not depth and message[i + 1:i + 2] == " ":
-            place = message[:i]
+            place = message[start:i]
             if " " not in place and ("/" in place or "." in place) and message[i + 2:]:  # a file, not a statement
-                return skip_reason(message[i + 2:])
-            return message[:i]
-    return message
+                start = i + 2
+                continue
+            return place
+    return message[start:]
 
 
 SKIP_REASONS = 5  # on the one line of skips; -v lists every skip

@@ -91,6 +91,7 @@ def test_the_skip_reason_of_a_message_about_a_file_is_its_statement_not_the_file
         "no pod asks for RDMA (no NCCL_IB_HCA)"
     assert render.skip_reason("/ckpt/global_step1: saved without DeepSpeed") == "saved without DeepSpeed"
     assert render.skip_reason("deepspeed: not importable") == "deepspeed"
+    assert render.skip_reason("a.b: " * 20000 + "no x") == "no x"  # a node's path of any length: no recursion
 
 
 def on_a_terminal(args):
