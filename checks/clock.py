@@ -52,7 +52,8 @@ def clock_skew(ctx) -> Iterator[Finding]:
                       nodes=tuple(within), evidence={"offset_s": worst, "bound_s": head_clock["bound_s"]})
 
 
-@check("CLK002", "clock-synchronised", "node", tags=["clock"])
+@check("CLK002", "clock-synchronised", "node", tags=["clock"],
+       reads=["clock.error", "clock.synchronised", "clock.maxerror_s", "clock.esterror_s"])
 def clock_synchronised(ctx) -> Iterator[Finding]:
     """The kernel reports the node's clock as synchronised (adjtimex: not STA_UNSYNC).
 

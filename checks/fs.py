@@ -10,7 +10,8 @@ def gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-@check("FS001", "dev-shm", "node", tags=["filesystem", "nccl", "container"])
+@check("FS001", "dev-shm", "node", tags=["filesystem", "nccl", "container"],
+       reads=["storage.shm"])
 def dev_shm(ctx) -> Iterator[Finding]:
     """/dev/shm is large enough and has the room free: fail under 512 MiB (of size, or free), warn under 1 GiB.
 
@@ -69,7 +70,8 @@ def _folder(ctx, key: str, what: str) -> Iterator[Finding]:
                      free_bytes=entry["free_bytes"])
 
 
-@check("FS002", "checkpoint-dir", "node", tags=["filesystem", "checkpoint"])
+@check("FS002", "checkpoint-dir", "node", tags=["filesystem", "checkpoint"],
+       reads=["storage"])
 def checkpoint_dir(ctx) -> Iterator[Finding]:
     """The checkpoint folder (--checkpoint-dir) exists, is writable and has free space (warn under 10 GiB).
 
@@ -84,7 +86,8 @@ def checkpoint_dir(ctx) -> Iterator[Finding]:
     yield from _folder(ctx, "checkpoint_dir", "the checkpoint folder")
 
 
-@check("FS003", "offload-path", "node", tags=["filesystem", "deepspeed", "offload"])
+@check("FS003", "offload-path", "node", tags=["filesystem", "deepspeed", "offload"],
+       reads=["storage"])
 def offload_path(ctx) -> Iterator[Finding]:
     """The nvme_path of DeepSpeed's parameter and optimizer offload exists, is writable and has free space.
 

@@ -64,7 +64,8 @@ def lost(gpu: dict) -> bool:
 
 # --- checks ------------------------------------------------------------------------------------
 
-@check("GPU001", "gpu-count", "node", tags=["gpu", "nvml"])
+@check("GPU001", "gpu-count", "node", tags=["gpu", "nvml"],
+       reads=["gpus", "env.CUDA_VISIBLE_DEVICES"])
 def gpu_count(ctx) -> Iterator[Finding]:
     """Every node has a GPU for each process the job starts there (num_processes / num_machines), the
     GPUs that gpu_ids and CUDA_VISIBLE_DEVICES name exist, and NVML answers where the job needs GPUs.
@@ -120,15 +121,17 @@ def same_gpus(ctx) -> Iterator[Finding]:
     if len(nodes) < 2:
         yield skip("fewer than two nodes with GPU facts: nothing to compare")
         return
-    described = {}
+    described, said = {}, {}  # said: id(gpus facts) -> their description (the gathering shares identical ones)
     for node in nodes:
         gpus = gpus_of(ctx.facts[node]["facts"])
-        counts = Counter((d.get("name"), d.get("memory_total_bytes")) for d in gpus.get("devices") or [])
-        described[node] = {
-            "GPUs": ", ".join(f"{n} x {name} ({gib(mem)})" if name is not None else f"{n} x unreadable (lost)"
-                              for (name, mem), n in sorted(counts.items(), key=str)),
-            "driver": f"{gpus.get('driver_version')} (CUDA {gpus.get('cuda_driver_version')})",
-        }
+        if id(gpus) not in said:
+            counts = Counter((d.get("name"), d.get("memory_total_bytes")) for d in gpus.get("devices") or [])
+            said[id(gpus)] = {
+                "GPUs": ", ".join(f"{n} x {name} ({gib(mem)})" if name is not None else f"{n} x unreadable (lost)"
+                                  for (name, mem), n in sorted(counts.items(), key=str)),
+                "driver": f"{gpus.get('driver_version')} (CUDA {gpus.get('cuda_driver_version')})",
+            }
+        described[node] = said[id(gpus)]
     agreeing = set(nodes)
     for what, fix in (("GPUs", "run the job on nodes with the same GPUs (a SLURM constraint or partition)"),
                       ("driver", "install the same NVIDIA driver on {node}")):
@@ -159,7 +162,8 @@ def requested_precisions(plan) -> dict:
     return wanted
 
 
-@check("GPU003", "gpu-precision", "node", tags=["gpu", "precision"])
+@check("GPU003", "gpu-precision", "node", tags=["gpu", "precision"],
+       reads=["gpus", "env.CUDA_VISIBLE_DEVICES"])
 def gpu_precision(ctx) -> Iterator[Finding]:
     """The GPUs support the precision the job asks for: bf16 (accelerate's mixed_precision bf16, or the
     DeepSpeed bf16 block) needs compute capability 8.0, fp8 needs 8.9; fp16 below 7.0 is a warning.
@@ -198,7 +202,8 @@ def gpu_precision(ctx) -> Iterator[Finding]:
             yield passed(f"{precision} requested ({source}); lowest compute capability {shown}", precision=precision)
 
 
-@check("GPU004", "gpu-health", "node", tags=["gpu", "nvml", "health"])
+@check("GPU004", "gpu-health", "node", tags=["gpu", "nvml", "health"],
+       reads=["gpus", "env.CUDA_VISIBLE_DEVICES"])
 def gpu_health(ctx) -> Iterator[Finding]:
     """The job's GPUs are healthy and free: no uncorrectable ECC errors, no pending row remapping or page
     retirement, no other process holding their memory, PCIe links at their full width (and generation
@@ -290,7 +295,8 @@ def gpu_health(ctx) -> Iterator[Finding]:
                      "no other processes, PCIe and NVLink at full width", gpus=len(chosen))
 
 
-@check("GPU005", "compute-mode", "node", tags=["gpu", "nvml"])
+@check("GPU005", "compute-mode", "node", tags=["gpu", "nvml"],
+       reads=["gpus", "env.CUDA_VISIBLE_DEVICES"])
 def compute_mode(ctx) -> Iterator[Finding]:
     """The job's GPUs are in a compute mode that lets its processes run: not prohibited, and not
     exclusive-process when the job puts more than one process on a GPU.
@@ -323,7 +329,8 @@ def compute_mode(ctx) -> Iterator[Finding]:
             yield passed(f"{indices(gpus)}: compute mode {mode or 'unknown'}", compute_mode=mode)
 
 
-@check("GPU006", "mig-mode", "node", tags=["gpu", "nvml", "mig"])
+@check("GPU006", "mig-mode", "node", tags=["gpu", "nvml", "mig"],
+       reads=["gpus", "env.CUDA_VISIBLE_DEVICES"])
 def mig_mode(ctx) -> Iterator[Finding]:
     """MIG (multi-instance GPU) mode is off on the job's GPUs, unless CUDA_VISIBLE_DEVICES selects MIG
     instances; no MIG mode change waits for a GPU reset.
@@ -432,7 +439,8 @@ def _pci_key(text) -> Optional[tuple]:
         return None
 
 
-@check("GPU008", "xid-errors", "node", tags=["gpu", "health", "xid"])
+@check("GPU008", "xid-errors", "node", tags=["gpu", "health", "xid"],
+       reads=["fabric", "gpus", "env.CUDA_VISIBLE_DEVICES"])
 def xid_errors(ctx) -> Iterator[Finding]:
     """The job's GPUs logged no Xid error that means a faulty GPU (fallen off the bus, double-bit or
     uncontained ECC, NVLink, GSP errors) since the NVIDIA driver loaded; ECC events to watch are warnings, program errors
@@ -490,7 +498,8 @@ FABRIC_HEALTH_SAID = {"degraded_bandwidth": "its bandwidth is degraded", "route_
                       "access_timeout_recovery": "it recovers from an access timeout"}
 
 
-@check("GPU009", "nvswitch-fabric", "node", tags=["gpu", "nvml", "nvswitch", "fabric"])
+@check("GPU009", "nvswitch-fabric", "node", tags=["gpu", "nvml", "nvswitch", "fabric"],
+       reads=["gpus", "fabric", "host.container", "env.CUDA_VISIBLE_DEVICES"])
 def nvswitch_fabric(ctx) -> Iterator[Finding]:
     """On a node with NVSwitches, every GPU is registered with the NVSwitch fabric, and Fabric Manager runs at
     the driver's own version.
@@ -528,7 +537,10 @@ def nvswitch_fabric(ctx) -> Iterator[Finding]:
         about.append(f"Fabric Manager {version} ({manager.get('package')}) is not the driver's {driver}, which "
                      "makes it refuse to start")
     at = driver or "of the driver's version"
-    fix = f"install nvidia-fabricmanager {at} and start it (systemctl enable --now nvidia-fabricmanager) on {ctx.node}"
+
+    def fix() -> str:  # the node's name only in a finding that says it: a pass holds for every node alike
+        return f"install nvidia-fabricmanager {at} and start it (systemctl enable --now nvidia-fabricmanager) on {ctx.node}"
+
     evidence = {"nvswitches": len(switches), "driver": driver, "fabric_manager": manager or None,
                 "states": {g["index"]: g["fabric"] for g in states}}
     pending = [g for g in states if g["fabric"]["state"] in ("not_started", "in_progress")]
@@ -540,15 +552,15 @@ def nvswitch_fabric(ctx) -> Iterator[Finding]:
             parts.append(f"{indices(failed)}: registration failed (NVML status {failed[0]['fabric']['status']})")
         said = "; ".join(parts)
         yield fail(f"{said}: CUDA stops with 'system not yet initialized' (802) until Fabric Manager registers them"
-                   + (f" ({'; '.join(about)})" if about else ""), fix, **evidence)
+                   + (f" ({'; '.join(about)})" if about else ""), fix(), **evidence)
         return
     if not states and (running is False or about):  # a fabric NVML cannot tell (before Hopper): Fabric Manager's word
         yield fail(f"{len(switches)} NVSwitches and {'; '.join(about)}: CUDA stops with 'system not yet initialized' "
-                   "(802) on this node", fix, **evidence)
+                   "(802) on this node", fix(), **evidence)
         return
     if about:  # registered, so Fabric Manager ran: it is what the next start of it or of the node meets
         yield warn(f"the GPU fabric is registered, but {'; '.join(about)}: at its next start (a reboot, a restart of "
-                   "the service) CUDA stops with 'system not yet initialized' (802)", fix, **evidence)
+                   "the service) CUDA stops with 'system not yet initialized' (802)", fix(), **evidence)
         return
     flagged = {g["index"]: g["fabric"]["health"] for g in states if g["fabric"].get("health")}
     if flagged:

@@ -334,7 +334,8 @@ def _host_room(ctx) -> Optional[int]:
     return (ctx.fact.get("memory") or {}).get("available_bytes")
 
 
-@check("MEM002", "gpu-memory-fit", "node", tags=["memory", "gpu", "nvml"])
+@check("MEM002", "gpu-memory-fit", "node", tags=["memory", "gpu", "nvml"],
+       reads=["gpus", "env.CUDA_VISIBLE_DEVICES", "memory.available_bytes"])
 def gpu_memory_fit(ctx) -> Iterator[Finding]:
     """With --model, the model states per GPU fit the total and the free memory (NVML) of each GPU the job
     uses on the node; memory another process holds counts against it.
@@ -378,7 +379,8 @@ def gpu_memory_fit(ctx) -> Iterator[Finding]:
             yield passed(f"{text}; the tightest GPU ({tightest['index']}) has {gib(room)} free", **facts)
 
 
-@check("MEM003", "host-memory-fit", "node", tags=["memory", "offload"])
+@check("MEM003", "host-memory-fit", "node", tags=["memory", "offload"],
+       reads=["gpus", "env.CUDA_VISIBLE_DEVICES", "memory.available_bytes"])
 def host_memory_fit(ctx) -> Iterator[Finding]:
     """With --model, the node's available memory (MemAvailable) holds what the job needs there: loading the
     model (every rank on the node loads a full copy unless ZeRO-3 builds it partitioned) and the states it
@@ -420,7 +422,8 @@ def host_memory_fit(ctx) -> Iterator[Finding]:
                      "available", **facts)
 
 
-@check("MEM004", "nvme-fit", "node", tags=["memory", "offload", "filesystem"])
+@check("MEM004", "nvme-fit", "node", tags=["memory", "offload", "filesystem"],
+       reads=["gpus", "env.CUDA_VISIBLE_DEVICES", "memory.available_bytes", "storage"])
 def nvme_fit(ctx) -> Iterator[Finding]:
     """With --model and NVMe offload, the free space at each nvme_path holds this node's share of the
     offloaded optimizer states (16 bytes a parameter) and parameters (2 bytes), split over the nodes.

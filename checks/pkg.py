@@ -50,7 +50,11 @@ def key_versions(ctx) -> Iterator[Finding]:
         yield skip("no node was reached")
         return
     agreeing = set(nodes)
-    versions = {n: _versions(ctx.facts[n]["facts"]) for n in nodes}
+    versions, seen = {}, {}  # seen: the ids of a node's sections read -> its versions (nodes alike share them)
+    for n in nodes:
+        facts = ctx.facts[n]["facts"]
+        sections = (id(facts.get("packages")), id(facts.get("python")))
+        versions[n] = seen.get(sections) or seen.setdefault(sections, _versions(facts))
     for package in KEY_VERSIONS:
         values = {n: versions[n].get(package) for n in nodes}
         majority, odd = odd_ones_out(values, ctx.plan.head)
@@ -83,9 +87,13 @@ def distributions(ctx) -> Iterator[Finding]:
         return
     installed = {n: (ctx.facts[n]["facts"].get("packages") or {}).get("distributions") or {} for n in nodes}
     # Nodes with the same distributions are compared as one: thousands of nodes, dozens of names, few groups.
-    groups = {}  # repr of the distributions -> the nodes that have them
+    groups, seen = {}, {}  # repr of the distributions -> the nodes that have them; seen: id -> repr
     for n in nodes:
-        groups.setdefault(repr(installed[n]), []).append(n)
+        distributions = installed[n]
+        text = seen.get(id(distributions))
+        if text is None:  # once per distinct object: the gathering shares identical sections among nodes
+            text = seen[id(distributions)] = repr(distributions)
+        groups.setdefault(text, []).append(n)
     members = {group[0]: group for group in groups.values()}  # the first node stands for its group
     head = next((first for first, group in members.items() if ctx.plan.head in group), None)
     sizes = {first: len(group) for first, group in members.items()}
@@ -214,7 +222,8 @@ def environment(ctx) -> Iterator[Finding]:
                       evidence={"compared": len(names), "by_meaning": {v: BY_MEANING[v] for v in per_node}})
 
 
-@check("PKG005", "pinned-versions", "node", tags=["packages", "versions", "profile"])
+@check("PKG005", "pinned-versions", "node", tags=["packages", "versions", "profile"],
+       reads=["packages", "python"])
 def pinned_versions(ctx) -> Iterator[Finding]:
     """Each package the profile pins ([pins] in preflight.toml, such as torch = "2.13.0" or
     accelerate = ">=1.10,<2") is installed on the node in a version the pin allows.
@@ -298,7 +307,8 @@ def _major_minor(text) -> Optional[tuple]:
         return None
 
 
-@check("PKG007", "cuda-driver", "node", tags=["packages", "cuda", "gpu"])
+@check("PKG007", "cuda-driver", "node", tags=["packages", "cuda", "gpu"],
+       reads=["packages", "python", "gpus", "fabric"])
 def cuda_driver(ctx) -> Iterator[Finding]:
     """torch's CUDA build is one the NVIDIA driver runs: the same major version as the driver's CUDA or an
     older one, ideally no newer minor release either.
@@ -446,7 +456,8 @@ def plugin_kinds(name: str) -> tuple:
     return tuple(kind for kind, files in PLUGIN_KINDS.items() if name.rsplit("/", 1)[-1].startswith(files))
 
 
-@check("PKG008", "known-bad-versions", "node", tags=["packages", "versions", "nccl"])
+@check("PKG008", "known-bad-versions", "node", tags=["packages", "versions", "nccl"],
+       reads=["packages", "python", "env", "fabric", "gpus", "job", "host.machine", "host.container", "host.sys_nice"])
 @_known_defects_doc
 def known_bad_versions(ctx) -> Iterator[Finding]:
     """No release on the node has a known defect for multi-node training that this job meets, alone or with

@@ -64,7 +64,8 @@ def _rdma_nodes(ctx) -> Iterator[Tuple[str, dict, dict, dict]]:
             yield node, facts, env, fabric
 
 
-@check("RDMA001", "rdma-ports", "node", tags=["rdma", "infiniband", "roce", "nccl"])
+@check("RDMA001", "rdma-ports", "node", tags=["rdma", "infiniband", "roce", "nccl"],
+       reads=["fabric", "env"])
 def rdma_ports(ctx) -> Iterator[Finding]:
     """On a node with RDMA devices, the ports NCCL uses (those NCCL_IB_HCA selects, else all) are ACTIVE with
     the physical link up.
@@ -222,7 +223,8 @@ PEER_CLIENTS = ("nv_mem", "nv_mem_nc")
 PEERMEM_SINCE = (2, 23)
 
 
-@check("RDMA004", "gpudirect-rdma", "node", tags=["rdma", "gpu", "nccl", "gpudirect"])
+@check("RDMA004", "gpudirect-rdma", "node", tags=["rdma", "gpu", "nccl", "gpudirect"],
+       reads=["fabric", "gpus", "env", "packages", "python"])
 def gpudirect_rdma(ctx) -> Iterator[Finding]:
     """Where a node has both GPUs and RDMA devices, the NCCL it runs finds GPUDirect RDMA: a peer-memory module
     registered where NCCL looks (/sys/kernel/mm/memory_peers/nv_mem, nv_peer_mem or nvidia_peermem through
@@ -319,7 +321,8 @@ def hca_firmware(ctx) -> Iterator[Finding]:
         yield passed("; ".join(f"{model} firmware {next(iter(v))} on every node" for model, v in sorted(firmware.items())))
 
 
-@check("RDMA006", "rdma-errors", "node", tags=["rdma", "infiniband", "health"])
+@check("RDMA006", "rdma-errors", "node", tags=["rdma", "infiniband", "health"],
+       reads=["fabric", "env"])
 def rdma_errors(ctx) -> Iterator[Finding]:
     """The RDMA ports NCCL uses have counted no link errors (link_downed, symbol_error, port_rcv_errors and
     the others a healthy link keeps at zero) since the counters were last cleared.
@@ -543,7 +546,8 @@ def acs_text(ctl: int) -> str:
     return " ".join(f"{name}{'+' if ctl >> bit & 1 else '-'}" for bit, name in ACS_BITS)
 
 
-@check("RDMA008", "pcie-acs", "node", tags=["rdma", "gpu", "pcie", "gpudirect"])
+@check("RDMA008", "pcie-acs", "node", tags=["rdma", "gpu", "pcie", "gpudirect"],
+       reads=["fabric", "gpus", "env"])
 def pcie_acs(ctx) -> Iterator[Finding]:
     """PCIe Access Control Services (ACS) do not redirect peer-to-peer traffic on the bridges between each GPU
     and the HCA nearest to it, and between GPUs that reach each other over PCIe (no NVLink): ReqRedir,
@@ -594,7 +598,8 @@ def pcie_acs(ctx) -> Iterator[Finding]:
         yield passed(f"ACS redirects nothing on the {len(between)} bridge(s) between {what}", **evidence)
 
 
-@check("RDMA009", "iommu-mode", "node", tags=["rdma", "gpu", "pcie", "gpudirect"])
+@check("RDMA009", "iommu-mode", "node", tags=["rdma", "gpu", "pcie", "gpudirect"],
+       reads=["fabric", "gpus", "env"])
 def iommu_mode(ctx) -> Iterator[Finding]:
     """The IOMMU does not translate the DMA of the node's GPUs and HCAs: it is off, or in passthrough mode
     (`iommu=pt`: IOMMU group type identity in /sys/kernel/iommu_groups/N/type), where they use GPUDirect RDMA or
@@ -634,7 +639,8 @@ def iommu_mode(ctx) -> Iterator[Finding]:
         yield passed(f"the IOMMU does not translate the GPUs' and HCAs' DMA ({mode})", **evidence)
 
 
-@check("RDMA010", "gpu-hca-locality", "node", tags=["rdma", "gpu", "pcie", "numa", "nccl"])
+@check("RDMA010", "gpu-hca-locality", "node", tags=["rdma", "gpu", "pcie", "numa", "nccl"],
+       reads=["fabric", "gpus", "env"])
 def gpu_hca_locality(ctx) -> Iterator[Finding]:
     """Every GPU the job's ranks use (gpu_ids, CUDA_VISIBLE_DEVICES, else all) has an HCA that NCCL may use on
     its own CPU socket (its PCIe switch, or its NUMA node), read from the PCIe tree in sysfs as NCCL's topology

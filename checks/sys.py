@@ -6,7 +6,8 @@ from typing import Iterator
 from preflight.api import Finding, check, fail, passed, skip, warn
 
 
-@check("SYS001", "open-files", "node", tags=["limits"])
+@check("SYS001", "open-files", "node", tags=["limits"],
+       reads=["limits"])
 def open_files(ctx) -> Iterator[Finding]:
     """The open-files limit (ulimit -n) is at least 4096.
 
@@ -25,7 +26,8 @@ def open_files(ctx) -> Iterator[Finding]:
         yield passed(f"open-files limit is {soft if soft is not None else 'unlimited'}", soft=soft, hard=hard)
 
 
-@check("SYS002", "locked-memory", "node", tags=["limits", "rdma"])
+@check("SYS002", "locked-memory", "node", tags=["limits", "rdma"],
+       reads=["host.rdma_devices", "limits"])
 def locked_memory(ctx) -> Iterator[Finding]:
     """On nodes with RDMA devices, the locked-memory limit (ulimit -l) is unlimited.
 
@@ -47,7 +49,8 @@ def locked_memory(ctx) -> Iterator[Finding]:
         yield passed(f"locked memory unlimited for {', '.join(devices)}")
 
 
-@check("SYS003", "free-memory", "node", tags=["memory", "offload"])
+@check("SYS003", "free-memory", "node", tags=["memory", "offload"],
+       reads=["memory"])
 def free_memory(ctx) -> Iterator[Finding]:
     """The node has memory available: fail under 1 GiB; with DeepSpeed CPU offload, warn when under a
     quarter of its memory is available.

@@ -5,6 +5,7 @@ point in that group is imported, and each function in it declared with `@check` 
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -17,6 +18,7 @@ SCOPES = ("config", "node", "cluster")
 ID_PATTERN = re.compile(r"^[A-Z]{2,8}[0-9]{3}$")
 NAME_PATTERN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 TAG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+READ_PATTERN = re.compile(r"^[a-z_]+(\.[A-Za-z0-9_]+)?$")  # a facts section, or a key of one: host.machine
 MARK = "__preflight_check__"
 
 
@@ -35,27 +37,41 @@ class CheckSpec:
     fix: str
     func: Callable
     module: str
+    # A node check's facts sections, when it reads nothing else of its node (runner: evaluated once per distinct
+    # set of them); None: it may read anything.
+    reads: Optional[Tuple[str, ...]] = None
+
+    @functools.cached_property
+    def paths(self):
+        """`reads` as runner.declared_paths reads it (made once per check)."""
+        from preflight.runner import declared_paths
+
+        return declared_paths(self.reads or ())
 
     @property
     def family(self) -> str:
         return self.id[:-3]
 
 
-def check(id: str, name: str, scope: str, tags: Sequence[str] = ()) -> Callable:
+def check(id: str, name: str, scope: str, tags: Sequence[str] = (), reads: Optional[Sequence[str]] = None) -> Callable:
     """Declare a check: `@check("CFG001", "accelerate-keys", "config", tags=["accelerate"])`.
 
     The function takes a CheckContext and yields Findings. Its docstring has three paragraphs:
-    what it checks, why it matters, how to fix.
+    what it checks, why it matters, how to fix. A node check may name the sections of its node's facts it
+    reads (`reads=["packages", "env"]`): it then reads nothing else of the node but the plan (another section
+    raises), and nodes whose sections are the same objects (the gathering shares identical ones) share its
+    findings, each for its own node.
     """
 
     def declare(func: Callable) -> Callable:
-        setattr(func, MARK, _spec(func, id, name, scope, tuple(tags)))
+        setattr(func, MARK, _spec(func, id, name, scope, tuple(tags), reads))
         return func
 
     return declare
 
 
-def _spec(func: Callable, id: str, name: str, scope: str, tags: Tuple[str, ...]) -> CheckSpec:
+def _spec(func: Callable, id: str, name: str, scope: str, tags: Tuple[str, ...],
+          reads: Optional[Sequence[str]] = None) -> CheckSpec:
     where = f"{func.__module__}.{func.__qualname__}"
 
     def bad(problem: str) -> CheckDefinitionError:
@@ -70,10 +86,14 @@ def _spec(func: Callable, id: str, name: str, scope: str, tags: Tuple[str, ...])
     for tag in tags:
         if not isinstance(tag, str) or not TAG_PATTERN.match(tag):
             raise bad(f"tag {tag!r} must be lower-case words joined by '-'")
+    if reads is not None and (scope != "node" or isinstance(reads, str) or
+                              not all(isinstance(r, str) and READ_PATTERN.match(r) for r in reads)):
+        raise bad("reads names a node check's facts sections or keys of one, such as reads=['packages', 'host.machine']")
     paragraphs = [p.replace("\n", " ") for p in inspect.cleandoc(func.__doc__ or "").split("\n\n") if p.strip()]
     if len(paragraphs) != 3:
         raise bad("docstring must have three paragraphs: what it checks, why it matters, how to fix")
-    return CheckSpec(id, name, scope, tags, *paragraphs, func=func, module=func.__module__)
+    return CheckSpec(id, name, scope, tags, *paragraphs, func=func, module=func.__module__,
+                     reads=tuple(reads) if reads is not None else None)
 
 
 def checks_in(module) -> List[CheckSpec]:

@@ -61,6 +61,135 @@ class CheckContext:
         return [node for node, on_node in self.on_node.items() if on_node is not None]
 
 
+class UndeclaredRead(Exception):
+    """A check that declares the facts sections it reads (registry.check's `reads`) read another: a defect of
+    the check, reported as its error."""
+
+
+class DeclaredFacts(dict):
+    """A node's facts as a check that declares what it reads sees them: those sections (of a section declared by
+    its keys, `host.machine`, those keys), and UndeclaredRead for anything else (what it did not declare would
+    be read as missing, silently)."""
+
+    __slots__ = ("check", "declared", "where", "full")
+
+    def __init__(self, check: str, doc: Mapping, declared: Mapping[str, Optional[Tuple[str, ...]]], where: str = ""):
+        super().__init__((name, _declared_value(check, dict.__getitem__(doc, name), keys, f"{where}{name}."))
+                         for name, keys in declared.items() if name in doc)
+        self.check, self.declared, self.where, self.full = check, declared, where, bool(doc)
+
+    def __bool__(self):  # `facts.get("env") or {}`: whether it holds anything (declared_identity counts it)
+        return self.full
+
+    def _declared(self, key):
+        if key not in self.declared:
+            raise UndeclaredRead(f"{self.check} read {self.where}{key} of the facts, which its `reads` does not name")
+
+    def __getitem__(self, key):
+        self._declared(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        self._declared(key)
+        return dict.get(self, key, default)
+
+    def __contains__(self, key):
+        self._declared(key)
+        return dict.__contains__(self, key)
+
+    def _whole(self, *_):
+        raise UndeclaredRead(f"{self.check} read all of {self.where.rstrip('.') or 'the facts'}, not only what its "
+                             f"`reads` names")
+
+    keys = items = values = copy = __iter__ = __len__ = _whole
+
+
+def _declared_value(check: str, value: Any, keys: Optional[Tuple[str, ...]], where: str) -> Any:
+    if keys is None or type(value) is not dict:
+        return value
+    return DeclaredFacts(check, value, dict.fromkeys(keys), where)
+
+
+def declared_paths(reads: Tuple[str, ...]) -> Dict[str, Optional[Tuple[str, ...]]]:
+    """`reads` as section -> None (all of it) or the keys declared of it."""
+    paths: Dict[str, Optional[set]] = {}
+    for name in reads:
+        section, _, key = name.partition(".")
+        if not key:
+            paths[section] = None
+        elif section not in paths or paths[section] is not None:
+            paths.setdefault(section, set()).add(key)
+    return {section: tuple(sorted(keys)) if keys is not None else None for section, keys in paths.items()}
+
+
+def declared_identity(doc: Mapping, paths: Mapping[str, Optional[Tuple[str, ...]]]) -> tuple:
+    """What a check that declares `paths` reads of doc: a whole section as the object itself (its id: the
+    gathering shares identical sections among nodes, and checks do not change facts, so the same id is the same
+    value), a declared key of a section by its value (a node's own section, such as host, is never shared)."""
+    out = []
+    for section, keys in paths.items():
+        value = dict.get(doc, section, _ABSENT)
+        if keys is None or type(value) is not dict:
+            out.append(id(value))
+        else:
+            out.append((bool(value), *[_value_identity(dict.get(value, key, _ABSENT)) for key in keys]))
+    return tuple(out)
+
+
+SCALARS = (str, int, bool, type(None))
+
+
+def _value_identity(value: Any) -> Any:
+    """A value as a key equal only for the same value of the same type (1, 1.0, True and "1" apart; a float by
+    its repr: -0.0 is not 0.0); a list of scalars by its items; anything else by the object itself."""
+    kind = type(value)
+    if kind in SCALARS:
+        return kind, value
+    if kind is float:
+        return kind, repr(value)
+    if kind is list and len(value) <= 64 and all(type(item) in SCALARS for item in value):
+        return kind, tuple((type(item), item) for item in value)
+    return id(value)
+
+
+_ABSENT = object()  # what the node did not send (not the same as what it sent as null)
+
+
+class DeclaredContext:
+    """A node's CheckContext for a check that declares the facts sections it reads: `fact` holds those alone, and
+    whether the check also read what is the node's own (its name, every node's facts, the probes) is kept in
+    `own`: findings made without them hold for any node whose sections are the same."""
+
+    def __init__(self, ctx: CheckContext, check: str, declared: Mapping[str, Optional[Tuple[str, ...]]]):
+        self._ctx, self.plan, self.own = ctx, ctx.plan, False
+        self.fact = DeclaredFacts(check, ctx.fact, declared)
+        self._memos: Dict[Any, Any] = {}
+
+    def _owned(self, name: str):
+        self.own = True
+        return getattr(self._ctx, name)
+
+    node = property(lambda self: self._owned("node"))
+    facts = property(lambda self: self._owned("facts"))
+    probes = property(lambda self: self._owned("probes"))
+    on_node = property(lambda self: self._owned("on_node"))
+    reachable = property(lambda self: self._owned("reachable"))
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """As CheckContext.memo, computed through this view (what it reads is declared, or owned, too)."""
+        if key not in self._memos:
+            self._memos[key] = compute()
+        return self._memos[key]
+
+
+def declared_context(spec: CheckSpec, ctx: CheckContext):
+    """The context a node check runs in on ctx's node: a DeclaredContext where it declares what it reads and the
+    node's facts are as decoded (a node with a failed section keeps its NodeFacts, which report it)."""
+    if spec.reads is None or type(ctx.fact) is not dict:
+        return ctx
+    return DeclaredContext(ctx, spec.id, spec.paths)
+
+
 class SectionFailed(Exception):
     """A check read a section of a node's facts that failed on the node: it cannot be evaluated there."""
 
@@ -130,16 +259,28 @@ def run_check(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
 
 def _run_grouped(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
     """A node check's Results on every node as `run` records them: its findings grouped as `grouped` groups
-    run_check's Results, without making a Result per node and finding first (4,096 nodes x every node check)."""
+    run_check's Results, without making a Result per node and finding first (4,096 nodes x every node check).
+    A check that declares the sections it reads is evaluated once per distinct set of them (the gathering
+    shares identical sections among nodes), unless what it found was the node's own (DeclaredContext.own)."""
     groups: Dict[tuple, list] = {}  # finding_key -> [the first finding, every node, duration, count, its nodes]
+    shared: Dict[tuple, list] = {}  # the declared sections (the objects) -> [(finding, its key)], duration
     for node, on_node in ctx.on_node.items():
         if on_node is None:
-            found = [(r, r.nodes, r.duration_s) for r in _run_on_node(spec, ctx, node)]
+            found = [(r, r.nodes, r.duration_s, finding_key(r)) for r in _run_on_node(spec, ctx, node)]
         else:
-            findings, each = _findings(spec, on_node)
-            found = [(_recorded(f), tuple(f.nodes) or (node,), each) for f in findings]
-        for r, nodes, duration in found:
-            key = finding_key(r)
+            sections = declared_identity(on_node.fact, spec.paths) if spec.reads is not None and \
+                type(on_node.fact) is dict else None
+            known = shared.get(sections) if sections is not None else None
+            if known is None:
+                view = DeclaredContext(on_node, spec.id, spec.paths) if sections is not None else on_node
+                findings, each = _findings(spec, view)
+                keyed = [(f, finding_key(f)) for f in map(_recorded, findings)]
+                if sections is not None and not view.own:
+                    shared[sections] = [keyed, 0.0]  # the time was spent once, on this node
+            else:
+                keyed, each = known
+            found = [(f, tuple(f.nodes) or (node,), each, key) for f, key in keyed]
+        for r, nodes, duration, key in found:
             group = groups.get(key)
             if group is None:
                 groups[key] = [r, list(nodes), duration, 1, nodes]
@@ -159,7 +300,7 @@ def _run_on_node(spec: CheckSpec, ctx: CheckContext, node: str) -> List[Result]:
             return [Result(spec.id, spec.name, Status.ERROR, (node,), f"not evaluated: {error['message']}",
                            error.get("remediation"), {}, 0.0)]
         return [_not_checked(spec, node, error)]
-    return _run(spec, on_node, (node,))
+    return _run(spec, declared_context(spec, on_node), (node,))
 
 
 def _not_checked(spec: CheckSpec, node: str, error: Mapping) -> Result:

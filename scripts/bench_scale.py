@@ -7,14 +7,15 @@ and the JSON document (`--json`). The report files that are asked for by option 
 `--html`) are timed after it, in the same process, as separate figures (every_report_s, every_report_peak_mb).
 
 The facts are this machine's, from the real collector, sent through JSON once per node and decoded as
-gather decodes them (gather.facts_decoder), with each node's own name and address (node0001, 10.1.0.1, ...).
+gather decodes them (gather.facts_decoder: the sections nodes send alike are one object), with each node's own
+host section: its name and address (node0001, 10.1.0.1, ...).
 This machine has no GPU: the gpus fact is the collector's own, built from the recorded answers of an
 8 x H100 node (tests/fixtures/nvml). A few nodes are made odd (PLANTED) so that the checks find something:
 tests/bench/test_bench_scale.py checks that they do. The all-reduce needs a network: no collective probe, so the
 COL checks skip as they do when it did not run. The libraries' validators (tag `deep`: importing accelerate
 and deepspeed, seconds, the same for any N) are left out, as `--skip deep` does.
 
-    .venv/bin/python scripts/bench_scale.py --nodes 1024 4096 --repeat 5
+    .venv/bin/python scripts/bench_scale.py --nodes 1024 4096 16384 --repeat 5
 
 Each run is a fresh interpreter (`--one N`), so imports and the peak RSS (VmHWM) are its own.
 """
@@ -43,7 +44,8 @@ DESCRIPTION = (
     "written, and the process's peak RSS by then (VmHWM, facts included). The opt-in report files "
     "(`--junit`, `--prometheus`, `--html`) are written after it in the same process and timed apart "
     "(*with every report*). The facts are this machine's, from the real collector, sent through JSON once per "
-    "node and decoded as gather decodes them, each node with its own name and address; the GPUs are the "
+    "node and decoded as gather decodes them (the sections nodes send alike are one object), each node with its "
+    "own host section (name, address); the GPUs are the "
     "recorded answers of an 8 x H100 node, and a few nodes are made odd (an older torch, clock skew, a lost GPU, "
     "an unreachable node, ...) so that the checks have something to find. The all-reduce needs a network, so "
     "the COL checks skip as when it did not run. Each run is a fresh interpreter; medians of the runs."
@@ -168,18 +170,25 @@ def synthesize(n: int, folder: str) -> tuple:
     base["host"].update(rdma_devices=[f"mlx5_{k}" for k in range(GPUS_PER_NODE)], head_resolves_to=[address_of(0)])
     changes = {name: change for what, _, change in PLANTED if change for name in planted_nodes(n)[what]}
     jitter = random.Random(n)
-    sent, decode = json.dumps(base), gather.facts_decoder()
+    decode = gather.facts_decoder()
+    # Each node's facts line as its agent would send it: the sections all nodes share, encoded once, and its own
+    # host section; a node made odd is encoded whole after the change.
+    pieces = {key: f"{json.dumps(key)}: {json.dumps(value)}" for key, value in base.items()}
     facts = {}
     for i in range(n):
         name, address = name_of(i), address_of(i)
-        doc = decode(sent)  # each node's document is its own object tree, as gather has it from the wire
-        doc["host"].update(hostname=name, fqdn=f"{name}.cluster", resolves_to=[address], resolves_to_own_interface=True,
-                           interfaces={"lo": ["127.0.0.1", "::1"], "eth0": [address]},
-                           route_to_head={"head": address_of(0), "source": address, "interface": "eth0"})
-        state = {"facts": doc, "error": None,
+        host = dict(base["host"], hostname=name, fqdn=f"{name}.cluster", resolves_to=[address],
+                    resolves_to_own_interface=True, interfaces={"lo": ["127.0.0.1", "::1"], "eth0": [address]},
+                    route_to_head={"head": address_of(0), "source": address, "interface": "eth0"})
+        state = {"facts": dict(json.loads(json.dumps(base)) if name in changes else base, host=host), "error": None,
                  "clock": {"offset_s": jitter.uniform(-0.002, 0.002), "bound_s": 0.0002, "rtt_s": 0.0004}}
         if name in changes:
             changes[name](state, name)
+        if state["facts"] is not None:
+            doc = state["facts"]
+            line = "{" + ", ".join(f"{json.dumps(key)}: {json.dumps(value)}" if key == "host" or name in changes
+                                   else pieces[key] for key, value in doc.items()) + "}"
+            state["facts"] = decode(line)  # as gather decodes it, sharing what other nodes sent alike
         facts[name] = state
     blocked = set(planted_nodes(n)["port-blocked"])
     workers = {name: ({"ok": False, "error": "[Errno 111] Connection refused", "address": address_of(0)}
@@ -301,7 +310,7 @@ def table(by_size: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--repeat", type=int, default=5, help="fresh interpreters per size (medians)")
     parser.add_argument("--one", type=int, metavar="N", help=argparse.SUPPRESS)  # a child: one run, one JSON line
     parser.add_argument("--dir", help=argparse.SUPPRESS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -90,6 +91,13 @@ REQUIRED_SECTIONS = {"schema": int, "python": dict, "packages": dict, "host": di
                      "limits": dict, "memory": dict, "clock": dict, "gpus": dict}
 OTHER_SECTIONS = {"collected_at": NUMBER, "preflight": (str, NONE), "job": (dict, NONE), "fabric": (dict, NONE),
                   "census": (dict, NONE)}
+# The sections the decoder shares among nodes: not those a node's own processes change after decoding (the files
+# a job names are added to "job"), nor those that are the node's own by nature. A section seen in more forms than
+# SHARED_FORMS (GPU serials, free space) is no longer shared either: its texts would only cost memory.
+UNSHARED_SECTIONS = frozenset({"job", "census", "session", "host", "clock", "collected_at"})
+SHARED_SECTIONS = (frozenset(REQUIRED_SECTIONS) | frozenset(OTHER_SECTIONS)) - UNSHARED_SECTIONS
+SHARED_FORMS = 64
+_BLANK = re.compile(r"[ \t\n\r]*")  # what JSON allows between tokens
 # Each request's answer: the keys it must have, and the types of the keys it may have.
 ANSWER_KEYS = {"time": {"time": NUMBER}, "listen": {"bound": bool}, "unlisten": {}, "connect": {"ok": bool},
                "write": {"ok": bool}, "read": {"ok": bool}, "remove": {"ok": bool}, "files": {}}
@@ -199,12 +207,18 @@ class NodeState:
         return {"facts": self.facts, "error": error, "clock": self.clock}
 
 
+
+
 def facts_decoder() -> Callable[[str], dict]:
-    """node_json for the nodes' facts lines, sharing identical strings (keys, versions, environment
-    values) across nodes: thousands of nodes send mostly the same ones, and each would otherwise be its
-    own copy in memory (peak RSS with 4,096 nodes' facts, scripts/bench_scale.py: 182 -> 106 MB). One decoder per run."""
+    """node_json for the nodes' facts lines, sharing across nodes what they send alike: identical strings (keys,
+    versions, environment values), and each section whose text is identical to another node's (the packages of
+    one image, the same environment), decoded once, as one object. Thousands of nodes send mostly the same ones, and
+    each would otherwise be its own copy in memory (peak RSS with 4,096 nodes' facts, scripts/bench_scale.py:
+    182 -> 106 MB, strings alone); and a check that declares the sections it reads (registry.check's `reads`)
+    is evaluated once per distinct set of them (runner). One decoder per run; the nodes' threads share it."""
     strings: Dict[str, str] = {}
     share = strings.setdefault
+    sections: Dict[str, Dict[str, object]] = {name: {} for name in SHARED_SECTIONS}  # -> text -> its object
 
     def shared(value):
         if type(value) is str:
@@ -216,7 +230,57 @@ def facts_decoder() -> Callable[[str], dict]:
     def pairs(items: list) -> dict:
         return {share(k, k): shared(v) for k, v in items}
 
-    return lambda line, what="the facts": node_json(line, what, object_pairs_hook=pairs)
+    scan = json.scanner.make_scanner(json.JSONDecoder(object_pairs_hook=pairs, parse_int=bounded_json_int,
+                                                      parse_float=finite_json_float,
+                                                      parse_constant=refused_json_constant))
+
+    def decode(line: str, what: str = "the facts"):
+        try:
+            doc = _top_level(line, scan, sections, share)
+        except (ValueError, StopIteration, RecursionError):
+            doc = None
+        return doc if doc is not None else node_json(line, what, object_pairs_hook=pairs)  # and its error
+
+    return decode
+
+
+def _top_level(line: str, scan: Callable, sections: Dict[str, Dict[str, object]], share: Callable) -> Optional[dict]:
+    """The object `line` holds, as json.loads reads it (the last of a repeated key wins), each value the object an
+    earlier line's identical value was decoded as; None where the line is anything else (the caller decodes it
+    whole for its error)."""
+    at = _BLANK.match(line).end()
+    if line[at:at + 1] != "{":
+        return None
+    doc: dict = {}
+    at = _BLANK.match(line, at + 1).end()
+    while line[at:at + 1] != "}" or doc:
+        if line[at:at + 1] != '"':
+            return None
+        key, at = json.decoder.scanstring(line, at + 1)
+        at = _BLANK.match(line, at).end()
+        if line[at:at + 1] != ":":
+            return None
+        start = _BLANK.match(line, at + 1).end()
+        forms = sections.get(key)
+        # A section whose text another node sent is that node's object, not decoded again: an object or array
+        # ends at its closing bracket, so the same characters from `start` are the same value, ending as there.
+        known = next((form for form in tuple(forms.items()) if line.startswith(form[0], start)), None) if forms else None
+        if known is not None:
+            value, at = known[1], start + len(known[0])
+        else:
+            value, at = scan(line, start)
+            if type(value) is str:
+                value = share(value, value)
+            elif forms is not None and isinstance(value, (dict, list)) and len(forms) < SHARED_FORMS:
+                value = forms.setdefault(line[start:at], value)  # (another node's thread may have just added it)
+        doc[share(key, key)] = value
+        at = _BLANK.match(line, at).end()
+        if line[at:at + 1] == "}":
+            break
+        if line[at:at + 1] != ",":
+            return None
+        at = _BLANK.match(line, at + 1).end()
+    return doc if _BLANK.match(line, at + 1).end() == len(line) else None
 
 
 def checked_facts(facts, what: str = "the facts") -> dict:

@@ -18,7 +18,7 @@ import stat
 import sys
 import time
 from collections import OrderedDict
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from preflight import DISTRIBUTION, __version__
 from preflight.inputs.documents import InputError
@@ -191,6 +191,17 @@ def _xml(text: str) -> str:
     return _XML_INVALID.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+def batched(lines: Iterable[str], size: int = 4096) -> Iterator[bytes]:
+    """The lines a few thousand to a piece, as UTF-8: a piece (a write) per line, at 16,384 nodes millions of
+    them, cost more than the report."""
+    lines = iter(lines)
+    while True:
+        piece = list(itertools.islice(lines, size))
+        if not piece:
+            return
+        yield "".join(piece).encode("utf-8")
+
+
 def _per_node(results: Iterable[Result]) -> Iterable[Tuple[Result, str]]:
     """Each result once per node it concerns; a result with no nodes once, as CONFIG."""
     for r in results:
@@ -285,12 +296,15 @@ def check_status_lines(results: Sequence[Result]) -> Iterator[str]:
     node="config" for results that concern no node. In the text format, as a prometheus_client Gauge writes
     it, but written here: five samples per check and node are 350,000 at 4,096 nodes, where a Gauge child
     per sample and generate_latest take seconds (scripts/bench_scale.py)."""
-    worst: Dict[Tuple[str, str, str], Status] = OrderedDict()
-    for r, node in _per_node(results):
-        key = (r.id, r.name, node)
-        found = worst.get(key)
-        if found is None or SEVERITY[r.status] < SEVERITY[found]:
-            worst[key] = r.status
+    worst: Dict[Tuple[str, str, str], Status] = {}
+    found = worst.get
+    for r in results:
+        rank = SEVERITY[r.status]
+        for node in r.nodes or (CONFIG,):
+            key = (r.id, r.name, node)
+            before = found(key)
+            if before is None or rank < SEVERITY[before]:
+                worst[key] = r.status
     yield f"# HELP {STATUS_METRIC} {STATUS_HELP}\n"
     yield f"# TYPE {STATUS_METRIC} gauge\n"
     # What follows `status="` in each of the five samples, for each status the node may have: made once.
@@ -375,8 +389,7 @@ def write_prometheus(path: str, results: Sequence[Result], verdict: str, nodes: 
     from prometheus_client import generate_latest
 
     registry = prometheus_registry(results, verdict, nodes, duration_s)
-    write_file(path, itertools.chain((line.encode("utf-8") for line in check_status_lines(results)),
-                                        [generate_latest(registry)]))
+    write_file(path, itertools.chain(batched(check_status_lines(results)), [generate_latest(registry)]))
 
 
 # --- HTML -----------------------------------------------------------------------------------------
@@ -446,6 +459,28 @@ document.querySelectorAll('table.matrix td button').forEach(function (b) {
 def _style(status: Status) -> str:
     bg, fg = COLORS[status]
     return f"background:{bg};color:{fg}"
+
+
+# Above this many nodes, the matrix folds the nodes whose every row has the same status into one column
+# headed by their range (node[0001-0412,0414-16384]), as the terminal folds identical findings: a page of
+# 16,384 columns and as many cells a row helps nobody, and costs seconds and hundreds of megabytes.
+MATRIX_FOLD_ABOVE = 1024
+
+
+def folded_columns(cols: List[str], rows: List[str], cells: Mapping[str, Mapping[str, List[Result]]]
+                   ) -> List[Tuple[str, List[str]]]:
+    """The matrix's columns as (heading, nodes): each column alone up to MATRIX_FOLD_ABOVE nodes, else the
+    columns whose status is the same in every row together, in the order of their first."""
+    from preflight.report.render import fold_nodes
+
+    if len(cols) - (CONFIG in cols) <= MATRIX_FOLD_ABOVE:
+        return [(col, [col]) for col in cols]
+    alike: Dict[tuple, List[str]] = {}
+    for col in cols:
+        row_statuses = tuple(_worst(r.status for r in found) if found else None
+                             for found in (cells[cid].get(col) for cid in rows))
+        alike.setdefault(row_statuses, []).append(col)
+    return [(fold_nodes(members) if len(members) > 1 else members[0], members) for members in alike.values()]
 
 
 def columns(results: Sequence[Result], nodes: Sequence[str]) -> List[str]:
@@ -549,7 +584,7 @@ def html_report(results: Sequence[Result], verdict: str, nodes: Sequence[str], d
 
 def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> List[str]:
     """html_report's page, line by line."""
-    from preflight.report.render import summary
+    from preflight.report.render import fold_nodes, summary
 
     memo: Dict[str, str] = {}  # the same IDs, names, statuses and messages come back on every node
 
@@ -581,7 +616,8 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
            '<p class="legend">' + "".join(f'<span style="{_style(s)}">{s.value}</span>' for s in
                                           sorted(STATUSES, key=SEVERITY.get)) + " click a cell for the details</p>",
            '<div class="scroll"><table class="matrix"><thead><tr><th>check</th>']
-    out += [f'<th class="node" scope="col">{e(c)}</th>' for c in cols]
+    folded = folded_columns(cols, rows, cells)  # (its heading, its nodes): one node each, or nodes alike folded
+    out += [f'<th class="node" scope="col">{e(label)}</th>' for label, _ in folded]
     out.append("</tr></thead><tbody>")
     details: List[str] = []
     shown: Dict[int, Tuple[str, str]] = {}  # id(result) -> its detail's head and body: the same on each of its nodes
@@ -597,8 +633,16 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
 
     for cid in rows:
         out.append(f'<tr data-check="{e(cid)}"><th class="check" scope="row"><b>{e(cid)}</b>{e(names[cid])}</th>')
-        for col in cols:
-            found = cells[cid].get(col)
+        for col, members in folded:
+            if len(members) == 1:
+                found = cells[cid].get(col)
+                on = None
+            else:  # each result once, on the nodes of the column it concerns
+                on = {}
+                for node in members:
+                    for r in cells[cid].get(node, ()):
+                        on.setdefault(id(r), (r, []))[1].append(node)
+                found = [r for r, _ in on.values()]
             if not found:
                 out.append('<td class="none">&ndash;</td>')
                 continue
@@ -607,7 +651,8 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
             for r in sorted(found, key=lambda x: SEVERITY[x.status]) if len(found) > 1 else found:
                 ids.append(f"d{len(details)}")
                 head, body = detail(r)
-                details.append(f'<div class="detail" id="{ids[-1]}" {head}{e(col)}{body}')
+                where = col if on is None else fold_nodes(on[id(r)][1])
+                details.append(f'<div class="detail" id="{ids[-1]}" {head}{e(where)}{body}')
             title = f"{e(cid)} on {e(col)}: {e(found[0].message)}"  # escaped in parts: each part repeats
             out.append(f'<td class="cell {status.value}" data-node="{e(col)}"><button type="button" '
                        f'class="{status.value}" style="{_style(status)}" title="{title}" '
@@ -620,10 +665,7 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
 
 
 def write_html(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> None:
-    lines = html_lines(results, verdict, nodes, duration_s)
-    # A few thousand lines a piece: a piece per line (a cell, at 4,096 nodes half a million) cost more than the page.
-    write_file(path, ("".join(f"{line}\n" for line in lines[i:i + 4096]).encode("utf-8")
-                      for i in range(0, len(lines), 4096)))
+    write_file(path, batched(f"{line}\n" for line in html_lines(results, verdict, nodes, duration_s)))
 
 
 WRITERS = (("junit", "--junit", write_junit), ("prometheus", "--prometheus", write_prometheus),

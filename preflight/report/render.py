@@ -265,9 +265,10 @@ def terminal(results: Sequence[Result], verdict: str, duration_s: float, stream:
     color = use_color(stream)
     lines = []  # (text, style) pairs per line
     folded = {}  # many lines concern the same nodes (all of them): fold each set once
-    groups = fold(results)
-    if not verbose:
-        groups = [g for g in groups if g[0].status in (Status.FAIL, Status.ERROR, Status.WARN)] + passes(results)
+    if verbose:
+        groups = fold(results)
+    else:  # the passes as passes() sums them: fold only the problems (at thousands of nodes, few of the results)
+        groups = fold([r for r in results if r.status in (Status.FAIL, Status.ERROR, Status.WARN)]) + passes(results)
     for result, nodes in groups:
         head = [(f"{result.status.value.upper():5} ", STYLE[result.status]), (f"{result.id} {result.name}", "bold")]
         if nodes:

@@ -183,6 +183,9 @@ def test_a_numbered_cluster_is_folded_without_hostlists_walk(monkeypatch):
     names = [n for n in NODES if n not in ("node0007", "node0500")]
     assert inventory.fold(names) == "node[0001-0006,0008-0499,0501-1024]"
     assert inventory.fold(["node0003"]) == "node0003"
+    wider = [f"node{i:04d}" for i in range(1, 16385)]  # node9999 runs on to node10000, as hostlist runs it
+    assert inventory.fold(wider) == "node[0001-16384]"
+    assert inventory.fold([f"n{i}" for i in range(1, 12)] + ["n01", "n02"]) == "n[1-11,01-02]"
 
 
 def test_folded_names_are_as_hostlist_folds_them():
@@ -197,6 +200,9 @@ def test_folded_names_are_as_hostlist_folds_them():
             names.append(rng.choice(odd))
         if rng.random() < 0.1:
             names.append(f"{prefix}{rng.randint(0, 10 ** (width + 1) - 1):0{width + 1}d}")  # another width
+        if rng.random() < 0.3:  # a run across a power of ten, unpadded or padded
+            start = 10 ** width - rng.randint(1, 5)
+            names += [f"{prefix}{i:0{rng.choice([1, width])}d}" for i in range(start, start + rng.randint(1, 12))]
         rng.shuffle(names)
         try:
             expected = hostlist.collect_hostlist(list(names))

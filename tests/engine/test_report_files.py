@@ -626,3 +626,25 @@ def test_other_file_types_are_exit_2_before_any_check(tmp_path, capsys, kind):
     code, out, err = run_cli(capsys, "lint", "--junit", path)
     assert code == 2 and out == "" and err.count("\n") == 1 and str(path) in err, err
     assert os.path.lexists(path) and not (os.path.exists(path) and stat.S_ISREG(os.lstat(path).st_mode))
+
+
+def test_the_matrix_of_more_nodes_than_a_page_can_show_folds_the_nodes_alike_into_one_column():
+    """Above MATRIX_FOLD_ABOVE nodes, the nodes whose status is the same in every row are one column headed by
+    their range; each of their results is shown once, on the nodes it concerns; an odd node keeps its column."""
+    n = reports.MATRIX_FOLD_ABOVE + 76
+    names = [f"node{i:04d}" for i in range(1, n + 1)]
+    healthy = [x for x in names if x != "node0500"]
+    results = [R("CFG001", "pass"), R("FS001", "pass", tuple(healthy), "room"),
+               R("FS001", "fail", ("node0500",), "64 MiB", "give it room"),
+               *[R("NET001", "pass", (x,), f"{x} resolves") for x in names]]
+    page = reports.html_report(results, "fail", names, 1.0)
+    headings = re.findall(r'<th class="node" scope="col">([^<]*)</th>', page)
+    assert headings == ["config", "node[0001-0499,0501-1100]", "node0500"]
+    cells = re.findall(r'<td class="cell (\w+)" data-node="([^"]*)"', page)
+    assert ("fail", "node0500") in cells and ("pass", "node[0001-0499,0501-1100]") in cells
+    assert page.count('class="detail"') == 2 + 1 + n  # each result once: CFG001, both FS001, each NET001
+    assert "<h3>PASS FS001 fs001 on node[0001-0499,0501-1100]</h3>" in page
+    assert '<h3>PASS NET001 net001 on node0042</h3><p class="message">node0042 resolves</p>' in page
+    small = reports.html_report(results[:1] + [R("NET001", "pass", (x,)) for x in names[:reports.MATRIX_FOLD_ABOVE]],
+                                "pass", names[:reports.MATRIX_FOLD_ABOVE], 1.0)
+    assert len(re.findall(r'<th class="node"', small)) == reports.MATRIX_FOLD_ABOVE + 1  # config and every node
