@@ -6,14 +6,9 @@ from collections import Counter
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from preflight.api import Finding, Status, check, fold, grouped, odd_ones_out, skip
-from preflight.job.running import (Census, Proc, expected_nodes, hosts_in_use, is_loopback, job_command, node_at,
-                                   table)
+from preflight.job.running import (Census, Proc, expected_nodes, hosts_in_use, is_loopback, meets_on_itself,
+                                   node_at, nodes_text, of_other_jobs, other_jobs, table)
 from preflight.report import redact
-
-# A launcher this much older than the other nodes' is of an older job; a launch script starts the nodes of one
-# job seconds apart (pdsh, srun, ssh one after the other).
-OLDER_JOB_S = 30.0
-
 
 def _census(ctx) -> Optional[Census]:
     census = (ctx.probes or {}).get("census")
@@ -141,8 +136,9 @@ def job_agreement(ctx) -> Iterator[Finding]:
     """The launchers and ranks on every node agree on the master address and port, the number of nodes
     and the world size.
 
-    A node told another master address or port waits for a store that the others never join; a node that
-    expects another number of nodes or ranks waits for processes that never come.
+    A node told another master address or port waits for a store that the others never join; a worker left
+    at 127.0.0.1 (torchrun's default without --master_addr) waits for one on itself; a node that expects
+    another number of nodes or ranks waits for processes that never come.
 
     Start every node with the same head address, port and sizes (one launch script; `preflight check --
     COMMAND` compares them before the start).
@@ -151,17 +147,22 @@ def job_agreement(ctx) -> Iterator[Finding]:
     if gate:
         yield gate
         return
-    odd_nodes = set()
+    gone = of_other_jobs(census)  # a launcher of another job holding the port is RUN008's, not a disagreement
+    every = [p for p in census.launchers + census.ranks if (p.node, p.pid) not in gone]  # a node's launcher first
+    launchers = [p for p in every if p.kind == "launcher"]
+    alone = [p for p in launchers if meets_on_itself(census, p)]
+    odd_nodes = {p.node for p in alone}
+    for p in alone:
+        yield _on_itself(census, p, [q for q in every if q.node not in odd_nodes])
 
     def head(p: Proc):  # node01 and 10.0.0.1 are the same head when node01 owns that address; 127.0.0.1 is p's own
         return node_at(ctx.facts, p.master_addr, p.node) or p.master_addr if p.master_addr else None
 
-    every = census.launchers + census.ranks  # a node's launcher speaks for it first
     for label, value_of, procs in (
-            ("master address", head, every),
+            ("master address", head, [p for p in every if p.node not in odd_nodes]),
             ("master port", lambda p: p.job_port, every),
-            ("number of nodes", lambda p: p.nnodes, census.launchers),
-            ("world size", lambda p: p.world_size, census.ranks)):
+            ("number of nodes", lambda p: nodes_text(p.nnodes) or p.nnodes, launchers),  # 2 and 2:2 are one
+            ("world size", lambda p: p.world_size, [p for p in every if p.kind == "rank"])):
         values = {}
         for p in procs:
             value = value_of(p)
@@ -179,9 +180,36 @@ def job_agreement(ctx) -> Iterator[Finding]:
             yield Finding(Status.FAIL, f"{label} is {value} on {node}, {majority} on {fold(others)}: {node} waits "
                           "for a rendezvous the others are not part of", f"start {node} with the {label} {majority}",
                           nodes=(node,), evidence={"key": label, "value": value, "expected": majority})
-    agreeing = tuple(n for n in dict.fromkeys(p.node for p in census.procs) if n not in odd_nodes)
+    agreeing = tuple(n for n in dict.fromkeys(p.node for p in every) if n not in odd_nodes)
     if agreeing:
         yield Finding(Status.PASS, "the same master, number of nodes and world size", nodes=agreeing)
+
+
+def _on_itself(census: Census, p: Proc, rest: List[Proc]) -> Finding:
+    """A worker whose master address is loopback (running.meets_on_itself): which flag or key gave it, and the head
+    address the other nodes use (else the node rank 0 launcher's node) to give it instead."""
+    addresses = Counter(q.master_addr for q in rest if q.master_addr and not is_loopback(q.master_addr))
+    zero = next((q.node for q in census.launchers if q.node_rank == 0 and q.node != p.node), None)
+    head = addresses.most_common(1)[0][0] if addresses else zero or "the head's address"
+    source = p.master_from or ""
+    if source == "default":
+        how, fix = f"{p.launcher} was started without --master_addr (its default is 127.0.0.1)", \
+            f"start {p.launcher} on {p.node} with --master_addr {head}"
+    elif source.startswith("flag "):
+        how, fix = f"{p.launcher} was started with {source[5:]} {p.master_addr}", \
+            f"start {p.launcher} on {p.node} with {source[5:]} {head}"
+    elif source.startswith("PET_"):  # torchrun reads it when the flag is not given (argparse_util.py, env)
+        how, fix = f"{source}={p.master_addr} in {p.launcher}'s environment", \
+            f"set {source}={head} on {p.node} (or start {p.launcher} there with --master_addr {head})"
+    else:  # accelerate's config file, PATH:LINE
+        how, fix = f"main_process_ip is {p.master_addr} in its accelerate config ({source})", \
+            f"set main_process_ip: {head} in {source.rsplit(':', 1)[0]} on {p.node} (or start it with " \
+            f"--main_process_ip {head})"
+    return Finding(Status.FAIL, f"{p.node} pid {p.pid}: {how}, that is {p.node} itself: as node rank {p.node_rank} of "
+                   f"{p.nnodes} it waits for a store on {p.node} that nothing there hosts, not at the head ({head})",
+                   f"stop pid {p.pid} and {fix}", nodes=(p.node,),
+                   evidence={"key": "master address", "value": p.master_addr, "from": p.master_from,
+                             "expected": head, "pid": p.pid})
 
 
 @check("RUN004", "master-reachable", "cluster", tags=["doctor", "network", "firewall"])
@@ -365,9 +393,9 @@ def stale_port_holder(ctx) -> Iterator[Finding]:
     """The master port is held by the job itself, not by a process of an older job or another program.
 
     A launcher from an earlier run (still waiting, or its ranks stuck) keeps the port: the new job's rank
-    0 cannot host its store, or the new workers join the old job's store and wait there. A launcher is of an
-    older job when its command, as the launcher's parser reads it, is none of the other nodes' and it started
-    more than 30 s before them.
+    0 cannot host its store, or the new workers join the old job's store and wait there. A launcher holding
+    the port is of another job when its number of nodes, world size, script or port, as its launcher's
+    parser reads them, are none of the other nodes' launchers', whatever its age.
 
     Stop the old job (the message names its PID and command), then start the new one; or give the new
     job another main_process_port.
@@ -388,20 +416,17 @@ def stale_port_holder(ctx) -> Iterator[Finding]:
                           f"started {h.get('age_s')} s ago, which is not a process of this job",
                           f"stop pid {h.get('pid')} (and its job), then start the job again; or use another port",
                           nodes=(node,), evidence={"pid": h.get("pid"), "age_s": h.get("age_s")})
-    for holder in [p for p in census.launchers if p.listens]:
-        others = [p for p in census.launchers if p.node != holder.node]
-        theirs, its = [job_command(p) for p in others], job_command(holder)
-        if not others or its is None or None in theirs or its in theirs:  # the same job, or not known to differ
-            continue
-        younger = [p.age_s for p in others if isinstance(p.age_s, (int, float))]
-        if isinstance(holder.age_s, (int, float)) and younger and holder.age_s > max(younger) + OLDER_JOB_S:
-            found = True
-            yield Finding(Status.FAIL, f"port {census.port} on {holder.node} is held by an older job: {holder.launcher} "
-                          f"pid {holder.pid} ({_shown(holder.argv, 120)}), started {holder.age_s - max(younger):.0f} s "
-                          f"before the other nodes' launchers, with another command than theirs",
-                          f"stop pid {holder.pid} on {holder.node} (the old job), then start the job again on every node",
-                          nodes=(holder.node,), evidence={"pid": holder.pid, "age_s": holder.age_s,
-                                                          "others_age_s": max(younger)})
+    for other in other_jobs(census):
+        found, holder, older = True, other.proc, other.older_s
+        what, when = ("an older job", f", started {older:.0f} s before the other nodes' launchers") \
+            if older is not None and older >= 1 else ("another job", "")
+        why = (f"; its job ({', '.join(f'{k} {v[0]}' for k, v in other.differs.items())}) is not the other nodes' "
+               f"({', '.join(f'{k} {v[1]}' for k, v in other.differs.items())})")
+        yield Finding(Status.FAIL, f"port {census.port} on {holder.node} is held by {what}: {holder.launcher} pid "
+                      f"{holder.pid} ({_shown(holder.argv, 120)}){when}{why}",
+                      f"stop pid {holder.pid} on {holder.node} (the old job), then start the job again on every node",
+                      nodes=(holder.node,), evidence={"pid": holder.pid, "age_s": holder.age_s, "older_s": older,
+                                                      "differs": {k: list(v) for k, v in other.differs.items()}})
     if not found:
         yield Finding(Status.PASS, f"port {census.port} is held by the job only",
                       nodes=tuple(dict.fromkeys(p.node for p in census.procs)))

@@ -25,8 +25,6 @@ _barrier_nonblocking _create_c10d_store _wait_for_workers""".split())
 DATA = frozenset("_next_data _get_data __next__ _try_get_data fetch".split())
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen|^<)")
 C10D_PORT = 29400  # a c10d rendezvous endpoint without a port (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py)
-# Options that differ per node in one job: left out when two launchers' commands are compared.
-PER_NODE = frozenset(("node_rank", "machine_rank", "local_addr", "master_addr", "main_process_ip"))
 NAMES = {  # launcher -> (node rank, number of nodes, master address, master port) among its flags
     "torchrun": ("node_rank", "nnodes", "master_addr", "master_port"),
     "accelerate": ("machine_rank", "num_machines", "main_process_ip", "main_process_port"),
@@ -77,6 +75,9 @@ class Proc:
     run_id: Optional[str] = None
     rdzv: Optional[str] = "static"  # None: not known (a launcher whose node cut its line before its script)
     gpu: Optional[str] = None  # the GPU NVML sees it on, and the memory it holds there
+    # Where a launcher's master address comes from: "flag --master_addr", "PET_MASTER_ADDR", "default" (torchrun's
+    # 127.0.0.1), an accelerate config's "PATH:LINE"; None where it is not known.
+    master_from: Optional[str] = None
     # The port that names its job: a launcher's master port (its rendezvous endpoint's, elastic), and for a rank
     # its launcher's; an elastic launcher hands its ranks a store port of its own as MASTER_PORT.
     job_port: Optional[int] = None
@@ -264,22 +265,38 @@ def _proc(node: str, item: Any) -> Optional[Proc]:
             _from_accelerate(proc, item["config"], command)
         elif command is not None:
             rank_key, nodes_key, addr_key, port_key = NAMES[launcher]
-            proc.node_rank = command.integer(rank_key) if command.get(rank_key) is not None else (
+            env_read = isinstance(item.get("env"), dict)  # else a PET_ variable may hold what the flags leave out
+
+            def given(key: str) -> Tuple[Optional[str], Optional[str]]:
+                """(value, where from): the flag, else torchrun's PET_<KEY> (torch/distributed/argparse_util.py,
+                class env: each torchrun option's default is read from PET_<DEST> first)."""
+                value = command.get(key)
+                if isinstance(value, str):
+                    return value, f"flag --{key}"
+                if launcher == "torchrun" and env_read and isinstance(env.get("PET_" + key.upper()), str):
+                    return env["PET_" + key.upper()], "PET_" + key.upper()
+                return None, None
+
+            rank_text = given(rank_key)[0]
+            proc.node_rank = int_or_none(rank_text) if rank_text is not None else (
                 0 if launcher == "torchrun" else None)
-            proc.nnodes = command.get(nodes_key) if isinstance(command.get(nodes_key), str) else None
-            proc.master_addr = command.get(addr_key) if isinstance(command.get(addr_key), str) else None
-            proc.master_port = command.integer(port_key)
-            proc.nproc = command.integer("nproc_per_node") if launcher == "torchrun" else None
-            rdzv = command.get("rdzv_backend")
+            proc.nnodes = given(nodes_key)[0]
+            proc.master_addr, proc.master_from = given(addr_key)
+            proc.master_port = int_or_none(given(port_key)[0])
+            if launcher == "torchrun":  # run.py: --nproc-per-node defaults to "1"; auto, gpu, cpu are not known here
+                nproc = given("nproc_per_node")[0]
+                proc.nproc = int_or_none(nproc) if nproc is not None else (1 if env_read else None)
+            rdzv = given("rdzv_backend")[0]
             proc.rdzv = rdzv if isinstance(rdzv, str) else ("c10d" if command.flag("standalone") else "static")
-            endpoint = command.get("rdzv_endpoint")
+            endpoint, endpoint_from = given("rdzv_endpoint")
             if isinstance(endpoint, str) and endpoint and proc.rdzv != "static":
                 # parse_rendezvous_endpoint (elastic/rendezvous/utils.py): HOST[:PORT], c10d's port by default
                 host, colon, port_text = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
-                proc.master_addr = host.strip("[]") or None
+                proc.master_addr, proc.master_from = host.strip("[]") or None, endpoint_from
                 proc.master_port = int_or_none(port_text) if colon else C10D_PORT
-            if launcher == "torchrun" and proc.master_addr is None and proc.rdzv == "static":
-                proc.master_addr = "127.0.0.1"  # torchrun's default
+            if launcher == "torchrun" and proc.master_addr is None and proc.rdzv == "static" and env_read:
+                # run.py: --master-addr defaults to 127.0.0.1 (and PET_MASTER_ADDR, read above, is not set)
+                proc.master_addr, proc.master_from = "127.0.0.1", "default"
             if proc.master_port is None and launcher == "torchrun":
                 proc.master_port = launchcmd.DEFAULT_PORT
     else:
@@ -298,6 +315,7 @@ def _from_accelerate(proc: Proc, config: dict, command: launchcmd.LaunchCommand)
     proc.node_rank = effective.get("machine_rank") if isinstance(effective.get("machine_rank"), int) else None
     proc.nnodes = str(effective["num_machines"]) if effective.get("num_machines") is not None else None
     proc.master_addr = effective.get("main_ip") if isinstance(effective.get("main_ip"), str) else None
+    proc.master_from = (effective.get("sources") or {}).get("main_ip") if proc.master_addr else None
     proc.master_port = effective.get("main_port") if isinstance(effective.get("main_port"), int) else None
     proc.nproc = effective.get("processes") if isinstance(effective.get("processes"), int) else None
     proc.rdzv = effective.get("rdzv_backend") if isinstance(effective.get("rdzv_backend"), str) else "static"
@@ -340,16 +358,86 @@ def node_of_address(facts: Mapping[str, Any], address: str) -> Optional[str]:
     return None
 
 
-def job_command(p: Proc) -> Optional[tuple]:
-    """A launcher's command as its parser reads it (abbreviations, --flag=value and --flag value alike:
-    preflight.inputs.launchcmd, after torch/distributed/run.py's argparse and accelerate's), without the
-    options that differ per node: two launchers of one job give the same. None when the node cut its command
-    line before its script: what tells it apart may be in the words not sent."""
+def nodes_text(nnodes: Optional[str]) -> Optional[str]:
+    """--nnodes as torchrun reads it (run.py, parse_min_max_nnodes): "2", "2:2" and " 2" are 2 nodes, "1:3" an
+    elastic range; None when it is not numbers (the launcher stops on it)."""
+    if nnodes is None:
+        return None
+    parts = [int_or_none(x) for x in str(nnodes).split(":")]
+    if len(parts) > 2 or None in parts:
+        return None
+    return str(parts[0]) if len(parts) == 1 or parts[0] == parts[1] else f"{parts[0]}:{parts[1]}"
+
+
+def job_of(p: Proc) -> Optional[Dict[str, Any]]:
+    """What a launcher's job is, whatever the launcher and the spelling: its number of nodes, world size, script
+    and port, each as the launcher's parser reads them (torchrun's --nnodes 2, --nnodes=2 and accelerate's
+    --num_machines 2 or num_machines: 2 in its config are one value); a value not known is None and not compared.
+    None when its node cut its command line before the script."""
     launcher, command = _launch(p.argv, p.argv_dropped)
-    if command is None:
-        return None if launcher is not None else tuple(p.argv)
-    options = tuple(sorted((k, v) for k, v in command.options.items() if k not in PER_NODE))
-    return launcher, options, command.script, command.script_args
+    if launcher is None or command is None:
+        return None
+    nodes = nodes_text(p.nnodes)
+    fixed = int_or_none(nodes)  # an elastic range has no one world size
+    return {"nodes": nodes, "world size": p.nproc * fixed if p.nproc is not None and fixed is not None else None,
+            # its file name: a relative and an absolute path of one script are one script
+            "script": os.path.basename(command.script) if command.script else None, "port": p.job_port}
+
+
+def differences(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
+    """{what: (mine, theirs)} for each value of job_of known on both sides that differs."""
+    return {k: (v, theirs.get(k)) for k, v in mine.items()
+            if v is not None and theirs.get(k) is not None and v != theirs[k]}
+
+
+@dataclass
+class OtherJob:
+    """A launcher holding the job's port that belongs to another job (RUN008 names it; the other RUN checks leave
+    it out of the job)."""
+
+    proc: Proc
+    differs: Dict[str, Tuple[Any, Any]]  # what of its job (job_of) is not the first other node's: {what: (its, theirs)}
+    older_s: Optional[float]  # how long before the other nodes' launchers it started
+
+
+def other_jobs(census: Census) -> List[OtherJob]:
+    """The launchers that hold the master port but are not of the job the other nodes run: a launcher left from an
+    earlier run keeps the port, the new launcher on its node stops on EADDRINUSE, and the other nodes join the old
+    store. It is another job when its job (job_of) is none of the other nodes' launchers', whatever its age. A
+    command cut by its node is not known to differ; one that differs only in what job_of leaves out (script
+    arguments, restarts, logs) makes the same rendezvous with them, so it is the job they run."""
+    found = []
+    for holder in [p for p in census.launchers if p.listens]:
+        others = [p for p in census.launchers if p.node != holder.node]
+        mine, theirs = job_of(holder), [job_of(p) for p in others]
+        if not others or mine is None or None in theirs:
+            continue
+        differs = [differences(mine, t) for t in theirs]
+        if all(differs):
+            ages = [p.age_s for p in others if isinstance(p.age_s, (int, float))]
+            older = holder.age_s - max(ages) if isinstance(holder.age_s, (int, float)) and ages else None
+            found.append(OtherJob(holder, differs[0], older))
+    return found
+
+
+def of_other_jobs(census: Census) -> set:
+    """(node, pid) of the launchers other_jobs finds and of their ranks."""
+    gone = {(o.proc.node, o.proc.pid) for o in other_jobs(census)}
+    return gone | {(p.node, p.pid) for p in census.procs if (p.node, p.ppid) in gone}
+
+
+def meets_on_itself(census: Census, p: Proc) -> bool:
+    """Whether launcher p waits for a store on its own node that no process there hosts: its master address is
+    loopback (known, not guessed: its flag, its config, or torchrun's default with no PET_MASTER_ADDR), its
+    static rendezvous makes it a client (node rank other than 0: static_tcp_rendezvous.py, is_master = rank == 0)
+    in a job of more than one node, and no launcher on its node has node rank 0 or listens on its port (two
+    launchers of one job on one machine meet on loopback)."""
+    if p.kind != "launcher" or p.rdzv != "static" or not is_loopback(p.master_addr) or p.master_from is None:
+        return False
+    nodes = expected_nodes(p.nnodes)
+    if p.node_rank in (None, 0) or nodes is None or nodes < 2:
+        return False
+    return not any(q.node_rank == 0 or q.listens_on(p.master_port) for q in census.on(p.node, "launcher"))
 
 
 def hosts_in_use(census: Census) -> set:

@@ -19,7 +19,9 @@ from preflight.node.secret import REDACTED, secret_name, secret_text
 CENSUS_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
               "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
               "TORCHELASTIC_MAX_RESTARTS", "CUDA_VISIBLE_DEVICES", "ACCELERATE_MIXED_PRECISION")
-CENSUS_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
+# PET_*: torchrun reads each option's default from PET_<OPTION> (torch/distributed/argparse_util.py, class env): a
+# launcher without --master_addr is at 127.0.0.1 only when PET_MASTER_ADDR is not set.
+CENSUS_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "PET_")
 # Words of a command line that make it a launcher agent of a torch job.
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
              "deepspeed.launcher.launch", "deepspeed.launcher.runner")

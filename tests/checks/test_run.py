@@ -326,8 +326,36 @@ def test_a_worker_left_at_the_loopback_master_address(cluster, jobs):
     doc, _ = doctor(cluster, "--port", "29667")
     [wrong] = found(doc, "RUN003")
     assert wrong["nodes"] == ["node02"], messages(doc)
-    assert "master address is 127.0.0.1 (that is, node02 itself) on node02" in wrong["message"]
+    assert f"node02 pid {launchers[1].pid}: torchrun was started without --master_addr (its default is 127.0.0.1), " \
+        "that is node02 itself: as node rank 1 of 3 it waits for a store on node02" in wrong["message"], wrong
+    assert wrong["remediation"] == f"stop pid {launchers[1].pid} and start torchrun on node02 with --master_addr node01"
+    assert not found(doc, "RUN004"), messages(doc)  # refused at once on its own loopback: no connection hangs
     jobs.untouched(launchers, [])
+
+
+def test_an_old_launcher_on_the_port_started_just_before_the_new_job(cluster, jobs, tmp_path):
+    """A launcher left from an earlier run (2 nodes, old.py) holds the port on node01, started seconds before the new
+    job (3 nodes, train.py): the new launcher on node01 stops (the port is taken), node02 and node03 join the old
+    store. Its job is not theirs: RUN008 names it though it is not 30 s older, and RUN003 does not call node01 a node
+    that disagrees."""
+    old = tmp_path / "old.py"
+    old.write_text("import time\ntime.sleep(900)\n")
+    stale = jobs.torchrun("node01", 0, 29669, nnodes=2, script=old)
+    jobs.wait_listening("node01", 29669)
+    new = [jobs.torchrun(node, rank, 29669) for rank, node in enumerate(cluster.nodes)]
+    try:
+        new[0].wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the new launcher on node01 did not stop on the port the old one holds: {jobs.logs()}")
+    time.sleep(3)
+    doc, _ = doctor(cluster, "--port", "29669")
+    [held] = found(doc, "RUN008")
+    assert held["nodes"] == ["node01"] and f"torchrun pid {stale.pid}" in held["message"], messages(doc)
+    assert "its job (nodes 2, world size 2, script old.py) is not the other nodes' (nodes 3, world size 3, " \
+        "script train.py)" in held["message"], held["message"]
+    assert held["evidence"]["older_s"] < 30, held["evidence"]
+    assert not [r for r in found(doc, "RUN003") if "node01" in r["nodes"]], messages(doc)
+    jobs.untouched([stale, *new[1:]], [])
 
 
 def test_a_store_with_more_connections_than_the_census_keeps_is_not_read_as_nodes_missing(cluster, jobs):

@@ -257,7 +257,7 @@ def test_a_launchers_line_is_cut_only_between_whole_words_and_within_the_census_
     launcher = {"pid": 10, "ppid": 1, "kind": "launcher", "argv": deepspeed[:3], "argv_dropped": 2, "state": "S",
                 "env": {}}
     proc = jobcensus._proc("a", launcher)
-    assert proc.launcher == "deepspeed" and jobcensus.job_command(proc) is None
+    assert proc.launcher == "deepspeed" and jobcensus.job_of(proc) is None
 
 
 def test_a_launcher_cut_before_its_script_has_no_options_the_head_takes_for_known():
@@ -273,10 +273,10 @@ def test_a_launcher_cut_before_its_script_has_no_options_the_head_takes_for_know
 
     cut = jobcensus._proc("b", launcher(torchrun, 500))
     assert (cut.launcher, cut.node_rank, cut.nnodes, cut.master_port, cut.rdzv) == ("torchrun", None, None, None, None)
-    assert jobcensus.job_command(cut) is None
+    assert jobcensus.job_of(cut) is None
     after_script = jobcensus._proc("b", launcher(torchrun + ["train.py", "--lr"], 500))
     assert (after_script.node_rank, after_script.nnodes, after_script.master_port) == (1, "2", 29500)
-    assert jobcensus.job_command(after_script) is not None
+    assert jobcensus.job_of(after_script) is not None
     whole = jobcensus._proc("b", launcher(torchrun, 0))  # no script, nothing cut: as its parser reads it
     assert (whole.node_rank, whole.master_port) == (1, 29500)
 
@@ -331,3 +331,118 @@ def test_an_elastic_launcher_cut_before_its_script_stays_in_the_job_on_its_port(
     facts = {n: {"facts": {"census": {"processes": procs}}, "error": None, "clock": None}
              for n, procs in (("a", [whole]), ("b", [deepspeed]), ("c", []))}
     assert jobcensus.hosts_in_use(jobcensus.build(["a", "b", "c"], facts, None)) == {"a", "b", "c"}
+
+
+def _doctor(check_id, on, head_first=("a", "b")):
+    """One RUN check over hostile census facts: {node: [process, ...]}, the nodes in the order doctor was given them."""
+    facts = {node: {"facts": {"census": {"processes": on.get(node, [])},
+                              "host": {"hostname": node, "interfaces": {"eth0": [f"10.0.0.{i + 1}"]}}},
+                    "error": None, "clock": None} for i, node in enumerate(sorted(on))}
+    plan = build_plan(nodes=head_first)
+    plan = plan.__class__(**{**plan.__dict__, "remote": True})
+    ctx = runner.CheckContext(plan, facts, {"census": jobcensus.build(plan.nodes, facts, 29500)})
+    return runner.run_check(registry.load().get(check_id), ctx)
+
+
+def _launcher(pid, argv, listens=False, age=10.0, **item):
+    sockets = [{"local": "0.0.0.0", "local_port": 29500, "remote": "0.0.0.0", "remote_port": 0, "state": "LISTEN"}]
+    return {"pid": pid, "ppid": 1, "kind": "launcher", "argv": argv, "argv_dropped": 0, "state": "S", "age_s": age,
+            "sockets": sockets if listens else [], **item}
+
+
+TORCHRUN = ["/venv/bin/python", "/venv/bin/torchrun", "--nnodes", "2", "--master_port", "29500"]
+HEAD = _launcher(10, [*TORCHRUN, "--node_rank", "0", "--master_addr", "a", "train.py"], listens=True, env={})
+CONFIG = "/root/.cache/huggingface/accelerate/default_config.yaml"
+
+
+def _accelerate(pid, main_ip, flags=()):
+    text = ("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 2\nnum_processes: 2\n"
+            f"machine_rank: 1\nmain_process_ip: {main_ip}\nmain_process_port: 29500\nrdzv_backend: static\n")
+    return _launcher(pid, ["/venv/bin/python", "/venv/bin/accelerate", "launch", *flags, "train.py"], env={},
+                     config={"path": CONFIG, "text": text, "default": True})
+
+
+@pytest.mark.parametrize("worker, said, fix", [
+    (_launcher(20, [*TORCHRUN, "--node_rank", "1", "train.py"], env={}),
+     "b pid 20: torchrun was started without --master_addr (its default is 127.0.0.1), that is b itself: as node "
+     "rank 1 of 2 it waits for a store on b", "stop pid 20 and start torchrun on b with --master_addr a"),
+    (_launcher(20, [*TORCHRUN, "--node-rank=1", "--master-addr=localhost", "train.py"], env={}),
+     "torchrun was started with --master_addr localhost", "start torchrun on b with --master_addr a"),
+    (_launcher(20, [*TORCHRUN, "train.py"], env={"PET_NODE_RANK": "1", "PET_MASTER_ADDR": "127.0.0.1"}),
+     "PET_MASTER_ADDR=127.0.0.1 in torchrun's environment", "set PET_MASTER_ADDR=a on b"),
+    (_accelerate(20, "127.0.0.1"), f"main_process_ip is 127.0.0.1 in its accelerate config ({CONFIG}:6)",
+     f"set main_process_ip: a in {CONFIG} on b (or start it with --main_process_ip a)"),
+    (_accelerate(20, "a", ["--main_process_ip", "127.0.0.1"]), "accelerate was started with --main_process_ip 127.0.0.1",
+     "start accelerate on b with --main_process_ip a"),
+])
+@pytest.mark.parametrize("head_first", [("a", "b"), ("b", "a")])
+def test_a_worker_at_a_loopback_master_is_named_with_what_gave_it(worker, said, fix, head_first):
+    """A worker (node rank 1 of 2) whose master address is loopback waits for a store on itself: RUN003 names it,
+    its pid and what gave it the address (torchrun's default without --master_addr, a flag, PET_MASTER_ADDR,
+    accelerate's config key), with the head's address to give instead; never the head, whichever node doctor
+    was given first (a tie of two nodes went to the first: the head was blamed)."""
+    results = _doctor("RUN003", {"a": [HEAD], "b": [worker]}, head_first)
+    [failed] = [r for r in results if r.status == Status.FAIL]
+    assert failed.nodes == ("b",) and said in failed.message and fix in failed.remediation, failed
+    assert [r.nodes for r in results if r.status == Status.PASS] == [("a",)]
+
+
+@pytest.mark.parametrize("on", [
+    # the head itself at 127.0.0.1 hosts the store (node rank 0), reachable at its own address
+    {"a": [_launcher(10, [*TORCHRUN, "--node_rank", "0", "train.py"], listens=True, env={})],
+     "b": [_launcher(20, [*TORCHRUN, "--node_rank", "1", "--master_addr", "a", "train.py"], env={})]},
+    # torchrun's default is 127.0.0.1 only without PET_MASTER_ADDR; unread, the environment could have set it
+    {"a": [HEAD], "b": [_launcher(20, [*TORCHRUN, "--node_rank", "1", "train.py"], env={"PET_MASTER_ADDR": "a"})]},
+    {"a": [HEAD], "b": [_launcher(20, [*TORCHRUN, "--node_rank", "1", "train.py"], env=None)]},
+    # two launchers of one job on one machine meet on loopback
+    {"a": [_launcher(10, [*TORCHRUN, "--node_rank", "0", "train.py"], listens=True, env={}),
+           _launcher(11, [*TORCHRUN, "--node_rank", "1", "train.py"], env={})]},
+    # one node: 127.0.0.1 is the head
+    {"a": [_launcher(10, ["/venv/bin/torchrun", "--nproc-per-node", "2", "train.py"], listens=True, env={})]},
+])
+def test_a_loopback_master_that_is_the_head_or_not_known_is_no_failure(on):
+    results = _doctor("RUN003", on, tuple(sorted(on)))
+    assert [r.status for r in results] == [Status.PASS], [r.message for r in results]
+
+
+def _torchrun(pid, flags, script="train.py", listens=False, age=10.0):
+    return _launcher(pid, ["/venv/bin/python", "/venv/bin/torchrun", *flags, "--master_port", "29500", script],
+                     listens=listens, age=age, env={})
+
+
+WORKER = ["--nnodes", "2", "--node_rank", "1", "--master_addr", "a", "--nproc-per-node", "1"]
+
+
+@pytest.mark.parametrize("holder", [
+    _torchrun(10, ["--nnodes=2", "--node-rank=0", "--master-addr=a", "--max-restarts=3"], listens=True, age=300.0),
+    _torchrun(10, ["--nnodes", "2:2", "--node_rank", "0", "--master_addr", "a"], "/job/train.py", True, 300.0),
+    # accelerate's --num_machines 2 and --num_processes 2 are torchrun's --nnodes 2 --nproc-per-node 1 (utils/launch.py,
+    # prepare_multi_gpu_env); its config file says the rest
+    dict(_accelerate(10, "a", ["--num_machines", "2", "--num_processes", "2", "--machine_rank", "0"]),
+         sockets=HEAD["sockets"], age_s=300.0),
+])
+def test_a_port_holder_whose_job_is_only_spelled_otherwise_is_not_another_job(holder):
+    """The head's launcher, started long before its worker, with the same job spelled otherwise (--nnodes=2,
+    --nnodes 2:2, a path to the same script, accelerate's --num_machines): no other job holds the port, and the
+    nodes agree."""
+    on = {"a": [holder], "b": [_torchrun(20, WORKER)]}
+    assert [r.status for r in _doctor("RUN008", on)] == [Status.PASS]
+    assert [r.status for r in _doctor("RUN003", on)] == [Status.PASS]
+
+
+@pytest.mark.parametrize("flags, script, differs", [
+    (["--nnodes", "3"], "train.py", "its job (nodes 3, world size 3) is not the other nodes' (nodes 2, world size 2)"),
+    (["--nnodes", "2", "--nproc-per-node", "2"], "train.py", "its job (world size 4) is not the other nodes' (world size 2)"),
+    (["--nnodes", "2"], "old.py", "its job (script old.py) is not the other nodes' (script train.py)"),
+])
+def test_a_port_holder_of_another_job_is_named_whatever_its_age(flags, script, differs):
+    """A launcher left from an earlier run holds the port, 2 s older than the new job's worker (under RUN008's 30 s):
+    its nodes, world size or script are not the worker's, so it is another job (RUN008), not a node that disagrees
+    (RUN003)."""
+    holder = _torchrun(10, [*flags, "--node_rank", "0", "--master_addr", "a"], script, listens=True, age=12.0)
+    on = {"a": [holder], "b": [_torchrun(20, WORKER)]}
+    [held] = _doctor("RUN008", on)
+    assert held.status == Status.FAIL and held.nodes == ("a",) and "pid 10" in held.message, held
+    assert "held by an older job" in held.message and differs in held.message, held.message
+    assert "stop pid 10 on a" in held.remediation
+    assert [r.status for r in _doctor("RUN003", on)] == [Status.PASS]
