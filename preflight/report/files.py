@@ -476,9 +476,10 @@ def folded_columns(cols: List[str], rows: List[str], cells: Mapping[str, Mapping
     if len(cols) - (CONFIG in cols) <= MATRIX_FOLD_ABOVE:
         return [(col, [col]) for col in cols]
     alike: Dict[tuple, List[str]] = {}
+    by_row = [cells[cid] for cid in rows]
     for col in cols:
-        row_statuses = tuple(_worst(r.status for r in found) if found else None
-                             for found in (cells[cid].get(col) for cid in rows))
+        row_statuses = tuple(None if not found else found[0].status if len(found) == 1 else
+                             _worst(r.status for r in found) for found in (row.get(col) for row in by_row))
         alike.setdefault(row_statuses, []).append(col)
     return [(fold_nodes(members) if len(members) > 1 else members[0], members) for members in alike.values()]
 
@@ -622,6 +623,16 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
     details: List[str] = []
     shown: Dict[int, Tuple[str, str]] = {}  # id(result) -> its detail's head and body: the same on each of its nodes
 
+    folded_names: Dict[tuple, str] = {}  # the nodes of a result in a folded column: the same set in many rows
+
+    def folds(nodes: List[str]) -> str:
+        if len(nodes) == 1:
+            return nodes[0]
+        key = tuple(nodes)
+        if key not in folded_names:
+            folded_names[key] = fold_nodes(nodes)
+        return folded_names[key]
+
     def detail(r: Result) -> Tuple[str, str]:
         if id(r) not in shown:
             fix = f'<p class="fix"><b>fix:</b> {e(r.remediation)}</p>' if r.remediation else ""
@@ -651,7 +662,7 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
             for r in sorted(found, key=lambda x: SEVERITY[x.status]) if len(found) > 1 else found:
                 ids.append(f"d{len(details)}")
                 head, body = detail(r)
-                where = col if on is None else fold_nodes(on[id(r)][1])
+                where = col if on is None else folds(on[id(r)][1])
                 details.append(f'<div class="detail" id="{ids[-1]}" {head}{e(where)}{body}')
             title = f"{e(cid)} on {e(col)}: {e(found[0].message)}"  # escaped in parts: each part repeats
             out.append(f'<td class="cell {status.value}" data-node="{e(col)}"><button type="button" '
