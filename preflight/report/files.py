@@ -310,11 +310,15 @@ def check_status_lines(results: Sequence[Result]) -> Iterator[str]:
     # What follows `status="` in each of the five samples, for each status the node may have: made once.
     samples = {c: [f'{s.value}"}} {"1.0" if s is c else "0.0"}\n' for s in STATUSES] for c in STATUSES}
     checks: Dict[Tuple[str, str], str] = {}
+    labelled: Dict[str, str] = {}  # node -> its label value: the same nodes in every check
     for (check_id, name, node), current in worst.items():
         check = checks.get((check_id, name))
         if check is None:
             check = checks[(check_id, name)] = f'{STATUS_METRIC}{{check="{_label(check_id)}",name="{_label(name)}",node="'
-        labels = f'{check}{_label(node)}",status="'
+        shown = labelled.get(node)
+        if shown is None:
+            shown = labelled[node] = _label(node)
+        labels = f'{check}{shown}",status="'
         yield labels + labels.join(samples[current])  # labels before each sample
 
 
