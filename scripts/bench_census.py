@@ -5,7 +5,9 @@ reports).
 What is timed (wall_s, peak_mb) is what `preflight doctor` itself produces once the nodes' censuses are in: the
 job across the nodes (`running.build`, as `engine.census_for` makes it), the checks (`engine.evaluate` for
 `doctor`, the gathering replaced by the synthetic census), the terminal report and the JSON document (`--json`).
-The report files asked for by option (`--junit`, `--prometheus`, `--html`) are timed after it, apart.
+With --files, the report files asked for by option (`--junit`, `--prometheus`, `--html`) are timed after it,
+apart: each repeats RUN001's census table for every node (N x 9N rows: 38 s and 4.4 GB for JUnit, 81 s and
+13.8 GB for HTML at 1,024 nodes), so they are left out by default.
 
 The shape is real: the script starts a small job on this machine (torchrun, 2 processes, gloo: rank 0 waits in
 all_reduce, rank 1 sleeps in its data loading) and takes its census with the real collector (py-spy's stacks,
@@ -50,7 +52,7 @@ DESCRIPTION = (
     "and both of its reports, the terminal text (with the census table) and the `--json` document. *build + "
     "checks + report* and *peak RSS* are that path, from the censuses in memory to both reports written, and "
     "the process's peak RSS by then (VmHWM, facts included); the opt-in report files (`--junit`, `--prometheus`, "
-    "`--html`) are timed apart (*with every report*). The shape is a real census: a 2-process gloo torchrun job "
+    "`--html`) are left out (they repeat the census table for each node: `--files` times them apart). The shape is a real census: a 2-process gloo torchrun job "
     "started on this machine and read by the real collector (py-spy stacks, /proc sockets and job variables), "
     "made each node of an N-node job (one torchrun launcher, 8 ranks with their variables, sockets, pids, ages, "
     "stacks in all_reduce, the recorded GPUs of an 8 x H100 node), sent through JSON once per node and decoded as "
@@ -327,9 +329,9 @@ def synthesize(n: int, template: dict) -> dict:
 
 # --- one run, in this interpreter -------------------------------------------------------------------
 
-def run_once(n: int, folder: str, template: dict) -> dict:
-    """Imports, synthesis, then running.build, the RUN checks and doctor's reports (terminal, JSON), then the
-    opt-in report files, timed apart (seconds); peak RSS in MB after each stage."""
+def run_once(n: int, folder: str, template: dict, files: bool = False) -> dict:
+    """Imports, synthesis, then running.build, the RUN checks and doctor's reports (terminal, JSON), then (with
+    `files`) the opt-in report files, timed apart (seconds); peak RSS in MB after each stage."""
     started = time.perf_counter()
     from preflight import cli, engine, registry, runner
     from preflight.job import running
@@ -347,9 +349,9 @@ def run_once(n: int, folder: str, template: dict) -> dict:
     synthesized = time.perf_counter()
     peak_before = peak_mb()
 
-    args = cli.build_parser().parse_args([
-        "doctor", "--hostfile", paths["hostfile"], "--port", str(PORT), "--json",
-        "--junit", paths["junit.xml"], "--prometheus", paths["preflight.prom"], "--html", paths["report.html"]])
+    asked = ["--junit", paths["junit.xml"], "--prometheus", paths["preflight.prom"], "--html", paths["report.html"]]
+    args = cli.build_parser().parse_args(["doctor", "--hostfile", paths["hostfile"], "--port", str(PORT), "--json"]
+                                         + (asked if files else []))
     stages, peaks, built = {}, {}, {}
 
     def synthetic(plan, args, specs):  # census_for's place: the nodes have answered; the job across them is built
@@ -371,7 +373,7 @@ def run_once(n: int, folder: str, template: dict) -> dict:
         render.terminal(results, outcome, elapsed, stream=f)
     stages["terminal_s"], peaks["terminal"], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
     checked = time.perf_counter()
-    for attr, _, writer in reports.WRITERS:  # what reports.write_all does, one writer at a time
+    for attr, _, writer in reports.WRITERS if files else ():  # what reports.write_all does, one writer at a time
         writer(getattr(args, attr), results, outcome, plan.nodes, elapsed)
         stages[f"{attr}_s"], peaks[attr], mark = time.perf_counter() - mark, peak_mb(), time.perf_counter()
     done = time.perf_counter()
@@ -385,18 +387,20 @@ def run_once(n: int, folder: str, template: dict) -> dict:
 
 # --- many runs, each in a fresh interpreter --------------------------------------------------------
 
-def _child(n: int, template_path: str) -> dict:
+def _child(n: int, template_path: str, files: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="pf-bench-census-") as folder:
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", str(n), "--dir", folder,
-                               "--template", template_path], cwd=folder, capture_output=True, text=True, timeout=900)
+                               "--template", template_path] + (["--files"] if files else []),
+                              cwd=folder, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise RuntimeError(f"bench_census --one {n} failed: {done.stderr.strip()[-2000:]}")
         return json.loads(done.stdout.splitlines()[-1])
 
 
-def measure_sizes(sizes, repeat: int = 3, template: dict = None) -> dict:
+def measure_sizes(sizes, repeat: int = 3, template: dict = None, files: bool = False) -> dict:
     """n -> medians, the sizes interleaved run by run so that machine noise falls on all of them alike. The
-    real job's census is taken once, here (template: one taken already)."""
+    real job's census is taken once, here (template: one taken already). `files`: the opt-in report files too
+    (they repeat RUN001's census table for every node: gigabytes past a few hundred nodes)."""
     with tempfile.TemporaryDirectory(prefix="pf-bench-census-") as folder:
         template = template or real_census(folder)
         template_path = os.path.join(folder, "template.json")
@@ -405,21 +409,23 @@ def measure_sizes(sizes, repeat: int = 3, template: dict = None) -> dict:
         runs = {n: [] for n in sizes}
         for _ in range(repeat):
             for n in sizes:
-                runs[n].append(_child(n, template_path))
+                runs[n].append(_child(n, template_path, files))
     return {n: dict(bench_scale._medians(r), processes=r[0]["processes"]) for n, r in runs.items()}
 
 
 def table(by_size: dict) -> str:
-    extra = ("junit_s", "prometheus_s", "html_s")
-    rows = ["| nodes | processes | results | build + checks + report: median (min-max) | peak RSS "
-            "| of it, before | build | checks | json | terminal | with every report | "
-            + " | ".join(s[:-2] for s in extra) + " | synthesis |", "|---" * (12 + len(extra)) + "|"]
+    extra = [s for s in ("junit_s", "prometheus_s", "html_s") if all(s in m for m in by_size.values())]
+    files = ["with every report", *(s[:-2] for s in extra)] if extra else []
+    rows = ["| " + " | ".join(["nodes", "processes", "results", "build + checks + report: median (min-max)",
+                               "peak RSS", "of it, before", "build", "checks", "json", "terminal", *files,
+                               "synthesis"]) + " |", "|---" * (11 + len(files)) + "|"]
     for n, m in by_size.items():
-        rows.append(f"| {n:,} | {m['processes']:,} | {m['results']:,} | {m['wall_s']:.2f} s "
-                    f"({m['wall_min_s']:.2f}-{m['wall_max_s']:.2f}) | {m['peak_mb']:.0f} MB "
-                    f"| {m['peak_before_mb']:.0f} MB | {m['build_s']:.2f} s | {m['checks_s']:.2f} s "
-                    f"| {m['json_s']:.2f} s | {m['terminal_s']:.2f} s | {m['every_report_s']:.2f} s | "
-                    + " | ".join(f"{m[s]:.2f} s" for s in extra) + f" | {m['synthesis_s']:.2f} s |")
+        cells = [f"{n:,}", f"{m['processes']:,}", f"{m['results']:,}",
+                 f"{m['wall_s']:.2f} s ({m['wall_min_s']:.2f}-{m['wall_max_s']:.2f})", f"{m['peak_mb']:.0f} MB",
+                 f"{m['peak_before_mb']:.0f} MB", *(f"{m[k]:.2f} s" for k in ("build_s", "checks_s", "json_s", "terminal_s"))]
+        if extra:
+            cells += [f"{m['every_report_s']:.2f} s", *(f"{m[k]:.2f} s" for k in extra)]
+        rows.append("| " + " | ".join(cells + [f"{m['synthesis_s']:.2f} s"]) + " |")
     return "\n".join(rows)
 
 
@@ -430,14 +436,16 @@ def main() -> None:
     parser.add_argument("--one", type=int, metavar="N", help=argparse.SUPPRESS)  # a child: one run, one JSON line
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--template", help=argparse.SUPPRESS)  # the real job's census, taken by the parent
+    parser.add_argument("--files", action="store_true", help="time the opt-in report files too (--junit, "
+                        "--prometheus, --html: each repeats the census table per node, gigabytes past 256 nodes)")
     args = parser.parse_args()
     if args.one:
         with open(args.template) as f:
             template = json.load(f)
-        result = run_once(args.one, args.dir, template)
+        result = run_once(args.one, args.dir, template, args.files)
         print(json.dumps({k: v for k, v in result.items() if k != "paths"}))
         return
-    by_size = measure_sizes(args.nodes, args.repeat)
+    by_size = measure_sizes(args.nodes, args.repeat, files=args.files)
     print(table(by_size))
     print(f"\n(medians of {args.repeat} runs each, sizes interleaved)\n\n{DESCRIPTION}")
 

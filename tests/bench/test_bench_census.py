@@ -33,7 +33,7 @@ def run(tmp_path_factory, template):
     folder = tmp_path_factory.mktemp("bench")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)  # no preflight.toml or pyproject.toml of the checkout is taken for a profile
-        measured = bench_census.run_once(N, str(folder), template)
+        measured = bench_census.run_once(N, str(folder), template, files=True)
     with open(measured["paths"]["report.json"]) as f:
         return measured, json.load(f)
 
@@ -114,10 +114,21 @@ def test_the_reports_were_written(run):
 def test_measure_runs_fresh_interpreters(template):
     measured = bench_census.measure_sizes([N], repeat=1, template=template)[N]
     assert measured["nodes"] == N and measured["runs"] == 1 and measured["verdict"] == "fail"
-    # The target path (build, checks, terminal, JSON) and, after it, the opt-in report files.
+    # The target path (build, checks, terminal, JSON); the opt-in report files only when asked for (--files).
     parts = measured["build_s"] + measured["checks_s"] + measured["json_s"] + measured["terminal_s"]
     assert measured["wall_s"] == pytest.approx(parts, abs=0.01) and measured["build_s"] > 0
-    assert measured["every_report_s"] > measured["wall_s"] and measured["every_report_peak_mb"] >= measured["peak_mb"]
-    assert all(measured[k] > 0 for k in ("junit_s", "prometheus_s", "html_s", "synthesis_s"))
+    assert measured["synthesis_s"] > 0 and "junit_s" not in measured
     assert "--json" in bench_census.DESCRIPTION and "\n" not in bench_census.DESCRIPTION
-    assert f"| {N} | {measured['processes']:,} |" in bench_census.table({N: measured})
+    shown = bench_census.table({N: measured}).splitlines()
+    assert shown[2].startswith(f"| {N} | {measured['processes']:,} | {measured['results']} |") and "junit" not in shown[0]
+    assert len(shown[0].split("|")) == len(shown[1].split("|")) == len(shown[2].split("|"))
+
+
+def test_the_report_files_are_timed_apart_when_asked_for(run):
+    measured, _ = run
+    assert measured["every_report_s"] > measured["wall_s"] and measured["every_report_peak_mb"] >= measured["peak_mb"]
+    assert all(measured[k] > 0 for k in ("junit_s", "prometheus_s", "html_s"))
+    row = dict(measured, wall_min_s=measured["wall_s"], wall_max_s=measured["wall_s"])
+    header, rule, line = bench_census.table({N: row}).splitlines()
+    assert "with every report | junit | prometheus | html" in header
+    assert len(header.split("|")) == len(rule.split("|")) == len(line.split("|"))
