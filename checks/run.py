@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from preflight.api import Finding, Status, check, fold, grouped, odd_ones_out, skip
-from preflight.job.running import (Census, Proc, expected_nodes, hosts_in_use, is_loopback, job_command, node_at,
+from preflight.job.running import (Addresses, Census, Proc, expected_nodes, hosts_in_use, is_loopback, job_command,
                                    table)
 from preflight.report import redact
 
@@ -71,8 +71,11 @@ def job_processes(ctx) -> Iterator[Finding]:
         return
     ports = sorted({p.job_port for p in census.procs if p.job_port is not None})
     if census.port is None and len(ports) > 1:
-        jobs = "; ".join(f"port {port} on {fold(sorted({p.node for p in census.procs if p.job_port == port}))}"
-                         for port in ports)
+        on_port: Dict[int, set] = {}  # one pass: a job per node would be as many passes as nodes
+        for p in census.procs:
+            if p.job_port is not None:
+                on_port.setdefault(p.job_port, set()).add(p.node)
+        jobs = "; ".join(f"port {port} on {fold(sorted(on_port[port]))}" for port in ports)
         yield Finding(Status.WARN, f"{len(ports)} jobs run on these nodes ({jobs}): the findings below mix them",
                       f"pick one with --port ({', '.join(map(str, ports))}) or --pid",
                       nodes=tuple(dict.fromkeys(p.node for p in census.procs)), evidence={"ports": ports})
@@ -116,16 +119,16 @@ def duplicate_node_rank(ctx) -> Iterator[Finding]:
     by_rank: Dict[int, List[Proc]] = {}
     for p in launchers:
         by_rank.setdefault(p.node_rank, []).append(p)
-    clean = True
+    clean, order = True, {node: i for i, node in enumerate(census.nodes)}
     for rank, procs in sorted(by_rank.items()):
-        nodes = sorted({p.node for p in procs}, key=census.nodes.index)
+        nodes = sorted({p.node for p in procs}, key=order.__getitem__)  # every node launched as 0: one group of all
         if len(nodes) < 2:
             continue
         clean = False
         hosting = [p.node for p in procs if p.listens]
         store = (f"; {fold(hosting)} each host{'s' if len(hosting) == 1 else ''} a rendezvous store on port "
                  f"{procs[0].master_port} and wait there for the others, forever" if len(hosting) > 1 else
-                 f"; the rendezvous waits for a rank nobody has")
+                 "; the rendezvous waits for a rank nobody has")
         pids = ", ".join(f"{p.node} pid {p.pid}" for p in procs)
         yield Finding(Status.FAIL, f"node rank {rank} on {len(nodes)} nodes, {fold(nodes)} ({pids}){store}",
                       f"stop the job ({pids}), give each node its own rank from 0 to "
@@ -151,10 +154,10 @@ def job_agreement(ctx) -> Iterator[Finding]:
     if gate:
         yield gate
         return
-    odd_nodes = set()
+    odd_nodes, addresses = set(), Addresses(ctx.facts)
 
     def head(p: Proc):  # node01 and 10.0.0.1 are the same head when node01 owns that address; 127.0.0.1 is p's own
-        return node_at(ctx.facts, p.master_addr, p.node) or p.master_addr if p.master_addr else None
+        return addresses.node_at(p.master_addr, p.node) or p.master_addr if p.master_addr else None
 
     every = census.launchers + census.ranks  # a node's launcher speaks for it first
     for label, value_of, procs in (
@@ -170,13 +173,16 @@ def job_agreement(ctx) -> Iterator[Finding]:
         if len(set(map(repr, values.values()))) < 2:
             continue
         majority, odd = odd_ones_out(values, census.nodes[0] if census.nodes else None)
+        others = fold([n for n in values if n not in odd])  # once: the odd nodes may be half of them
+        said_on: Dict[str, Any] = {}  # node -> the master address its first process was given
+        for p in procs if label == "master address" else ():
+            said_on.setdefault(p.node, p.master_addr)
         for node, value in odd.items():
             odd_nodes.add(node)
-            others = [n for n in values if n not in odd]
-            said = next((p.master_addr for p in procs if p.node == node), None) if label == "master address" else None
+            said = said_on.get(node)
             if is_loopback(said):  # every node has it: that node meets on itself
                 value = f"{said} (that is, {node} itself)"
-            yield Finding(Status.FAIL, f"{label} is {value} on {node}, {majority} on {fold(others)}: {node} waits "
+            yield Finding(Status.FAIL, f"{label} is {value} on {node}, {majority} on {others}: {node} waits "
                           "for a rendezvous the others are not part of", f"start {node} with the {label} {majority}",
                           nodes=(node,), evidence={"key": label, "value": value, "expected": majority})
     agreeing = tuple(n for n in dict.fromkeys(p.node for p in census.procs) if n not in odd_nodes)
@@ -199,6 +205,7 @@ def master_reachable(ctx) -> Iterator[Finding]:
         yield gate
         return
     stuck: Dict[str, List[str]] = {}
+    addresses = Addresses(ctx.facts)
     for p in census.procs:
         # A connection to the job's port or to the process's own master: another one that hangs (a metrics
         # endpoint, a dataset server) is not the master's.
@@ -208,7 +215,7 @@ def master_reachable(ctx) -> Iterator[Finding]:
                 stuck.setdefault(p.node, []).append(f"{s.get('remote')}:{s.get('remote_port')}")
     for node, targets in stuck.items():
         target = targets[0]
-        owner = node_at(ctx.facts, target.rsplit(":", 1)[0], node)
+        owner = addresses.node_at(target.rsplit(":", 1)[0], node)
         yield Finding(Status.FAIL, f"{node} cannot reach the master at {target}"
                       f"{f' ({owner})' if owner else ' (no node of the job has that address)'}: its connection is "
                       "never answered (a firewall that drops the port, or a wrong address)",
@@ -237,7 +244,8 @@ def rendezvous_arrivals(ctx) -> Iterator[Finding]:
     hosts = [p for p in census.launchers if p.listens]
     # The store the job meets at is the one on the node that owns the master address; another node's
     # (a duplicate rank 0) is RUN002's finding, and counting its guests would blame the wrong nodes.
-    real = [p for p in hosts if node_at(ctx.facts, p.master_addr, p.node) == p.node]
+    addresses = Addresses(ctx.facts)
+    real = [p for p in hosts if addresses.node_at(p.master_addr, p.node) == p.node]
     hosts = real or hosts
     if not hosts:
         yield skip("no launcher listens on the master port on any node reached")
@@ -246,7 +254,7 @@ def rendezvous_arrivals(ctx) -> Iterator[Finding]:
         port = host.master_port
         peers = {s.get("remote") for s in host.sockets if s.get("state") == "ESTABLISHED"
                  and s.get("local_port") == port}
-        joined = {node_at(ctx.facts, a, host.node) or a for a in peers if a}
+        joined = {addresses.node_at(a, host.node) or a for a in peers if a}
         joined.add(host.node)  # its own launcher joins through loopback or its own address
         expected = _world(census)
         absent = [n for n in census.nodes if n not in joined]
@@ -388,12 +396,24 @@ def stale_port_holder(ctx) -> Iterator[Finding]:
                           f"started {h.get('age_s')} s ago, which is not a process of this job",
                           f"stop pid {h.get('pid')} (and its job), then start the job again; or use another port",
                           nodes=(node,), evidence={"pid": h.get("pid"), "age_s": h.get("age_s")})
-    for holder in [p for p in census.launchers if p.listens]:
-        others = [p for p in census.launchers if p.node != holder.node]
-        theirs, its = [job_command(p) for p in others], job_command(holder)
-        if not others or its is None or None in theirs or its in theirs:  # the same job, or not known to differ
+    holders = [p for p in census.launchers if p.listens]
+    # The other nodes' commands and ages, as counts over every node less the holder's: every node may hold the port
+    # (each launched as node rank 0), and a pass over the others for each holder would be nodes x nodes.
+    commands, on_node, oldest = Counter(), {}, {}
+    for p in census.launchers if holders else ():
+        command = job_command(p)
+        commands[command] += 1
+        on_node.setdefault(p.node, Counter())[command] += 1
+        if isinstance(p.age_s, (int, float)):
+            oldest[p.node] = max(oldest.get(p.node, p.age_s), p.age_s)
+    two_oldest = sorted(oldest.items(), key=lambda item: item[1], reverse=True)[:2]
+    for holder in holders:
+        its, mine = job_command(holder), on_node[holder.node]
+        others = sum(commands.values()) - sum(mine.values())
+        theirs = lambda command: commands[command] - mine[command] > 0  # noqa: E731  (said by another node)
+        if not others or its is None or theirs(None) or theirs(its):  # the same job, or not known to differ
             continue
-        younger = [p.age_s for p in others if isinstance(p.age_s, (int, float))]
+        younger = [age for node, age in two_oldest if node != holder.node][:1]  # the oldest of the others'
         if isinstance(holder.age_s, (int, float)) and younger and holder.age_s > max(younger) + OLDER_JOB_S:
             found = True
             yield Finding(Status.FAIL, f"port {census.port} on {holder.node} is held by an older job: {holder.launcher} "
