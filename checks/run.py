@@ -6,8 +6,8 @@ from collections import Counter
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from preflight.api import Finding, Status, check, fold, grouped, odd_ones_out, skip
-from preflight.job.running import (Census, Proc, expected_nodes, hosts_in_use, is_loopback, meets_on_itself,
-                                   node_at, nodes_text, of_other_jobs, other_jobs, table)
+from preflight.job.running import (Addresses, Census, Proc, expected_nodes, hosts_in_use, is_loopback,
+                                   meets_on_itself, nodes_text, of_other_jobs, other_jobs, table)
 from preflight.report import redact
 
 def _census(ctx) -> Optional[Census]:
@@ -66,8 +66,11 @@ def job_processes(ctx) -> Iterator[Finding]:
         return
     ports = sorted({p.job_port for p in census.procs if p.job_port is not None})
     if census.port is None and len(ports) > 1:
-        jobs = "; ".join(f"port {port} on {fold(sorted({p.node for p in census.procs if p.job_port == port}))}"
-                         for port in ports)
+        on_port: Dict[int, set] = {}  # one pass: a job per node would be as many passes as nodes
+        for p in census.procs:
+            if p.job_port is not None:
+                on_port.setdefault(p.job_port, set()).add(p.node)
+        jobs = "; ".join(f"port {port} on {fold(sorted(on_port[port]))}" for port in ports)
         yield Finding(Status.WARN, f"{len(ports)} jobs run on these nodes ({jobs}): the findings below mix them",
                       f"pick one with --port ({', '.join(map(str, ports))}) or --pid",
                       nodes=tuple(dict.fromkeys(p.node for p in census.procs)), evidence={"ports": ports})
@@ -111,16 +114,16 @@ def duplicate_node_rank(ctx) -> Iterator[Finding]:
     by_rank: Dict[int, List[Proc]] = {}
     for p in launchers:
         by_rank.setdefault(p.node_rank, []).append(p)
-    clean = True
+    clean, order = True, {node: i for i, node in enumerate(census.nodes)}
     for rank, procs in sorted(by_rank.items()):
-        nodes = sorted({p.node for p in procs}, key=census.nodes.index)
+        nodes = sorted({p.node for p in procs}, key=order.__getitem__)  # every node launched as 0: one group of all
         if len(nodes) < 2:
             continue
         clean = False
         hosting = [p.node for p in procs if p.listens]
         store = (f"; {fold(hosting)} each host{'s' if len(hosting) == 1 else ''} a rendezvous store on port "
                  f"{procs[0].master_port} and wait there for the others, forever" if len(hosting) > 1 else
-                 f"; the rendezvous waits for a rank nobody has")
+                 "; the rendezvous waits for a rank nobody has")
         pids = ", ".join(f"{p.node} pid {p.pid}" for p in procs)
         yield Finding(Status.FAIL, f"node rank {rank} on {len(nodes)} nodes, {fold(nodes)} ({pids}){store}",
                       f"stop the job ({pids}), give each node its own rank from 0 to "
@@ -151,12 +154,12 @@ def job_agreement(ctx) -> Iterator[Finding]:
     every = [p for p in census.launchers + census.ranks if (p.node, p.pid) not in gone]  # a node's launcher first
     launchers = [p for p in every if p.kind == "launcher"]
     alone = [p for p in launchers if meets_on_itself(census, p)]
-    odd_nodes = {p.node for p in alone}
+    odd_nodes, addresses = {p.node for p in alone}, Addresses(ctx.facts)
     for p in alone:
         yield _on_itself(census, p, [q for q in every if q.node not in odd_nodes])
 
     def head(p: Proc):  # node01 and 10.0.0.1 are the same head when node01 owns that address; 127.0.0.1 is p's own
-        return node_at(ctx.facts, p.master_addr, p.node) or p.master_addr if p.master_addr else None
+        return addresses.node_at(p.master_addr, p.node) or p.master_addr if p.master_addr else None
 
     for label, value_of, procs in (
             ("master address", head, [p for p in every if p.node not in odd_nodes]),
@@ -171,13 +174,16 @@ def job_agreement(ctx) -> Iterator[Finding]:
         if len(set(map(repr, values.values()))) < 2:
             continue
         majority, odd = odd_ones_out(values, census.nodes[0] if census.nodes else None)
+        others = fold([n for n in values if n not in odd])  # once: the odd nodes may be half of them
+        said_on: Dict[str, Any] = {}  # node -> the master address its first process was given
+        for p in procs if label == "master address" else ():
+            said_on.setdefault(p.node, p.master_addr)
         for node, value in odd.items():
             odd_nodes.add(node)
-            others = [n for n in values if n not in odd]
-            said = next((p.master_addr for p in procs if p.node == node), None) if label == "master address" else None
+            said = said_on.get(node)
             if is_loopback(said):  # every node has it: that node meets on itself
                 value = f"{said} (that is, {node} itself)"
-            yield Finding(Status.FAIL, f"{label} is {value} on {node}, {majority} on {fold(others)}: {node} waits "
+            yield Finding(Status.FAIL, f"{label} is {value} on {node}, {majority} on {others}: {node} waits "
                           "for a rendezvous the others are not part of", f"start {node} with the {label} {majority}",
                           nodes=(node,), evidence={"key": label, "value": value, "expected": majority})
     agreeing = tuple(n for n in dict.fromkeys(p.node for p in every) if n not in odd_nodes)
@@ -227,6 +233,7 @@ def master_reachable(ctx) -> Iterator[Finding]:
         yield gate
         return
     stuck: Dict[str, List[str]] = {}
+    addresses = Addresses(ctx.facts)
     for p in census.procs:
         # A connection to the job's port or to the process's own master: another one that hangs (a metrics
         # endpoint, a dataset server) is not the master's.
@@ -236,7 +243,7 @@ def master_reachable(ctx) -> Iterator[Finding]:
                 stuck.setdefault(p.node, []).append(f"{s.get('remote')}:{s.get('remote_port')}")
     for node, targets in stuck.items():
         target = targets[0]
-        owner = node_at(ctx.facts, target.rsplit(":", 1)[0], node)
+        owner = addresses.node_at(target.rsplit(":", 1)[0], node)
         yield Finding(Status.FAIL, f"{node} cannot reach the master at {target}"
                       f"{f' ({owner})' if owner else ' (no node of the job has that address)'}: its connection is "
                       "never answered (a firewall that drops the port, or a wrong address)",
@@ -265,7 +272,8 @@ def rendezvous_arrivals(ctx) -> Iterator[Finding]:
     hosts = [p for p in census.launchers if p.listens]
     # The store the job meets at is the one on the node that owns the master address; another node's
     # (a duplicate rank 0) is RUN002's finding, and counting its guests would blame the wrong nodes.
-    real = [p for p in hosts if node_at(ctx.facts, p.master_addr, p.node) == p.node]
+    addresses = Addresses(ctx.facts)
+    real = [p for p in hosts if addresses.node_at(p.master_addr, p.node) == p.node]
     hosts = real or hosts
     if not hosts:
         yield skip("no launcher listens on the master port on any node reached")
@@ -274,7 +282,7 @@ def rendezvous_arrivals(ctx) -> Iterator[Finding]:
         port = host.master_port
         peers = {s.get("remote") for s in host.sockets if s.get("state") == "ESTABLISHED"
                  and s.get("local_port") == port}
-        joined = {node_at(ctx.facts, a, host.node) or a for a in peers if a}
+        joined = {addresses.node_at(a, host.node) or a for a in peers if a}
         joined.add(host.node)  # its own launcher joins through loopback or its own address
         expected = _world(census)
         absent = [n for n in census.nodes if n not in joined]

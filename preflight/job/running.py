@@ -81,6 +81,8 @@ class Proc:
     # The port that names its job: a launcher's master port (its rendezvous endpoint's, elastic), and for a rank
     # its launcher's; an elastic launcher hands its ranks a store port of its own as MASTER_PORT.
     job_port: Optional[int] = None
+    # The launcher's command as its parser reads it (_launch), parsed once: build, RUN001 and RUN008 all ask.
+    launched: Optional[tuple] = field(default=None, repr=False, compare=False)
 
     @property
     def listens(self) -> bool:
@@ -123,10 +125,17 @@ class Census:
         return [p for p in self.procs if p.kind == "rank"]
 
 
-def where(threads: Any, launcher: bool = False) -> Where:
+def where(threads: Any, launcher: bool = False, seen: Optional[dict] = None) -> Where:
     """The phase of a process from py-spy's threads (frames innermost first), the main thread first. A
-    launcher's own "user" frame is its console script: not worth naming."""
-    found = _where(threads)
+    launcher's own "user" frame is its console script: not worth naming. `seen`: the stacks read so far
+    (their repr -> where), for a census whose ranks mostly stand at the same few places."""
+    if seen is None:
+        found = _where(threads)
+    else:
+        key = repr(threads)  # repr keeps types apart (1 and "1"), as _where reads them
+        if key not in seen:
+            seen[key] = _where(threads)
+        found = Where(seen[key].phase, seen[key].op, seen[key].at)  # each process its own
     return Where(found.phase, found.op, None) if launcher else found
 
 
@@ -156,6 +165,12 @@ def _where(threads: Any) -> Where:
     return best or Where("unknown")
 
 
+def _launch_of(p: Proc) -> Tuple[Optional[str], Optional[launchcmd.LaunchCommand]]:
+    if p.launched is None:
+        p.launched = _launch(p.argv, p.argv_dropped)
+    return p.launched
+
+
 def _launch(argv: List[str], dropped: int = 0) -> Tuple[Optional[str], Optional[launchcmd.LaunchCommand]]:
     """(the launcher, its command as its parser reads it); the command is None when the node cut the command line
     before its script (`dropped` words not sent): the launcher's own options may be among them."""
@@ -170,6 +185,7 @@ def _launch(argv: List[str], dropped: int = 0) -> Tuple[Optional[str], Optional[
 
 def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -> Census:
     census = Census(list(nodes), port=port)
+    seen: dict = {}  # stacks already placed: a stuck job's ranks stand at a few places
     for node in nodes:
         state = facts.get(node) or {}
         node_facts = state.get("facts") if isinstance(state.get("facts"), dict) else None
@@ -187,7 +203,7 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
             census.dropped[node] = raw["processes_dropped"]
         on_gpu = _gpu_processes(node_facts)
         for item in raw["processes"]:
-            proc = _proc(node, item)
+            proc = _proc(node, item, seen)
             if proc is not None:
                 proc.gpu = on_gpu.get(proc.pid)
                 census.procs.append(proc)
@@ -198,8 +214,11 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
         if launcher.master_port is None and launcher.rdzv is not None:  # an elastic one's ranks have its store's
             launcher.master_port = next((p.master_port for p in ranks if p.master_port is not None), None)
         launcher.job_port = launcher.master_port
+    launchers = {}
+    for p in census.launchers:  # (node, pid) -> the first launcher of that pid, as a scan of the node finds it
+        launchers.setdefault((p.node, p.pid), p)
     for rank in census.ranks:
-        parent = next((p for p in census.on(rank.node, "launcher") if p.pid == rank.ppid), None)
+        parent = launchers.get((rank.node, rank.ppid))
         rank.job_port = parent.job_port if parent is not None and parent.job_port is not None else rank.master_port
     if port is not None:
         # The node keeps every launcher: a launcher's port may come from its config file, read here.
@@ -239,7 +258,7 @@ def _gpu_processes(node_facts: Mapping[str, Any]) -> Dict[int, str]:
     return found
 
 
-def _proc(node: str, item: Any) -> Optional[Proc]:
+def _proc(node: str, item: Any, seen: Optional[dict] = None) -> Optional[Proc]:
     if not isinstance(item, dict) or not isinstance(item.get("pid"), int):
         return None
     argv = [str(a) for a in item.get("argv") or () if a is not None]
@@ -252,12 +271,12 @@ def _proc(node: str, item: Any) -> Optional[Proc]:
                 ppid=item.get("ppid") if isinstance(item.get("ppid"), int) else None,
                 sockets_dropped=item.get("sockets_dropped") if isinstance(item.get("sockets_dropped"), int) else 0,
                 argv_dropped=max(0, item["argv_dropped"]) if type(item.get("argv_dropped")) is int else 0,
-                where=where(item.get("threads"), item.get("kind") == "launcher") if "threads" in item
+                where=where(item.get("threads"), item.get("kind") == "launcher", seen) if "threads" in item
                 else Where("unknown"),
                 stable=item.get("stable") if isinstance(item.get("stable"), bool) else None)
     proc.run_id = env.get("TORCHELASTIC_RUN_ID")
     if proc.kind == "launcher":
-        launcher, command = _launch(argv, proc.argv_dropped)
+        launcher, command = _launch_of(proc)
         proc.launcher = launcher
         if launcher is not None and command is None:  # cut before its script: its rendezvous, rank, port unknown
             proc.rdzv = None
@@ -374,7 +393,7 @@ def job_of(p: Proc) -> Optional[Dict[str, Any]]:
     and port, each as the launcher's parser reads them (torchrun's --nnodes 2, --nnodes=2 and accelerate's
     --num_machines 2 or num_machines: 2 in its config are one value); a value not known is None and not compared.
     None when its node cut its command line before the script."""
-    launcher, command = _launch(p.argv, p.argv_dropped)
+    launcher, command = _launch_of(p)
     if launcher is None or command is None:
         return None
     nodes = nodes_text(p.nnodes)
@@ -406,18 +425,40 @@ def other_jobs(census: Census) -> List[OtherJob]:
     store. It is another job when its job (job_of) is none of the other nodes' launchers', whatever its age. A
     command cut by its node is not known to differ; one that differs only in what job_of leaves out (script
     arguments, restarts, logs) makes the same rendezvous with them, so it is the job they run."""
+    holders = [p for p in census.launchers if p.listens]
+    if not holders:
+        return []
+    # Each launcher's job once, then per holder the other nodes' as counts less its own node's: every node may
+    # hold the port (each launched as node rank 0), and a walk of the others for each holder is nodes x nodes.
+    jobs = {id(p): job_of(p) for p in census.launchers}
+    kinds: Dict[Any, int] = Counter()
+    on_node: Dict[str, Counter] = {}
+    oldest: Dict[str, float] = {}
+    firsts: Dict[str, Proc] = {}  # node -> its first launcher: the first two nodes' give "the first other node"
+    for p in census.launchers:
+        kind = _frozen(jobs[id(p)])
+        kinds[kind] += 1
+        on_node.setdefault(p.node, Counter())[kind] += 1
+        firsts.setdefault(p.node, p)
+        if isinstance(p.age_s, (int, float)):
+            oldest[p.node] = max(oldest.get(p.node, p.age_s), p.age_s)
+    two_firsts, two_oldest = list(firsts.items())[:2], sorted(oldest.items(), key=lambda item: -item[1])[:2]
     found = []
-    for holder in [p for p in census.launchers if p.listens]:
-        others = [p for p in census.launchers if p.node != holder.node]
-        mine, theirs = job_of(holder), [job_of(p) for p in others]
-        if not others or mine is None or None in theirs:
+    for holder in holders:
+        mine, own = jobs[id(holder)], on_node[holder.node]
+        theirs = [kind for kind, count in kinds.items() if count > own[kind]]
+        if not theirs or mine is None or None in theirs:
             continue
-        differs = [differences(mine, t) for t in theirs]
-        if all(differs):
-            ages = [p.age_s for p in others if isinstance(p.age_s, (int, float))]
-            older = holder.age_s - max(ages) if isinstance(holder.age_s, (int, float)) and ages else None
-            found.append(OtherJob(holder, differs[0], older))
+        if all(differences(mine, dict(kind)) for kind in theirs):
+            first = next(p for node, p in two_firsts if node != holder.node)
+            ages = [age for node, age in two_oldest if node != holder.node][:1]
+            older = holder.age_s - ages[0] if isinstance(holder.age_s, (int, float)) and ages else None
+            found.append(OtherJob(holder, differences(mine, jobs[id(first)]), older))
     return found
+
+
+def _frozen(job: Optional[Dict[str, Any]]) -> Optional[tuple]:
+    return tuple(job.items()) if job is not None else None
 
 
 def of_other_jobs(census: Census) -> set:
@@ -440,6 +481,44 @@ def meets_on_itself(census: Census, p: Proc) -> bool:
     return not any(q.node_rank == 0 or q.listens_on(p.master_port) for q in census.on(p.node, "launcher"))
 
 
+class Addresses:
+    """node_at for many addresses over the same facts (a check asks for every process of the job): each node's
+    names and addresses indexed once, on the first question, where node_of_address scans every node each time."""
+
+    def __init__(self, facts: Mapping[str, Any]):
+        self.facts = facts
+        self._index: Optional[Dict[str, str]] = None
+        self._loopback: Dict[str, bool] = {}
+
+    def node_at(self, address: Any, seen_from: str) -> Optional[str]:
+        if not address:
+            return None
+        if not isinstance(address, str):  # not a name: compared as node_of_address compares it
+            return node_at(self.facts, address, seen_from)
+        if address not in self._loopback:
+            self._loopback[address] = is_loopback(address)
+        if self._loopback[address]:
+            return seen_from
+        if self._index is None:
+            self._index = self._indexed()
+        return self._index.get(address)
+
+    def _indexed(self) -> Dict[str, str]:
+        """name or address -> the first node that has it, in node_of_address's order."""
+        index: Dict[str, str] = {}
+        for node, state in self.facts.items():
+            node_facts = (state or {}).get("facts")
+            host = node_facts.get("host") if isinstance(node_facts, dict) else None
+            if not isinstance(host, dict):
+                continue
+            interfaces = host.get("interfaces") if isinstance(host.get("interfaces"), dict) else {}
+            for key in (node, host.get("hostname"), host.get("fqdn"), *(
+                    a for held in interfaces.values() if isinstance(held, list) for a in held)):
+                if isinstance(key, str):
+                    index.setdefault(key, node)
+        return index
+
+
 def hosts_in_use(census: Census) -> set:
     """The nodes a DeepSpeed runner among the launchers starts ranks on, after its --include, --exclude and
     --num_nodes (deepspeed/launcher/runner.py main: parse_resource_filter, apply_num_nodes_and_gpus); every
@@ -448,7 +527,7 @@ def hosts_in_use(census: Census) -> set:
 
     used = set()
     for p in census.launchers:
-        launcher, command = _launch(p.argv, p.argv_dropped)
+        launcher, command = _launch_of(p)
         if launcher != "deepspeed":
             continue
         if command is None:  # its filter was in the words its node did not send: any node may be one of its
