@@ -10,6 +10,7 @@ effective launch).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -247,6 +248,7 @@ DEST = {"deepspeed": {"num_accelerators": "num_gpus"}}
 LEGACY_LAUNCH_OPTIONS = frozenset(("use_env",))  # python -m torch.distributed.launch's, not torchrun's
 
 
+@functools.lru_cache(maxsize=4096)  # the same few options on every node's launcher: 16,384 of them for doctor
 def _full_name(launcher: str, option: str, legacy_launch: bool = False) -> Optional[str]:
     """The name (dest) of the option the launcher's argparse reads OPTION as (without its dashes): the option itself,
     or the one option string it abbreviates, or None (unknown, or ambiguous: argparse counts both spellings of a

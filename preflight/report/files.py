@@ -224,6 +224,7 @@ def junit(results: Sequence[Result], verdict: str, nodes: Sequence[str], duratio
 # ET.indent: the same bytes, without a tree of 70,000 elements at 4,096 nodes).
 _ATTRIBUTE = {'"': "&quot;", "\r": "&#13;", "\n": "&#10;", "\t": "&#09;"}
 _OUTCOME = {Status.FAIL: "failure", Status.ERROR: "error", Status.SKIP: "skipped"}
+EVIDENCE_ONCE = 4096  # characters: larger evidence of a result on several nodes is written once, on its first
 
 
 def escape(text: str, entities: Optional[Dict[str, str]] = None) -> str:
@@ -260,14 +261,22 @@ def junit_pieces(results: Sequence[Result], verdict: str, nodes: Sequence[str], 
         elif r.status is Status.WARN:  # JUnit has no warning: the test passes, the output says why
             inside.append(_element("system-out", (), _xml(f"WARN {r.message}" + (f"\nfix: {r.remediation}"
                                                                                   if r.remediation else ""))))
-        if r.evidence:
-            inside.append(_element("system-err", (), "evidence: " + json.dumps(dict(r.evidence), default=str,
-                                                                               sort_keys=True)))
+        nodes = r.nodes or (CONFIG,)
+        evidence = json.dumps(dict(r.evidence), default=str, sort_keys=True) if r.evidence else None
+        # Large evidence (doctor's census of every process) once, in the first node's test case: in each of
+        # thousands it would make the file nodes x evidence
+        again = evidence is not None and len(nodes) > 1 and len(evidence) > EVIDENCE_ONCE
         classname = escape(_xml(f"{r.id} {r.name}"), _ATTRIBUTE)
-        end = f' time="{r.duration_s:.6f}"' + (
-            ">" + "".join(f"\n    {x}" for x in inside) + "\n  </testcase>" if inside else " />")
-        yield _utf8("".join(f'  <testcase classname="{classname}" name="{escape(_xml(node), _ATTRIBUTE)}"{end}\n'
-                            for node in r.nodes or (CONFIG,)))
+
+        def end(evidence_text: Optional[str]) -> str:
+            parts = inside + ([_element("system-err", (), evidence_text)] if evidence_text else [])
+            return f' time="{r.duration_s:.6f}"' + (
+                ">" + "".join(f"\n    {x}" for x in parts) + "\n  </testcase>" if parts else " />")
+
+        first = end(f"evidence: {evidence}" if evidence is not None else None)
+        rest = end(f"evidence: as in the test case of {nodes[0]}") if again else first
+        yield _utf8("".join(f'  <testcase classname="{classname}" name="{escape(_xml(node), _ATTRIBUTE)}"'
+                            f'{first if k == 0 else rest}\n' for k, node in enumerate(nodes)))
     yield b"</testsuite>\n"
 
 
@@ -637,13 +646,18 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
             folded_names[key] = fold_nodes(nodes)
         return folded_names[key]
 
-    def detail(r: Result) -> Tuple[str, str]:
+    def detail(r: Result, where: str) -> Tuple[str, str]:
+        """Its detail's head and body; large evidence (doctor's census) in full only in its first cell's: in each
+        of a thousand nodes' cells it would make the page nodes x evidence."""
         if id(r) not in shown:
             fix = f'<p class="fix"><b>fix:</b> {e(r.remediation)}</p>' if r.remediation else ""
-            evidence = (f"<pre>{html.escape(json.dumps(dict(r.evidence), indent=2, default=str, sort_keys=True))}</pre>"
-                        if r.evidence else "")
-            shown[id(r)] = (f'style="border-left-color:{COLORS[r.status][0]}"><h3>{e(r.status.value.upper())} '
-                            f"{e(r.id)} {e(r.name)} on ", f'</h3><p class="message">{e(r.message)}</p>{fix}{evidence}</div>')
+            text = json.dumps(dict(r.evidence), indent=2, default=str, sort_keys=True) if r.evidence else ""
+            evidence = f"<pre>{html.escape(text)}</pre>" if text else ""
+            again = f'<p class="evidence">evidence: as on {e(where)}</p>' if len(text) > EVIDENCE_ONCE else evidence
+            head = f'style="border-left-color:{COLORS[r.status][0]}"><h3>{e(r.status.value.upper())} {e(r.id)} {e(r.name)} on '
+            body = f'</h3><p class="message">{e(r.message)}</p>{fix}'
+            shown[id(r)] = (head, f"{body}{again}</div>")
+            return head, f"{body}{evidence}</div>"
         return shown[id(r)]
 
     for cid in rows:
@@ -665,8 +679,8 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
             ids = []
             for r in sorted(found, key=lambda x: SEVERITY[x.status]) if len(found) > 1 else found:
                 ids.append(f"d{len(details)}")
-                head, body = detail(r)
                 where = col if on is None else folds(on[id(r)][1])
+                head, body = detail(r, where)
                 details.append(f'<div class="detail" id="{ids[-1]}" {head}{e(where)}{body}')
             title = f"{e(cid)} on {e(col)}: {e(found[0].message)}"  # escaped in parts: each part repeats
             out.append(f'<td class="cell {status.value}" data-node="{e(col)}"><button type="button" '

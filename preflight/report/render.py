@@ -168,13 +168,14 @@ def table_lines(plan: EvidenceTable, color: bool) -> List[List[Tuple[str, str]]]
     """The plan as an aligned table of (text, style) parts: differing cells in bold red, and without colour
     marked with a trailing '*' (explained on a line under the table)."""
     mark = "" if color else "*"
+    shown = _shown_rows(plan)
     table = [[c.replace("_", " ") for c in plan.columns]]
     table += [[_cut(table_cell(v), plan.cell_max) + (mark if (i, j) in plan.differs else "") for j, v in enumerate(row)]
-              for i, row in enumerate(plan.rows)]
+              for i, row in ((i, plan.rows[i]) for i in shown)]
     widths = [max(len(row[j]) for row in table) for j in range(len(plan.columns))]
     last = len(widths) - 1
     lines = [[(f"{plan.title}:", "bold")]]
-    for i, row in enumerate(table, start=-1):  # the header is row -1: no cell of it differs
+    for i, row in zip([-1, *shown], table):  # the header is row -1: no cell of it differs
         parts = [("  ", "")]
         for j, text in enumerate(row):
             pad = " " * (widths[j] - len(text) + 2) if j < last else ""
@@ -185,9 +186,25 @@ def table_lines(plan: EvidenceTable, color: bool) -> List[List[Tuple[str, str]]]
                 else:
                     parts.append((piece, style))
         lines.append(parts)
+    if len(shown) < len(plan.rows):
+        lines.append([(f"  ... and {len(plan.rows) - len(shown):,} more rows (the JSON report, --json, has every "
+                       "row)", "")])
     if plan.differs and not color:
         lines.append([("  * differs from the other nodes", "")])
     return lines
+
+
+TABLE_ROWS = 1024  # a terminal table's rows at most (doctor's census of 16,384 nodes is 147,456 of them)
+
+
+def _shown_rows(plan: EvidenceTable) -> List[int]:
+    """The rows a terminal shows: all of them up to TABLE_ROWS; past it, those with a differing cell and the
+    first of the others, TABLE_ROWS in all, in their order."""
+    if len(plan.rows) <= TABLE_ROWS:
+        return list(range(len(plan.rows)))
+    odd = set(sorted({i for i, _ in plan.differs})[:TABLE_ROWS])
+    first = [i for i in range(TABLE_ROWS) if i not in odd][:TABLE_ROWS - len(odd)]
+    return sorted(odd.union(first))
 
 
 def use_color(stream: TextIO) -> bool:

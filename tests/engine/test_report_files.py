@@ -648,3 +648,34 @@ def test_the_matrix_of_more_nodes_than_a_page_can_show_folds_the_nodes_alike_int
     small = reports.html_report(results[:1] + [R("NET001", "pass", (x,)) for x in names[:reports.MATRIX_FOLD_ABOVE]],
                                 "pass", names[:reports.MATRIX_FOLD_ABOVE], 1.0)
     assert len(re.findall(r'<th class="node"', small)) == reports.MATRIX_FOLD_ABOVE + 1  # config and every node
+
+
+def test_a_terminal_table_of_more_rows_than_a_screen_shows_those_that_differ_and_counts_the_rest():
+    from preflight.report import render
+
+    rows = [{"node": f"n{i:05d}", "machine_rank": i, "config_sha": "b" if i in (3, 5000) else "a"} for i in range(6000)]
+    [table] = render.evidence_tables([R("JOB001", "pass", evidence={"launch_plan": rows})])
+    text = "\n".join("".join(part for part, _ in line) for line in render.table_lines(table, color=False))
+    shown = [line for line in text.splitlines() if line.strip().startswith("n0")]
+    assert len(shown) == render.TABLE_ROWS and shown[0].split()[0] == "n00000"
+    assert any(line.startswith("  n05000") and line.rstrip().endswith("b*") for line in shown)  # past the first rows
+    assert f"... and {6000 - render.TABLE_ROWS:,} more rows (the JSON report, --json, has every row)" in text
+    small = render.evidence_tables([R("JOB001", "pass", evidence={"launch_plan": rows[:render.TABLE_ROWS]})])[0]
+    assert "more rows" not in "".join(p for line in render.table_lines(small, False) for p, _ in line)
+
+
+def test_large_evidence_of_a_result_on_many_nodes_is_written_once_in_junit_and_html():
+    """doctor's census table is RUN001's evidence on every node: in each node's test case and cell it made the
+    files nodes x census (gigabytes at a few hundred nodes). Written once, on the first node; small evidence stays
+    on every node as it was."""
+    nodes = tuple(f"n{i:03d}" for i in range(300))
+    census = [{"node": n, "pid": 1000 + k, "kind": "rank", "rank": k} for k, n in enumerate(nodes * 3)]
+    results = [R("RUN001", "pass", nodes, "900 processes", evidence={"census": census}),
+               R("FS001", "pass", nodes, "room", evidence={"free_bytes": 1})]
+    xml = reports.junit(results, "pass", nodes, 1.0).decode()
+    assert xml.count('"rank": 899') == 1 and xml.count("evidence: as in the test case of n000") == 299
+    assert xml.count('evidence: {"free_bytes": 1}') == 300
+    assert len(xml) < 40 * len(json.dumps(census))
+    page = reports.html_report(results, "pass", nodes, 1.0)
+    assert page.count('&quot;rank&quot;: 899') == 1 and page.count("evidence: as on n000</p>") == 299
+    assert page.count("&quot;free_bytes&quot;: 1") == 300
