@@ -12,7 +12,8 @@ the noisiest, at least 7). Sections:
   hang     time to a verdict with one node's sshd frozen (--timeout 5) against a plain torch.distributed
            rendezvous missing that node (measured at a 5 s timeout; its default timeout computed)
   col      busbw of preflight's all-reduce against a plain torch.distributed loop, same hosts and sizes
-  scale    synthetic facts for 1,024, 4,096 and 16,384 nodes through the checks and every renderer
+  scale    synthetic facts for 1,024, 4,096 and 16,384 nodes through the checks and every renderer; doctor's
+           census of 16,384 synthetic nodes
   startup  import time of the preflight command (python -X importtime)
   datapath the path probes (NET007-NET011) and the pairwise phase (COL004) at 4, 16 and 32 test hosts, and the
            verdict with one slow link (scripts/bench_datapath.py)
@@ -556,6 +557,16 @@ def bench_scale_section(section: Section, repeat: int, **_):
     section.targets.append(Target("16,384 synthetic nodes with every report (JUnit, Prometheus, HTML) in under 8 s",
                                   secs(largest["every_report_s"]), largest["every_report_s"] < 8))
     section.notes.append(bench_scale.DESCRIPTION)
+    import bench_census
+
+    census = bench_census.measure_sizes((16384,), min(repeat, 3))[16384]
+    section.targets.append(Target("the doctor census of 16,384 synthetic nodes judged in under 4 s",
+                                  f"{secs(census['wall_s'])}, {census['peak_mb']:.0f} MB", census["wall_s"] < 4))
+    section.notes.append(f"doctor at 16,384 nodes ({census['processes']:,} processes), medians of "
+                         f"{min(repeat, 3)}: {secs(census['wall_s'])} ({secs(census['wall_min_s'])}-"
+                         f"{secs(census['wall_max_s'])}), of it the job across the nodes {secs(census['build_s'])}, "
+                         f"the checks {secs(census['checks_s'])}, JSON {secs(census['json_s'])}, terminal "
+                         f"{secs(census['terminal_s'])}; peak RSS {census['peak_mb']:.0f} MB. {bench_census.DESCRIPTION}")
 
 
 def bench_startup(section: Section, repeat: int, **_):

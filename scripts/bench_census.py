@@ -6,8 +6,8 @@ What is timed (wall_s, peak_mb) is what `preflight doctor` itself produces once 
 job across the nodes (`running.build`, as `engine.census_for` makes it), the checks (`engine.evaluate` for
 `doctor`, the gathering replaced by the synthetic census), the terminal report and the JSON document (`--json`).
 With --files, the report files asked for by option (`--junit`, `--prometheus`, `--html`) are timed after it,
-apart: each repeats RUN001's census table for every node (N x 9N rows: 38 s and 4.4 GB for JUnit, 81 s and
-13.8 GB for HTML at 1,024 nodes), so they are left out by default.
+apart. (They once repeated RUN001's census table for every node, N x 9N rows: 38 s and 4.4 GB for JUnit, 81 s
+and 13.8 GB for HTML at 1,024 nodes; evidence that large is now written once.)
 
 The shape is real: the script starts a small job on this machine (torchrun, 2 processes, gloo: rank 0 waits in
 all_reduce, rank 1 sleeps in its data loading) and takes its census with the real collector (py-spy's stacks,
@@ -52,7 +52,7 @@ DESCRIPTION = (
     "and both of its reports, the terminal text (with the census table) and the `--json` document. *build + "
     "checks + report* and *peak RSS* are that path, from the censuses in memory to both reports written, and "
     "the process's peak RSS by then (VmHWM, facts included); the opt-in report files (`--junit`, `--prometheus`, "
-    "`--html`) are left out (they repeat the census table for each node: `--files` times them apart). The shape is a real census: a 2-process gloo torchrun job "
+    "`--html`) are left out (`--files` times them apart). The shape is a real census: a 2-process gloo torchrun job "
     "started on this machine and read by the real collector (py-spy stacks, /proc sockets and job variables), "
     "made each node of an N-node job (one torchrun launcher, 8 ranks with their variables, sockets, pids, ages, "
     "stacks in all_reduce, the recorded GPUs of an 8 x H100 node), sent through JSON once per node and decoded as "
@@ -400,7 +400,7 @@ def _child(n: int, template_path: str, files: bool = False) -> dict:
 def measure_sizes(sizes, repeat: int = 3, template: dict = None, files: bool = False) -> dict:
     """n -> medians, the sizes interleaved run by run so that machine noise falls on all of them alike. The
     real job's census is taken once, here (template: one taken already). `files`: the opt-in report files too
-    (they repeat RUN001's census table for every node: gigabytes past a few hundred nodes)."""
+    (apart, after the reports of the path timed)."""
     with tempfile.TemporaryDirectory(prefix="pf-bench-census-") as folder:
         template = template or real_census(folder)
         template_path = os.path.join(folder, "template.json")
@@ -437,7 +437,7 @@ def main() -> None:
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--template", help=argparse.SUPPRESS)  # the real job's census, taken by the parent
     parser.add_argument("--files", action="store_true", help="time the opt-in report files too (--junit, "
-                        "--prometheus, --html: each repeats the census table per node, gigabytes past 256 nodes)")
+                        "--prometheus, --html)")
     args = parser.parse_args()
     if args.one:
         with open(args.template) as f:
