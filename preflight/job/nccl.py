@@ -4,8 +4,9 @@ RoCE GID entry NCCL_IB_GID_INDEX (or NCCL itself) picks; and the node's fabric f
 NET, RDMA, COL checks and the launch view all judge a node by these; no I/O here."""
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.inputs.numbers import int_or_none
 from preflight.inputs.versions import requirement_name, version
@@ -41,9 +42,10 @@ def interface_spec(env: Mapping[str, Any], name: str) -> Optional[str]:
     return value if isinstance(value, str) and len(value) > 1 else None
 
 
-def nccl_list(spec: str) -> Tuple[bool, bool, List[Tuple[str, Optional[int]]]]:
+@functools.lru_cache(maxsize=256)  # the same value on thousands of nodes
+def nccl_list(spec: str) -> Tuple[bool, bool, Tuple[Tuple[str, Optional[int]], ...]]:
     """A list variable as NCCL parses it (NCCL_SOCKET_IFNAME, NCCL_IB_HCA): (exclude `^`, exact `=`,
-    [(name, port or None)]). parseStringList cuts each comma-separated item at `:` (the rest is its port)
+    ((name, port or None), ...)). parseStringList cuts each comma-separated item at `:` (the rest is its port)
     and drops empty items; without `=` each name is a prefix (mlx5 selects mlx5_0, mlx5_1, ...)."""
     spec = spec.strip()
     exclude = spec.startswith("^")
@@ -56,10 +58,10 @@ def nccl_list(spec: str) -> Tuple[bool, bool, List[Tuple[str, Optional[int]]]]:
         if name.strip():  # the port as atoi reads it: its leading digits, else 0
             digits = re.match(r"\s*[+-]?\d+", port)
             entries.append((name.strip(), (int(digits.group()) if digits else 0) if colon else None))
-    return exclude, exact, entries
+    return exclude, exact, tuple(entries)
 
 
-def nccl_matches(name: str, port: Optional[int], exact: bool, entries: List[Tuple[str, Optional[int]]]) -> bool:
+def nccl_matches(name: str, port: Optional[int], exact: bool, entries: Sequence[Tuple[str, Optional[int]]]) -> bool:
     """NCCL's matchIfList: an empty list matches everything; a port given on either side must agree."""
     if not entries:
         return True

@@ -122,7 +122,8 @@ def test_an_unknown_heads_network_checks_only_the_link_state(route, why):
     ("", (False, False, [])),
 ])
 def test_nccl_list_syntax(spec, expected):
-    assert nccl_list(spec) == expected
+    exclude, exact, entries = expected
+    assert nccl_list(spec) == (exclude, exact, tuple(entries))
 
 
 @pytest.mark.parametrize("spec,expected", [
