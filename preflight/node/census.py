@@ -19,7 +19,7 @@ from preflight.node.secret import REDACTED, secret_name, secret_text
 CENSUS_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
               "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
               "TORCHELASTIC_MAX_RESTARTS", "CUDA_VISIBLE_DEVICES", "ACCELERATE_MIXED_PRECISION")
-CENSUS_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
+CENSUS_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_FR_")
 # Words of a command line that make it a launcher agent of a torch job.
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
              "deepspeed.launcher.launch", "deepspeed.launcher.runner")
@@ -82,6 +82,7 @@ def take_census(options):
                 listeners.append({"pid": pid, "argv": info["argv"], "argv_dropped": info["argv_dropped"],
                                   "age_s": info["age_s"], "env": _job_env(pid)})
     stacks = _stacks(processes, options, deadline) if options.get("stacks", True) else {"skipped": "not asked"}
+    records = _flight_records(processes, options)
     cpu_before = {p["pid"]: p["cpu_s"] for p in processes}
     time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
     for p in processes:  # CPU use over the census: a rank spinning in NCCL against one at 0%
@@ -90,9 +91,32 @@ def take_census(options):
             100.0 * (again["cpu_s"] - cpu_before[p["pid"]]) / max(0.05, time.monotonic() - started), 1)
     # What was cut is said, so that the head never reads a cut list as the whole of it.
     return {"processes": processes, "processes_dropped": max(0, len(chosen) - MAX_PROCESSES), "listeners": listeners,
-            "stacks": stacks, "elsewhere": elsewhere, "port": port,
+            "stacks": stacks, "elsewhere": elsewhere, "port": port, "flight_recorder": records,
             "pids": sorted(int(p) for p in options.get("pids") or ()),
             "seconds": round(time.monotonic() - started, 3), "ptrace_scope": _ptrace_scope(), "uid": os.getuid()}
+
+
+def _flight_records(processes, options):
+    """The flight-recorder dumps on this node (preflight.node.flightrec): at doctor's --flight-recorder PREFIX,
+    else where each rank of the job writes them; {"skipped": why} when there is neither."""
+    ranks = []
+    for p in processes:
+        if p["kind"] == "rank":
+            environ = procfs.environ(p["pid"]) or {}
+            ranks.append((p["pid"], environ, _int(environ.get("RANK"))))
+    if not options.get("flight_recorder") and not ranks:
+        return {"skipped": "no rank of a job on this node and no --flight-recorder"}
+    from preflight.node import flightrec  # only doctor reads dumps
+
+    started = dict((p["pid"], time.time() - p["age_s"]) for p in processes if p.get("age_s") is not None)
+    return flightrec.collect(options.get("flight_recorder"), ranks, started)
+
+
+def _int(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
 
 
 def _process(pid, ticks, boot):
