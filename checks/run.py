@@ -491,6 +491,8 @@ def _no_records(census: Census, found: flight.Records) -> str:
     or one whose straggler RUN006 names, is not told)."""
     looked = sorted({p for prefixes in found.looked.values() for p in prefixes})
     stale = sorted({p for paths in found.stale.values() for p in paths})
+    if not census.procs and not looked:
+        return "no job runs on these nodes, and no --flight-recorder PREFIX was given to read the records it left"
     said = "no flight-recorder records" + (f" at {', '.join(p + '<rank>' for p in looked[:3])}" if looked else "") + (
         f" (left out as older than their rank: {', '.join(stale[:3])})" if stale else "")
     ranks = [p for p in census.ranks if p.where.phase != "unknown"]

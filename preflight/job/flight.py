@@ -222,11 +222,13 @@ def judge(found: Records) -> Tuple[List[Blame], List[str]]:
                 "others (a rank-dependent branch, an uneven number of buckets, batches or steps, an early exit)",
                 {"kind": "behind", "rank": rank, "pid": record.pid, "pg": pg, "seq": never, "op": op,
                  "last_seq": tops[rank], "waiting": waiting}))
-        # gloo writes no group's ranks (torch 2.13: pg_config {"": {"ranks": "[]"}}): then the running job's world.
+        # gloo writes no group's ranks (torch 2.13: pg_config {"": {"ranks": "[]"}}): the default group's are the
+        # running job's world; another group's are not known, and no rank is said to be missing from it.
         expected = Counter(g.ranks for g in holders.values() if g.ranks).most_common(1)
-        members = set(expected[0][0]) if expected else set(range(found.world)) if found.world else set()
-        assumed = "" if expected or not members else f" (its records do not list its ranks: taken as the job's " \
-            f"world of {found.world})"
+        default = group.desc == "default_pg"
+        members = set(expected[0][0]) if expected else set(range(found.world)) if found.world and default else set()
+        if not members:
+            notes.append(f"{_pg(group)}: its records do not list its ranks, so a rank without records is not named")
         missing = sorted(members - set(holders))
         for rank in missing:
             record = by_rank.get(rank)
@@ -236,7 +238,7 @@ def judge(found: Records) -> Tuple[List[Blame], List[str]]:
             who = record.who() if record.node else f"rank {rank}" + (f" (pid {record.pid})" if record.pid else "")
             blames.append(Blame(
                 "missing", pg, last, entry.op, rank, record.node, record.pid,
-                None, f"{who} has no record of {_pg(group)}{assumed}"
+                None, f"{who} has no record of {_pg(group)}"
                 f"{' (no file of it on any node read)' if not record.path else ''}, "
                 f"while {waited}: rank {rank} is not in it (it never entered it, or its records were not written)",
                 f"look at what rank {rank} does instead of {entry.op} #{last} (its stack: preflight doctor while it "

@@ -81,8 +81,8 @@ def take_census(options):
             if held:
                 listeners.append({"pid": pid, "argv": info["argv"], "argv_dropped": info["argv_dropped"],
                                   "age_s": info["age_s"], "env": _job_env(pid)})
+    records = _flight_records(processes, options, deadline)  # before the stacks: their sampling takes the time left
     stacks = _stacks(processes, options, deadline) if options.get("stacks", True) else {"skipped": "not asked"}
-    records = _flight_records(processes, options)
     cpu_before = {p["pid"]: p["cpu_s"] for p in processes}
     time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
     for p in processes:  # CPU use over the census: a rank spinning in NCCL against one at 0%
@@ -96,7 +96,7 @@ def take_census(options):
             "seconds": round(time.monotonic() - started, 3), "ptrace_scope": _ptrace_scope(), "uid": os.getuid()}
 
 
-def _flight_records(processes, options):
+def _flight_records(processes, options, deadline):
     """The flight-recorder dumps on this node (preflight.node.flightrec): at doctor's --flight-recorder PREFIX,
     else where each rank of the job writes them; {"skipped": why} when there is neither."""
     ranks = []
@@ -109,7 +109,7 @@ def _flight_records(processes, options):
     from preflight.node import flightrec  # only doctor reads dumps
 
     started = dict((p["pid"], time.time() - p["age_s"]) for p in processes if p.get("age_s") is not None)
-    return flightrec.collect(options.get("flight_recorder"), ranks, started)
+    return flightrec.collect(options.get("flight_recorder"), ranks, started, deadline - 2.0)
 
 
 def _int(text):

@@ -14,10 +14,12 @@ MAX_BYTES, and its pickle is read by preflight.node.pickled, which never imports
 import os
 import re
 import stat
+import time
 
 from preflight.node.pickled import plain_data
 
-MAX_BYTES = 16 << 20  # 2,000 entries with their frames are about 1 MB
+MAX_BYTES = 8 << 20  # 2,000 entries with their frames are about 1 MB
+MAX_TOTAL = 64 << 20  # read per census, over every file
 MAX_FILES = 256  # dumps read per prefix (the ranks whose files sit in one folder)
 MAX_LISTED = 10000  # names of a folder looked at
 MAX_GROUPS, RECENT, MAX_FRAMES, MAX_TEXT = 16, 16, 4, 200
@@ -195,12 +197,13 @@ def summary(doc):
     return {"version": _text(doc.get("version")), "groups": list(groups.values()), "p2p": p2p}
 
 
-def collect(flag_prefix, ranks, started):
+def collect(flag_prefix, ranks, started, deadline=None):
     """The dumps on this node: those of `flag_prefix` (doctor --flight-recorder, read from this node's root);
     else those where each running rank writes (its TORCH_FR_DUMP_TEMP_FILE, else torch's default under its
     own HOME), read through /proc/PID/root (a rank in a container sees its own files). `ranks`: [(pid,
     environment, its RANK)]; `started`: pid -> when it started (s since the epoch), to leave out a file a
-    rank of an earlier run wrote. Returns {"looked": [...], "dumps": [...], "errors": [...], "stale": [...]}."""
+    rank of an earlier run wrote; `deadline` (time.monotonic) and MAX_TOTAL bytes bound the reading. Returns
+    {"looked": [...], "dumps": [...], "errors": [...], "stale": [...]}."""
     places = []  # (prefix as the rank names it, path read here, source, pid)
     if flag_prefix:
         places.append((flag_prefix, os.path.expanduser(flag_prefix), "flag", None))
@@ -212,7 +215,7 @@ def collect(flag_prefix, ranks, started):
                 prefix = os.path.join("/proc/%d/cwd" % pid, prefix)
                 root = ""
             places.append((prefix, root + prefix, source, pid))
-    looked, dumps, errors, stale, seen = [], [], [], [], set()
+    looked, dumps, errors, stale, seen, total = [], [], [], [], set(), 0
     for prefix, path, source, pid in places:
         if path in seen:
             continue
@@ -228,7 +231,12 @@ def collect(flag_prefix, ranks, started):
             if own and mtime is not None and mtime < min(own) - 2:  # before that rank started (to /proc's 1 s): another run's
                 stale.append(shown)
                 continue
+            if total > MAX_TOTAL or deadline is not None and time.monotonic() > deadline:
+                errors.append({"path": shown, "rank": rank, "error": "was not read: the census's time or %d MiB "
+                                                                       "were spent on the others" % (MAX_TOTAL >> 20)})
+                continue
             found = read_dump(file_path, rank)
+            total += found.get("size") or 0
             found["path"] = shown
             (errors if "error" in found else dumps).append(found)
     return {"looked": looked, "dumps": dumps, "errors": errors[:32], "stale": stale[:32]}

@@ -3,7 +3,10 @@ made by its make.py in torch's format): 4 ranks on 2 nodes, each node's folder h
 NCCL's watchdog leaves them, read by the node side (preflight.node.flightrec) as doctor reads them. The real gloo
 jobs on the test cluster are in test_run.py."""
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +35,6 @@ def node_records(job, tmp_path, shared=False):
             if (FIXTURES / job / name).exists():
                 shutil.copy(FIXTURES / job / name, folder / name)
                 ns = times[name]
-                import os
                 os.utime(folder / name, ns=(ns, ns))
         found[node] = flightrec.collect(str(folder / "comm_lib_trace_rank_"), [], {})
     return found
@@ -145,3 +147,39 @@ def test_the_judge_needs_the_others_to_have_entered_before_the_laggard_wrote():
     late = flight.Records([record(0, 5, 100 * 10**9), record(1, 4, 90 * 10**9)], [], {}, {})
     [blame] = flight.judge(late)[0]
     assert (blame.kind, blame.rank, blame.seq) == ("behind", 1, 5)
+
+
+def test_an_empty_prefix_is_bad_input_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "preflight", "doctor", "--flight-recorder", ""], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("--flight-recorder is an empty prefix (give PATH/PREFIX: "
+                                                          "the files are PREFIX<rank>)"), proc.stderr
+
+
+def test_no_job_and_no_prefix_says_how_to_read_what_a_job_left():
+    nothing = {node: {"skipped": "no rank of a job on this node and no --flight-recorder"} for node in NODES}
+    [result] = run010(nothing)
+    assert result.status == Status.SKIP and "no --flight-recorder PREFIX was given" in result.message
+
+
+def test_reading_stops_when_the_census_time_is_spent(tmp_path):
+    records = node_records("healthy", tmp_path)
+    assert len(records["gpu1"]["dumps"]) == 2
+    spent = flightrec.collect(str(tmp_path / "gpu1" / "comm_lib_trace_rank_"), [], {}, deadline=0.0)
+    assert spent["dumps"] == [] and all("was not read: the census's time" in e["error"] for e in spent["errors"])
+
+
+@pytest.mark.parametrize("desc, blamed", [("default_pg", [2]), ("undefined", [])])
+def test_a_rank_without_records_of_a_group_whose_ranks_gloo_does_not_write(desc, blamed):
+    """gloo's records list no group's ranks (torch 2.13): the default group's are the job's world, and a running rank
+    without records is named; another group's members are not known, and nobody is said to be missing from it."""
+    def record(rank):
+        entries = {1: flight.Entry(1, "all_reduce", ((10,),), ("Float",), "scheduled", 10**9, 4000, ())}
+        return flight.Record(rank, f"/r{rank}", 9 * 10**9, {"0": flight.Group("0", desc, None, entries)}, ("n",), "n")
+
+    found = flight.Records([record(0), record(1)], [], {}, {}, live={2: [("n3", 33)]}, world=3)
+    blames, notes = flight.judge(found)
+    assert [(b.kind, b.rank, b.node, b.pid) for b in blames if b.kind != "all-waiting"] == [
+        ("missing", r, "n3", 33) for r in blamed]
+    assert bool(blamed) != any("its records do not list its ranks" in n for n in notes)
