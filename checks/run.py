@@ -66,7 +66,10 @@ def job_processes(ctx) -> Iterator[Finding]:
         return
     if not census.procs:
         reached = [n for n in census.nodes if n not in census.errors]
-        yield Finding(Status.WARN, f"no launcher and no rank of a job{_on_port(census)} on {fold(reached) or 'any node'}",
+        left = any(isinstance(f, dict) and f.get("dumps") for f in census.flight.values())  # a job that died
+        yield Finding(Status.WARN, f"no launcher and no rank of a job{_on_port(census)} on {fold(reached) or 'any node'}"
+                      + (": the job is gone; RUN010 reads the flight records its ranks left" if left else ""),
+                      "fix what RUN010 names, then start the job again" if left else
                       "check that the job runs on these nodes (--hosts, --slurm-job) and, with --port, on that port",
                       nodes=tuple(reached))
         return

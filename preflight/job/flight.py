@@ -200,9 +200,8 @@ def judge(found: Records) -> Tuple[List[Blame], List[str]]:
                                       else ""))
             continue
         entry = holders[waiting[0]].entries[last]
-        waited = f"{_ranks(waiting)} waited in {entry.op} #{last} of {_pg(group)}" + (
-            f" at {entry.at}" if entry.at else "") + f" past {'their' if len(waiting) > 1 else 'its'} " \
-            f"{entry.timeout_ms / 1000:g} s timeout"
+        past = f" past {'their' if len(waiting) > 1 else 'its'} {entry.timeout_ms / 1000:g} s timeout"
+        waited = f"{_ranks(waiting)} waited in {entry.op} #{last} of {_pg(group)}{' at ' + entry.at if entry.at else ''}{past}"
         behind = sorted(r for r in tops if tops[r] < last)
         for rank in behind:
             record = by_rank[rank]
@@ -213,11 +212,15 @@ def judge(found: Records) -> Tuple[List[Blame], List[str]]:
             issued = next((holders[r].entries[never] for r in leaders if never in holders[r].entries), None)
             own = holders[rank].entries.get(tops[rank])
             op = issued.op if issued else entry.op
+            theirs = f"{op} #{never}" + (f" at {issued.at}" if issued and issued.at else "") if never < last else ""
             blames.append(Blame(
                 "behind", pg, never, op, rank, record.node, record.pid, own.at if own else None,
-                f"{record.who()} never entered collective #{never} of {_pg(group)} ({op}"
-                f"{', issued by the others at ' + issued.at if issued and issued.at else ''}): its last was #{tops[rank]}"
-                f"{' (' + own.op + (' at ' + own.at if own.at else '') + ')' if own else ''}, while {waited}",
+                f"{record.who()} never entered {op} #{never} of {_pg(group)}: its last collective was #{tops[rank]}"
+                f"{' (' + own.op + (' at ' + own.at if own.at else '') + ')' if own else ''}, while "
+                + (f"{_ranks(leaders)} waited in " if leaders == waiting and not theirs else
+                   f"{_ranks(leaders)} went on to {theirs + ' and ' if theirs else ''}") + f"{entry.op} #{last}"
+                f"{' at ' + entry.at if entry.at else ''}"
+                + (past if leaders == waiting and not theirs else f", where {_ranks(waiting)} waited{past}"),
                 f"look at rank {rank}{' at ' + own.at if own and own.at else ''}: it issued fewer collectives than the "
                 "others (a rank-dependent branch, an uneven number of buckets, batches or steps, an early exit)",
                 {"kind": "behind", "rank": rank, "pid": record.pid, "pg": pg, "seq": never, "op": op,

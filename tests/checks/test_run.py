@@ -631,7 +631,11 @@ def test_flight_records_name_the_rank_that_holds_an_asynchronous_step(cluster, f
     assert blame["evidence"]["seq"] == seq and "rank 2 on node03 (not running)" in blame["message"], blame
     if kind is None:  # its records, written when it was ended, show it stopped after bucket 3
         assert blame["evidence"]["kind"] == "behind" and blame["evidence"]["last_seq"] == 3, blame
-        assert "never entered collective #4 of process group 0 (default_pg) (all_reduce" in blame["message"]
+        assert "never entered all_reduce #4 of process group 0 (default_pg): its last collective was #3" in \
+            blame["message"], blame
+        said, code = transcripts.run("doctor-flight-recorder", jobs.tmp, {cluster.ssh_config: "/tmp/pfdocs/ssh_config"})
+        assert code == 1
+        transcripts.held("doctor-flight-recorder", said)
     else:
         assert blame["evidence"]["kind"] == "mismatch" and blame["evidence"]["op"] == "broadcast", blame
     assert [r["status"] for r in after["results"] if r["id"] == "RUN001"] == ["warn"]  # no job runs: said, not failed

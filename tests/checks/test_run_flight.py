@@ -59,7 +59,7 @@ def test_the_rank_that_issued_one_bucket_fewer_is_named(tmp_path):
     assert blame.nodes == ("gpu2",)
     assert blame.evidence["rank"] == 2 and blame.evidence["seq"] == 7 and blame.evidence["op"] == "all_reduce"
     assert blame.evidence["kind"] == "behind" and blame.evidence["last_seq"] == 6 and blame.evidence["pid"] is None
-    assert blame.message.startswith("rank 2 on gpu2 (not running) never entered collective #7 of process group 0")
+    assert blame.message.startswith("rank 2 on gpu2 (not running) never entered all_reduce #7 of process group 0")
     assert "ranks 0, 1, 3 waited in all_reduce #7" in blame.message and "past their 600 s timeout" in blame.message
     assert blame.evidence["at"] == "train.py:120 (train_step)"
 
@@ -183,3 +183,17 @@ def test_a_rank_without_records_of_a_group_whose_ranks_gloo_does_not_write(desc,
     assert [(b.kind, b.rank, b.node, b.pid) for b in blames if b.kind != "all-waiting"] == [
         ("missing", r, "n3", 33) for r in blamed]
     assert bool(blamed) != any("its records do not list its ranks" in n for n in notes)
+
+
+def test_a_rank_two_collectives_behind_is_said_to_miss_the_first_of_them():
+    def record(rank, top):
+        entries = {s: flight.Entry(s, "all_reduce" if s < 5 else "all_gather", ((10,),), ("Float",), "started",
+                                   s * 10**9, 1000, (("step", "/job/train.py", 40 + s),)) for s in range(1, top + 1)}
+        return flight.Record(rank, f"/r{rank}", 100 * 10**9, {"0": flight.Group("0", None, (0, 1), entries)}, ("n",),
+                             "n")
+
+    [blame] = flight.judge(flight.Records([record(0, 5), record(1, 3)], [], {}, {}))[0]
+    assert (blame.kind, blame.rank, blame.seq, blame.op) == ("behind", 1, 4, "all_reduce")
+    assert "never entered all_reduce #4 of process group 0: its last collective was #3 (all_reduce at train.py:43 " \
+           "(step)), while rank 0 went on to all_reduce #4 at train.py:44 (step) and all_gather #5 at train.py:45 " \
+           "(step), where rank 0 waited past its 1 s timeout" in blame.message, blame.message
