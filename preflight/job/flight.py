@@ -201,7 +201,8 @@ def judge(found: Records) -> Tuple[List[Blame], List[str]]:
             continue
         entry = holders[waiting[0]].entries[last]
         past = f" past {'their' if len(waiting) > 1 else 'its'} {entry.timeout_ms / 1000:g} s timeout"
-        waited = f"{_ranks(waiting)} waited in {entry.op} #{last} of {_pg(group)}{' at ' + entry.at if entry.at else ''}{past}"
+        waited = f"{_ranks(waiting)} waited in {entry.op} #{last} of {_pg(group)}" \
+            f"{' at ' + entry.at if entry.at else ''}{past}"
         behind = sorted(r for r in tops if tops[r] < last)
         for rank in behind:
             record = by_rank[rank]

@@ -228,7 +228,7 @@ def collect(flag_prefix, ranks, started, deadline=None):
                 mtime = os.stat(file_path).st_mtime
             except OSError:
                 mtime = None
-            if own and mtime is not None and mtime < min(own) - 2:  # before that rank started (to /proc's 1 s): another run's
+            if own and mtime is not None and mtime < min(own) - 2:  # older than its rank (/proc: 1 s): another run
                 stale.append(shown)
                 continue
             if total > MAX_TOTAL or deadline is not None and time.monotonic() > deadline:

@@ -81,7 +81,8 @@ def test_a_rank_without_records_is_named_where_it_runs(tmp_path):
     assert blame.message.startswith("rank 3 on gpu2 (pid 4242) has no record of process group 0")
     # after the job died: the rank is named, its node is not known
     [blame] = failures(run010(node_records("missing", tmp_path)))
-    assert blame.evidence["rank"] == 3 and blame.message.startswith("rank 3 has no record of process group 0 (default_pg) (no file")
+    assert blame.evidence["rank"] == 3
+    assert blame.message.startswith("rank 3 has no record of process group 0 (default_pg) (no file"), blame.message
 
 
 @pytest.mark.parametrize("job", ["healthy", "slow"])

@@ -3,6 +3,7 @@ files are looked for, and hostile files (truncated, huge, a FIFO, a pickle that 
 in one line, nothing run, nothing blocked."""
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import time
@@ -145,3 +146,26 @@ def test_a_rank_s_records_are_read_where_its_environment_says_and_old_ones_left_
     assert records["stale"] == [str(folder / "fr_1")]
     assert census.take_census({"port": 29985, "deadline_s": 2, "stacks": False})["flight_recorder"] == {
         "skipped": "no rank of a job on this node and no --flight-recorder"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1)")
+def test_a_rank_in_a_container_is_read_in_its_own_filesystem(tmp_path, real_dump):
+    """A rank in a mount namespace of its own (a container) writes where only it sees: its folder here is empty, and
+    the census reads its records through /proc/PID/root."""
+    folder = tmp_path / "inside"
+    folder.mkdir()
+    (tmp_path / "fr_0").write_bytes(real_dump.read_bytes())
+    script = (f"mount -t tmpfs none {folder} && cp {tmp_path / 'fr_0'} {folder}/fr_0 && "
+              f"exec {sys.executable} -c 'import time; print(1, flush=True); time.sleep(60)'")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29984",
+               TORCH_FR_DUMP_TEMP_FILE=str(folder / "fr_"))
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], env=env,
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"1"
+        assert not (folder / "fr_0").exists()  # not here: inside the rank's own mount namespace
+        found = census.take_census({"port": 29984, "deadline_s": 5, "stacks": False})["flight_recorder"]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [(d["rank"], d["path"]) for d in found["dumps"]] == [(0, str(folder / "fr_0"))], found
