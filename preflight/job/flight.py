@@ -61,6 +61,7 @@ class Group:
     ranks: Optional[tuple]
     entries: Dict[int, Entry]
     enqueued: Optional[int] = None
+    completed: Optional[int] = None  # pg_status: NCCL's last completed; gloo counts a collective that failed too
 
     @property
     def top(self) -> int:
@@ -155,7 +156,7 @@ def _group(raw: Mapping[str, Any]) -> Group:
                                   e.get("state"), e.get("created_ns"), e.get("timeout_ms"),
                                   tuple(tuple(f) for f in e.get("frames") or ()))
     return Group(raw["pg"], raw.get("desc"), tuple(raw["ranks"]) if raw.get("ranks") is not None else None, entries,
-                 raw.get("enqueued"))
+                 raw.get("enqueued"), raw.get("completed"))
 
 
 def waited_out(entry: Optional[Entry], dumped_ns: int) -> bool:
@@ -249,7 +250,10 @@ def judge(found: Records) -> Tuple[List[Blame], List[str]]:
                 "runs; its log), and have every rank write its records on timeout",
                 {"kind": "missing", "rank": rank, "pid": record.pid, "pg": pg, "seq": last,
                  "op": entry.op, "waiting": waiting}))
-        if not behind and not missing and len(waiting) == len(tops):
+        # Every rank at the same place: stuck only where none says it completed it (gloo leaves its entries
+        # "scheduled", so a job idle since its last collective would look the same by its entries alone).
+        done = [r for r in waiting if holders[r].completed is not None and holders[r].completed >= last]
+        if not behind and not missing and len(waiting) == len(tops) and not done:
             blames.append(Blame(
                 "all-waiting", pg, last, entry.op, None, None, None, entry.at,
                 f"every rank recorded ({_ranks(waiting)}) waited in {entry.op} #{last} of {_pg(group)} past its "

@@ -198,3 +198,15 @@ def test_a_rank_two_collectives_behind_is_said_to_miss_the_first_of_them():
     assert "never entered all_reduce #4 of process group 0: its last collective was #3 (all_reduce at train.py:43 " \
            "(step)), while rank 0 went on to all_reduce #4 at train.py:44 (step) and all_gather #5 at train.py:45 " \
            "(step), where rank 0 waited past its 1 s timeout" in blame.message, blame.message
+
+
+def test_ranks_that_all_completed_their_last_collective_long_ago_are_idle_not_stuck():
+    """gloo leaves every entry "scheduled"; its pg_status says the last collective completed: a job idle since."""
+    def record(rank, completed):
+        entries = {3: flight.Entry(3, "all_reduce", ((10,),), ("Float",), "scheduled", 10**9, 1000, ())}
+        group = flight.Group("0", "default_pg", None, entries, enqueued=3, completed=completed)
+        return flight.Record(rank, f"/r{rank}", 100 * 10**9, {"0": group}, ("n",), "n")
+
+    assert flight.judge(flight.Records([record(0, 3), record(1, 3)], [], {}, {}))[0] == []
+    [blame] = flight.judge(flight.Records([record(0, 2), record(1, 2)], [], {}, {}))[0]
+    assert blame.kind == "all-waiting"

@@ -140,11 +140,12 @@ def test_a_rank_s_records_are_read_where_its_environment_says_and_old_ones_left_
     finally:
         proc.kill()
         proc.wait()
-    records = found["flight_recorder"]
-    assert records["looked"] == [{"prefix": str(folder / "fr_"), "source": "env"}]
-    assert [d["rank"] for d in records["dumps"]] == [0] and records["dumps"][0]["path"] == str(folder / "fr_0")
-    assert records["stale"] == [str(folder / "fr_1")]
-    assert census.take_census({"port": 29985, "deadline_s": 2, "stacks": False})["flight_recorder"] == {
+    records = found["flight_recorder"]  # (another job's ranks on this machine would add theirs: left out here)
+    assert {"prefix": str(folder / "fr_"), "source": "env"} in records["looked"]
+    ours = [d for d in records["dumps"] if d["path"].startswith(str(folder))]
+    assert [(d["rank"], d["path"]) for d in ours] == [(0, str(folder / "fr_0"))]
+    assert [p for p in records["stale"] if p.startswith(str(folder))] == [str(folder / "fr_1")]
+    assert census._flight_records([], {}, time.monotonic() + 5) == {
         "skipped": "no rank of a job on this node and no --flight-recorder"}
 
 
@@ -168,4 +169,5 @@ def test_a_rank_in_a_container_is_read_in_its_own_filesystem(tmp_path, real_dump
     finally:
         proc.kill()
         proc.wait()
-    assert [(d["rank"], d["path"]) for d in found["dumps"]] == [(0, str(folder / "fr_0"))], found
+    ours = [(d["rank"], d["path"]) for d in found["dumps"] if d["path"].startswith(str(folder))]
+    assert ours == [(0, str(folder / "fr_0"))], found
