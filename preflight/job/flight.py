@@ -93,7 +93,7 @@ class Blame:
     rank: Optional[int]
     node: Optional[str]
     pid: Optional[int]
-    at: Optional[str]
+    at: Optional[str]  # the line the record points at: the blamed rank's own, or where the others wait
     message: str
     remedy: str
     evidence: Dict[str, Any] = field(default_factory=dict)
@@ -243,7 +243,7 @@ def judge(found: Records) -> Tuple[List[Blame], List[str]]:
             who = record.who() if record.node else f"rank {rank}" + (f" (pid {record.pid})" if record.pid else "")
             blames.append(Blame(
                 "missing", pg, last, entry.op, rank, record.node, record.pid,
-                None, f"{who} has no record of {_pg(group)}"
+                entry.at, f"{who} has no record of {_pg(group)}"
                 f"{' (no file of it on any node read)' if not record.path else ''}, "
                 f"while {waited}: rank {rank} is not in it (it never entered it, or its records were not written)",
                 f"look at what rank {rank} does instead of {entry.op} #{last} (its stack: preflight doctor while it "

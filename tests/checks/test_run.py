@@ -614,6 +614,7 @@ def test_flight_records_name_the_rank_that_holds_an_asynchronous_step(cluster, f
     assert blame["nodes"] == ["node03"] and blame["evidence"]["rank"] == 2, messages(doc)
     assert blame["evidence"]["pid"] == pid and f"rank 2 on node03 (pid {pid})" in blame["message"], blame
     assert blame["evidence"]["seq"] == seq and blame["evidence"]["pg"] == "0", blame
+    assert blame["evidence"]["at"].startswith("fr.py:"), blame  # the Python line from the records' frames
     if kind == "mismatch":
         assert blame["evidence"]["kind"] == "mismatch" and blame["evidence"]["op"] == "broadcast", blame
         assert "issued broadcast [2000] Float as collective #2 of process group 0 (default_pg) at fr.py:" in \

@@ -78,6 +78,7 @@ def test_a_rank_without_records_is_named_where_it_runs(tmp_path):
     [blame] = failures(run010(node_records("missing", tmp_path), [rank3]))
     assert blame.nodes == ("gpu2",) and blame.evidence["rank"] == 3 and blame.evidence["pid"] == 4242
     assert blame.evidence["seq"] == 9 and blame.evidence["kind"] == "missing"
+    assert blame.evidence["at"] == "train.py:120 (train_step)"  # where the others wait
     assert blame.message.startswith("rank 3 on gpu2 (pid 4242) has no record of process group 0")
     # after the job died: the rank is named, its node is not known
     [blame] = failures(run010(node_records("missing", tmp_path)))
