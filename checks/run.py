@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from preflight.api import Finding, Status, check, fold, grouped, odd_ones_out, skip
+from preflight.job import flight
 from preflight.job.running import (Addresses, Census, Proc, expected_nodes, hosts_in_use, is_loopback,
                                    meets_on_itself, nodes_text, of_other_jobs, other_jobs, table)
 from preflight.report import redact
@@ -60,7 +61,10 @@ def job_processes(ctx) -> Iterator[Finding]:
         return
     if not census.procs:
         reached = [n for n in census.nodes if n not in census.errors]
-        yield Finding(Status.WARN, f"no launcher and no rank of a job{_on_port(census)} on {fold(reached) or 'any node'}",
+        left = any(isinstance(f, dict) and f.get("dumps") for f in census.flight.values())  # a job that died
+        yield Finding(Status.WARN, f"no launcher and no rank of a job{_on_port(census)} on {fold(reached) or 'any node'}"
+                      + (": the job is gone; RUN010 reads the flight records its ranks left" if left else ""),
+                      "fix what RUN010 names, then start the job again" if left else
                       "check that the job runs on these nodes (--hosts, --slurm-job) and, with --port, on that port",
                       nodes=tuple(reached))
         return
@@ -471,3 +475,68 @@ def _stacks_readable(stacks: Mapping[str, Any], facts: Mapping[str, Any]) -> Ite
     else:
         yield Finding(Status.PASS, f"py-spy read {stacks.get('read', 0)} stack(s) on each of these nodes",
                       evidence={"read_per_node": stacks.get("read")})
+
+
+@check("RUN010", "flight-recorder", "cluster", tags=["doctor", "collective", "flight-recorder"])
+def flight_recorder(ctx) -> Iterator[Finding]:
+    """torch's flight-recorder records of every rank (the files PREFIX<rank> each rank wrote, read on every node,
+    while the job runs or after it died) show no rank that holds the others: none behind the others' collective,
+    none that issued another collective (op, sizes, dtypes) at the same sequence id, none without records.
+
+    DDP, FSDP and DeepSpeed issue their collectives asynchronously and wait for them together, so every rank's
+    stack shows the same wait and cannot name the culprit; the records say which collective each rank entered,
+    and the one that waited past its timeout proves the job stuck, where a slow rank or a moving job is not.
+
+    Look at the named rank's line: a rank-dependent branch, an uneven number of buckets, batches or steps, a
+    parameter only some ranks have. To have records next time: TORCH_FR_BUFFER_SIZE=2000,
+    TORCH_FR_DUMP_TEMP_FILE=PATH/fr_, TORCH_NCCL_DUMP_ON_TIMEOUT=1 (gloo: dump them in your timeout handler).
+    """
+    census = _census(ctx)
+    if census is None:
+        yield skip("no census of a running job (run `preflight doctor`)")
+        return
+    live: Dict[int, List[tuple]] = {}
+    for p in census.ranks:
+        if p.rank is not None and p.state not in ("Z", "X"):
+            live.setdefault(p.rank, []).append((p.node, p.pid))
+    worlds = Counter(p.world_size for p in census.ranks if p.world_size)
+    found = flight.gather(census.flight, live, worlds.most_common(1)[0][0] if worlds else None)
+    for node, path, why in found.errors:
+        yield Finding(Status.WARN, f"{node}: {path} {why}: not read as flight-recorder records",
+                      f"remove or replace {path} on {node} (doctor reads PREFIX<rank> files as torch writes them)",
+                      nodes=(node,), evidence={"path": path, "error": why})
+    if not found.records:
+        yield skip(_no_records(census, found))
+        return
+    blames, notes = flight.judge(found)
+    everywhere = tuple(n for n in census.nodes if any(n in r.nodes for r in found.records))
+    for blame in blames:
+        waiting = {r.node for r in found.records if r.rank in blame.evidence.get("waiting", ()) and r.node}
+        nodes = (blame.node,) if blame.node else tuple(n for n in census.nodes if n in waiting) or everywhere
+        yield Finding(Status.WARN if blame.kind == "all-waiting" else Status.FAIL, blame.message, blame.remedy,
+                      nodes=nodes, evidence={**blame.evidence, "node": blame.node, "at": blame.at})
+    if not blames:
+        ranks = [r.rank for r in found.records]
+        yield Finding(Status.PASS, f"the flight records of {len(ranks)} rank(s) show no rank holding the others"
+                      + (f": {'; '.join(notes[:4])}" if notes else ""), nodes=everywhere,
+                      evidence={"ranks": ranks, "notes": notes})
+
+
+def _no_records(census: Census, found: flight.Records) -> str:
+    """Why nothing is judged; what to set next time, where the stacks could not tell either (a job that moves,
+    or one whose straggler RUN006 names, is not told)."""
+    looked = sorted({p for prefixes in found.looked.values() for p in prefixes})
+    stale = sorted({p for paths in found.stale.values() for p in paths})
+    if not census.procs and not looked:
+        return "no job runs on these nodes, and no --flight-recorder PREFIX was given to read the records it left"
+    said = "no flight-recorder records" + (f" at {', '.join(p + '<rank>' for p in looked[:3])}" if looked else "") + (
+        f" (left out as older than their rank: {', '.join(stale[:3])})" if stale else "")
+    ranks = [p for p in census.ranks if p.where.phase != "unknown"]
+    moving = any(p.stable is False for p in census.ranks)
+    straggler = any(p.where.phase == "collective" for p in ranks) and any(p.where.phase != "collective" for p in ranks)
+    if not census.ranks or moving or straggler:
+        return said
+    return (f"{said}, and the stacks cannot tell which rank holds the others: to have the records next time set "
+            f"{' '.join(flight.SETTINGS)} in the job's environment (gloo: call "
+            "torch._C._distributed_c10d._dump_fr_trace() in its timeout handler), then preflight doctor "
+            "--flight-recorder /a/local/or/shared/path/fr_")

@@ -223,6 +223,9 @@ def doctor_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
                      help="deadline in seconds for each node (default 10)")
     sub.add_argument("--no-stacks", action="store_true", help="do not read the Python stacks (py-spy)")
+    sub.add_argument("--flight-recorder", metavar="PREFIX",
+                     help="torch flight-recorder dumps PREFIX<rank>, read on every node, live or after the job died "
+                     "(default: where each running rank writes them, its TORCH_FR_DUMP_TEMP_FILE)")
     sub.add_argument("--only", metavar="SEL", help="run only these checks")
     sub.add_argument("--skip", metavar="SEL", help="do not run these checks")
     sub.add_argument("--json", action="store_true", help="print one JSON document on stdout")

@@ -122,6 +122,8 @@ def _evaluate_running_job(reg, args, gather):
     node (read only), and the RUN checks (with SSH: a node not reached)."""
     if args.hostfile == "":
         raise UsageError("--hostfile is an empty path")
+    if getattr(args, "flight_recorder", None) == "":
+        raise UsageError("--flight-recorder is an empty prefix (give PATH/PREFIX: the files are PREFIX<rank>)")
     try:
         specs = registry.select([c for c in reg.checks if c.family in ("RUN", "SSH")], *selectors(args),
                                 known=reg.checks)
@@ -144,7 +146,8 @@ def census_for(plan, args, specs=()):
     from preflight.job import running
     from preflight.remote import early, gather
 
-    census = {"port": args.port, "pids": args.pid, "stacks": not args.no_stacks, "deadline_s": args.timeout * 0.6}
+    census = {"port": args.port, "pids": args.pid, "stacks": not args.no_stacks, "deadline_s": args.timeout * 0.6,
+              "flight_recorder": getattr(args, "flight_recorder", None)}
     transport = "srun" if args.slurm_job else early.transport_for(args)
     options = gather.GatherOptions(python=args.python, timeout=args.timeout, fanout=args.fanout,
                                    ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, ssh_client=args.ssh,

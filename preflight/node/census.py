@@ -20,8 +20,9 @@ CENSUS_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RAN
               "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
               "TORCHELASTIC_MAX_RESTARTS", "CUDA_VISIBLE_DEVICES", "ACCELERATE_MIXED_PRECISION")
 # PET_*: torchrun reads each option's default from PET_<OPTION> (torch/distributed/argparse_util.py, class env): a
-# launcher without --master_addr is at 127.0.0.1 only when PET_MASTER_ADDR is not set.
-CENSUS_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "PET_")
+# launcher without --master_addr is at 127.0.0.1 only when PET_MASTER_ADDR is not set. TORCH_FR_*: where a rank's
+# flight recorder writes its records.
+CENSUS_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "PET_", "TORCH_FR_")
 # Words of a command line that make it a launcher agent of a torch job.
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
              "deepspeed.launcher.launch", "deepspeed.launcher.runner")
@@ -83,6 +84,7 @@ def take_census(options):
             if held:
                 listeners.append({"pid": pid, "argv": info["argv"], "argv_dropped": info["argv_dropped"],
                                   "age_s": info["age_s"], "env": _job_env(pid)})
+    records = _flight_records(processes, options, deadline)  # before the stacks: their sampling takes the time left
     stacks = _stacks(processes, options, deadline) if options.get("stacks", True) else {"skipped": "not asked"}
     cpu_before = {p["pid"]: p["cpu_s"] for p in processes}
     time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
@@ -92,9 +94,32 @@ def take_census(options):
             100.0 * (again["cpu_s"] - cpu_before[p["pid"]]) / max(0.05, time.monotonic() - started), 1)
     # What was cut is said, so that the head never reads a cut list as the whole of it.
     return {"processes": processes, "processes_dropped": max(0, len(chosen) - MAX_PROCESSES), "listeners": listeners,
-            "stacks": stacks, "elsewhere": elsewhere, "port": port,
+            "stacks": stacks, "elsewhere": elsewhere, "port": port, "flight_recorder": records,
             "pids": sorted(int(p) for p in options.get("pids") or ()),
             "seconds": round(time.monotonic() - started, 3), "ptrace_scope": _ptrace_scope(), "uid": os.getuid()}
+
+
+def _flight_records(processes, options, deadline):
+    """The flight-recorder dumps on this node (preflight.node.flightrec): at doctor's --flight-recorder PREFIX,
+    else where each rank of the job writes them; {"skipped": why} when there is neither."""
+    ranks = []
+    for p in processes:
+        if p["kind"] == "rank":
+            environ = procfs.environ(p["pid"]) or {}
+            ranks.append((p["pid"], environ, _int(environ.get("RANK"))))
+    if not options.get("flight_recorder") and not ranks:
+        return {"skipped": "no rank of a job on this node and no --flight-recorder"}
+    from preflight.node import flightrec  # only doctor reads dumps
+
+    started = dict((p["pid"], time.time() - p["age_s"]) for p in processes if p.get("age_s") is not None)
+    return flightrec.collect(options.get("flight_recorder"), ranks, started, deadline - 2.0)
+
+
+def _int(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
 
 
 def _process(pid, ticks, boot):

@@ -245,12 +245,22 @@ PROCESS = Obj(pid=Need(int), ppid=COUNT, argv=Each(str), argv_dropped=COUNT, sta
               children=Each(int), stable=(bool, NONE), cpu_percent=SECONDS, config=FILE, sockets_dropped=COUNT,
               # py-spy's frames: [function, file, line]
               threads=Each(Obj(name=TEXT, active=(bool, NONE), frames=Each(Each((str, int, NONE), length=3)))))
+# A flight-recorder dump as preflight.node.flightrec reduces it: per process group, its last collectives.
+FR_ENTRY = Obj(seq=Need(int), op=str, backend=TEXT, sizes=Either(NONE, Each(Each(int))),
+               out_sizes=Either(NONE, Each(Each(int))), dtypes=Either(NONE, Each(TEXT)), state=TEXT,
+               created_ns=COUNT, timeout_ms=COUNT, frames=Each(Each((str, int, NONE), length=3)))
+FR_GROUP = Obj(pg=Need(str), desc=TEXT, pg_id=COUNT, ranks=Either(NONE, Each(int)), entries=Need(Each(FR_ENTRY)),
+               enqueued=COUNT, started=COUNT, completed=COUNT)
+FLIGHT_RECORDER = Obj(looked=Each(Obj(prefix=str, source=str)), stale=Each(str), skipped=str,
+                      dumps=Each(Obj(path=Need(str), rank=Need(int), size=int, mtime_ns=int, version=TEXT, p2p=int,
+                                     groups=Need(Each(FR_GROUP)))),
+                      errors=Each(Obj(path=Need(str), rank=int, error=Need(str))))
 CENSUS = Obj(
     processes=Each(PROCESS, most=MAX_PROCESSES),  # the collector's cap: the RUN checks pair the processes up
     listeners=Each(Obj(pid=int, argv=Each(str), argv_dropped=COUNT, age_s=SECONDS, env=ENV)),
     stacks=Obj(tool=TEXT, read=int, failed=int, error=TEXT, samples=int, skipped=str),
     elsewhere=int, port=COUNT, seconds=SECONDS, ptrace_scope=COUNT, uid=COUNT, error=ERROR,
-    processes_dropped=COUNT, pids=Each(int))
+    processes_dropped=COUNT, pids=Each(int), flight_recorder=FLIGHT_RECORDER)
 
 # Each section as the checks read it. "job" is read key by key with its types where it is used
 # (preflight.job.view): a node's launch is open-ended.

@@ -531,3 +531,157 @@ def test_an_old_job_holding_the_port(cluster, jobs, tmp_path, older_process):
     for shown in (json.dumps(doc), junit.read_text(), html.read_text()):
         assert "user:hun" not in shown and "hunter2" not in shown
     jobs.untouched([stale, *launchers], [])
+
+
+# A training step as DDP runs it: four gradient buckets, all_reduce'd asynchronously and waited together, so every
+# rank's stack shows the same wait. The flight recorder is on (TORCH_FR_BUFFER_SIZE); gloo does not write its records
+# by itself (torch 2.13), so the job's own handler does, as a user's timeout handler would: torch's dump to
+# TORCH_FR_DUMP_TEMP_FILE + rank when a wait fails (the job's process group times out after PF_TIMEOUT s), and when
+# the job is ended (SIGTERM) before it wrote them.
+FR_SCRIPT = '''
+import datetime, os, pathlib, signal, time
+import torch, torch.distributed as dist
+rank = int(os.environ["RANK"])
+marks, mode = pathlib.Path(os.environ["PF_MARKS"]), os.environ.get("PF_MODE", "")
+(marks / f"{rank}.pid").write_text(str(os.getpid()))
+dumped = []
+
+
+def dump(why):
+    with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank), "wb") as out:
+        out.write(torch._C._distributed_c10d._dump_fr_trace())
+    dumped.append(why)
+    (marks / f"{rank}-{why}").touch()
+
+
+def on_term(signum, frame):
+    if not dumped:
+        dump("dumped-at-exit")
+    os._exit(1)
+
+
+signal.signal(signal.SIGTERM, on_term)
+(marks / f"{rank}-imported").touch()  # the nodes import torch at their own pace: init's short timeout waits for none
+while len(list(marks.glob("*-imported"))) < int(os.environ["WORLD_SIZE"]):
+    time.sleep(0.05)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(os.environ.get("PF_TIMEOUT", "4"))))
+works = []
+for i, size in enumerate((1000, 2000, 3000, 4000)):
+    bucket = torch.ones(size)
+    if mode == f"fewer:{rank}" and i == 3:
+        break
+    if mode == f"slow:{rank}" and i == 3:  # slow, not stuck: its records are written before its last bucket
+        for work in works:
+            work.wait()
+        dump("dumped")
+        time.sleep(1.5)
+    if mode == f"op:{rank}" and i == 1:
+        works.append(dist.broadcast(bucket, src=0, async_op=True))
+    else:
+        works.append(dist.all_reduce(bucket, async_op=True))
+try:
+    for work in works:
+        work.wait()
+except RuntimeError:
+    dump("dumped")
+else:
+    (marks / f"{rank}-done").touch()
+    if not dumped and os.environ.get("PF_EVERY_STEP"):  # a job that writes its records at every step's end
+        dump("dumped")
+time.sleep(900)
+'''
+FR_ROOT = "/tmp/pf-flight"  # a folder of each node's own: no shared filesystem, as on most clusters
+
+
+@pytest.fixture
+def fr_jobs(cluster, jobs):
+    """(jobs, the records' prefix) with FR_ROOT a folder of each node's own."""
+    for node in cluster.nodes:
+        cluster.bind_dir(node, FR_ROOT)
+    (jobs.tmp / "fr.py").write_text(FR_SCRIPT)
+    try:
+        yield jobs, f"{FR_ROOT}/fr_"
+    finally:
+        jobs.stop()
+        for node in cluster.nodes:
+            cluster.unbind_dir(node, FR_ROOT)
+        with contextlib.suppress(OSError):
+            os.rmdir(FR_ROOT)  # bind_dir made it here, empty
+
+
+def start_fr(jobs, prefix, port, mode, **env):
+    return [jobs.torchrun(node, rank, port, mode=mode, script=jobs.tmp / "fr.py", TORCH_FR_BUFFER_SIZE="2000",
+                          TORCH_FR_DUMP_TEMP_FILE=prefix, **env) for rank, node in enumerate(jobs.cluster.nodes)]
+
+
+def ended(jobs, *marks):
+    """End the job as a scheduler does (SIGTERM to every rank), wait for `marks` and for the ranks to be gone."""
+    pids = jobs.rank_pids()
+    for pid in pids.values():
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while not all((jobs.marks / m).exists() for m in marks) or any(
+            Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+            for pid in pids.values()):
+        assert time.monotonic() < deadline, jobs.logs()
+        time.sleep(0.2)
+    jobs.stop()
+
+
+@pytest.mark.parametrize("mode, port, kind, seq", [("op:2", 29671, "mismatch", 2), ("fewer:2", 29672, None, 4)])
+def test_flight_records_name_the_rank_that_holds_an_asynchronous_step(cluster, fr_jobs, mode, port, kind, seq):
+    """Every rank waits at the same line (the step's wait), so the stacks cannot tell; the flight records name the
+    rank that issued a broadcast for bucket 2 (op:2), or one bucket fewer (fewer:2), with its node, rank, pid, op and
+    sequence id: while the job hangs, and again after it died, from the files its ranks left on each node."""
+    jobs, prefix = fr_jobs
+    launchers = start_fr(jobs, prefix, port, mode)
+    jobs.wait_for("0-dumped", "1-dumped", *(["2-dumped"] if kind == "mismatch" else ["2-done"]), timeout=180)
+    pid = jobs.rank_pids()[2]
+    doc, elapsed = doctor(cluster, "--port", str(port))
+    [blame] = found(doc, "RUN010")
+    assert blame["nodes"] == ["node03"] and blame["evidence"]["rank"] == 2, messages(doc)
+    assert blame["evidence"]["pid"] == pid and f"rank 2 on node03 (pid {pid})" in blame["message"], blame
+    assert blame["evidence"]["seq"] == seq and blame["evidence"]["pg"] == "0", blame
+    assert blame["evidence"]["at"].startswith("fr.py:"), blame  # the Python line from the records' frames
+    if kind == "mismatch":
+        assert blame["evidence"]["kind"] == "mismatch" and blame["evidence"]["op"] == "broadcast", blame
+        assert "issued broadcast [2000] Float as collective #2 of process group 0 (default_pg) at fr.py:" in \
+            blame["message"], blame
+    else:  # rank 2 is done with its step and wrote nothing: it has no record of the collective the others wait in
+        assert blame["evidence"]["kind"] == "missing" and blame["evidence"]["op"] == "all_reduce", blame
+        assert "while ranks 0, 1 waited in all_reduce #4 of process group 0 (default_pg) at fr.py:" in \
+            blame["message"], blame
+    assert not found(doc, "RUN006"), messages(doc)  # the stacks name nobody
+    jobs.untouched(launchers, jobs.rank_pids().values())
+    ended(jobs, *(["2-dumped-at-exit"] if kind is None else []))
+    after, _ = doctor(cluster, "--flight-recorder", prefix)  # post-mortem: no process of the job is left
+    [blame] = found(after, "RUN010")
+    assert blame["nodes"] == ["node03"] and blame["evidence"]["rank"] == 2 and blame["evidence"]["pid"] is None
+    assert blame["evidence"]["seq"] == seq and "rank 2 on node03 (not running)" in blame["message"], blame
+    if kind is None:  # its records, written when it was ended, show it stopped after bucket 3
+        assert blame["evidence"]["kind"] == "behind" and blame["evidence"]["last_seq"] == 3, blame
+        assert "never entered all_reduce #4 of process group 0 (default_pg): its last collective was #3" in \
+            blame["message"], blame
+        said, code = transcripts.run("doctor-flight-recorder", jobs.tmp, {cluster.ssh_config: "/tmp/pfdocs/ssh_config"})
+        assert code == 1
+        transcripts.held("doctor-flight-recorder", said)
+    else:
+        assert blame["evidence"]["kind"] == "mismatch" and blame["evidence"]["op"] == "broadcast", blame
+    assert [r["status"] for r in after["results"] if r["id"] == "RUN001"] == ["warn"]  # no job runs: said, not failed
+    print(f"doctor on the hung job ({mode}): {elapsed:.1f} s")
+
+
+@pytest.mark.parametrize("mode, port", [("", 29673), ("slow:2", 29674)])
+def test_flight_records_of_a_healthy_or_merely_slow_job_blame_nobody(cluster, fr_jobs, mode, port):
+    """Every rank writes its records at the end of its step; a slow rank 2 writes them before its last bucket, which
+    it issues 1.5 s after the others: the records are a collective apart, but nobody waited past the timeout."""
+    jobs, prefix = fr_jobs
+    launchers = start_fr(jobs, prefix, port, mode, PF_TIMEOUT="20", PF_EVERY_STEP="1")
+    jobs.wait_for("0-done", "1-done", "2-done", "0-dumped", "1-dumped", "2-dumped", timeout=180)
+    doc, _ = doctor(cluster, "--port", str(port))
+    assert problems(doc) == [], messages(doc)
+    [result] = [r for r in doc["results"] if r["id"] == "RUN010"]
+    assert result["status"] == "pass" and result["evidence"]["ranks"] == [0, 1, 2], result
+    if mode:
+        assert "rank 2 before it (none waited in it past its timeout" in result["message"], result
+    jobs.untouched(launchers, jobs.rank_pids().values())

@@ -1,0 +1,173 @@
+"""Reading torch's flight-recorder dumps on a node (preflight.node.flightrec): a real dump torch wrote, where the
+files are looked for, and hostile files (truncated, huge, a FIFO, a pickle that would run a command), each refused
+in one line, nothing run, nothing blocked."""
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from preflight.node import census, flightrec
+
+# A one-rank gloo job with the flight recorder on: an asynchronous all_reduce and a broadcast, then its records
+# as torch dumps them (torch._C._distributed_c10d._dump_fr_trace: the bytes torch writes to PREFIX<rank>).
+ONE_RANK = '''
+import datetime, os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=30))
+dist.all_reduce(torch.ones(1000), async_op=True).wait()
+dist.broadcast(torch.ones(3, 4, dtype=torch.float16), src=0)
+with open(sys.argv[1] + "0", "wb") as out:
+    out.write(torch._C._distributed_c10d._dump_fr_trace())
+'''
+
+
+@pytest.fixture(scope="module")
+def real_dump(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fr")
+    script = folder / "job.py"
+    script.write_text(ONE_RANK)
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="2000")
+    subprocess.run([sys.executable, str(script), str(folder / "fr_"), str(folder / "store")], env=env, check=True,
+                   timeout=120)
+    return folder / "fr_0"
+
+
+def test_a_dump_torch_wrote_is_read_as_its_collectives(real_dump):
+    found = flightrec.read_dump(str(real_dump), 0)
+    assert "error" not in found, found
+    [group] = found["groups"]
+    assert group["pg"] == "0" and group["desc"] == "default_pg" and group["enqueued"] == 2
+    first, second = group["entries"]
+    assert (first["seq"], first["op"], first["backend"], first["sizes"], first["dtypes"]) == (
+        1, "all_reduce", "gloo", [[1000]], ["Float"])
+    assert (second["seq"], second["op"], second["sizes"], second["dtypes"]) == (2, "broadcast", [[3, 4]], ["Half"])
+    assert first["frames"][0][0] == "all_reduce" and first["frames"][-1][1].endswith("job.py")
+    assert first["timeout_ms"] == 30000 and first["created_ns"] <= found["mtime_ns"]
+    # the reduction is plain JSON data, held to the shape the head holds it to
+    from preflight.remote import shapes
+    assert shapes.problem({"dumps": [found]}, shapes.FLIGHT_RECORDER, "fr") is None
+
+
+def test_the_files_of_a_prefix_are_found_by_rank(tmp_path):
+    for name in ("fr_0", "fr_12", "fr_x", "fr_", "other_3", "fr_3.tmp"):
+        (tmp_path / name).write_bytes(b"")
+    assert flightrec.dump_files(str(tmp_path / "fr_")) == [(0, str(tmp_path / "fr_0")), (12, str(tmp_path / "fr_12"))]
+    assert flightrec.dump_files(str(tmp_path / "missing" / "fr_")) == []
+
+
+@pytest.mark.parametrize("env, prefix", [
+    ({"TORCH_FR_DUMP_TEMP_FILE": "/x/fr_", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/y/t_"}, ("/x/fr_", "env")),
+    ({"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/y/t_"}, ("/y/t_", "env")),
+    ({"HOME": "/home/u"}, ("/home/u/.cache/torch/comm_lib_trace_rank_", "default")),
+    ({"HOME": "/home/u", "XDG_CACHE_HOME": "/c"}, ("/c/torch/comm_lib_trace_rank_", "default")),
+    ({}, ("/tmp/.cache/torch/comm_lib_trace_rank_", "default")),
+])
+def test_where_a_rank_writes_its_records_as_torch_decides(env, prefix):
+    assert flightrec.prefix_of(env) == prefix
+
+
+def _hostile(tmp_path, real_dump):
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    data = real_dump.read_bytes()
+    files = {
+        "truncated": data[: len(data) // 2],
+        "evil": pickle.dumps({"entries": [Evil()], "version": "2.10"}),
+        "evil_top": pickle.dumps(Evil()),
+        "text": b"not a pickle at all\n",
+        "empty": b"",
+        "list": pickle.dumps([1, 2, 3]),
+        "odd_entries": pickle.dumps({"entries": [1, None, {"collective_seq_id": "x"}, {"process_group": 5,
+                                                                                     "collective_seq_id": 2,
+                                                                                     "input_sizes": "big",
+                                                                                     "frames": [None, {"x": 1}]}]}),
+    }
+    return marker, files
+
+
+def test_hostile_files_are_refused_in_one_line_and_nothing_runs(tmp_path, real_dump):
+    marker, files = _hostile(tmp_path, real_dump)
+    said = {}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        said[name] = flightrec.read_dump(str(tmp_path / name), 0)
+    assert not marker.exists()  # os.system was never called
+    for name in ("truncated", "evil_top", "text", "list"):
+        assert said[name]["error"].startswith("is not a flight-recorder dump"), (name, said[name])
+    assert said["evil"]["groups"] == []  # a dump whose one entry is an object: no collective read from it
+    assert said["empty"]["error"] == "is empty"
+    # entries of the wrong types are left out, the rest read
+    [group] = said["odd_entries"]["groups"]
+    assert [e["seq"] for e in group["entries"]] == [2] and group["entries"][0]["sizes"] is None
+
+
+def test_a_fifo_a_folder_and_a_huge_file_are_not_read(tmp_path, monkeypatch):
+    os.mkfifo(tmp_path / "fr_0")  # nobody writes into it: a blocking open would wait for ever
+    (tmp_path / "fr_1").mkdir()
+    with open(tmp_path / "fr_2", "wb") as huge:
+        huge.truncate(flightrec.MAX_BYTES + 1)  # sparse: no disk used
+    started = time.monotonic()
+    found = flightrec.collect(str(tmp_path / "fr_"), [], {})
+    assert time.monotonic() - started < 2
+    assert found["dumps"] == []
+    errors = {e["rank"]: e["error"] for e in found["errors"]}
+    assert errors[0] == "is not a regular file" and errors[1] == "is not a regular file"
+    assert errors[2].startswith("is %d bytes, more than" % (flightrec.MAX_BYTES + 1))
+
+
+def test_a_rank_s_records_are_read_where_its_environment_says_and_old_ones_left_out(tmp_path, real_dump):
+    """The census reads TORCH_FR_DUMP_TEMP_FILE from a running rank's environment, through /proc/PID/root; a file
+    older than the rank whose number it has is an earlier run's."""
+    folder = tmp_path / "records"
+    folder.mkdir()
+    (folder / "fr_0").write_bytes(real_dump.read_bytes())
+    (folder / "fr_1").write_bytes(real_dump.read_bytes())
+    os.utime(folder / "fr_1", (time.time() - 3600, time.time() - 3600))
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29986",
+               TORCH_FR_DUMP_TEMP_FILE=str(folder / "fr_"))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        time.sleep(0.5)
+        found = census.take_census({"port": 29986, "deadline_s": 5, "stacks": False})
+    finally:
+        proc.kill()
+        proc.wait()
+    records = found["flight_recorder"]  # (another job's ranks on this machine would add theirs: left out here)
+    assert {"prefix": str(folder / "fr_"), "source": "env"} in records["looked"]
+    ours = [d for d in records["dumps"] if d["path"].startswith(str(folder))]
+    assert [(d["rank"], d["path"]) for d in ours] == [(0, str(folder / "fr_0"))]
+    assert [p for p in records["stale"] if p.startswith(str(folder))] == [str(folder / "fr_1")]
+    assert census._flight_records([], {}, time.monotonic() + 5) == {
+        "skipped": "no rank of a job on this node and no --flight-recorder"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1)")
+def test_a_rank_in_a_container_is_read_in_its_own_filesystem(tmp_path, real_dump):
+    """A rank in a mount namespace of its own (a container) writes where only it sees: its folder here is empty, and
+    the census reads its records through /proc/PID/root."""
+    folder = tmp_path / "inside"
+    folder.mkdir()
+    (tmp_path / "fr_0").write_bytes(real_dump.read_bytes())
+    script = (f"mount -t tmpfs none {folder} && cp {tmp_path / 'fr_0'} {folder}/fr_0 && "
+              f"exec {sys.executable} -c 'import time; print(1, flush=True); time.sleep(60)'")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29984",
+               TORCH_FR_DUMP_TEMP_FILE=str(folder / "fr_"))
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], env=env,
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"1"
+        assert not (folder / "fr_0").exists()  # not here: inside the rank's own mount namespace
+        found = census.take_census({"port": 29984, "deadline_s": 5, "stacks": False})["flight_recorder"]
+    finally:
+        proc.kill()
+        proc.wait()
+    ours = [(d["rank"], d["path"]) for d in found["dumps"] if d["path"].startswith(str(folder))]
+    assert ours == [(0, str(folder / "fr_0"))], found
