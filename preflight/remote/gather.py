@@ -236,7 +236,7 @@ def facts_decoder() -> Callable[[str], dict]:
 
     def decode(line: str, what: str = "the facts"):
         try:
-            doc = _top_level(line, scan, sections, share)
+            doc = _top_level(line, scan, sections, share, shared)
         except (ValueError, StopIteration, RecursionError):
             doc = None
         return doc if doc is not None else node_json(line, what, object_pairs_hook=pairs)  # and its error
@@ -244,7 +244,8 @@ def facts_decoder() -> Callable[[str], dict]:
     return decode
 
 
-def _top_level(line: str, scan: Callable, sections: Dict[str, Dict[str, object]], share: Callable) -> Optional[dict]:
+def _top_level(line: str, scan: Callable, sections: Dict[str, Dict[str, object]], share: Callable,
+               shared: Callable) -> Optional[dict]:
     """The object `line` holds, as json.loads reads it (the last of a repeated key wins), each value the object an
     earlier line's identical value was decoded as; None where the line is anything else (the caller decodes it
     whole for its error)."""
@@ -269,10 +270,10 @@ def _top_level(line: str, scan: Callable, sections: Dict[str, Dict[str, object]]
             value, at = known[1], start + len(known[0])
         else:
             value, at = scan(line, start)
-            if type(value) is str:
-                value = share(value, value)
-            elif forms is not None and isinstance(value, (dict, list)) and len(forms) < SHARED_FORMS:
+            if forms is not None and isinstance(value, (dict, list)) and len(forms) < SHARED_FORMS:
                 value = forms.setdefault(line[start:at], value)  # (another node's thread may have just added it)
+            else:  # its strings shared as the objects' inside are (a list's items are not an object's)
+                value = shared(value)
         doc[share(key, key)] = value
         at = _BLANK.match(line, at).end()
         if line[at:at + 1] == "}":
