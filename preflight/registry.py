@@ -11,7 +11,7 @@ import inspect
 import os
 import re
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 ENTRY_POINT_GROUP = "preflight.checks"
 SCOPES = ("config", "node", "cluster")
@@ -42,11 +42,16 @@ class CheckSpec:
     reads: Optional[Tuple[str, ...]] = None
 
     @functools.cached_property
-    def paths(self):
-        """`reads` as runner.declared_paths reads it (made once per check)."""
-        from preflight.runner import declared_paths
-
-        return declared_paths(self.reads or ())
+    def paths(self) -> Dict[str, Optional[Tuple[str, ...]]]:
+        """`reads` as section -> None (all of it) or the keys declared of it (made once per check)."""
+        paths: Dict[str, Optional[set]] = {}
+        for name in self.reads or ():
+            section, _, key = name.partition(".")
+            if not key:
+                paths[section] = None
+            elif section not in paths or paths[section] is not None:
+                paths.setdefault(section, set()).add(key)
+        return {section: tuple(sorted(keys)) if keys is not None else None for section, keys in paths.items()}
 
     @property
     def family(self) -> str:

@@ -110,18 +110,6 @@ def _declared_value(check: str, value: Any, keys: Optional[Tuple[str, ...]], whe
     return DeclaredFacts(check, value, dict.fromkeys(keys), where)
 
 
-def declared_paths(reads: Tuple[str, ...]) -> Dict[str, Optional[Tuple[str, ...]]]:
-    """`reads` as section -> None (all of it) or the keys declared of it."""
-    paths: Dict[str, Optional[set]] = {}
-    for name in reads:
-        section, _, key = name.partition(".")
-        if not key:
-            paths[section] = None
-        elif section not in paths or paths[section] is not None:
-            paths.setdefault(section, set()).add(key)
-    return {section: tuple(sorted(keys)) if keys is not None else None for section, keys in paths.items()}
-
-
 def declared_identity(doc: Mapping, paths: Mapping[str, Optional[Tuple[str, ...]]]) -> tuple:
     """What a check that declares `paths` reads of doc: a whole section as the object itself (its id: the
     gathering shares identical sections among nodes, and checks do not change facts, so the same id is the same

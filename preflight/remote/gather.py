@@ -93,10 +93,12 @@ OTHER_SECTIONS = {"collected_at": NUMBER, "preflight": (str, NONE), "job": (dict
                   "census": (dict, NONE)}
 # The sections the decoder shares among nodes: not those a node's own processes change after decoding (the files
 # a job names are added to "job"), nor those that are the node's own by nature. A section seen in more forms than
-# SHARED_FORMS (GPU serials, free space) is no longer shared either: its texts would only cost memory.
+# SHARED_FORMS (GPU serials, free space), or longer than SHARED_TEXT, is not shared either: the texts kept to
+# recognise it would cost memory (a hostile node could send 64 of MAX_LINE each).
 UNSHARED_SECTIONS = frozenset({"job", "census", "session", "host", "clock", "collected_at"})
 SHARED_SECTIONS = (frozenset(REQUIRED_SECTIONS) | frozenset(OTHER_SECTIONS)) - UNSHARED_SECTIONS
 SHARED_FORMS = 64
+SHARED_TEXT = 1 << 20  # characters: a larger section is decoded for its node alone (a node's text is not kept)
 _BLANK = re.compile(r"[ \t\n\r]*")  # what JSON allows between tokens
 # Each request's answer: the keys it must have, and the types of the keys it may have.
 ANSWER_KEYS = {"time": {"time": NUMBER}, "listen": {"bound": bool}, "unlisten": {}, "connect": {"ok": bool},
@@ -270,7 +272,8 @@ def _top_level(line: str, scan: Callable, sections: Dict[str, Dict[str, object]]
             value, at = known[1], start + len(known[0])
         else:
             value, at = scan(line, start)
-            if forms is not None and isinstance(value, (dict, list)) and len(forms) < SHARED_FORMS:
+            if forms is not None and isinstance(value, (dict, list)) and len(forms) < SHARED_FORMS and \
+                    at - start <= SHARED_TEXT:
                 value = forms.setdefault(line[start:at], value)  # (another node's thread may have just added it)
             else:  # its strings shared as the objects' inside are (a list's items are not an object's)
                 value = shared(value)

@@ -207,3 +207,16 @@ def test_a_declared_key_of_a_nodes_own_section_shares_by_its_value_and_keeps_typ
     results = runner.run([spec(devices, ["host.rdma_devices", "host.load"])], cluster(docs))
     assert len(calls) == len(values) - 1  # only the two ["mlx5_0"] are alike
     assert sorted(r.message for r in results) == sorted({f"{v!r} 0" for v in values})
+
+
+def test_a_section_larger_than_the_decoder_keeps_is_decoded_for_its_node_alone(monkeypatch):
+    """A hostile node's huge section is not kept as a text to recognise (64 of them at the longest line each)."""
+    from preflight.remote import gather
+
+    monkeypatch.setattr(gather, "SHARED_TEXT", 100)
+    decode = facts_decoder()
+    big = {"packages": {"versions": {f"p{i}": "1.0" for i in range(20)}}}
+    one, two = decode(json.dumps(big)), decode(json.dumps(big))
+    assert one == two == big and one["packages"] is not two["packages"]
+    small = [decode(json.dumps({"packages": {"torch": "2.13.0"}}))["packages"] for _ in range(2)]
+    assert small[0] is small[1]
