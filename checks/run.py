@@ -16,6 +16,11 @@ def _census(ctx) -> Optional[Census]:
     return census if isinstance(census, Census) else None
 
 
+def _addresses(ctx) -> Addresses:
+    """The nodes' names and addresses, indexed once for the checks that ask for every process's master."""
+    return ctx.probes.setdefault("addresses", Addresses(ctx.facts))
+
+
 def _gate(ctx):
     """(census, None) or (None, the skip that says why there is nothing to diagnose)."""
     census = _census(ctx)
@@ -158,7 +163,7 @@ def job_agreement(ctx) -> Iterator[Finding]:
     every = [p for p in census.launchers + census.ranks if (p.node, p.pid) not in gone]  # a node's launcher first
     launchers = [p for p in every if p.kind == "launcher"]
     alone = [p for p in launchers if meets_on_itself(census, p)]
-    odd_nodes, addresses = {p.node for p in alone}, Addresses(ctx.facts)
+    odd_nodes, addresses = {p.node for p in alone}, _addresses(ctx)
     for p in alone:
         yield _on_itself(census, p, [q for q in every if q.node not in odd_nodes])
 
@@ -237,7 +242,7 @@ def master_reachable(ctx) -> Iterator[Finding]:
         yield gate
         return
     stuck: Dict[str, List[str]] = {}
-    addresses = Addresses(ctx.facts)
+    addresses = _addresses(ctx)
     for p in census.procs:
         # A connection to the job's port or to the process's own master: another one that hangs (a metrics
         # endpoint, a dataset server) is not the master's.
@@ -276,7 +281,7 @@ def rendezvous_arrivals(ctx) -> Iterator[Finding]:
     hosts = [p for p in census.launchers if p.listens]
     # The store the job meets at is the one on the node that owns the master address; another node's
     # (a duplicate rank 0) is RUN002's finding, and counting its guests would blame the wrong nodes.
-    addresses = Addresses(ctx.facts)
+    addresses = _addresses(ctx)
     real = [p for p in hosts if addresses.node_at(p.master_addr, p.node) == p.node]
     hosts = real or hosts
     if not hosts:

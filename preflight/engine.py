@@ -138,6 +138,7 @@ def _evaluate_running_job(reg, args, gather):
         nodes = _target(args)
     plan = build_plan(nodes=nodes, port=args.port)
     ctx = gather(plan, args, specs)
+    gc.freeze()  # the facts and the job's census live until exit (as in evaluate)
     return plan, ctx, redact.results(runner.run(specs, ctx)), started
 
 
@@ -155,6 +156,7 @@ def census_for(plan, args, specs=()):
                                    progress=for_stderr(args.json), transport=transport,
                                    census=census, slurm_job=args.slurm_job)
     facts, probes = gather.gather(list(plan.nodes), plan.remote, options)
+    gc.freeze()  # the facts live until exit: the collections that building the job sets off skip them
     # Without --port, the port of the one job found (several jobs: RUN001 says so and asks for --port).
     probes["census"] = running.build(plan.nodes, facts, args.port)
     return runner.CheckContext(plan, facts, probes)

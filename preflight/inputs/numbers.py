@@ -60,6 +60,10 @@ def reads_as(kind: type, text: str) -> bool:
 def int_or_none(value: Any) -> Optional[int]:
     """A variable's text as int() reads it (torch's RANK, MASTER_PORT; NCCL's integer variables), None when it
     is unset or not a whole number."""
+    if value is None:  # most unset variables: no exception raised and caught (a census asks 100,000s of times)
+        return None
+    if type(value) is int:
+        return value
     try:
         return int(str(value).strip())
     except (TypeError, ValueError):

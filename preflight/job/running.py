@@ -108,23 +108,33 @@ class Census:
     # node -> the flight-recorder dumps its census read (preflight.node.flightrec.collect; judged by job.flight)
     flight: Dict[str, Mapping[str, Any]] = field(default_factory=dict)
     _by_node: Dict[str, List[Proc]] = field(default_factory=dict, repr=False)
-    _indexed: int = field(default=-1, repr=False)
+    _by_kind: Dict[str, List[Proc]] = field(default_factory=dict, repr=False)
+    _indexed: tuple = field(default=(), repr=False)
+    _other_jobs: Optional[list] = field(default=None, repr=False)  # other_jobs, asked by several checks
 
-    def on(self, node: str, kind: Optional[str] = None) -> List[Proc]:
-        if self._indexed != len(self.procs):  # indexed once the processes are in: checks ask node by node
-            self._by_node = {}
+    def _index(self) -> None:
+        """The processes by node and by kind, once they are in: checks ask node by node and kind by kind. Made
+        again when build (or a test) puts another list in or adds to it."""
+        if self._indexed != (id(self.procs), len(self.procs)):
+            self._by_node, self._by_kind, self._other_jobs = {}, {"launcher": [], "rank": []}, None
             for p in self.procs:
                 self._by_node.setdefault(p.node, []).append(p)
-            self._indexed = len(self.procs)
+                self._by_kind.setdefault(p.kind, []).append(p)
+            self._indexed = (id(self.procs), len(self.procs))
+
+    def on(self, node: str, kind: Optional[str] = None) -> List[Proc]:
+        self._index()
         return [p for p in self._by_node.get(node, ()) if kind is None or p.kind == kind]
 
     @property
     def launchers(self) -> List[Proc]:
-        return [p for p in self.procs if p.kind == "launcher"]
+        self._index()
+        return list(self._by_kind["launcher"])
 
     @property
     def ranks(self) -> List[Proc]:
-        return [p for p in self.procs if p.kind == "rank"]
+        self._index()
+        return list(self._by_kind["rank"])
 
 
 def where(threads: Any, launcher: bool = False, seen: Optional[dict] = None) -> Where:
@@ -265,19 +275,20 @@ def _gpu_processes(node_facts: Mapping[str, Any]) -> Dict[int, str]:
 def _proc(node: str, item: Any, seen: Optional[dict] = None) -> Optional[Proc]:
     if not isinstance(item, dict) or not isinstance(item.get("pid"), int):
         return None
-    argv = [str(a) for a in item.get("argv") or () if a is not None]
-    env = item.get("env") if isinstance(item.get("env"), dict) else {}
-    proc = Proc(node=node, pid=item["pid"], kind="launcher" if item.get("kind") == "launcher" else "rank",
-                argv=argv, state=str(item.get("state") or "?"), age_s=item.get("age_s"),
-                cpu_percent=item.get("cpu_percent"), env=env,
-                sockets=[s for s in item.get("sockets") or () if isinstance(s, dict)],
-                children=[c for c in item.get("children") or () if isinstance(c, int)],
-                ppid=item.get("ppid") if isinstance(item.get("ppid"), int) else None,
-                sockets_dropped=item.get("sockets_dropped") if isinstance(item.get("sockets_dropped"), int) else 0,
-                argv_dropped=max(0, item["argv_dropped"]) if type(item.get("argv_dropped")) is int else 0,
-                where=where(item.get("threads"), item.get("kind") == "launcher", seen) if "threads" in item
-                else Where("unknown"),
-                stable=item.get("stable") if isinstance(item.get("stable"), bool) else None)
+    get = item.get  # each key read once: a census of 16,384 nodes has 150,000 processes
+    argv, env, sockets, children, ppid, dropped, kind = (get(k) for k in (
+        "argv", "env", "sockets", "children", "ppid", "argv_dropped", "kind"))
+    env = env if isinstance(env, dict) else {}
+    kind = "launcher" if kind == "launcher" else "rank"
+    proc = Proc(node, item["pid"], kind, [str(a) for a in argv or () if a is not None], str(get("state") or "?"),
+                get("age_s"), get("cpu_percent"), env,
+                [s for s in sockets or () if isinstance(s, dict)] if sockets else [],
+                [c for c in children or () if isinstance(c, int)] if children else [],
+                where(item["threads"], kind == "launcher", seen) if "threads" in item else Where("unknown"),
+                ppid if isinstance(ppid, int) else None,
+                get("sockets_dropped") if isinstance(get("sockets_dropped"), int) else 0,
+                max(0, dropped) if type(dropped) is int else 0,
+                get("stable") if isinstance(get("stable"), bool) else None)
     proc.run_id = env.get("TORCHELASTIC_RUN_ID")
     if proc.kind == "launcher":
         launcher, command = _launch_of(proc)
@@ -429,6 +440,13 @@ def other_jobs(census: Census) -> List[OtherJob]:
     store. It is another job when its job (job_of) is none of the other nodes' launchers', whatever its age. A
     command cut by its node is not known to differ; one that differs only in what job_of leaves out (script
     arguments, restarts, logs) makes the same rendezvous with them, so it is the job they run."""
+    census._index()
+    if census._other_jobs is None:
+        census._other_jobs = _other_jobs(census)
+    return list(census._other_jobs)
+
+
+def _other_jobs(census: Census) -> List[OtherJob]:
     holders = [p for p in census.launchers if p.listens]
     if not holders:
         return []

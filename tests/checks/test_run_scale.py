@@ -87,7 +87,7 @@ def test_the_master_address_of_every_process_is_found_without_walking_every_node
         facts = Counted(job(nodes, master=master))
         Counted.walks = 0
         results = run_checks(nodes, facts, ("RUN003", "RUN004", "RUN005"))
-        assert Counted.walks <= 3, master  # at most once a check, not once a process (180 of them)
+        assert Counted.walks <= 1, master  # once for the checks together, not once a process (180 of them)
         assert [r.status.value for r in results["RUN003"]] == ["pass"]
 
 
@@ -140,3 +140,19 @@ def test_every_node_launched_as_node_rank_0_is_judged_in_one_pass_over_them():
     assert twice.status.value == "fail" and twice.nodes == tuple(nodes)
     assert "node rank 0 on 1500 nodes" in twice.message and "each host a rendezvous store" in twice.message
     assert [r.status.value for r in results["RUN008"]] == ["pass"]  # one job: the same command on every node
+
+
+def test_the_processes_by_kind_and_node_follow_the_list_they_are_taken_from():
+    """Census indexes its processes once for the checks that ask kind by kind and node by node (a census of
+    16,384 nodes has 150,000 processes); a list put in or added to is indexed again."""
+    census = running.Census(["a", "b"])
+    launcher = running.Proc("a", 1, "launcher", [], "S", None, None, {}, [], [], running.Where("idle"))
+    rank = running.Proc("a", 2, "rank", [], "S", None, None, {}, [], [], running.Where("idle"), ppid=1)
+    census.procs.append(launcher)
+    assert census.launchers == [launcher] and census.ranks == [] and census.on("a") == [launcher]
+    census.procs.append(rank)
+    assert census.ranks == [rank] and census.on("a", "rank") == [rank] and census.on("b") == []
+    census.procs = [rank]
+    assert census.launchers == [] and census.ranks == [rank]
+    census.launchers.append(launcher)  # a copy: the census's own lists are not the caller's to change
+    assert census.launchers == []
