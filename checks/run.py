@@ -176,10 +176,11 @@ def job_agreement(ctx) -> Iterator[Finding]:
             ("number of nodes", lambda p: nodes_text(p.nnodes) or p.nnodes, launchers),  # 2 and 2:2 are one
             ("world size", lambda p: p.world_size, [p for p in every if p.kind == "rank"])):
         values = {}
-        for p in procs:
-            value = value_of(p)
-            if value is not None:
-                values.setdefault(p.node, value)
+        for p in procs:  # each node's first value: the processes after it on that node are not asked
+            if p.node not in values:
+                value = value_of(p)
+                if value is not None:
+                    values[p.node] = value
         if len(set(map(repr, values.values()))) < 2:
             continue
         majority, odd = odd_ones_out(values, census.nodes[0] if census.nodes else None)
