@@ -485,9 +485,10 @@ def _stacks_readable(stacks: Mapping[str, Any], facts: Mapping[str, Any]) -> Ite
 
 @check("RUN010", "flight-recorder", "cluster", tags=["doctor", "collective", "flight-recorder"])
 def flight_recorder(ctx) -> Iterator[Finding]:
-    """torch's flight-recorder records of every rank (the files PREFIX<rank> each rank wrote, read on every node,
-    while the job runs or after it died) show no rank that holds the others: none behind the others' collective,
-    none that issued another collective (op, sizes, dtypes) at the same sequence id, none without records.
+    """torch's flight-recorder records of every rank (the files PREFIX<rank> each rank wrote, read on every node
+    while the job runs or after it died, or the records a running rank serves on its worker socket) show no rank
+    that holds the others: none behind the others' collective, none that issued another collective (op, sizes,
+    dtypes) at the same sequence id, none without records.
 
     DDP, FSDP and DeepSpeed issue their collectives asynchronously and wait for them together, so every rank's
     stack shows the same wait and cannot name the culprit; the records say which collective each rank entered,
@@ -495,7 +496,8 @@ def flight_recorder(ctx) -> Iterator[Finding]:
 
     Look at the named rank's line: a rank-dependent branch, an uneven number of buckets, batches or steps, a
     parameter only some ranks have. To have records next time: TORCH_FR_BUFFER_SIZE=2000,
-    TORCH_FR_DUMP_TEMP_FILE=PATH/fr_, TORCH_NCCL_DUMP_ON_TIMEOUT=1 (gloo: dump them in your timeout handler).
+    TORCH_FR_DUMP_TEMP_FILE=PATH/fr_, TORCH_NCCL_DUMP_ON_TIMEOUT=1 (gloo: dump them in your timeout handler), or
+    run the job in torch's worker_main with TORCH_WORKER_SERVER_SOCKET set per rank: doctor asks it live.
     """
     census = _census(ctx)
     if census is None:

@@ -8,11 +8,18 @@ torch._C._distributed_c10d._dump_fr_trace()): {"version", "pg_config", "pg_statu
 "frames": [{"name", "filename", "line"}], ...}]}. Each rank's file is PREFIX<rank> (DebugInfoWriter; torch's
 own reader, torch/distributed/flight_recorder/components/loader.py `read_dump`, takes the rank from the name).
 
+A running rank may also serve its records: a job wrapped in torch.distributed.elastic.control_plane.worker_main
+with TORCH_WORKER_SERVER_SOCKET set answers `POST /handler/fr_trace_json` on that unix socket (torch's
+WorkerServer) with the same document as JSON, live, with no dump written (`served`).
+
 A dump is untrusted input: opened without blocking (a FIFO), read only when it is a regular file of at most
-MAX_BYTES, and its pickle is read by preflight.node.pickled, which never imports or calls anything.
+MAX_BYTES, and its pickle is read by preflight.node.pickled, which never imports or calls anything. A socket's
+answer is read within the census's time and MAX_BYTES, as JSON.
 """
+import json
 import os
 import re
+import socket
 import stat
 import time
 
@@ -26,6 +33,8 @@ MAX_GROUPS, RECENT, MAX_FRAMES, MAX_TEXT = 16, 16, 4, 200
 DEFAULT_NAME = "comm_lib_trace_rank_"
 # The prefix's variable, then its older name (FlightRecorder.cpp, DebugInfoWriter::getWriter: getCvarString).
 PREFIX_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+SOCKET_VAR = "TORCH_WORKER_SERVER_SOCKET"  # torch/distributed/elastic/control_plane.py, worker_main
+SOCKET_TIMEOUT = 2.0  # seconds for one rank's answer: the handler copies its ring buffer and returns
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen|^<)")
 
 
@@ -114,6 +123,13 @@ def _int(value):
     return value if type(value) is int else None
 
 
+def _count(value):
+    """A pg_status number: an int in a dump, its text in fr_trace_json's answer ("3", "-1")."""
+    if isinstance(value, str) and re.match(r"^-?\d{1,18}$", value):
+        return int(value)
+    return _int(value)
+
+
 def _sizes(value):
     """A list of tensor shapes, as plain lists of ints (at most 8 tensors of 8 dimensions), else None."""
     if not isinstance(value, (list, tuple)):
@@ -193,7 +209,7 @@ def summary(doc):
         state = status.get(str(group["pg_id"])) if group["pg_id"] is not None else None
         state = state if isinstance(state, dict) else {}
         for key in ("last_enqueued_collective", "last_started_collective", "last_completed_collective"):
-            group[key.split("_")[1]] = _int(state.get(key))
+            group[key.split("_")[1]] = _count(state.get(key))
     return {"version": _text(doc.get("version")), "groups": list(groups.values()), "p2p": p2p}
 
 
@@ -239,4 +255,59 @@ def collect(flag_prefix, ranks, started, deadline=None):
             total += found.get("size") or 0
             found["path"] = shown
             (errors if "error" in found else dumps).append(found)
+    for pid, environ, rank in ranks:  # the live records of a rank that serves them: newer than any file
+        if environ.get(SOCKET_VAR) and rank is not None and total <= MAX_TOTAL:
+            found = served(pid, environ[SOCKET_VAR], rank, deadline)
+            total += found.get("size") or 0
+            looked.append({"prefix": found["path"], "source": "socket"})
+            (errors if "error" in found else dumps).append(found)
     return {"looked": looked, "dumps": dumps, "errors": errors[:32], "stale": stale[:32]}
+
+
+def served(pid, path, rank, deadline=None):
+    """The records rank `rank` (process `pid`) serves on its worker socket `path` (read through /proc/PID/root:
+    the rank's own filesystem), summarized as a dump's; {"path", "rank", "error"} saying in one line why not."""
+    shown = ("socket:" + path)[:MAX_TEXT]
+    where = "/proc/%d/root%s" % (pid, path) if path.startswith("/") else "/proc/%d/cwd/%s" % (pid, path)
+    left = SOCKET_TIMEOUT if deadline is None else min(SOCKET_TIMEOUT, deadline - time.monotonic())
+    if left <= 0:
+        return {"path": shown, "rank": rank, "error": "was not asked: the census's time was spent"}
+    try:
+        data = _post(where, "/handler/fr_trace_json", left)
+        doc = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError) as exc:  # refused, not a socket, silent, too long, not HTTP, not JSON
+        return {"path": shown, "rank": rank, "error": "did not answer with flight-recorder records (%s)"
+                % (str(exc)[:MAX_TEXT] or type(exc).__name__)}
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+        return {"path": shown, "rank": rank, "error": "answered, but not with flight-recorder records"}
+    found = summary(doc)
+    found.update(path=shown, rank=rank, size=len(data), mtime_ns=time.time_ns())  # as of now: a live answer
+    return found
+
+
+def _post(path, target, timeout):
+    """The body of an HTTP POST to `target` on the unix socket `path` (torch's WorkerServer: HTTP/1.1, one request
+    per connection); ValueError for an answer that is not 200 or longer than MAX_BYTES."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(path)  # a path past 107 bytes: OSError, said as such
+        conn.sendall(("POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                      % target).encode())
+        received, size = [], 0
+        while True:
+            piece = conn.recv(1 << 16)
+            if not piece:
+                break
+            received.append(piece)
+            size += len(piece)
+            if size > MAX_BYTES + 65536:
+                raise ValueError("answered more than %d MiB" % (MAX_BYTES >> 20))
+    head, _, body = b"".join(received).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    if len(status) < 2 or not status[0].startswith(b"HTTP/"):
+        raise ValueError("not an HTTP answer")
+    if status[1] != b"200":
+        raise ValueError("HTTP %s: %s" % (status[1].decode("ascii", "replace")[:8], body[:120].decode("utf-8", "replace")))
+    if b"chunked" in head.lower():
+        raise ValueError("a chunked answer, which torch's WorkerServer does not send")
+    return body

@@ -545,11 +545,17 @@ rank = int(os.environ["RANK"])
 marks, mode = pathlib.Path(os.environ["PF_MARKS"]), os.environ.get("PF_MODE", "")
 (marks / f"{rank}.pid").write_text(str(os.getpid()))
 dumped = []
+serving = os.environ.get("TORCH_WORKER_SERVER_SOCKET")
+if serving:  # torch's worker_main serves the records on that socket (POST /handler/fr_trace_json): none written
+    from torch.distributed.elastic.control_plane import worker_main
+    server = worker_main()  # held: the server ends when its context is collected
+    server.__enter__()
 
 
 def dump(why):
-    with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank), "wb") as out:
-        out.write(torch._C._distributed_c10d._dump_fr_trace())
+    if not serving:
+        with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank), "wb") as out:
+            out.write(torch._C._distributed_c10d._dump_fr_trace())
     dumped.append(why)
     (marks / f"{rank}-{why}").touch()
 
@@ -669,6 +675,28 @@ def test_flight_records_name_the_rank_that_holds_an_asynchronous_step(cluster, f
         assert blame["evidence"]["kind"] == "mismatch" and blame["evidence"]["op"] == "broadcast", blame
     assert [r["status"] for r in after["results"] if r["id"] == "RUN001"] == ["warn"]  # no job runs: said, not failed
     print(f"doctor on the hung job ({mode}): {elapsed:.1f} s")
+
+
+@pytest.mark.parametrize("mode, port, kind, seq", [("op:2", 29675, "mismatch", 2), ("fewer:2", 29676, "behind", 4)])
+def test_records_a_rank_serves_on_its_worker_socket_name_the_rank_that_holds_the_step(cluster, fr_jobs, mode, port,
+                                                                                     kind, seq):
+    """A job run inside torch's worker_main with TORCH_WORKER_SERVER_SOCKET writes no file: doctor asks each rank's
+    socket for its records (POST /handler/fr_trace_json, through /proc/PID/root) and names the rank, live."""
+    jobs, prefix = fr_jobs
+    launchers = start_fr(jobs, prefix, port, mode, TORCH_WORKER_SERVER_SOCKET=f"{FR_ROOT}/worker.sock")
+    jobs.wait_for("0-dumped", "1-dumped", "2-dumped" if kind == "mismatch" else "2-done", timeout=180)
+    pid = jobs.rank_pids()[2]
+    doc, elapsed = doctor(cluster, "--port", str(port))
+    [blame] = found(doc, "RUN010")
+    assert blame["nodes"] == ["node03"] and blame["evidence"]["rank"] == 2, messages(doc)
+    assert blame["evidence"]["pid"] == pid and blame["evidence"]["kind"] == kind, blame
+    assert blame["evidence"]["seq"] == seq and blame["evidence"]["pg"] == "0", blame
+    if kind == "mismatch":
+        assert blame["evidence"]["op"] == "broadcast", blame
+    else:  # its step's three buckets are done: it is alive and serves records that stop at #3
+        assert blame["evidence"]["last_seq"] == 3 and "4 s timeout" in blame["message"], blame
+    jobs.untouched(launchers, jobs.rank_pids().values())
+    print(f"doctor on the hung job ({mode}), records from the worker sockets: {elapsed:.1f} s")
 
 
 @pytest.mark.parametrize("mode, port", [("", 29673), ("slow:2", 29674)])

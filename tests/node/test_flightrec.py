@@ -171,3 +171,104 @@ def test_a_rank_in_a_container_is_read_in_its_own_filesystem(tmp_path, real_dump
         proc.wait()
     ours = [(d["rank"], d["path"]) for d in found["dumps"] if d["path"].startswith(str(folder))]
     assert ours == [(0, str(folder / "fr_0"))], found
+
+
+# --- records a rank serves on its worker socket (torch's worker_main, TORCH_WORKER_SERVER_SOCKET) ----------------
+
+def answering(path, reply, delay=0.0):
+    """A unix socket server at `path` that answers one connection with `reply` (bytes, after `delay` s) and closes;
+    a thread, ended with the test."""
+    import socket
+    import threading
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(4)
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            time.sleep(delay)
+            try:
+                conn.sendall(reply)
+            except OSError:  # the reader gave up first
+                pass
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+def http(body, status=b"200 OK"):
+    return b"HTTP/1.1 " + status + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+
+LIVE = {"version": "2.10", "pg_config": {"": {"desc": "", "name": "", "ranks": "[0, 1]"}},
+        "pg_status": {"0": {"last_enqueued_collective": "4", "last_started_collective": "-1",
+                            "last_completed_collective": "3"}},
+        "entries": [{"collective_seq_id": 4, "profiling_name": "gloo:all_reduce", "input_sizes": [[4]],
+                     "input_dtypes": ["Float"], "output_sizes": [[4]], "is_p2p": False, "pg_id": 0,
+                     "process_group": ["0", "default_pg"], "state": "scheduled", "time_created_ns": 1,
+                     "timeout_ms": 1800000}]}
+
+
+def test_the_records_a_rank_serves_are_read_as_its_dump_would_be(tmp_path):
+    """The answer torch's WorkerServer gives (fr_trace_json, as a real gloo rank served it in torch 2.13) becomes the
+    same summary as a dump, as of now; the socket is reached through the rank's /proc/PID/root."""
+    import json
+
+    answering(tmp_path / "w.sock", http(json.dumps(LIVE).encode()))
+    before = time.time_ns()
+    found = flightrec.served(os.getpid(), str(tmp_path / "w.sock"), 1)
+    assert "error" not in found, found
+    assert found["path"] == f"socket:{tmp_path}/w.sock" and found["rank"] == 1 and found["mtime_ns"] >= before
+    [group] = found["groups"]
+    assert group["ranks"] == [0, 1] and group["enqueued"] == 4 and group["completed"] == 3
+    assert [(e["seq"], e["op"], e["backend"], e["state"]) for e in group["entries"]] == \
+        [(4, "all_reduce", "gloo", "scheduled")]
+
+
+@pytest.mark.parametrize("reply, said", [
+    (None, "No such file"),  # no socket there
+    (b"", "not an HTTP answer"),  # closed without a word
+    (b"SSH-2.0-OpenSSH_9.2\r\n", "not an HTTP answer"),
+    (http(b"Handler fr_trace_json not found", b"404 Not Found"), "HTTP 404: Handler fr_trace_json not found"),
+    (http(b"{not json"), "did not answer with flight-recorder records"),
+    (http(b'{"entries": 7}'), "answered, but not with flight-recorder records"),
+    (http(b"x" * (flightrec.MAX_BYTES + (1 << 20))), "answered more than 8 MiB"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "chunked"),
+])
+def test_a_socket_that_answers_anything_else_is_one_line(tmp_path, reply, said):
+    if reply is not None:
+        answering(tmp_path / "w.sock", reply)
+    found = flightrec.served(os.getpid(), str(tmp_path / "w.sock"), 0)
+    assert said in found["error"] and "\n" not in found["error"] and "groups" not in found, found
+
+
+def test_a_socket_that_never_answers_costs_the_time_given_and_no_more(tmp_path):
+    answering(tmp_path / "w.sock", http(b"{}"), delay=30)
+    started = time.monotonic()
+    found = flightrec.served(os.getpid(), str(tmp_path / "w.sock"), 0, deadline=time.monotonic() + 0.5)
+    assert time.monotonic() - started < 1.5 and "timed out" in found["error"], found
+    spent = flightrec.served(os.getpid(), str(tmp_path / "w.sock"), 0, deadline=time.monotonic() - 1)
+    assert "time was spent" in spent["error"], spent
+
+
+def test_a_fifo_or_a_file_at_the_socket_path_is_not_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("x")
+    for name in ("fifo", "file"):
+        started = time.monotonic()
+        found = flightrec.served(os.getpid(), str(tmp_path / name), 0)
+        assert time.monotonic() - started < 1 and "refused" in found["error"].lower(), found
+
+
+def test_collect_reads_each_serving_rank_beside_its_files(tmp_path):
+    import json
+
+    answering(tmp_path / "w.sock", http(json.dumps(LIVE).encode()))
+    environ = {"TORCH_WORKER_SERVER_SOCKET": str(tmp_path / "w.sock"), "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_")}
+    found = flightrec.collect(None, [(os.getpid(), environ, 1), (os.getpid(), {"RANK": "0"}, None)], {})
+    assert [d["path"] for d in found["dumps"]] == [f"socket:{tmp_path}/w.sock"], found
+    assert {"prefix": f"socket:{tmp_path}/w.sock", "source": "socket"} in found["looked"], found
