@@ -107,6 +107,8 @@ class Census:
     dropped: Dict[str, int] = field(default_factory=dict)  # node -> job processes past the census's cap
     # node -> the flight-recorder dumps its census read (preflight.node.flightrec.collect; judged by job.flight)
     flight: Dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    # node -> what NCCL's RAS answered there (preflight.node.ras.collect; judged by job.ras)
+    ras: Dict[str, Mapping[str, Any]] = field(default_factory=dict)
     _by_node: Dict[str, List[Proc]] = field(default_factory=dict, repr=False)
     _indexed: int = field(default=-1, repr=False)
 
@@ -201,6 +203,8 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
         census.stacks[node] = raw.get("stacks") if isinstance(raw.get("stacks"), dict) else {}
         if isinstance(raw.get("flight_recorder"), dict):
             census.flight[node] = raw["flight_recorder"]
+        if isinstance(raw.get("nccl_ras"), dict):
+            census.ras[node] = raw["nccl_ras"]
         census.listeners[node] = [h for h in raw.get("listeners") or () if isinstance(h, dict)]
         census.selected = census.selected or bool(raw.get("pids"))
         if isinstance(raw.get("processes_dropped"), int) and raw["processes_dropped"] > 0:
