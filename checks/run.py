@@ -558,12 +558,12 @@ def nccl_ras(ctx) -> Iterator[Finding]:
     steps, a process that died or hangs outside NCCL. RAS is on by default (NCCL_RAS_ENABLE=1, at
     localhost:28028); with several jobs on a node, give each its own NCCL_RAS_ADDR.
     """
-    census = _census(ctx)
-    if census is None:
-        yield skip("no census of a running job (run `preflight doctor`)")
+    census, gate = _gate(ctx)
+    if gate:
+        yield gate
         return
-    if not census.ras:
-        yield skip(f"no process of a job{_on_port(census)} on any node reached")
+    if not census.ranks:
+        yield skip("no rank of the job on any node reached (NCCL's RAS runs in its ranks)")
         return
     found, none = nccl.answers(census.ras)
     for a in found:
@@ -580,11 +580,12 @@ def nccl_ras(ctx) -> Iterator[Finding]:
     answer = answered[0]  # every node's RAS answers for the whole job: the first whole answer is the verdict
     addresses = Addresses(ctx.facts)
     by_pid = {(p.node, p.pid): p for p in census.ranks}
+    by_pid.update(((p.node, p.own_pid), p) for p in census.ranks if p.own_pid is not None)  # RAS's, in a container
 
     def locate(host, pid, seen_from):
         node = addresses.node_at(host, seen_from) if host else None
         proc = by_pid.get((node, pid))
-        return nccl.Place(node, proc.rank if proc else None, proc.where.at if proc else None)
+        return nccl.Place(node, proc.rank, proc.where.at, proc.pid) if proc else nccl.Place(node, None)
 
     blames, notes = nccl.judge(answer, locate, any(p.stable is False for p in census.ranks))
     for blame in blames:

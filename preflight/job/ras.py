@@ -44,6 +44,7 @@ class Place:
     node: Optional[str]
     rank: Optional[int]
     at: Optional[str] = None
+    pid: Optional[int] = None  # its pid on the node (RAS's is the one it sees itself: a container's own)
 
 
 Locate = Callable[[Optional[str], Optional[int], str], Place]  # (host, pid, the node that asked) -> Place
@@ -66,7 +67,7 @@ def answers(raw_by_node: Mapping[str, Any]) -> Tuple[List[Answer], Dict[str, str
 
 def _who(who: Mapping[str, Any], place: Place, comm: str) -> str:
     """As RUN010 names a rank ("rank 2 on gpu2 (pid 4242)"), else by RAS's own words."""
-    pid = f"pid {who.get('pid')}" if who.get("pid") else "pid not known"
+    pid = f"pid {place.pid or who.get('pid')}" if place.pid or who.get("pid") else "pid not known"
     if place.rank is not None:
         return f"rank {place.rank} on {place.node} ({pid})"
     where = place.node or who.get("host")
@@ -150,12 +151,13 @@ def _gone(answer: Answer, kind: str, who: Mapping[str, Any], comm: Optional[tupl
     rank = place.rank if place.rank is not None else who.get("rank")
     return Blame(
         kind, str(comm[0].get("hash")) if comm else "", max(usual.values()) if usual else 0,
-        next(iter(usual), "") if usual else "", rank, place.node, who.get("pid"), place.at,
+        next(iter(usual), "") if usual else "", rank, place.node, place.pid or who.get("pid"), place.at,
         f"{name} {what}: {label} misses its data in {answer.twice()}, while the other ranks stand still{others}",
         f"look at rank {rank}{' on ' + place.node if place.node else ''}: "
         + ("its process is gone or frozen: read its log and dmesg there (the OOM killer), then restart the job"
            if kind == "dead" else "it hangs outside NCCL or is stopped (its stack: preflight doctor; its log)"),
-        {"kind": kind, "rank": rank, "comm_rank": who.get("rank"), "pid": who.get("pid"), "host": who.get("host"),
+        {"kind": kind, "rank": rank, "comm_rank": who.get("rank"), "pid": place.pid or who.get("pid"),
+         "ras_pid": who.get("pid"), "host": who.get("host"),
          "comm": comm[0].get("hash") if comm else None, "source": answer.said()})
 
 
@@ -181,16 +183,14 @@ def _counts(answer: Answer, comm: Mapping[str, Any], label: str, locate: Locate,
         place = locate(w.get("host"), w.get("pid"), answer.node)
         others = next((g for g in ops[low_op] if g["value"] == usual[low_op]), None)
         they = _ranks(others.get("ranks") if others else None, others["count"] if others else 0)
-        blames.append(Blame(
-            "mismatch", str(comm.get("hash")), usual[low_op], high_op, place.rank, place.node, w.get("pid"), place.at,
+        blames.append(_blame(
+            "mismatch", comm, usual[low_op], high_op, w, place, answer,
             f"{_who(w, place, comm.get('hash'))} launched {high_op} #{high['value']} of {label} where {they} launched "
             f"{low_op} #{usual[low_op]}, which it never launched (it launched {low['value']}), the same in "
             f"{answer.twice()}: the collectives do not match, so the job hangs",
             f"look at rank {place.rank if place.rank is not None else w.get('rank')}"
             f"{' at ' + place.at if place.at else ''}: every rank must launch the same collectives in the same order",
-            {"kind": "mismatch", "rank": place.rank, "comm_rank": w.get("rank"), "pid": w.get("pid"),
-             "host": w.get("host"), "comm": comm.get("hash"), "op": high_op, "expected_op": low_op,
-             "seq": usual[low_op], "source": answer.said()}))
+            expected_op=low_op))
     crossed_set = set(crossed)
     done = set()  # a rank behind in two ops is named once
     for op, groups in ops.items():
@@ -201,8 +201,9 @@ def _counts(answer: Answer, comm: Mapping[str, Any], label: str, locate: Locate,
             continue  # the ranks that launched another op account for it
         low, high = groups[0], groups[-1]
         if low.get("ranks") is None:
-            notes.append(f"{label}: {low['count']} ranks launched {op} up to {low['value']}, {_ranks(high.get('ranks'), high['count'])} "
-                         f"up to {high['value']}: RAS's text does not say which ranks are behind (NCCL 2.28.7+ does, in JSON)")
+            notes.append(f"{label}: {low['count']} ranks launched {op} up to {low['value']}, "
+                         f"{_ranks(high.get('ranks'), high['count'])} up to {high['value']}: RAS's text does not say "
+                         "which ranks are behind (NCCL 2.28.7+ does, in JSON)")
             continue
         for w in low["ranks"]:
             key = (w.get("rank"), w.get("pid"), w.get("host"))
@@ -211,14 +212,23 @@ def _counts(answer: Answer, comm: Mapping[str, Any], label: str, locate: Locate,
             done.add(key)
             place = locate(w.get("host"), w.get("pid"), answer.node)
             rank = place.rank if place.rank is not None else w.get("rank")
-            blames.append(Blame(
-                "behind", str(comm.get("hash")), low["value"] + 1, op, place.rank, place.node, w.get("pid"), place.at,
+            blames.append(_blame(
+                "behind", comm, low["value"] + 1, op, w, place, answer,
                 f"{_who(w, place, comm.get('hash'))} never launched {op} #{low['value'] + 1} of {label}: it launched "
                 f"{low['value']}, while {_ranks(high.get('ranks'), high['count'])} launched {high['value']}, the same "
                 f"in {answer.twice()}: the communicator is stuck",
                 f"look at rank {rank}{' at ' + place.at if place.at else ''}: it issued fewer collectives than the "
                 "others (a rank-dependent branch, an uneven number of buckets, batches or steps, an early exit)",
-                {"kind": "behind", "rank": place.rank, "comm_rank": w.get("rank"), "pid": w.get("pid"),
-                 "host": w.get("host"), "comm": comm.get("hash"), "op": op, "seq": low["value"] + 1,
-                 "count": low["value"], "others": high["value"], "source": answer.said()}))
+                count=low["value"], others=high["value"]))
     return blames
+
+
+def _blame(kind: str, comm: Mapping[str, Any], seq: int, op: str, who: Mapping[str, Any], place: Place,
+           answer: Answer, message: str, remedy: str, **more: Any) -> Blame:
+    """A rank RAS's counts set apart, with the evidence RUN010's blames carry (kind, rank, pid, op, seq) and RAS's
+    own (its communicator, its rank and pid there, where RAS was asked)."""
+    pid = place.pid or who.get("pid")
+    return Blame(kind, str(comm.get("hash")), seq, op, place.rank, place.node, pid, place.at, message, remedy,
+                 {"kind": kind, "rank": place.rank, "comm_rank": who.get("rank"), "pid": pid, "ras_pid": who.get("pid"),
+                  "host": who.get("host"), "comm": comm.get("hash"), "op": op, "seq": seq, **more,
+                  "source": answer.said()})

@@ -64,6 +64,7 @@ class Proc:
     sockets_dropped: int = 0  # sockets the node held back (preflight.node.census MAX_SOCKETS): `sockets` is not all
     argv_dropped: int = 0  # the words past what the node sends (census MAX_ARGS, a launcher's MAX_LAUNCHER_ARGS)
     stable: Optional[bool] = None  # at the same place in both stack samples (None: one sample, or none)
+    own_pid: Optional[int] = None  # its pid in a PID namespace of its own (a container), as NCCL's RAS names it
     launcher: Optional[str] = None  # torchrun, accelerate, deepspeed (for a launcher agent)
     node_rank: Optional[int] = None
     nnodes: Optional[str] = None
@@ -281,7 +282,8 @@ def _proc(node: str, item: Any, seen: Optional[dict] = None) -> Optional[Proc]:
                 argv_dropped=max(0, item["argv_dropped"]) if type(item.get("argv_dropped")) is int else 0,
                 where=where(item.get("threads"), item.get("kind") == "launcher", seen) if "threads" in item
                 else Where("unknown"),
-                stable=item.get("stable") if isinstance(item.get("stable"), bool) else None)
+                stable=item.get("stable") if isinstance(item.get("stable"), bool) else None,
+                own_pid=item["own_pid"] if type(item.get("own_pid")) is int else None)
     proc.run_id = env.get("TORCHELASTIC_RUN_ID")
     if proc.kind == "launcher":
         launcher, command = _launch_of(proc)

@@ -68,6 +68,9 @@ def take_census(options):
         info = table[pid]
         info["sockets"], info["sockets_dropped"] = _sockets_of(pid, sockets)
         info["children"] = [p for p, other in table.items() if other["ppid"] == pid]
+        inner = _own_pid(pid)
+        if inner is not None and inner != pid:  # in a PID namespace of its own (a container): NCCL's RAS names this
+            info["own_pid"] = inner
         if info["kind"] == "launcher":
             words = procfs.argv(pid)
             if words:  # else it has just ended: what was read first stands
@@ -95,8 +98,8 @@ def take_census(options):
         p["cpu_percent"] = None if again is None else round(
             100.0 * (again["cpu_s"] - cpu_before[p["pid"]]) / max(0.05, time.monotonic() - started), 1)
     # What was cut is said, so that the head never reads a cut list as the whole of it.
-    return {"nccl_ras": ras(), "processes": processes, "processes_dropped": max(0, len(chosen) - MAX_PROCESSES), "listeners": listeners,
-            "stacks": stacks, "elsewhere": elsewhere, "port": port, "flight_recorder": records,
+    return {"nccl_ras": ras(), "processes": processes, "processes_dropped": max(0, len(chosen) - MAX_PROCESSES),
+            "listeners": listeners, "stacks": stacks, "elsewhere": elsewhere, "port": port, "flight_recorder": records,
             "pids": sorted(int(p) for p in options.get("pids") or ()),
             "seconds": round(time.monotonic() - started, 3), "ptrace_scope": _ptrace_scope(), "uid": os.getuid()}
 
@@ -402,6 +405,16 @@ def _sample(tool, processes, deadline, results, first):
         worker.start()
     for worker in workers:
         worker.join(max(0.0, deadline - time.monotonic()))
+
+
+def _own_pid(pid):
+    """The pid a process sees for itself: the last of NSpid in /proc/PID/status (its innermost PID namespace)."""
+    raw = procfs.read("/proc/%d/status" % pid)
+    for line in (raw or b"").decode("ascii", "replace").splitlines():
+        if line.startswith("NSpid:"):
+            found = line.split()[1:]
+            return int(found[-1]) if found and found[-1].isdigit() else None
+    return None
 
 
 def _waits(pid):

@@ -243,6 +243,7 @@ PROCESS = Obj(pid=Need(int), ppid=COUNT, argv=Each(str), argv_dropped=COUNT, sta
               kind=TEXT, env=ENV,
               sockets=Each(Obj(local=TEXT, local_port=COUNT, remote=TEXT, remote_port=COUNT, state=TEXT)),
               children=Each(int), stable=(bool, NONE), cpu_percent=SECONDS, config=FILE, sockets_dropped=COUNT,
+              own_pid=COUNT,
               # py-spy's frames: [function, file, line]
               threads=Each(Obj(name=TEXT, active=(bool, NONE), frames=Each(Each((str, int, NONE), length=3)))))
 # A flight-recorder dump as preflight.node.flightrec reduces it: per process group, its last collectives.

@@ -132,8 +132,9 @@ def test_the_rank_that_launched_another_collective_is_named(version):
 def test_a_healthy_or_moving_job_is_not_blamed(case, version):
     [result] = run011(case, version)
     assert result.status == Status.PASS and result.nodes == ("gpu1",), result
-    assert result.message.startswith(f"NCCL {version} RAS at localhost:28028 on gpu1 ({'json' if version > '2.28' else 'text'}) "
-                                     "shows no rank holding the others")
+    fmt = "json" if version > "2.28" else "text"
+    assert result.message.startswith(f"NCCL {version} RAS at localhost:28028 on gpu1 ({fmt}) shows no rank holding the "
+                                     "others")
     if case == "moving":
         assert "AllReduce counts rank 2 at 18, " in result.message and \
             "its counts moved between RAS's two answers: not proof of a hang" in result.message
@@ -146,9 +147,15 @@ def test_a_job_whose_stacks_moved_is_not_blamed_whatever_ras_says():
 
 
 def test_a_rank_the_census_does_not_have_is_named_in_ras_words():
-    [blame] = failures(run011("behind", "2.29.7", procs=()))
+    """RAS's pid is the one the rank sees: in a container's PID namespace, not the node's the census reads."""
+    procs = [dict(rank(n), pid=rank(n)["pid"] + 90000) for n in range(4)]
+    [blame] = failures(run011("behind", "2.29.7", procs=procs))
     assert blame.nodes == ("gpu2",) and blame.evidence["rank"] is None and blame.evidence["comm_rank"] == 2
     assert blame.message.startswith("rank 2 of communicator 0x7b1a5c3e9d2f4806 on gpu2 (pid 4242) never launched")
+    # the census read each rank's own pid there (NSpid): it is the rank RAS names
+    [blame] = failures(run011("behind", "2.29.7", procs=[dict(p, own_pid=p["pid"] - 90000) for p in procs]))
+    assert (blame.evidence["rank"], blame.evidence["pid"], blame.evidence["ras_pid"]) == (2, 94242, 4242)
+    assert blame.message.startswith("rank 2 on gpu2 (pid 94242) never launched")
 
 
 def test_one_answer_is_no_proof():
@@ -174,7 +181,10 @@ def test_no_ras_anywhere_is_a_skip_that_says_why():
     [result] = results("RUN011", {"gpu1": skipped, "gpu2": skipped}, [rank(0)])
     assert result.status == Status.SKIP and result.message == skipped["skipped"]
     [result] = results("RUN011", {}, ())
-    assert result.status == Status.SKIP
+    assert result.status == Status.SKIP and result.message == "no process of a job on any node reached"
+    launcher = dict(rank(0), kind="launcher", argv=["torchrun", "--nnodes", "2", "train.py"])
+    [result] = results("RUN011", {}, [launcher])
+    assert result.message == "no rank of the job on any node reached (NCCL's RAS runs in its ranks)"
 
 
 def test_a_communicator_made_or_torn_down_is_not_a_missing_rank():

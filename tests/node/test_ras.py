@@ -106,6 +106,23 @@ def test_every_recorded_answer_reduces_to_the_shape_the_head_holds_it_to(path):
     assert "value is a string" in shapes.problem({"answers": [wrong]}, shapes.NCCL_RAS, "nccl_ras")
 
 
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare")
+def test_a_rank_in_a_pid_namespace_of_its_own_is_read_with_the_pid_ras_names_it_by(tmp_path):
+    """NCCL's RAS reports the pid a rank sees (getpid in its container); the census reads it from NSpid."""
+    script = tmp_path / "rank.py"
+    script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, str(script)],
+                            env=dict(os.environ, RANK="0", WORLD_SIZE="1"), stdout=subprocess.PIPE)
+    try:
+        inner = int(proc.stdout.readline())
+        found = census.take_census({"pids": [proc.pid], "deadline_s": 3, "stacks": False})
+        [rank] = [p for p in found["processes"] if p["kind"] == "rank"]
+        assert rank["pid"] != inner and rank["own_pid"] == inner == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_job_without_nccl_is_not_asked_and_one_with_ras_off_says_so(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text("import time\ntime.sleep(60)\n")
