@@ -5,6 +5,8 @@ recorder's fixtures (test_run_flight.py): RAS and the records name the same rank
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -206,3 +208,34 @@ def test_nccl_before_2_26_names_a_missing_rank_by_number_and_its_process_in_its_
     [blame] = judge.judge(answer, lambda host, pid, node: judge.Place("gpu2" if host else None, 3 if pid else None),
                           False)[0]
     assert (blame.kind, blame.rank, blame.node, blame.pid) == ("dead", 3, "gpu2", 4243)
+
+
+@pytest.mark.parametrize("python", [None, "/usr/bin/python3"], ids=["in-process", "shipped"])
+def test_doctor_names_the_rank_behind_from_what_ras_answers(tmp_path, python):
+    """`preflight doctor` on this machine: a rank (RANK=2 of 4) whose NCCL_RAS_ADDR is a service replaying the
+    `behind` answers, with its address and pid where NCCL would print them (RAS's host is this node's loopback):
+    the node's census asks it (in-process, or shipped to another interpreter as to a node), RUN011 names it."""
+    if python and not os.path.exists(python):
+        pytest.skip(f"{python} is not installed")
+    script = tmp_path / "rank.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    with RasServer() as server:
+        env = dict(os.environ, RANK="2", WORLD_SIZE="4", MASTER_PORT="29611", NCCL_RAS_ADDR=server.address)
+        proc = subprocess.Popen([sys.executable, str(script)], env=env)
+        try:
+            server.answers = [text.replace('"10.0.0.2"', '"127.0.0.1"').replace("4242", str(proc.pid))
+                              for text in recorded("behind", "2.29.7")]
+            time.sleep(0.3)
+            said = subprocess.run([sys.executable, "-m", "preflight", "doctor", "--pid", str(proc.pid), "--json",
+                                   "--no-stacks", *(["--python", python] if python else [])],
+                                  capture_output=True, text=True, timeout=60)
+        finally:
+            proc.kill()
+            proc.wait()
+    doc = json.loads(said.stdout)
+    [blame] = [r for r in doc["results"] if r["id"] == "RUN011"]
+    assert blame["status"] == "fail" and blame["nodes"] == doc["nodes"], blame
+    assert (blame["evidence"]["rank"], blame["evidence"]["pid"], blame["evidence"]["node"]) == \
+        (2, proc.pid, doc["nodes"][0])
+    assert blame["message"].startswith(f"rank 2 on {doc['nodes'][0]} (pid {proc.pid}) never launched AllReduce #7")
+    assert len(server.sessions) == 2 and server.closed_by_client == [True, True]
