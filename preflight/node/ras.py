@@ -23,6 +23,9 @@ LEG_TIMEOUT_S = 5  # RAS_COLLECTIVE_LEG_TIMEOUT_SEC: RAS's own wait for each pro
 MAX_BYTES = 16 << 20  # a status of thousands of ranks in JSON (about 600 bytes a rank)
 MAX_LINE = 1024  # the client's buffer for a handshake line
 MAX_COMMS, MAX_RANKS, MAX_OPS, MAX_ADDRESSES, MAX_TEXT = 64, 64, 16, 4, 200
+# What one snapshot sends at most, whatever the job's size (every node of a job of thousands sends its own): the
+# lowest counts of an op, its most common and its highest (MAX_GROUPS groups), and MAX_LISTED ranks named in all.
+MAX_GROUPS, MAX_LISTED = 8, 256
 # A communicator's rank is fine in these states (init_state, async_error): ncclSuccess, ncclInProgress.
 FINE = (0, 7)
 # NCCL 2.28.7 to 2.28.9 leave out the comma after a missing rank's "nvml_dev" (jsonWriteMissingRank; fixed in
@@ -278,7 +281,7 @@ def from_json(body, where="NCCL RAS"):
                 comms.append(comm)
     footer = doc.get("ras") if isinstance(doc.get("ras"), dict) else {}
     return {"version": _text(doc.get("nccl_version")), "communicators": len(doc["communicators"]),
-            "comms": comms[:MAX_COMMS], "comms_dropped": max(0, len(comms) - MAX_COMMS), "dead": [],
+            "comms": _budget(comms[:MAX_COMMS]), "comms_dropped": max(0, len(comms) - MAX_COMMS), "dead": [],
             "unreachable": [], "timeouts": _int(footer.get("timeouts_count"))}
 
 
@@ -324,7 +327,31 @@ def _groups(values):
     by_value = {}
     for value, who in values:
         by_value.setdefault(value, []).append(who)
-    return [{"value": v, "count": len(by_value[v]), "ranks": by_value[v][:MAX_RANKS]} for v in sorted(by_value)]
+    return _kept([{"value": v, "count": len(by_value[v]), "ranks": by_value[v][:MAX_RANKS]} for v in sorted(by_value)])
+
+
+def _kept(groups):
+    """At most MAX_GROUPS of an op's groups (lowest first): the lowest, the most common and the highest."""
+    if len(groups) <= MAX_GROUPS:
+        return groups
+    usual = max(groups, key=lambda g: (g["count"], g["value"]))
+    kept = groups[:MAX_GROUPS - 2] + [g for g in (usual, groups[-1]) if g not in groups[:MAX_GROUPS - 2]]
+    return sorted(kept, key=lambda g: g["value"])
+
+
+def _budget(comms):
+    """Names at most MAX_LISTED ranks over the snapshot's communicators (the first ones in full)."""
+    left = MAX_LISTED
+    for comm in comms:
+        for key in ("missing", "errors"):
+            comm[key] = comm[key][:max(0, left)]
+            left -= len(comm[key])
+        for groups in comm["ops"].values():
+            for g in groups:
+                if g["ranks"] is not None:
+                    g["ranks"] = g["ranks"][:max(0, left)]
+                    left -= len(g["ranks"])
+    return comms
 
 
 def _who(raw):
@@ -434,7 +461,8 @@ def from_text(body, where="NCCL RAS"):
     for key in order:
         for m in comms[key]["missing"]:
             m["dead"] = (m["pid"], m["host"]) in dead
-        comms[key]["ops"] = dict((o, sorted(g, key=lambda g: g["value"])) for o, g in comms[key]["ops"].items() if g)
+        comms[key]["ops"] = dict((o, _kept(sorted(g, key=lambda g: g["value"])))
+                                 for o, g in comms[key]["ops"].items() if g)
     kept = [comms[k] for k in order]
-    found.update(communicators=None, comms=kept[:MAX_COMMS], comms_dropped=max(0, len(kept) - MAX_COMMS))
+    found.update(communicators=None, comms=_budget(kept[:MAX_COMMS]), comms_dropped=max(0, len(kept) - MAX_COMMS))
     return found

@@ -254,3 +254,23 @@ def test_text_that_is_not_ras_is_one_line():
     with pytest.raises(ras.RasError) as caught:
         ras.from_text("<html>nope</html>\n")
     assert str(caught.value) == 'NCCL RAS answered STATUS with text that is not its status (it begins "<html>nope</html>")'
+
+
+def test_what_a_large_job_sends_is_bounded_and_still_names_the_lowest_rank():
+    """28,000 ranks (70 communicators of 400, every rank at another count: about the most 16 MiB of NCCL's JSON
+    holds): a snapshot keeps MAX_COMMS communicators, MAX_GROUPS groups an op (the lowest, the most common, the
+    highest) and MAX_LISTED ranks named."""
+    def comm(i):
+        ranks = [{"rank": r, "host": "10.1.%d.%d" % (r // 256, r % 256), "pid": 1000 + r, "status": {},
+                  "collective_counts": {"AllReduce": 5000 + r if r else 17, "Broadcast": 3}} for r in range(400)]
+        return {"hash": "0x%x" % (i + 1), "size": 400, "ranks": ranks, "missing_ranks": []}
+
+    body = json.dumps({"nccl_version": "2.29.7", "communicators": [comm(i) for i in range(70)]}, indent=2)
+    assert len(body) < ras.MAX_BYTES
+    found = ras.from_json(body)
+    assert found["communicators"] == 70 and len(found["comms"]) == ras.MAX_COMMS and found["comms_dropped"] == 6
+    groups = found["comms"][0]["ops"]["AllReduce"]
+    assert len(groups) == ras.MAX_GROUPS and groups[0]["value"] == 17 and groups[-1]["value"] == 5000 + 399
+    assert groups[0]["ranks"] == [{"rank": 0, "pid": 1000, "host": "10.1.0.0"}]
+    named = sum(len(g["ranks"]) for c in found["comms"] for gs in c["ops"].values() for g in gs)
+    assert named == ras.MAX_LISTED and len(json.dumps(found)) < 64 << 10
