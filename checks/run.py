@@ -7,6 +7,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from preflight.api import Finding, Status, check, fold, grouped, odd_ones_out, skip
 from preflight.job import flight
+from preflight.job import ras as nccl
 from preflight.job.running import (Addresses, Census, Proc, expected_nodes, hosts_in_use, is_loopback,
                                    meets_on_itself, nodes_text, of_other_jobs, other_jobs, table)
 from preflight.report import redact
@@ -548,3 +549,59 @@ def _no_records(census: Census, found: flight.Records) -> str:
             f"{' '.join(flight.SETTINGS)} in the job's environment (gloo: call "
             "torch._C._distributed_c10d._dump_fr_trace() in its timeout handler), then preflight doctor "
             "--flight-recorder /a/local/or/shared/path/fr_")
+
+
+@check("RUN011", "nccl-ras", "cluster", tags=["doctor", "collective", "nccl", "ras"])
+def nccl_ras(ctx) -> Iterator[Finding]:
+    """NCCL's RAS service (NCCL 2.24+), asked on every node where the job's ranks use NCCL as its own client
+    ncclras asks it, shows no rank that holds the others: none behind the others' collective count in a
+    communicator, none that launched another collective, none that RAS cannot reach or considers dead.
+
+    DDP, FSDP and DeepSpeed wait for their NCCL collectives together, so every rank's stack shows the same wait;
+    RAS counts the collectives each rank of each communicator launched. Counts a collective apart are normal
+    while a job moves, so a rank is named only where RAS's two answers, a second apart, are the same and no
+    rank's stack moved between them.
+
+    Look at the named rank: its line in the stacks, a rank-dependent branch, an uneven number of buckets or
+    steps, a process that died or hangs outside NCCL. RAS is on by default (NCCL_RAS_ENABLE=1, at
+    localhost:28028); with several jobs on a node, give each its own NCCL_RAS_ADDR.
+    """
+    census, gate = _gate(ctx)
+    if gate:
+        yield gate
+        return
+    if not census.ranks:
+        yield skip("no rank of the job on any node reached (NCCL's RAS runs in its ranks)")
+        return
+    found, none = nccl.answers(census.ras)
+    for a in found:
+        if a.error and not a.absent:
+            yield Finding(Status.WARN, f"{a.node}: {a.error}: RAS's answer was not read",
+                          f"check what listens at {a.address} on {a.node} (the job's NCCL_RAS_ADDR), or raise "
+                          "doctor's --timeout", nodes=(a.node,), evidence={"address": a.address, "error": a.error})
+    answered = [a for a in found if len(a.snapshots) > 1] or [a for a in found if a.snapshots]
+    if not answered:
+        absent = sorted({f"{a.error} on {a.node}" for a in found if a.absent})
+        yield skip("; ".join(absent[:2]) + f" ({nccl.ADVICE})" if absent else
+                   next(iter(sorted(set(none.values()))), "no answer from NCCL RAS"))
+        return
+    answer = answered[0]  # every node's RAS answers for the whole job: the first whole answer is the verdict
+    addresses = Addresses(ctx.facts)
+    by_pid = {(p.node, p.pid): p for p in census.ranks}
+    by_pid.update(((p.node, p.own_pid), p) for p in census.ranks if p.own_pid is not None)  # RAS's, in a container
+
+    def locate(host, pid, seen_from):
+        node = addresses.node_at(host, seen_from) if host else None
+        proc = by_pid.get((node, pid))
+        return nccl.Place(node, proc.rank, proc.where.at, proc.pid) if proc else nccl.Place(node, None)
+
+    blames, notes = nccl.judge(answer, locate, any(p.stable is False for p in census.ranks))
+    for blame in blames:
+        yield Finding(Status.FAIL, blame.message, blame.remedy, nodes=(blame.node or answer.node,),
+                      evidence={**blame.evidence, "node": blame.node, "at": blame.at})
+    if not blames:
+        communicators = answer.snapshots[-1].get("communicators")
+        yield Finding(Status.PASS, f"{answer.said()} ({answer.format}) shows no rank holding the others"
+                      + (f" in {communicators} communicator(s)" if communicators is not None else "")
+                      + (f": {'; '.join(notes[:4])}" if notes else ""), nodes=(answer.node,),
+                      evidence={"source": answer.said(), "notes": notes, "answers": len(answer.snapshots)})

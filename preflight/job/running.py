@@ -64,6 +64,7 @@ class Proc:
     sockets_dropped: int = 0  # sockets the node held back (preflight.node.census MAX_SOCKETS): `sockets` is not all
     argv_dropped: int = 0  # the words past what the node sends (census MAX_ARGS, a launcher's MAX_LAUNCHER_ARGS)
     stable: Optional[bool] = None  # at the same place in both stack samples (None: one sample, or none)
+    own_pid: Optional[int] = None  # its pid in a PID namespace of its own (a container), as NCCL's RAS names it
     launcher: Optional[str] = None  # torchrun, accelerate, deepspeed (for a launcher agent)
     node_rank: Optional[int] = None
     nnodes: Optional[str] = None
@@ -107,6 +108,8 @@ class Census:
     dropped: Dict[str, int] = field(default_factory=dict)  # node -> job processes past the census's cap
     # node -> the flight-recorder dumps its census read (preflight.node.flightrec.collect; judged by job.flight)
     flight: Dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    # node -> what NCCL's RAS answered there (preflight.node.ras.collect; judged by job.ras)
+    ras: Dict[str, Mapping[str, Any]] = field(default_factory=dict)
     _by_node: Dict[str, List[Proc]] = field(default_factory=dict, repr=False)
     _by_kind: Dict[str, List[Proc]] = field(default_factory=dict, repr=False)
     _indexed: tuple = field(default=(), repr=False)
@@ -211,6 +214,8 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
         census.stacks[node] = raw.get("stacks") if isinstance(raw.get("stacks"), dict) else {}
         if isinstance(raw.get("flight_recorder"), dict):
             census.flight[node] = raw["flight_recorder"]
+        if isinstance(raw.get("nccl_ras"), dict):
+            census.ras[node] = raw["nccl_ras"]
         census.listeners[node] = [h for h in raw.get("listeners") or () if isinstance(h, dict)]
         census.selected = census.selected or bool(raw.get("pids"))
         if isinstance(raw.get("processes_dropped"), int) and raw["processes_dropped"] > 0:
@@ -288,7 +293,8 @@ def _proc(node: str, item: Any, seen: Optional[dict] = None) -> Optional[Proc]:
                 ppid if isinstance(ppid, int) else None,
                 get("sockets_dropped") if isinstance(get("sockets_dropped"), int) else 0,
                 max(0, dropped) if type(dropped) is int else 0,
-                get("stable") if isinstance(get("stable"), bool) else None)
+                get("stable") if isinstance(get("stable"), bool) else None,
+                get("own_pid") if type(get("own_pid")) is int else None)
     proc.run_id = env.get("TORCHELASTIC_RUN_ID")
     if proc.kind == "launcher":
         launcher, command = _launch_of(proc)

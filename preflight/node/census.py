@@ -1,5 +1,6 @@
 """The census of a running job on this node, for `preflight doctor`: its launchers and ranks, their job
-variables, state, age and CPU time, their sockets, and their Python stacks.
+variables, state, age and CPU time, their sockets, their Python stacks, the flight-recorder records they left, and
+what NCCL's RAS says of them (preflight.node.ras).
 
 Read only (the rules of preflight.node). /proc gives the processes and sockets; py-spy, run
 as a program with --nonblocking, gives the stacks without stopping the process. Nothing is signalled,
@@ -67,6 +68,9 @@ def take_census(options):
         info = table[pid]
         info["sockets"], info["sockets_dropped"] = _sockets_of(pid, sockets)
         info["children"] = [p for p, other in table.items() if other["ppid"] == pid]
+        inner = _own_pid(pid)
+        if inner is not None and inner != pid:  # in a PID namespace of its own (a container): NCCL's RAS names this
+            info["own_pid"] = inner
         if info["kind"] == "launcher":
             words = procfs.argv(pid)
             if words:  # else it has just ended: what was read first stands
@@ -84,6 +88,7 @@ def take_census(options):
             if held:
                 listeners.append({"pid": pid, "argv": info["argv"], "argv_dropped": info["argv_dropped"],
                                   "age_s": info["age_s"], "env": _job_env(pid)})
+    ras = _ras(processes, options, deadline)  # its two queries, a second apart, while the rest is read
     records = _flight_records(processes, options, deadline)  # before the stacks: their sampling takes the time left
     stacks = _stacks(processes, options, deadline) if options.get("stacks", True) else {"skipped": "not asked"}
     cpu_before = {p["pid"]: p["cpu_s"] for p in processes}
@@ -93,8 +98,8 @@ def take_census(options):
         p["cpu_percent"] = None if again is None else round(
             100.0 * (again["cpu_s"] - cpu_before[p["pid"]]) / max(0.05, time.monotonic() - started), 1)
     # What was cut is said, so that the head never reads a cut list as the whole of it.
-    return {"processes": processes, "processes_dropped": max(0, len(chosen) - MAX_PROCESSES), "listeners": listeners,
-            "stacks": stacks, "elsewhere": elsewhere, "port": port, "flight_recorder": records,
+    return {"nccl_ras": ras(), "processes": processes, "processes_dropped": max(0, len(chosen) - MAX_PROCESSES),
+            "listeners": listeners, "stacks": stacks, "elsewhere": elsewhere, "port": port, "flight_recorder": records,
             "pids": sorted(int(p) for p in options.get("pids") or ()),
             "seconds": round(time.monotonic() - started, 3), "ptrace_scope": _ptrace_scope(), "uid": os.getuid()}
 
@@ -113,6 +118,31 @@ def _flight_records(processes, options, deadline):
 
     started = dict((p["pid"], time.time() - p["age_s"]) for p in processes if p.get("age_s") is not None)
     return flightrec.collect(options.get("flight_recorder"), ranks, started, deadline - 2.0)
+
+
+def _ras(processes, options, deadline):
+    """NCCL's RAS where the job's ranks run it (preflight.node.ras), asked in a thread of its own; returns the
+    function that waits for its answer (until the deadline) and gives it."""
+    ranks = [(p["pid"], procfs.environ(p["pid"]) or {}) for p in processes if p["kind"] == "rank"]
+    if not ranks:
+        return lambda: {"skipped": "no rank of a job on this node"}
+    from preflight.node import ras  # only doctor asks RAS
+
+    found = []
+
+    def ask():
+        try:
+            found.append(ras.collect(ranks, deadline - 0.5, float(options.get("interval_s", 1.0))))
+        except Exception as exc:  # the rest of the census stands
+            found.append({"error": "NCCL RAS could not be asked: %s: %s" % (type(exc).__name__, exc)})
+    worker = threading.Thread(target=ask)
+    worker.daemon = True  # bounded by its deadline: it never outlives the agent by more
+    worker.start()
+
+    def answer():
+        worker.join(max(0.0, deadline - time.monotonic()))
+        return found[0] if found else {"error": "NCCL RAS was still being asked when the census's time ran out"}
+    return answer
 
 
 def _int(text):
@@ -375,6 +405,16 @@ def _sample(tool, processes, deadline, results, first):
         worker.start()
     for worker in workers:
         worker.join(max(0.0, deadline - time.monotonic()))
+
+
+def _own_pid(pid):
+    """The pid a process sees for itself: the last of NSpid in /proc/PID/status (its innermost PID namespace)."""
+    raw = procfs.read("/proc/%d/status" % pid)
+    for line in (raw or b"").decode("ascii", "replace").splitlines():
+        if line.startswith("NSpid:"):
+            found = line.split()[1:]
+            return int(found[-1]) if found and found[-1].isdigit() else None
+    return None
 
 
 def _waits(pid):

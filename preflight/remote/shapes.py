@@ -243,6 +243,7 @@ PROCESS = Obj(pid=Need(int), ppid=COUNT, argv=Each(str), argv_dropped=COUNT, sta
               kind=TEXT, env=ENV,
               sockets=Each(Obj(local=TEXT, local_port=COUNT, remote=TEXT, remote_port=COUNT, state=TEXT)),
               children=Each(int), stable=(bool, NONE), cpu_percent=SECONDS, config=FILE, sockets_dropped=COUNT,
+              own_pid=COUNT,
               # py-spy's frames: [function, file, line]
               threads=Each(Obj(name=TEXT, active=(bool, NONE), frames=Each(Each((str, int, NONE), length=3)))))
 # A flight-recorder dump as preflight.node.flightrec reduces it: per process group, its last collectives.
@@ -255,12 +256,25 @@ FLIGHT_RECORDER = Obj(looked=Each(Obj(prefix=str, source=str)), stale=Each(str),
                       dumps=Each(Obj(path=Need(str), rank=Need(int), size=int, mtime_ns=int, version=TEXT, p2p=int,
                                      groups=Need(Each(FR_GROUP)))),
                       errors=Each(Obj(path=Need(str), rank=int, error=Need(str))))
+# What NCCL's RAS answered, as preflight.node.ras reduces it: per answer its two snapshots of the communicators
+# whose ranks disagree, miss a rank or report an error.
+RAS_WHO = dict(rank=COUNT, pid=COUNT, host=TEXT)
+RAS_COMM = Obj(hash=TEXT, size=COUNT, ranks_count=COUNT, missing_count=COUNT, launched=COUNT, usual=Keyed(int),
+               ops=Keyed(Each(Obj(value=Need(int), count=Need(int), ranks=Either(NONE, Each(Obj(**RAS_WHO)))))),
+               missing=Each(Obj(unresponsive=bool, dead=bool, **RAS_WHO)),
+               errors=Each(Obj(error=TEXT, init_state=COUNT, async_error=COUNT, **RAS_WHO)))
+RAS_PROCESS = Each((int, str), length=2)  # [pid, host]
+NCCL_RAS = Obj(skipped=str, error=str, uses=TEXT, answers=Each(Obj(
+    address=Need(str), source=str, format=TEXT, version=TEXT, protocol=COUNT, error=TEXT, absent=bool,
+    interval_s=NUMBER,
+    snapshots=Each(Obj(communicators=COUNT, comms=Need(Each(RAS_COMM)), comms_dropped=COUNT, dead=Each(RAS_PROCESS),
+                       unreachable=Each(RAS_PROCESS), timeouts=COUNT)))))
 CENSUS = Obj(
     processes=Each(PROCESS, most=MAX_PROCESSES),  # the collector's cap: the RUN checks pair the processes up
     listeners=Each(Obj(pid=int, argv=Each(str), argv_dropped=COUNT, age_s=SECONDS, env=ENV)),
     stacks=Obj(tool=TEXT, read=int, failed=int, error=TEXT, samples=int, skipped=str),
     elsewhere=int, port=COUNT, seconds=SECONDS, ptrace_scope=COUNT, uid=COUNT, error=ERROR,
-    processes_dropped=COUNT, pids=Each(int), flight_recorder=FLIGHT_RECORDER)
+    processes_dropped=COUNT, pids=Each(int), flight_recorder=FLIGHT_RECORDER, nccl_ras=NCCL_RAS)
 
 # Each section as the checks read it. "job" is read key by key with its types where it is used
 # (preflight.job.view): a node's launch is open-ended.

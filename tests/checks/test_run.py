@@ -658,6 +658,8 @@ def test_flight_records_name_the_rank_that_holds_an_asynchronous_step(cluster, f
         assert "while ranks 0, 1 waited in all_reduce #4 of process group 0 (default_pg) at fr.py:" in \
             blame["message"], blame
     assert not found(doc, "RUN006"), messages(doc)  # the stacks name nobody
+    [ras] = [r for r in doc["results"] if r["id"] == "RUN011"]  # gloo: no NCCL, no RAS to ask
+    assert ras["status"] == "skip" and ras["message"].startswith("no rank of the job on this node uses NCCL"), ras
     jobs.untouched(launchers, jobs.rank_pids().values())
     ended(jobs, *(["2-dumped-at-exit"] if kind is None else []))
     after, _ = doctor(cluster, "--flight-recorder", prefix)  # post-mortem: no process of the job is left

@@ -18,6 +18,7 @@ import yaml
 
 from nvml_fake import FIXTURES as NVML_FIXTURES
 from nvml_fake import fake
+from ras_server import RasServer, recorded
 from sysfs_tree import FIXTURES as SYSFS_FIXTURES
 from sysfs_tree import fabric_facts
 from preflight import registry, runner
@@ -46,19 +47,23 @@ def gpus(recording):
 
 @pytest.fixture(scope="module")
 def census():
-    """The census of a real process with a rank's variables, listening on the job's port, stacks read."""
+    """The census of a real process with a rank's variables, listening on the job's port, stacks read, and what
+    NCCL's RAS at its NCCL_RAS_ADDR answers (a recorded answer: ranks apart in two ops)."""
     code = ("import socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             f"s.bind(('127.0.0.1', {PORT})); s.listen()\ntime.sleep(60)\n")
-    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(PORT),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    rank = subprocess.Popen([sys.executable, "-c", code], env=env)
-    try:
-        time.sleep(1.0)
-        with mock.patch.dict(os.environ, {"PATH": env["PATH"]}):
-            found = trip(collector.census({"port": PORT, "stacks": True, "deadline_s": 10}))
-    finally:
-        rank.kill()
-        rank.wait()
+    with RasServer(recorded("mismatch", "2.29.7")) as ras_server:
+        env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(PORT),
+                   PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+                   NCCL_RAS_ADDR=ras_server.address)
+        rank = subprocess.Popen([sys.executable, "-c", code], env=env)
+        try:
+            time.sleep(1.0)
+            with mock.patch.dict(os.environ, {"PATH": env["PATH"]}):
+                found = trip(collector.census({"port": PORT, "stacks": True, "deadline_s": 10}))
+        finally:
+            rank.kill()
+            rank.wait()
+    assert len(found["nccl_ras"]["answers"][0]["snapshots"]) == 2, found["nccl_ras"]
     # the node's census keeps every launcher on it (the head picks the job): other jobs on this machine stay out
     found["processes"] = [p for p in found["processes"] if p["pid"] == rank.pid]
     assert found["processes"], found
