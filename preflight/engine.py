@@ -142,13 +142,19 @@ def _evaluate_running_job(reg, args, gather):
     return plan, ctx, redact.results(runner.run(specs, ctx)), started
 
 
+RAS_EVERYWHERE = 8  # nodes up to which doctor asks NCCL's RAS on every node
+
+
 def census_for(plan, args, specs=()):
     """The running job's census on every node (doctor's fact source), and the job it makes across them."""
     from preflight.job import running
     from preflight.remote import early, gather
 
     census = {"port": args.port, "pids": args.pid, "stacks": not args.no_stacks, "deadline_s": args.timeout * 0.6,
-              "flight_recorder": getattr(args, "flight_recorder", None)}
+              "flight_recorder": getattr(args, "flight_recorder", None),
+              # NCCL's RAS answers for the whole job from any node: asked everywhere on a few nodes, else only
+              # where the job's first two nodes' ranks run (not 16,384 job-wide RAS queries at once)
+              "ras": "all" if len(plan.nodes) <= RAS_EVERYWHERE else "first"}
     transport = "srun" if args.slurm_job else early.transport_for(args)
     options = gather.GatherOptions(python=args.python, timeout=args.timeout, fanout=args.fanout,
                                    ssh_config=args.ssh_config, accept_new=args.ssh_accept_new, ssh_client=args.ssh,

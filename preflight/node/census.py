@@ -126,6 +126,8 @@ def _ras(processes, options, deadline):
     ranks = [(p["pid"], procfs.environ(p["pid"]) or {}) for p in processes if p["kind"] == "rank"]
     if not ranks:
         return lambda: {"skipped": "no rank of a job on this node"}
+    if options.get("ras") == "first" and not any(_first_nodes(env) for _, env in ranks):
+        return lambda: {"skipped": "asked on the job's first two nodes only (RAS answers for the whole job)"}
     from preflight.node import ras  # only doctor asks RAS
 
     found = []
@@ -405,6 +407,12 @@ def _sample(tool, processes, deadline, results, first):
         worker.start()
     for worker in workers:
         worker.join(max(0.0, deadline - time.monotonic()))
+
+
+def _first_nodes(environ):
+    """Whether a rank runs on the job's node 0 or 1: torchrun's GROUP_RANK (its node rank), else RANK 0."""
+    group = environ.get("GROUP_RANK")
+    return group in ("0", "1") if group is not None else environ.get("RANK") == "0"
 
 
 def _own_pid(pid):

@@ -95,6 +95,29 @@ def test_the_census_asks_ras_twice_where_the_job_ranks_use_nccl(tmp_path):
     assert shapes.problem(json.loads(json.dumps(found)), shapes.CENSUS, "census") is None  # as the head holds it
 
 
+@pytest.mark.parametrize("env, asked", [({"GROUP_RANK": "1", "RANK": "9"}, True), ({"GROUP_RANK": "5", "RANK": "40"}, False),
+                                        ({"RANK": "0"}, True), ({"RANK": "3"}, False)])
+def test_on_a_large_job_ras_is_asked_where_the_first_two_nodes_ranks_run(tmp_path, env, asked):
+    """Any node's RAS answers for the whole job: past a few nodes doctor asks on the job's node 0 and 1 only
+    (torchrun's GROUP_RANK, else the node of RANK 0), not on each of thousands at once."""
+    script = tmp_path / "rank.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    with RasServer(recorded("behind", "2.29.7")) as server:
+        proc = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ, WORLD_SIZE="64",
+                                                                        NCCL_RAS_ADDR=server.address, **env))
+        try:
+            time.sleep(0.3)
+            found = census.take_census({"pids": [proc.pid], "deadline_s": 6, "interval_s": 0.3, "stacks": False,
+                                        "ras": "first"})
+        finally:
+            proc.kill()
+            proc.wait()
+    if asked:
+        assert len(server.sessions) == 2 and found["nccl_ras"]["answers"], found["nccl_ras"]
+    else:
+        assert server.sessions == [] and "first two nodes" in found["nccl_ras"]["skipped"], found["nccl_ras"]
+
+
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*/*-1.*")), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_recorded_answer_reduces_to_the_shape_the_head_holds_it_to(path):
     snap = ras.parse("json" if path.suffix == ".json" else "text", path.read_text())
