@@ -2,8 +2,8 @@
 preflight.node.checkpoint) on the machine preflight runs on, against the planned job, before anything loads it:
 a DeepSpeed checkpoint, a DCP folder, accelerate's save_state or a Trainer's checkpoint-N. Each rule is the loading
 library's own (DeepSpeed's load_checkpoint, accelerate's load_state, the Trainer's resume, DCP's load) and held
-against it in tests/checks/test_ckpt.py and test_ckpt_formats.py. Then on every node (CKPT005): its own listing of
-the checkpoint against the files its ranks load."""
+against it in tests/checks/test_ckpt.py, test_ckpt_formats.py and test_ckpt_parallel.py. Then on every node
+(CKPT005): its own listing of the checkpoint against the files its ranks load."""
 from __future__ import annotations
 
 import re
@@ -291,7 +291,7 @@ def _missing(facts) -> List[str]:
 
 @check("CKPT003", "resume-world", "config", tags=["checkpoint", "resume", "deepspeed", "zero"])
 def resume_world(ctx) -> Iterator[Finding]:
-    """The checkpoint was saved by the data-parallel world and ZeRO stage the job will load it with.
+    """The checkpoint was saved by the data-parallel world, tensor and pipeline degrees and ZeRO stage the job runs.
 
     DeepSpeed refuses to load ZeRO optimizer states saved by another data-parallel world size ("The checkpoint being
     loaded used a DP world size of 2 but the current world size is 3. Automatic adjustment of ZeRO's optimizer state
@@ -307,10 +307,18 @@ def resume_world(ctx) -> Iterator[Finding]:
     load_checkpoint, which finds no model states and stops at `assert len(self.ckpt_list) > 0`; the Trainer with
     DeepSpeed looks for global_step folders and stops with "Can't find a valid checkpoint". A Trainer's checkpoint
     saved with DeepSpeed and resumed without it loads the weights the Trainer wrote beside the tag and starts a new
-    optimizer.
+    optimizer. Saved or run model-parallel, the job's tensor- and pipeline-parallel degrees are those its launch or
+    config names (Megatron-DeepSpeed's --tensor-model-parallel-size and --pipeline-model-parallel-size, DeepSpeed's
+    tensor_parallel.autotp_size; its data-parallel size is the world over their product), the saved ones those the
+    model states record; degrees the training code sets (its mpu, PipelineModule's num_stages) are not judged. A
+    pipeline's layer files load on any number of stages, but each stage's optimizer state only on its own ("The ZeRO
+    checkpoint parameter-alignment layout does not match", without ZeRO "loaded state dict contains a parameter group
+    that doesn't match"); DeepSpeed merges tensor-parallel model states only by Megatron's layer names ("key:
+    attention.dense.weight is not found in the checkpoint"). Saved without ZeRO, the data-parallel size may change.
 
-    Run the world and stage it was saved with, or convert it with ds_to_universal and set
-    checkpoint.load_universal; resume a checkpoint saved without DeepSpeed without it.
+    Run the world, degrees and stage it was saved with, or convert it with ds_to_universal and set
+    checkpoint.load_universal (a pipeline's stages may also change for the module alone); resume a checkpoint saved
+    without DeepSpeed without it.
     """
     facts, skipped = _resume(ctx, tag=True)
     if skipped:
@@ -358,10 +366,37 @@ def resume_world(ctx) -> Iterator[Finding]:
     if dp is None:
         yield skip(f"{root}: how many ranks saved it is not known (its model states were not read)")
         return
-    if any((saved.get(k) or 1) > 1 for k in ("tp_degree", "pp_degree", "mp_world_size")):
-        yield skip(f"saved with model parallel {saved.get('mp_world_size')}, tensor parallel {saved.get('tp_degree')} "
-                   f"and pipeline {saved.get('pp_degree')}: the job's degrees are set by its training code, not judged")
-        return
+    degrees, why = ctx.plan.degrees
+    split = ""  # the degrees, where the checkpoint or the job is model-parallel
+    if (saved.get("mp_world_size") or 1) > 1 or any(n > 1 for n, _ in degrees.values()):
+        if world is None:
+            yield skip(f"the world size is {source}")
+            return
+        was, mp = _saved_degrees(saved), saved.get("mp_world_size") or 1
+        evidence.update(saved_tp_degree=was["tp"], saved_pp_degree=was["pp"],
+                        **{f"{k}_degree": n for k, (n, _) in degrees.items()})
+        changed, says = _degree_change(facts, was, degrees, world)
+        if changed:
+            yield fail(f"{tag_path}: {says}", _degree_fix(facts, changed, was, dp * mp), **evidence)
+            return
+        unknown = [k for k in ("tp", "pp") if k not in degrees]
+        if unknown:
+            yield skip(f"{tag_path}: saved by {dp * mp} ranks (data parallel {dp}, {_split(was)}); the job's "
+                       + " and ".join(f"{NAMES[k]} degree is not known ({why[k]})" for k in unknown), **evidence)
+            return
+        tp, pp = degrees["tp"][0], degrees["pp"][0]
+        if None in was.values():
+            yield skip(f"{tag_path}: saved by {mp} model-parallel ranks before DeepSpeed wrote down their tensor and "
+                       f"pipeline degrees (checkpoint_parallel_dimensions): whether TP {tp} x PP {pp} is their split "
+                       "is not known", **evidence)
+            return
+        if world % (tp * pp):
+            yield skip(f"the world ({world}, {source}) is not a multiple of TP {tp} x PP {pp} (Megatron-DeepSpeed "
+                       "stops at its own assertion)", **evidence)
+            return
+        split = f" as {_split(was)} ({degrees['tp'][1]}; {degrees['pp'][1]})"
+        world, source = world // (tp * pp), f"{world} processes ({source}) over TP {tp} x PP {pp}"
+        evidence["dp_world_size"] = world
     if world is None:
         yield skip(f"the world size is {source}")
         return
@@ -377,14 +412,18 @@ def resume_world(ctx) -> Iterator[Finding]:
                    "(load_checkpoint(..., load_optimizer_states=False))", **evidence)
         return
     if planned == 0:
-        yield passed(f"{tag_path}: saved without ZeRO and loaded without it: every rank loads the same model states, "
-                     "on any world", **evidence)
+        every = "each data-parallel rank loads its model-parallel rank's model states" if split else \
+            "every rank loads the same model states"
+        yield passed(f"{tag_path}: saved without ZeRO{split} and loaded without it: {every}, on any data-parallel "
+                     "world", **evidence)
         return
     if world != dp:
         yield fail(f"{tag_path}: saved by {dp} data-parallel ranks, the job runs {world} ({source}): DeepSpeed "
                    f"refuses ZeRO optimizer states of another world size (\"The checkpoint being loaded used a DP "
                    f"world size of {dp} but the current world size is {world}\")",
-                   f"run {dp} processes, " + _universal_fix(facts), **evidence)
+                   f"run {dp * (saved.get('mp_world_size') or 1)} processes{' with ' + _split(was) if split else ''}"
+                   + _universal_fix(facts, ", "),
+                   **evidence)
         return
     if planned is not None and not sharded:
         yield fail(f"{tag_path}: saved without ZeRO (its optimizer is in the model states), the job runs ZeRO "
@@ -395,7 +434,81 @@ def resume_world(ctx) -> Iterator[Finding]:
         return
     how = f"at ZeRO stage {saved.get('zero_stage')}" if planned is None or planned == saved.get("zero_stage") else \
         f"at ZeRO stage {saved.get('zero_stage')}, which stage {planned} loads (both keep the optimizer in shards)"
-    yield passed(f"{tag_path}: saved by {dp} data-parallel ranks {how}, as the job runs", **evidence)
+    yield passed(f"{tag_path}: saved by {dp} data-parallel ranks{split} {how}, as the job runs", **evidence)
+
+
+NAMES = {"tp": "tensor-parallel", "pp": "pipeline"}
+
+
+def _saved_degrees(saved) -> dict:
+    """The tensor- and pipeline-parallel degrees the checkpoint was saved with (checkpoint_parallel_dimensions; 1 and 1
+    for one model-parallel rank), None where DeepSpeed did not write them down."""
+    if (saved.get("mp_world_size") or 1) == 1 and saved.get("tp_degree") is None and saved.get("pp_degree") is None:
+        return {"tp": 1, "pp": 1}
+    return {"tp": saved.get("tp_degree"), "pp": saved.get("pp_degree")}
+
+
+def _split(degrees) -> str:
+    return " x ".join(f"{k.upper()} {'?' if degrees[k] is None else degrees[k]}" for k in ("tp", "pp"))
+
+
+def _degree_change(facts, was, degrees, world) -> tuple:
+    """(which degree changed, what DeepSpeed says loading the save on it, with the optimizer state), or (None, "")
+    where the job's known degrees are the saved ones; held against DeepSpeed in tests/checks/test_ckpt_parallel.py."""
+    tp, pp = (degrees[k][0] if k in degrees else None for k in ("tp", "pp"))
+    saved = facts.get("saved") or {}
+    mp, dp = saved.get("mp_world_size") or 1, saved.get("dp_world_size")
+    dp_now = world // (tp * pp) if tp and pp and not world % (tp * pp) else None
+    if pp is not None and was["pp"] is not None and pp != was["pp"]:
+        if _sharded(facts) and dp_now is not None and dp_now != dp:  # the stages' layers load, then this
+            says = (f"\"The checkpoint being loaded used a DP world size of {dp} but the current world size is "
+                    f"{dp_now}\" (its data-parallel size changes too)")
+        elif _sharded(facts):
+            says = ("\"RuntimeError: The ZeRO checkpoint parameter-alignment layout does not match the current "
+                    "zero_optimization.parameter_alignment setting\"")
+            if pp > was["pp"]:
+                says += (f", and a stage the save did not have finds no zero_pp_rank_0_mp_rank_{mp:02d}_optim_states.pt"
+                         " (FileNotFoundError)")
+        else:
+            says = ("\"ValueError: loaded state dict contains a parameter group that doesn't match the size of "
+                    "optimizer's group\"")
+        stages = f"{was['pp']} stage{'s' if was['pp'] != 1 else ''}"
+        return "pp", (f"saved as a pipeline of {stages}, the job runs {pp} ({degrees['pp'][1]}): each stage's layers "
+                      "load on any pipeline, its optimizer state only on the stage that saved it: DeepSpeed stops "
+                      f"with {says}")
+    if tp is not None and was["tp"] is not None and tp != was["tp"]:
+        if tp < was["tp"]:
+            says = ("merges the tensor-parallel ranks' model states only by Megatron's layer names (its inference "
+                    "path): without them it stops at \"AssertionError: key: attention.dense.weight is not found in the "
+                    "checkpoint\", with them at the optimizer state (\"RuntimeError: The size of tensor a (...) must "
+                    "match the size of tensor b (...)\"; ZeRO-3: \"IndexError: tuple index out of range\")")
+        else:
+            says = ("hands each new tensor-parallel rank a whole rank's model states: without Megatron's layer names "
+                    "it stops at \"RuntimeError: Error(s) in loading state_dict ... size mismatch\", with them a rank "
+                    f"the save did not have finds no zero_pp_rank_0_mp_rank_{was['tp']:02d}_optim_states.pt "
+                    "(FileNotFoundError)")
+        return "tp", (f"saved with tensor parallel {was['tp']}, the job runs {tp} ({degrees['tp'][1]}): DeepSpeed "
+                      + says)
+    if tp is not None and pp is not None and None in was.values() and tp * pp != mp:
+        return "mp", (f"saved by {mp} model-parallel ranks, the job runs TP {tp} x PP {pp} = {tp * pp}: DeepSpeed "
+                      "loads a training checkpoint's optimizer state only on the model-parallel ranks that saved it")
+    return None, ""
+
+
+def _degree_fix(facts, changed, was, processes) -> str:
+    """Run the saved degrees; a pipeline's stages may change for the module alone, or after a universal conversion."""
+    if None in was.values():
+        fix = f"run the split it was saved with, on {processes} processes"
+    else:
+        fix = (f"run tensor parallel {was['tp']} and pipeline {was['pp']} on {processes} processes, as it was saved "
+               f"(Megatron-DeepSpeed: --tensor-model-parallel-size {was['tp']} --pipeline-model-parallel-size "
+               f"{was['pp']})")
+    if changed == "pp":
+        fix += (", or load the module alone (load_checkpoint(..., load_optimizer_states=False); Megatron-DeepSpeed's "
+                "--no-load-optim): each stage reads its layers' files on any pipeline")
+    # converted without Megatron's universal_checkpoint_info, another tensor-parallel degree is not shown to load
+    return fix + (_universal_fix(facts, ", ") if changed == "pp" or (facts.get("saved") or {}).get("universal_info")
+                  else "")
 
 
 def _state_world(ctx, facts) -> Iterator[Finding]:
@@ -465,12 +578,21 @@ def _ranges(ranks) -> str:
     return ", ".join(spans)
 
 
-def _universal_fix(facts) -> str:
+def _universal_fix(facts, before="") -> str:
+    """The conversion to a universal checkpoint, after `before`; "" where ds_to_universal cannot convert it: a tensor-
+    parallel save without Megatron's universal_checkpoint_info (its slices are concatenated, replicated ones too: a
+    TP 2 save loaded on TP 1 stops at "full param numel 8 != tensor slice numel 4"), a pipeline with fewer layers
+    than its stages and two (the layers between the first and the last shared among the stages: ZeroDivisionError),
+    a save without ZeRO (no shards to convert)."""
     root, tag = facts["path"], facts["tag"]
     saved = facts.get("saved") or {}
-    return UNIVERSAL_FIX.format(tag_path=f"{root}/{tag}", root=root,
-                                # saved without Megatron's universal_checkpoint_info the conversion asserts
-                                inject="" if saved.get("universal_info") else " --inject_missing_state")
+    layers = {n.split("-")[0] for n in facts.get("files") or {} if LAYER.match(n)}
+    if (saved.get("tp_degree") or 1) > 1 and not saved.get("universal_info") or not _sharded(facts) or \
+            layers and len(layers) < (saved.get("pp_degree") or 1) + 2:
+        return ""
+    return before + UNIVERSAL_FIX.format(tag_path=f"{root}/{tag}", root=root,
+                                         # saved without Megatron's universal_checkpoint_info the conversion asserts
+                                         inject="" if saved.get("universal_info") else " --inject_missing_state")
 
 
 @check("CKPT004", "resume-precision", "config", tags=["checkpoint", "resume", "deepspeed", "precision"])
@@ -512,8 +634,8 @@ def resume_precision(ctx) -> Iterator[Finding]:
         opens = shards[0][len("bf16_"):] if saved_bf16 else "bf16_" + shards[0]
         yield fail(f"{tag_path}: the optimizer shards were saved {'with' if saved_bf16 else 'without'} bf16 "
                    f"({shards[0]}), the job runs {precision} and opens {opens}: FileNotFoundError",
-                   f"set bf16.enabled: {'true' if saved_bf16 else 'false'} in the DeepSpeed config as it was saved, "
-                   + _universal_fix(facts), **evidence)
+                   f"set bf16.enabled: {'true' if saved_bf16 else 'false'} in the DeepSpeed config as it was saved"
+                   + _universal_fix(facts, ", "), **evidence)
         return
     yield passed(f"{tag_path}: optimizer shards saved {'with' if saved_bf16 else 'without'} bf16, as the job "
                  f"runs ({precision})", **evidence)

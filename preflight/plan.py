@@ -126,6 +126,14 @@ class Plan:
 
         return job_conditions(self)
 
+    @functools.cached_property
+    def degrees(self) -> tuple:
+        """The job's tensor- and pipeline-parallel degrees where its launch or DeepSpeed config names them, and why
+        the others are not known (preflight.inputs.settings.parallel_degrees)."""
+        from preflight.inputs.settings import parallel_degrees
+
+        return parallel_degrees(self)
+
     def job_path(self, path: str) -> str:
         """A relative path as the job reads it: from the job's working directory (where `launch` starts it on
         every node), not from wherever a node's session starts (its home)."""

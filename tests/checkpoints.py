@@ -309,3 +309,103 @@ def trainer_deepspeed(out, nproc, resume=None):
     refused = [words for words in lines if words[0] == "REFUSED"]
     assert refused or (code == 0 and lines == [["LOADED"]]), said[-3000:]
     return tuple((refused or lines)[0])
+
+
+# Model- and pipeline-parallel saves (CKPT003's degrees): a six-layer pipeline (PipelineModule, ZeRO-1 and without
+# ZeRO), and a tensor-parallel pair of layers, each rank its slice, whose model-parallel unit (mpu) is built from real
+# process groups as DeepSpeed's tests/unit/v1/moe/test_moe_tp.py builds its MPU. `build(kind, degree, stage)`:
+# kind "pipe" (degree: its stages) or "tp" (degree: its tensor-parallel ranks).
+PARALLEL = textwrap.dedent("""
+    import os, sys, json, torch, deepspeed
+    import deepspeed.comm as dist
+
+    class MPU:
+        def __init__(self, tp):
+            self.rank, self.world_size, self.tp = dist.get_rank(), dist.get_world_size(), tp
+            for i in range(0, self.world_size, tp):
+                ranks = list(range(i, i + tp))
+                group = dist.new_group(ranks)
+                if self.rank in ranks:
+                    self.tp_group = group
+            for i in range(tp):
+                ranks = list(range(i, self.world_size, tp))
+                group = dist.new_group(ranks)
+                if self.rank in ranks:
+                    self.dp_group = group
+        def get_model_parallel_rank(self): return self.rank % self.tp
+        def get_model_parallel_world_size(self): return self.tp
+        def get_model_parallel_group(self): return self.tp_group
+        def get_data_parallel_rank(self): return self.rank // self.tp
+        def get_data_parallel_world_size(self): return self.world_size // self.tp
+        def get_data_parallel_group(self): return self.dp_group
+
+    def build(kind, degree, stage, universal=False):
+        torch.manual_seed(0)
+        config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2 if kind == "pipe" else 1,
+                  "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+                  "zero_optimization": {"stage": stage}, "checkpoint": {"load_universal": universal}}
+        if kind == "pipe":
+            from deepspeed.pipe import PipelineModule
+            layers = [torch.nn.Linear(8, 16)] + [torch.nn.Linear(16, 16) for _ in range(4)] + [torch.nn.Linear(16, 4)]
+            model = PipelineModule(layers=layers, num_stages=degree, loss_fn=lambda out, y: (out - y).pow(2).mean())
+            return deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)[0]
+        part = 16 // degree
+        model = torch.nn.Sequential(torch.nn.Linear(8, part), torch.nn.ReLU(), torch.nn.Linear(part, 4))
+        return deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config,
+                                    mpu=MPU(degree) if degree > 1 else None)[0]
+
+    def step(engine):
+        if hasattr(engine, "train_batch"):
+            engine.train_batch(data_iter=iter([(torch.randn(2, 8), torch.randn(2, 4))] * 2))
+        else:
+            engine.backward(engine(torch.randn(2, 8)).pow(2).mean())
+            engine.step()
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    if sys.argv[1] == "save":
+        for name, kind, degree, stage in (("pp2", "pipe", 2, 1), ("pp2-zero0", "pipe", 2, 0), ("pp1", "pipe", 1, 1),
+                                          ("tp2", "tp", 2, 1)):
+            engine = build(kind, degree, stage)
+            step(engine)
+            engine.save_checkpoint(f"{sys.argv[2]}/{name}", tag="global_step1")
+    else:
+        for root, kind, degree, stage, universal in json.loads(sys.argv[2]):
+            engine = build(kind, degree, stage, universal)
+            try:
+                path, _ = engine.load_checkpoint(root)
+                step(engine)
+                said = f"LOADED {path}"
+            except BaseException as exc:
+                said = f"REFUSED {type(exc).__name__} {exc}".replace("\\n", " ")
+                if dist.get_world_size() == 1:
+                    print("CASE", said, flush=True)
+                    continue
+                # a rank that did not raise may wait in a collective for this one: torchrun ends it once this exits
+                os.write(1, f"CASE {said}\\n".encode())
+                os._exit(1)
+            dist.barrier()
+            if dist.get_rank() == 0:
+                print("CASE", said, flush=True)
+""")
+
+
+def save_parallel(folder):
+    """pp2/ (a six-layer pipeline of 2 stages, ZeRO-1), pp2-zero0/ (the same without ZeRO), pp1/ (one stage, data
+    parallel 2, ZeRO-1) and tp2/ (tensor parallel 2 through an mpu, ZeRO-1), each saved by two ranks."""
+    pytest.importorskip("deepspeed")
+    return _saved_once("save_parallel", folder, lambda: torchrun(folder, PARALLEL, 2, "save", folder))
+
+
+def load_parallel(folder, cases, nproc):
+    """What DeepSpeed's load_checkpoint, then a training step, says of each (root, kind, degree, stage, universal) on
+    `nproc` ranks: ("LOADED", path) or ("REFUSED", the exception a rank raised); on several ranks the run ends at
+    the first refusal (a rank that loaded may wait for the other in a collective), so only the last case may refuse."""
+    import json
+
+    code, out = torchrun(folder, PARALLEL, nproc, "load", json.dumps([[str(c[0]), *c[1:]] for c in cases]))
+    said = [tuple(line.split(" ", 2)[1:]) for line in out.splitlines() if line.startswith("CASE ")]
+    if nproc > 1:  # one line a rank: the first refusal stands for the case
+        refused = [words for words in said if words[0] == "REFUSED"]
+        said = [words for words in said if words[0] == "LOADED"] + refused[:1]
+    assert len(said) == len(cases) and (code == 0 or said[-1][0] == "REFUSED"), out[-3000:]
+    return said

@@ -3,6 +3,7 @@ runs, the GPUs gpu_ids lists, and where the ZeRO stage and offload come from. Th
 all read the configs through these."""
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight.inputs.configs import gpu_id_items
@@ -248,3 +249,51 @@ def _precision(ds, accel, with_ds: bool, flags: Mapping[str, Any]) -> Tuple[Opti
     if from_accelerate:
         return from_accelerate, ""
     return None, f"mixed_precision {mixed!r} is not fp16, bf16 or no"
+
+
+# Megatron-DeepSpeed's flags for the degrees (megatron/arguments.py, _add_distributed_args; argparse, the last one
+# given wins); --no-pipeline-parallel asserts a pipeline of 1 (validate_args)
+MEGATRON_DEGREES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size"}
+NO_PIPELINE = "--no-pipeline-parallel"
+
+
+def parallel_degrees(plan) -> Tuple[Dict[str, Tuple[int, str]], Dict[str, str]]:
+    """The job's tensor- and pipeline-parallel degrees where what preflight reads names them, and why the others are
+    not known: ({"tp"|"pp": (degree, where it is set)}, {"tp"|"pp": why not}). The launch command's
+    Megatron-DeepSpeed flags, as its validate_args clamps them to the world (tp = min(tp, world), pp = min(pp,
+    world // tp)); DeepSpeed's AutoTP (tensor_parallel.autotp_size above 1: the engine's own tensor-parallel groups).
+    A degree the training code sets (an mpu it hands to deepspeed.initialize, PipelineModule's num_stages: the
+    DeepSpeed config's pipeline block does not set it) is not known."""
+    known: Dict[str, Tuple[int, str]] = {}
+    unknown: Dict[str, str] = {}
+    args = plan.launch.script_args if plan.launch is not None else ()
+    for name, flag in MEGATRON_DEGREES.items():
+        value = None
+        for i, word in enumerate(args):
+            given, eq, text = word.partition("=")
+            if given == flag:
+                value = text if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if value is None:
+            continue
+        if re.fullmatch(r"\d{1,6}", value.strip()) and int(value) > 0:
+            known[name] = (int(value), f"{flag} {int(value)} in the launch command")
+        else:
+            unknown[name] = f"{flag} {value} in the launch command is set when the job runs"
+    if NO_PIPELINE in args and "pp" not in known and "pp" not in unknown:
+        known["pp"] = (1, f"{NO_PIPELINE} in the launch command")
+    autotp = plan.deepspeed.get("tensor_parallel", "autotp_size") if plan.deepspeed is not None else None
+    if "tp" not in known and "tp" not in unknown and is_int(autotp) and autotp > 1:
+        known["tp"] = (autotp, f"tensor_parallel.autotp_size in {plan.deepspeed.doc.path}")
+    world, _ = plan.world_size
+    if world and "tp" in known and known["tp"][0] > world:
+        known["tp"] = (world, known["tp"][1] + f", at most the world ({world})")
+    if world and "pp" in known and known["pp"][0] > world // known.get("tp", (1,))[0]:
+        most = world // known.get("tp", (1,))[0]
+        known["pp"] = (most, known["pp"][1] + f", at most the world over the tensor-parallel degree ({most})")
+    if "tp" not in known:
+        unknown.setdefault("tp", f"no {MEGATRON_DEGREES['tp']} in the launch command nor tensor_parallel.autotp_size "
+                                 "in the DeepSpeed config: the training code sets it (the mpu it hands to DeepSpeed)")
+    if "pp" not in known:
+        unknown.setdefault("pp", f"no {MEGATRON_DEGREES['pp']} in the launch command: the training code sets it "
+                                 "(PipelineModule's num_stages; the DeepSpeed config's pipeline block does not)")
+    return known, unknown
