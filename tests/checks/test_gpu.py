@@ -493,7 +493,7 @@ def test_check_reports_gpu_findings(tmp_path, capsys, monkeypatch):
     code, doc, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU", "--json")
     assert code == 0 and {r["id"]: r["status"] for r in doc["results"]} == {
         "GPU001": "pass", "GPU002": "skip", "GPU003": "pass", "GPU004": "pass", "GPU005": "pass", "GPU006": "pass",
-        "GPU007": "skip", "GPU008": "pass", "GPU009": "pass"}
+        "GPU007": "skip", "GPU008": "pass", "GPU009": "pass", "GPU010": "skip"}
     monkeypatch.setattr(gpus, "Nvml", fake("busy.json"))
     code, doc, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU004", "--json")
     assert code == 1 and doc["verdict"] == "fail" and "pid 48214" in doc["results"][1]["message"]
