@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
-from preflight.api import Finding, Status, check, fail, holders, odd_ones_out, passed, skip, warn
-from preflight.inputs.settings import processes_per_machine
+from preflight.api import Finding, Status, check, fail, fold, grouped, holders, odd_ones_out, passed, skip, warn
+from preflight.inputs.settings import job_environment, processes_per_machine
 from preflight.job.gpus import gpus_of, job_gpus, needs_gpus, no_gpus_reason, selection
-from preflight.job.nccl import fabric_of
+from preflight.job.nccl import fabric_of, mnnvl_off, nccl_param, nccl_version
+from preflight.node.gpus import ZERO_UUID
 
 # Precision -> (lowest compute capability, status below it, why).
 PRECISION_NEEDS = {
@@ -577,3 +578,211 @@ def nvswitch_fabric(ctx) -> Iterator[Finding]:
     shown = f"{indices(states)} registered with the NVSwitch fabric (NVML: completed)" if states else \
         f"{len(switches)} NVSwitches"
     yield passed(f"{shown}{tail}" + (", as the driver" if version and version == driver else ""), **evidence)
+
+
+# NCCL's own words when the FABRIC handles of multi-node NVLink fail (src/mnnvl.cc, ncclMnnvlCheck; N is the clique's
+# ranks): the allocation (no IMEX channel), and the export or import through the IMEX daemon. NCCL 2.25 and 2.26
+# gave up silently on the allocation, and said NCCL_NO_IMEX_2_25 on the export.
+NCCL_NO_CHANNEL = ("MNNVL (cliqueSize N) is available but not working on this system. Check the IMEX channel "
+                   "configuration (/dev/nvidia-caps-imex-channels). Set NCCL_MNNVL_ENABLE=0 to ignore this issue.")
+NCCL_NO_IMEX = ("MNNVL (cliqueSize N) is available but not working on this system. Check the IMEX configuration "
+                "(nvidia-imex-ctl -N). Set NCCL_MNNVL_ENABLE=0 to ignore this issue.")
+NCCL_NO_IMEX_2_25 = ("MNNVL (cliqueSize N) is available but not supported on this system. Check the IMEX "
+                     "configuration.")
+MNNVL_CHECK_SINCE, MNNVL_STOPS_SINCE = (2, 25), (2, 27)  # ncclMnnvlCheck's FABRIC test; its stop on the allocation
+MNNVL_OFF_FIX = "or set NCCL_MNNVL_ENABLE=0 in the job's environment to run without multi-node NVLink"
+IMEX_MAJOR = "$(awk '$2==\"nvidia-caps-imex-channels\" {print $1}' /proc/devices)"
+
+
+def _mnnvl_domains(gpus: List[dict]) -> Tuple[Dict[str, List[dict]], List[str], List[str]]:
+    """The multi-node NVLink domains of a node's job GPUs as NCCL reads NVML (cluster UUID -> GPUs), why each other
+    GPU is in none (NCCL then uses multi-node NVLink nowhere in the job), and the GPUs whose fabric is not known."""
+    domains: Dict[str, List[dict]] = {}
+    outside: Dict[str, List[dict]] = {}
+    unknown: Dict[str, List[dict]] = {}
+    for gpu in gpus:
+        fabric = gpu.get("fabric")
+        if lost(gpu) or "fabric" in (gpu.get("errors") or {}):
+            unknown.setdefault("not answering NVML", []).append(gpu)
+        elif fabric is None:  # NVML has no fabric for it: NCCL keeps NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+            outside.setdefault("have no NVSwitch fabric (NVML)", []).append(gpu)
+        elif fabric["state"] != "completed":
+            outside.setdefault(f"are not registered with the fabric (NVML: {fabric['state']})", []).append(gpu)
+        elif fabric.get("cluster_uuid") is None:
+            unknown.setdefault("have no cluster UUID in these facts (an older preflight)", []).append(gpu)
+        elif fabric["cluster_uuid"] == ZERO_UUID:
+            outside.setdefault("are in no multi-node NVLink domain (cluster UUID zero)", []).append(gpu)
+        else:
+            domains.setdefault(fabric["cluster_uuid"], []).append(gpu)
+
+    def said(groups: Dict[str, List[dict]]) -> List[str]:
+        return [f"{indices(members)} {why}" for why, members in groups.items()]
+
+    return domains, said(outside), said(unknown)
+
+
+def _imex_problems(imex: dict) -> Tuple[List[str], List[str]]:
+    """(the channels this user may open, what is wrong where there is none)."""
+    major = imex.get("major")
+    channels = imex.get("channels") or []
+    usable = [c["name"] for c in channels if c["char"] and c["usable"] and (major is None or c.get("major") == major)]
+    if usable and imex.get("registered") is not False:  # (a driver that registers none has none that works)
+        return usable, []
+    wrong = []
+    if imex.get("registered") is False:
+        wrong.append("/proc/devices lists no nvidia-caps-imex-channels device (a driver without IMEX channels)")
+    if not imex.get("directory"):
+        wrong.append("/dev/nvidia-caps-imex-channels does not exist (channels are not made by default, nor kept "
+                     "across a reboot)")
+    elif not channels:
+        wrong.append("/dev/nvidia-caps-imex-channels holds no channel")
+    for channel in channels[:3]:
+        name = channel["name"]
+        if not channel["char"]:
+            wrong.append(f"{name} is not a character device")
+        elif major is not None and channel.get("major") != major:
+            wrong.append(f"{name} is device {channel.get('major')}:{channel.get('minor')}, not of the driver's "
+                         f"nvidia-caps-imex-channels major {major}")
+        elif not channel["usable"]:
+            wrong.append(f"this user may not open {name} for reading and writing")
+    return [], wrong
+
+
+def _imex_on(ctx, node: str, domain: str, job_env: Dict[str, str]) -> Iterator[Finding]:
+    """The IMEX channels and daemon of one node of a multi-node NVLink domain of two or more of the job's nodes
+    (`domain` says which), as NCCL needs them there."""
+    facts = ctx.facts[node]["facts"]
+    env = dict(facts.get("env") or {}, **job_env)  # the job's own settings win over the node's
+    nccl = nccl_version(facts)
+    release = ".".join(map(str, nccl)) if nccl else None
+    off = mnnvl_off(env, nccl)
+    if off:
+        yield passed(f"{domain}; {off}: no IMEX channel needed", nccl_mnnvl_enable=env.get("NCCL_MNNVL_ENABLE"))
+        return
+    if nccl is not None and tuple(nccl[:2]) < MNNVL_CHECK_SINCE:
+        yield skip(f"{domain}; not judged for NCCL {release}: its MNNVL rules are older than the FABRIC handle test "
+                   "of NCCL 2.25 (src/mnnvl.cc) that preflight follows", nccl=release)
+        return
+    fabric = fabric_of(facts)[0] or {}
+    imex = fabric.get("imex")
+    if not isinstance(imex, dict):
+        yield skip(f"{domain}; these facts do not include its IMEX channels (a node running an older preflight)")
+        return
+    in_container = bool((facts.get("host") or {}).get("container"))
+    running = None if in_container else imex.get("running")  # a container sees only its own processes
+    usable, wrong = _imex_problems(imex)
+    evidence = {"imex": imex, "nccl": release}
+    if wrong:
+        major = imex.get("major") if isinstance(imex.get("major"), int) else IMEX_MAJOR
+        fix = (f"on {node}, as root and again after every reboot (NVIDIA's IMEX guide): mkdir -p "
+               f"/dev/nvidia-caps-imex-channels && mknod -m 666 /dev/nvidia-caps-imex-channels/channel0 c {major} 0; "
+               "in a container, have the runtime give it the channel (NVIDIA_IMEX_CHANNELS=0 with the NVIDIA "
+               f"Container Toolkit, a ComputeDomain's channel on Kubernetes); {MNNVL_OFF_FIX}")
+        said = f"{domain}, but no IMEX channel this user may open: {'; '.join(wrong)}"
+        if nccl is not None and tuple(nccl[:2]) < MNNVL_STOPS_SINCE:
+            yield warn(f"{said}: NCCL {release} then runs without multi-node NVLink, over the network (its "
+                       "ncclMnnvlCheck gives up when the FABRIC allocation fails; NCCL 2.27 and newer stop instead)",
+                       fix, **evidence)
+        else:
+            yield fail(f"{said}: NCCL stops every rank with '{NCCL_NO_CHANNEL}'", fix, **evidence)
+    if running is False:
+        words = NCCL_NO_IMEX_2_25 if nccl is not None and tuple(nccl[:2]) < MNNVL_STOPS_SINCE else NCCL_NO_IMEX
+        yield fail(f"{domain}, but nvidia-imex is not running: FABRIC handles are exported and imported through it, "
+                   f"and NCCL stops every rank with '{words}'",
+                   f"start nvidia-imex on {node} and on every node of its NVLink domain (systemctl enable --now "
+                   "nvidia-imex, the domain's nodes listed in /etc/nvidia-imex/nodes_config.cfg); `nvidia-imex-ctl -N` "
+                   f"shows each node's state; {MNNVL_OFF_FIX}", **evidence)
+    if not wrong and running is not False:
+        seen = "nvidia-imex running" if running else "whether nvidia-imex runs is not known here (" + (
+            "a container sees only its own processes" if in_container else
+            "this user does not see other users' processes") + ")"
+        yield passed(f"{domain}: IMEX {', '.join(usable)} open to this user, {seen}", **evidence)
+
+
+@check("GPU010", "imex-channels", "cluster", tags=["gpu", "nvml", "fabric", "mnnvl", "imex"])
+def imex_channels(ctx) -> Iterator[Finding]:
+    """Where two or more of the job's nodes share a multi-node NVLink domain (GB200/GB300 NVL72: their GPUs
+    registered with the fabric under the same non-zero cluster UUID, NVML), each of them has an IMEX channel the
+    job may open (/dev/nvidia-caps-imex-channels/channelN) and runs the nvidia-imex daemon, unless the job's
+    environment turns multi-node NVLink off (NCCL_MNNVL_ENABLE=0, NCCL_CUMEM_ENABLE=0, NCCL_P2P_DISABLE=1).
+
+    NCCL then shares GPU memory across the nodes through CUDA FABRIC handles, and tests them at initialization
+    (src/mnnvl.cc, ncclMnnvlCheck): without a channel (they are not made by default, nor kept across a reboot)
+    every rank stops with 'MNNVL (cliqueSize N) is available but not working on this system. Check the IMEX
+    channel configuration (/dev/nvidia-caps-imex-channels)', and without the daemon with '... Check the IMEX
+    configuration (nvidia-imex-ctl -N)' (NCCL 2.27 and newer). NCCL uses multi-node NVLink only where every
+    rank's GPU is in a domain: a node outside turns it off for the whole job (an NVSwitch node, HGX, is in none:
+    its cluster UUID is zero).
+
+    Create channel0 as NVIDIA's IMEX guide says (as root, after every reboot: mknod -m 666
+    /dev/nvidia-caps-imex-channels/channel0 c MAJOR 0, MAJOR from /proc/devices), or give the container its
+    channel (NVIDIA_IMEX_CHANNELS=0, a ComputeDomain on Kubernetes); start nvidia-imex on every node of the
+    domain (systemctl enable --now nvidia-imex; nvidia-imex-ctl -N); or set NCCL_MNNVL_ENABLE=0 to run without
+    multi-node NVLink.
+    """
+    if not ctx.plan.remote or len(ctx.facts) < 2:
+        where = "the job runs on one node" if ctx.plan.remote else "this machine alone"
+        yield skip(f"{where}: NCCL tries multi-node NVLink only across nodes")
+        return
+    domains: Dict[str, List[str]] = {}  # cluster UUID -> the job's nodes with a GPU in it
+    outside, unknown = {}, {}  # node -> why its GPUs are in no domain, or not known
+    for node, on_node in ctx.on_node.items():
+        gpus, why = job_gpus(on_node) if on_node is not None else (None, None)
+        if gpus is None:
+            unknown[node] = why.message if why else (ctx.facts[node].get("error") or {}).get("message") or "no facts"
+            continue
+        found, out, not_known = _mnnvl_domains(gpus)
+        for uuid in found:
+            domains.setdefault(uuid, []).append(node)
+        if not_known:
+            unknown[node] = "; ".join(not_known)
+        elif out:
+            outside[node] = "; ".join(out)
+    shared = {uuid: nodes for uuid, nodes in domains.items() if len(nodes) > 1}
+    if not domains and not outside:  # (said as GPU001 says it: the reports count the skips by their words)
+        said = "; ".join(f"{fold(sorted(nodes))}: {why}" for why, nodes in _by_reason(unknown).items())
+        yield skip(f"no GPU facts: no node's GPUs are known, so no multi-node NVLink domain is ({said})")
+        return
+    if not shared:
+        said = "; ".join(f"{fold(sorted(nodes))}: {why}" for why, nodes in
+                         _by_reason({**outside, **unknown}).items()) or "each node's GPUs are a domain of their own"
+        yield skip(f"no two of the job's nodes share a multi-node NVLink domain ({said}): NCCL needs no IMEX channel")
+        return
+    in_shared = sorted({n for nodes in shared.values() for n in nodes})
+    if unknown:
+        said = "; ".join(f"{fold(sorted(nodes))}: {why}" for why, nodes in _by_reason(unknown).items())
+        yield Finding(Status.SKIP, f"not judged: NCCL uses multi-node NVLink only where every rank's GPU is in a "
+                      f"domain (src/mnnvl.cc), and that is not known for {said}", nodes=tuple(in_shared))
+        return
+    job_env = job_environment(ctx.plan)
+    overriding = sorted(n for n in ctx.reachable if nccl_param(
+        dict(ctx.facts[n]["facts"].get("env") or {}, **job_env), "NCCL_MNNVL_UUID", -1) != -1)
+    if overriding:
+        yield Finding(Status.SKIP, f"not judged: NCCL_MNNVL_UUID on {fold(overriding)} replaces NVML's cluster UUID "
+                      "of every GPU (src/init.cc), so the domains are not NVML's", nodes=tuple(in_shared))
+        return
+    if outside:
+        said = "; ".join(f"{fold(sorted(nodes))}: {why}" for why, nodes in _by_reason(outside).items())
+        yield Finding(Status.PASS, f"NCCL runs without multi-node NVLink, over the network: it uses it only where "
+                      f"every rank's GPU is in a domain (src/mnnvl.cc), and on {said}; no IMEX channel needed",
+                      nodes=tuple(in_shared), evidence={"outside": outside})
+        return
+    for uuid, nodes in sorted(domains.items(), key=lambda item: item[1]):
+        others = sorted(set(ctx.facts) - set(nodes))
+        if len(nodes) == 1:  # NCCL tests FABRIC handles here too where two ranks share it: no proof of two nodes
+            yield Finding(Status.PASS, f"NVLink domain {uuid} of no other node of the job: NCCL reaches the others "
+                          "over the network; its IMEX channels are not judged (preflight judges a domain of two or "
+                          "more nodes)", nodes=tuple(nodes), evidence={"cluster_uuid": uuid})
+            continue
+        domain = f"NVLink domain {uuid} of {fold(sorted(nodes))}"
+        if others:
+            domain += f" (NCCL uses it among them, and the network to {fold(others)})"
+        yield from grouped(lambda node: _imex_on(ctx, node, domain, job_env), sorted(nodes))
+
+
+def _by_reason(reasons: Dict[str, str]) -> Dict[str, List[str]]:
+    """node -> why, as why -> its nodes."""
+    nodes: Dict[str, List[str]] = {}
+    for node, why in reasons.items():
+        nodes.setdefault(why, []).append(node)
+    return nodes

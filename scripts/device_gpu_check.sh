@@ -2,7 +2,8 @@
 # On a machine with an NVIDIA GPU and its driver: run the real NVML path once and keep what it saw.
 #  1. the collector as a node runs it (python3 preflight/collector.py): its gpus fact must be available;
 #  2. the real adapter (gpus.Nvml) inside the recorder of tests/nvml_fake.py: every answer it gave
-#     is written to tests/fixtures/nvml/recorded-<model>.json, which the tests' fake adapter replays;
+#     is written to tests/fixtures/nvml/recorded-<model>.json, which the tests' fake adapter replays (the
+#     GPU fabric with its cluster UUID, read whole from nvmlGpuFabricInfo, among them);
 #  3. where preflight is installed with its test extra, tests/checks/test_gpu.py (its first test then takes
 #     the real path, and every recording is replayed);
 #  4. where torch sees two GPUs or more, peer-to-peer between every pair (scripts/p2p_probe.py: a verified copy
@@ -32,8 +33,10 @@ if [ -z "${NVML_FAKE:-}" ]; then
     "$PY" preflight/collector.py </dev/null | head -n 1 >"$WORK/facts.json"
     "$PY" - "$WORK/facts.json" <<'EOF'
 import json, sys
-gpus = json.load(open(sys.argv[1]))["gpus"]
+facts = json.load(open(sys.argv[1]))
+gpus = facts["gpus"]
 print(json.dumps(gpus, indent=1)[:3000])
+print("IMEX (GPU010):", json.dumps((facts.get("fabric") or {}).get("imex")))
 if not gpus.get("available"):
     sys.exit("device_gpu_check: NVML is not available here: %s" % (gpus.get("reason") or gpus.get("error")))
 EOF
@@ -64,6 +67,8 @@ text = "{\n%s,\n \"gpus\": [\n%s\n ]\n}\n" % (head, gpus)
 (FIXTURES / name).write_text(text)
 open(os.path.join(sys.argv[1], name), "w").write(text)
 open(os.path.join(sys.argv[1], "gpus-fact.json"), "w").write(json.dumps(facts, indent=1) + "\n")
+for gpu in facts["devices"]:  # the fabric as recorded: state, status, clique, health, cluster UUID (GPU010)
+    print("GPU %s fabric: %s" % (gpu["index"], json.dumps(gpu["fabric"])))
 unsupported = sorted({k for g in recorder.record["gpus"] for k, v in g.items()
                       if "NotSupported" in (list(v.values()) if isinstance(v, dict) else [v])})
 print("wrote %s: %d GPU(s) %s; not supported: %s" % (FIXTURES / name, facts["count"], model,

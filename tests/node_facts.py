@@ -5,6 +5,8 @@
 - `linked_facts(**per_node)`: the same with each interface's link state, a management interface eth1 on
   192.168.9.0/24, and no NCCL_/GLOO_/CUDA_ variables of this machine (the tests of NET005 and PKG004 set theirs).
 - `run(check_id, states, probes, plan)`: the Results of one check; `by_node(results)`: a node's Result.
+- `leaves(doc)`: every path into a document; `changed(doc, path, value)`: a copy with that value there (TAKEN:
+  the key taken away), for the tests of facts of another shape.
 """
 import copy
 
@@ -82,3 +84,29 @@ def run(check_id, states=None, probes=None, plan=None, make_facts=facts):
 
 def by_node(results):
     return {node: r for r in results for node in r.nodes}
+
+
+TAKEN = object()  # the key taken away
+
+
+def leaves(value, path=()):
+    """Every path into the document (a list's first item stands for all)."""
+    if path:
+        yield path
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from leaves(inner, path + (key,))
+    elif isinstance(value, list) and value:
+        yield from leaves(value[0], path + (0,))
+
+
+def changed(doc, path, value):
+    doc = copy.deepcopy(doc)
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    if value is TAKEN:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return doc

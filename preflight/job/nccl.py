@@ -263,3 +263,64 @@ def used_gid(env: dict, port: dict, nccl: Optional[Tuple[int, ...]] = None) -> T
         if kind[0] == version and (kind[1] == family or (family == "IPv6" and kind[1] == "link-local")):
             return i, gids[i], f"NCCL's choice ({version}, {family})"
     return None, None, f"NCCL's choice ({version}, {family})"
+
+
+# --- multi-node NVLink (MNNVL) ----------------------------------------------------------------------
+
+STRTOLL = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|[1-9][0-9]*|0[0-7]*)?")
+INT64 = 1 << 63
+
+
+def strtoll(text: str) -> Optional[int]:
+    """strtoll(text, NULL, 0) as NCCL calls it, without looking where the number ends: the leading number (decimal,
+    0x hexadecimal, 0 octal), 0 where there is none; None out of int64's range (errno ERANGE)."""
+    sign, digits = STRTOLL.match(text).groups()
+    if not digits:
+        return 0
+    value = int(digits, 16 if digits[1:2] in ("x", "X") else 8 if digits.startswith("0") else 10)
+    value = -value if sign == "-" else value
+    return value if -INT64 <= value < INT64 else None
+
+
+def nccl_param(env: Mapping[str, Any], name: str, default: int) -> int:
+    """An NCCL_PARAM as ncclLoadParam reads it (src/misc/param.cc): unset or empty is the default, else strtoll
+    (text that is no number is 0, and out of range the default)."""
+    text = env.get(name)
+    if not isinstance(text, str) or not text:
+        return default
+    value = strtoll(text)
+    return default if value is None else value
+
+
+def p2p_level_zero(env: Mapping[str, Any]) -> Optional[str]:
+    """The variable that sets NCCL's P2P level to LOC (0), as ncclGetLevel reads them (src/graph/paths.cc):
+    NCCL_P2P_DISABLE=1 first, else NCCL_P2P_LEVEL=LOC or an old-style number 0; None where neither does."""
+    disable = env.get("NCCL_P2P_DISABLE")
+    if isinstance(disable, str) and strtoll(disable) == 1:
+        return f"NCCL_P2P_DISABLE={disable}"
+    level = env.get("NCCL_P2P_LEVEL")
+    if isinstance(level, str) and (level == "LOC" or (level[:1].isdigit() and strtoll(level) == 0)):
+        return f"NCCL_P2P_LEVEL={level}"
+    return None
+
+
+MNNVL_P2P_GATE_SINCE = (2, 27)  # NCCL 2.27.3 added `p2pLevel != 0` to the condition below
+
+
+def mnnvl_off(env: Mapping[str, Any], nccl: Optional[Tuple[int, ...]] = None) -> Optional[str]:
+    """Why NCCL, in a job of several nodes, does not try multi-node NVLink with this environment, or None where it
+    does (as far as the environment goes). src/init.cc, initTransportsRank: it checks MNNVL when
+    `(nNodes > 1 && NCCL_MNNVL_ENABLE != 0 && p2pLevel != 0) || NCCL_MNNVL_ENABLE == 1` (NCCL_MNNVL_ENABLE
+    defaults to 2; the P2P level since NCCL 2.27); src/mnnvl.cc, ncclMnnvlCheck: only with cuMem on
+    (src/misc/cudawrap.cc, ncclCuMemEnable: NCCL_CUMEM_ENABLE above 0, or unset (-2) where CUDA has it; 0 and any
+    other negative value turn it off). `nccl`: the release the node's torch loads, None where not known."""
+    enable = nccl_param(env, "NCCL_MNNVL_ENABLE", 2)
+    if enable == 0:
+        return f"NCCL_MNNVL_ENABLE={env.get('NCCL_MNNVL_ENABLE')} turns multi-node NVLink off"
+    p2p = p2p_level_zero(env)
+    if p2p and enable != 1 and (nccl is None or tuple(nccl[:2]) >= MNNVL_P2P_GATE_SINCE):
+        return f"{p2p} turns multi-node NVLink off (NCCL_MNNVL_ENABLE is not 1)"
+    cumem = nccl_param(env, "NCCL_CUMEM_ENABLE", -2)
+    if cumem <= 0 and cumem != -2:
+        return f"NCCL_CUMEM_ENABLE={env.get('NCCL_CUMEM_ENABLE')} turns cuMem off, and multi-node NVLink with it"
+    return None

@@ -30,6 +30,11 @@ DPKG_STATUS_LIMIT = 64 << 20  # a large image's dpkg status is a few MB
 # without CAP_SYS_ADMIN (drivers/pci/pci-sysfs.c, pci_read_config), so ACS is read only as root (as lspci).
 CONFIG_BYTES, EXTENDED_CAPS, ACS_CAP_ID = 4096, 0x100, 0x000D
 IOMMU_ARGS = ("iommu", "intel_iommu", "amd_iommu", "iommu.passthrough", "iommu.strict")
+# IMEX channels (NVIDIA's IMEX guide): character devices of the major /proc/devices lists as
+# nvidia-caps-imex-channels, made by the administrator (mknod; gone after a reboot) or by a container runtime.
+IMEX_CHANNELS = os.path.join("dev", "nvidia-caps-imex-channels")
+IMEX_DEVICE = "nvidia-caps-imex-channels"
+IMEX_CHANNEL_LIMIT = 64  # channels listed: one the job may open is enough
 
 
 def _sys_text(path):
@@ -271,16 +276,19 @@ def xid_events(root):
     return {"readable": True, "events": events, "count": count, "cut": cut}
 
 
-def fabric_manager(root):
-    """Fabric Manager, on a node with NVSwitches: whether nv-fabricmanager runs (its /proc/PID/comm, cut to 15
-    characters; None where this user does not see other users' processes: /proc mounted with hidepid) and the
-    version of its package (dpkg's status: Debian, Ubuntu, DGX OS; None elsewhere)."""
+def _running(root, found):
+    """Whether a process whose /proc/PID/comm (cut to 15 characters) `found` accepts runs; None where this user does
+    not see other users' processes (/proc mounted with hidepid, PID 1 hidden) and nobody else is seen."""
     proc = os.path.join(root, "proc")
-    running = False if _sys_text(os.path.join(proc, "1", "comm")) else None  # PID 1 hidden: nobody else seen
-    for pid in _sys_list(proc) if running is not None else ():
-        if pid.isdigit() and (_sys_text(os.path.join(proc, pid, "comm")) or "").startswith("nv-fabricmanag"):
-            running = True
-            break
+    if not _sys_text(os.path.join(proc, "1", "comm")):
+        return None
+    return any(pid.isdigit() and found(_sys_text(os.path.join(proc, pid, "comm")) or "") for pid in _sys_list(proc))
+
+
+def fabric_manager(root):
+    """Fabric Manager, on a node with NVSwitches: whether nv-fabricmanager runs (None where not seen: _running) and
+    the version of its package (dpkg's status: Debian, Ubuntu, DGX OS; None elsewhere)."""
+    running = _running(root, lambda comm: comm.startswith("nv-fabricmanag"))
     version = package = None
     try:
         with open(os.path.join(root, DPKG_STATUS), "rb") as handle:
@@ -295,6 +303,36 @@ def fabric_manager(root):
     return {"running": running, "version": version, "package": package}
 
 
+def imex(root):
+    """What CUDA needs to share GPU memory across a multi-node NVLink domain (FABRIC handles), as NVIDIA's IMEX guide
+    sets it up: the channel devices /dev/nvidia-caps-imex-channels/channelN (each one's kind, its major and minor,
+    and whether this user may open it for reading and writing: access(2); never opened), the major the driver
+    registered for them in /proc/devices (None: not registered; "registered" None: /proc/devices unreadable), and
+    whether the nvidia-imex daemon runs (None where not seen: _running)."""
+    folder = os.path.join(root, IMEX_CHANNELS)
+    channels = []
+    for name in _sys_list(folder)[:IMEX_CHANNEL_LIMIT]:
+        path = os.path.join(folder, name)
+        try:
+            mode = os.stat(path)
+        except OSError:  # a dangling link
+            channels.append({"name": name, "char": False, "major": None, "minor": None, "usable": False})
+            continue
+        char = stat.S_ISCHR(mode.st_mode)
+        channels.append({"name": name, "char": char, "major": os.major(mode.st_rdev) if char else None,
+                         "minor": os.minor(mode.st_rdev) if char else None,
+                         "usable": os.access(path, os.R_OK | os.W_OK)})
+    try:
+        with open(os.path.join(root, "proc", "devices")) as handle:
+            listed = [line.split() for line in handle.read(65536).splitlines()]
+        majors = [int(f[0]) for f in listed if len(f) == 2 and f[1] == IMEX_DEVICE and f[0].isdigit()]
+        registered, major = bool(majors), (majors[0] if majors else None)
+    except (OSError, ValueError):
+        registered = major = None
+    return {"directory": os.path.isdir(folder), "channels": channels, "registered": registered, "major": major,
+            "running": _running(root, lambda comm: comm == "nvidia-imex")}  # (not nvidia-imex-ctl)
+
+
 def facts(root=None):
     root = root or SYSROOT
     modules = _loaded_modules(root)
@@ -303,8 +341,9 @@ def facts(root=None):
               "pci": _pci(root, rdma), "iommu": _iommu(root),
               "kernel": _sys_text(os.path.join(root, "proc", "sys", "kernel", "osrelease")),
               "nvidia_driver": _sys_text(os.path.join(root, "proc", "driver", "nvidia", "version"))}
-    if fabric["nvidia_driver"]:  # Xids come from the NVIDIA driver only
+    if fabric["nvidia_driver"]:  # Xids and IMEX channels come from the NVIDIA driver only
         fabric["xid"] = xid_events(root)
+        fabric["imex"] = imex(root)
     if any(d["kind"] == "nvswitch" for d in fabric["pci"]["devices"].values()):
         fabric["fabric_manager"] = fabric_manager(root)
     return fabric

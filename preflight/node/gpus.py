@@ -127,7 +127,8 @@ class Nvml(object):
 
     def fabric(self, index):
         """The GPU's registration with the NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV, else the first version):
-        [state (NVML_GPU_FABRIC_STATE_*), status (an nvmlReturn_t), clique ID, health mask (None before V2)]."""
+        [state (NVML_GPU_FABRIC_STATE_*), status (an nvmlReturn_t), clique ID, health mask (None before V2),
+        cluster UUID (the NVLink domain: its text, all zeros where the GPU is in none)]."""
         import ctypes
 
         nv, handle = self.nv, self._handle(index)
@@ -136,7 +137,8 @@ class Nvml(object):
             info = versioned()
             try:
                 self._call("nvmlDeviceGetGpuFabricInfoV", handle, ctypes.byref(info))
-                return [int(info.state), int(info.status), int(info.cliqueId), int(info.healthMask)]
+                return [int(info.state), int(info.status), int(info.cliqueId), int(info.healthMask),
+                        cluster_uuid(info)]
             except (NvmlUnsupported, nv.NVMLError) as exc:  # a driver without V2 (or another struct version)
                 if isinstance(exc, nv.NVMLError_GpuIsLost):
                     raise
@@ -150,7 +152,7 @@ class Nvml(object):
             if isinstance(exc, nv.NVMLError_GpuIsLost):
                 raise
             raise NvmlUnsupported("nvmlDeviceGetGpuFabricInfo")
-        return [int(info.state), int(info.status), int(info.cliqueId), None]
+        return [int(info.state), int(info.status), int(info.cliqueId), None, cluster_uuid(info)]
 
     def p2p(self, index, other):
         """Peer-to-peer from this GPU to GPU `other` (its NVML index, as text), as NVML reports it
@@ -171,6 +173,8 @@ MAX_P2P_PEERS = 16  # GPUs per node whose pairs are asked (3 calls a pair): 16 m
 P2P_STATUS = {0: "ok", 1: "chipset_not_supported", 2: "gpu_not_supported", 3: "ioh_topology_not_supported",
               4: "disabled_by_regkey", 5: "not_supported", 6: "unknown"}  # NVML_P2P_STATUS_*
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}  # NVML_GPU_FABRIC_STATE_*
+FABRIC_UUID_BYTES = 16  # NVML_GPU_FABRIC_UUID_LEN
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"  # a GPU in no multi-node NVLink domain
 # The health mask's fields (NVML_GPU_FABRIC_HEALTH_MASK_*): (shift, what a value of 1, "TRUE", means)
 FABRIC_HEALTH = ((0, "degraded_bandwidth"), (2, "route_recovery"), (4, "route_unhealthy"),
                  (6, "access_timeout_recovery"))
@@ -178,6 +182,18 @@ CLOCK_EVENT_REASONS = ((0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), 
                        (0x8, "hw_slowdown"), (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"),
                        (0x40, "hw_thermal_slowdown"), (0x80, "hw_power_brake_slowdown"),
                        (0x100, "display_clock_setting"), (0x200, "board_limit"), (0x400, "reliability"))
+
+
+def cluster_uuid(info):
+    """clusterUuid of an nvmlGpuFabricInfo structure (NVML_GPU_FABRIC_UUID_LEN, 16 bytes) as UUID text, read from
+    the structure's memory: pynvml releases that declare the field c_char give it cut at its first zero byte."""
+    import ctypes
+    import uuid
+
+    field = getattr(type(info), "clusterUuid", None)
+    if field is None or field.size != FABRIC_UUID_BYTES:
+        return None
+    return str(uuid.UUID(bytes=ctypes.string_at(ctypes.addressof(info) + field.offset, FABRIC_UUID_BYTES)))
 
 
 def _text(value):
@@ -252,7 +268,8 @@ def _gpu(nvml, index, count=0):
         "clock_event_reasons": None if reasons is None else [n for bit, n in CLOCK_EVENT_REASONS if reasons & bit],
         "fabric": None if fabric is None else {
             "state": FABRIC_STATES.get(fabric[0], str(fabric[0])), "status": fabric[1], "clique": fabric[2],
-            "health": None if fabric[3] is None else [n for shift, n in FABRIC_HEALTH if fabric[3] >> shift & 3 == 1]},
+            "health": None if fabric[3] is None else [n for shift, n in FABRIC_HEALTH if fabric[3] >> shift & 3 == 1],
+            "cluster_uuid": fabric[4] if len(fabric) > 4 else None},  # (recordings made before it have none)
         "p2p": peers or None,
     }
     if errors:

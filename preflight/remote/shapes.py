@@ -11,13 +11,16 @@ keys of an Obj are optional, because the collector leaves some out (a node witho
 unless their shape is a Need; a key it has must be of its shape. Keys no shape names are let through: the
 checks never read them."""
 import math
+import re
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from preflight.inputs.numbers import is_int, is_number
 from preflight.node.allreduce import NCCL_LINE_CHARS, NCCL_MAX_LINES
 from preflight.node.census import MAX_PROCESSES
+from preflight.node.fabric import IMEX_CHANNEL_LIMIT
 
 NONE = type(None)
+UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # str(uuid.UUID(...))
 NUMBER = (int, float)
 TEXT = (str, NONE)
 COUNT = (int, NONE)
@@ -202,6 +205,10 @@ def problem(value: Any, shape, where: str) -> Optional[str]:
     return None if found is None else f"{where}{''.join(reversed(found[0]))} {found[1]}"
 
 
+def _uuid_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str) and UUID_TEXT.fullmatch(value) is not None
+
+
 ERROR = str  # {"error": why}: how the collector says that it could not read a fact
 RESOLVED = Either(Each(str), Obj(error=Need(ERROR)))
 GPU = Obj(
@@ -213,7 +220,8 @@ GPU = Obj(
     mig_pending=(bool, NONE), compute_mode=TEXT, processes=Each(Obj(pid=int, used_memory_bytes=COUNT)),
     pcie_generation=COUNT, pcie_max_generation=COUNT, pcie_width=COUNT, pcie_max_width=COUNT,
     nvlink_active=Either(NONE, Each(bool)), clock_event_reasons=Either(NONE, Each(str)), errors=Keyed(str),
-    fabric=Either(NONE, Obj(state=Need(str), status=Need(int), clique=COUNT, health=Either(NONE, Each(str)))),
+    fabric=Either(NONE, Obj(state=Need(str), status=Need(int), clique=COUNT, health=Either(NONE, Each(str)),
+                            cluster_uuid=Test(_uuid_or_none, "a UUID's text or null"))),
     p2p=Either(NONE, Keyed(Obj(read=TEXT, write=TEXT, nvlink=TEXT))))
 # A GID table entry: preflight.node.fabric writes index and gid for every entry it keeps (it skips the empty
 # ones), and NCCL_IB_GID_INDEX is looked up by index: an entry without them is not one of the collector's.
@@ -231,6 +239,9 @@ FABRIC = Obj(
     nccl=Obj(libraries=Each(str), plugins=Each(Obj(name=str, path=str, bytes=COUNT)), net_plugin=TEXT,
              cuda_compat=Each(str)),
     kernel=TEXT, nvidia_driver=TEXT, fabric_manager=Obj(running=(bool, NONE), version=TEXT, package=TEXT),
+    imex=Obj(directory=bool, registered=(bool, NONE), major=COUNT, running=(bool, NONE),
+             channels=Each(Obj(name=Need(str), char=Need(bool), major=COUNT, minor=COUNT, usable=Need(bool)),
+                           most=IMEX_CHANNEL_LIMIT)),
     xid=Obj(readable=bool, reason=str, count=int, cut=bool,
             events=Each(Obj(pci=str, xid=int, text=str, uptime_s=(int, float, NONE)))),
     error=ERROR)

@@ -203,12 +203,13 @@ def test_the_real_adapter_maps_nvml_answers():
 
 
 def test_the_real_adapter_reads_the_gpu_fabric_with_pynvmls_own_structures():
-    """nvmlDeviceGetGpuFabricInfoV fills pynvml's c_nvmlGpuFabricInfoV_t (its health mask); a driver without it
-    falls back to the first version, and a GPU before Hopper (NotSupported) has no fabric to tell of."""
-    def fill(**fields):
+    """nvmlDeviceGetGpuFabricInfoV fills pynvml's c_nvmlGpuFabricInfoV_t (its health mask, the cluster UUID); a driver
+    without it falls back to the first version, and a GPU before Hopper (NotSupported) has no fabric to tell of."""
+    def fill(cluster=bytes(16), **fields):
         def call(handle, ref):
             for name, value in fields.items():
                 setattr(ref._obj, name, value)
+            ctypes.memmove(ctypes.addressof(ref._obj) + type(ref._obj).clusterUuid.offset, cluster, 16)
         return call
 
     def raises(error):
@@ -221,9 +222,12 @@ def test_the_real_adapter_reads_the_gpu_fabric_with_pynvmls_own_structures():
                 NVMLError_NotSupported=pynvml.NVMLError_NotSupported, nvmlDeviceGetHandleByIndex=lambda i: i,
                 c_nvmlGpuFabricInfoV_t=pynvml.c_nvmlGpuFabricInfoV_t,
                 c_nvmlGpuFabricInfo_t=pynvml.c_nvmlGpuFabricInfo_t)
-    cases = [(dict(nvmlDeviceGetGpuFabricInfoV=fill(state=3, status=0, cliqueId=5, healthMask=0x11)), [3, 0, 5, 0x11]),
+    rack = bytes.fromhex("009b7c3e1a4f2d4c8e9a612b5d7e0f1c")  # a leading zero byte: c_char would give b""
+    cases = [(dict(nvmlDeviceGetGpuFabricInfoV=fill(rack, state=3, status=0, cliqueId=5, healthMask=0x11)),
+              [3, 0, 5, 0x11, "009b7c3e-1a4f-2d4c-8e9a-612b5d7e0f1c"]),
              (dict(nvmlDeviceGetGpuFabricInfoV=raises(pynvml.NVMLError_FunctionNotFound),
-                   nvmlDeviceGetGpuFabricInfo=fill(state=2, status=0, cliqueId=0)), [2, 0, 0, None])]
+                   nvmlDeviceGetGpuFabricInfo=fill(state=2, status=0, cliqueId=0)),
+              [2, 0, 0, None, "00000000-0000-0000-0000-000000000000"])]
     for calls, answer in cases:
         adapter = gpus.Nvml.__new__(gpus.Nvml)
         adapter.nv, adapter.handles = types.SimpleNamespace(**base, **calls), {}
@@ -237,7 +241,22 @@ def test_the_real_adapter_reads_the_gpu_fabric_with_pynvmls_own_structures():
         adapter.fabric(0)
     facts = gpu_facts("fabric-degraded.json")
     assert facts["devices"][3]["fabric"] == {"state": "completed", "status": 0, "clique": 0,
-                                             "health": ["degraded_bandwidth"]}
+                                             "health": ["degraded_bandwidth"],
+                                             "cluster_uuid": "00000000-0000-0000-0000-000000000000"}
+
+
+def test_the_cluster_uuid_is_read_whole_whatever_type_pynvml_gives_the_field():
+    """pynvml declares clusterUuid as c_uint8 * 16 today and as c_char * 16 in older releases, whose value ctypes
+    cuts at the first zero byte: the adapter reads the 16 bytes from the structure's memory."""
+    class OldInfo(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_char * 16), ("status", ctypes.c_uint)]
+
+    raw = bytes.fromhex("00ff00000000000000000000000000aa")
+    for kind in (OldInfo, pynvml.c_nvmlGpuFabricInfoV_t, pynvml.c_nvmlGpuFabricInfo_t):
+        info = kind()
+        ctypes.memmove(ctypes.addressof(info) + kind.clusterUuid.offset, raw, 16)
+        assert gpus.cluster_uuid(info) == "00ff0000-0000-0000-0000-0000000000aa", kind
+    assert OldInfo.from_buffer_copy(bytes(4) + raw + bytes(4)).clusterUuid == b""  # what ctypes alone gives
 
 
 def test_the_recorder_writes_what_the_fake_replays():
@@ -474,7 +493,7 @@ def test_check_reports_gpu_findings(tmp_path, capsys, monkeypatch):
     code, doc, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU", "--json")
     assert code == 0 and {r["id"]: r["status"] for r in doc["results"]} == {
         "GPU001": "pass", "GPU002": "skip", "GPU003": "pass", "GPU004": "pass", "GPU005": "pass", "GPU006": "pass",
-        "GPU007": "skip", "GPU008": "pass", "GPU009": "pass"}
+        "GPU007": "skip", "GPU008": "pass", "GPU009": "pass", "GPU010": "skip"}
     monkeypatch.setattr(gpus, "Nvml", fake("busy.json"))
     code, doc, _ = run_cli(capsys, "check", "--config", config, "--only", "GPU004", "--json")
     assert code == 1 and doc["verdict"] == "fail" and "pid 48214" in doc["results"][1]["message"]

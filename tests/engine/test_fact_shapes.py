@@ -16,6 +16,7 @@ from unittest import mock
 import pytest
 import yaml
 
+from node_facts import TAKEN, changed, leaves
 from nvml_fake import FIXTURES as NVML_FIXTURES
 from nvml_fake import fake
 from ras_server import RasServer, recorded
@@ -142,32 +143,6 @@ def test_an_interpreter_that_does_not_know_its_own_path_is_of_its_shape(node_fac
 # --- a value of another shape anywhere ----------------------------------------------------------------
 
 OTHER_VALUES = ("text", 7, True, None, [], {"x": 1})
-TAKEN = object()  # the key taken away
-
-
-def leaves(value, path=()):
-    """Every path into the document (a list's first item stands for all)."""
-    if path:
-        yield path
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            yield from leaves(inner, path + (key,))
-    elif isinstance(value, list) and value:
-        yield from leaves(value[0], path + (0,))
-
-
-def changed(doc, path, value):
-    doc = copy.deepcopy(doc)
-    parent = doc
-    for key in path[:-1]:
-        parent = parent[key]
-    if value is TAKEN:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
-    return doc
-
-
 def run_all(plan, states):
     """Every check (doctor's RUN checks with the census built from the facts, as doctor builds it)."""
     census = jobcensus.build(tuple(states), states, None)
