@@ -16,6 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from preflight.inputs.numbers import is_int, is_number
 from preflight.node.allreduce import NCCL_LINE_CHARS, NCCL_MAX_LINES
 from preflight.node.census import MAX_PROCESSES
+from preflight.node.host import MAX_LISTENING
 
 NONE = type(None)
 NUMBER = (int, float)
@@ -273,6 +274,8 @@ SECTIONS = {
                                 mtu=COUNT)),
                 resolves_to=RESOLVED, kernel=str, rdma_devices=Each(str), resolves_to_own_interface=bool,
                 port_range=Either(NONE, Each(int, length=2)), machine=str, container=TEXT, sys_nice=(bool, NONE),
+                ptrace_scope=COUNT, sys_ptrace=(bool, NONE), uid=int, py_spy=TEXT,
+                listening=Each(Each((str, int), length=2), most=MAX_LISTENING),
                 head_resolves_to=RESOLVED,
                 route_to_head=Either(NONE, Obj(head=Need(str), source=Need(str), interface=Need(TEXT)),
                                      Obj(head=str, error=Need(ERROR))), error=ERROR),
