@@ -13,7 +13,11 @@ import re
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from preflight.api import Finding, Status, check, fold, grouped, holders, odd_ones_out, passed, skip, warn
-from preflight.inputs import launchcmd
+from preflight.inputs import launchcmd, manifests
+from preflight.inputs.settings import job_variables, processes_per_machine
+from preflight.inputs.versions import version
+from preflight.job.nccl import nccl_version
+from preflight.node import flightrec
 from preflight.report import redact
 from preflight.inputs.configs import deepspeed_runner
 from preflight.job.view import MUST_MATCH, NOT_DIGESTED_KEYS, plan_rows
@@ -774,3 +778,302 @@ def _ipv4(text: str) -> bool:
         return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
     except ValueError:
         return False
+
+
+# ---- JOB012: what a hang would leave to read ------------------------------------------------------------------
+# torch 2.13 reads each of these under its name, then its older one (c10d Utils.hpp getCvar*: the first set wins).
+FR_SIZE = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # FlightRecorder.hpp: 2000 entries; <= 0 off
+FR_ENTRIES = 2000
+DUMP_ON_TIMEOUT = ("TORCH_NCCL_DUMP_ON_TIMEOUT",)  # ProcessGroupNCCL.cpp: dumpOnTimeoutOrEx_, default true
+TRUE_WORDS, FALSE_WORDS = ("y", "yes", "1", "t", "true"), ("n", "no", "0", "f", "false")  # getCvarBool
+TORCH_READ = "2.13"  # the release whose sources these rules and defaults were read from
+RAS_ADDR = "NCCL_RAS_ADDR"
+RAS_DEFAULT = "localhost:28028"  # NCCL 2.24+ (src/ras/client_support.cc), bound with SO_REUSEPORT
+RAS_SINCE = (2, 24)
+LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
+WILDCARD = ("0.0.0.0", "::")
+
+
+def _first(env: Mapping[str, str], later: Mapping[str, str], names) -> tuple:
+    """(name, value) of the first of `names` the job sets as torch reads them; value None: at run time (later);
+    (None, None): none is set."""
+    for name in names:
+        if name in env:
+            return name, env[name]
+        if name in later:
+            return name, None
+    return None, None
+
+
+def _stoi(text: str) -> Optional[int]:
+    """The number std::stoi reads (leading blanks, a sign, digits; the rest ignored), None where it throws."""
+    found = re.match(r"\s*([+-]?\d+)", text)
+    return int(found.group(1)) if found and abs(int(found.group(1))) < 2 ** 31 else None
+
+
+def _nccl_name(text: str) -> set:
+    """What NCCL puts in NCCL_DEBUG_FILE's name (src/debug.cc): "h" for %h (the host), "p" for %p (the pid); %%
+    is a %, anything else after % stays as written."""
+    found, k = set(), 0
+    while k < len(text):
+        if text[k] == "%" and k + 1 < len(text):
+            if text[k + 1] in "hp":
+                found.add(text[k + 1])
+            k += 2
+        else:
+            k += 1
+    return found
+
+
+def _per_node(plan) -> Optional[int]:
+    """The processes one launch starts on its node, where the launch says it (torchrun --nproc_per_node,
+    accelerate's num_processes over num_machines, deepspeed --num_gpus); None where not known."""
+    cmd = plan.launch
+    if cmd is None:
+        return None
+    if cmd.launcher == "torchrun":
+        return cmd.integer("nproc_per_node") if cmd.get("nproc_per_node") is not None else 1
+    if cmd.launcher == "accelerate" and plan.accelerate is not None:
+        return processes_per_machine(plan.accelerate.data)
+    return cmd.integer("num_gpus") if cmd.launcher == "deepspeed" else None
+
+
+def _mount_of(container, folder: str):
+    """(mountPath, volume name) of the container's mount that holds `folder`, the deepest; None: its own filesystem."""
+    held = [(path, name) for path, name in container.mounts
+            if folder == path.rstrip("/") or folder.startswith(path.rstrip("/") + "/")]
+    return max(held, key=lambda m: len(m[0])) if held else None
+
+
+def _dump_place(plan, name: Optional[str], prefix: str) -> tuple:
+    """(a warning or None, a note) on where a Kubernetes container's ranks dump their records (PREFIX<rank>); the
+    note None where the container asks for no GPU, so that no NCCL watchdog runs there to dump them."""
+    main = plan.manifest.main if plan.manifest is not None else None
+    if main is not None and manifests.gpus(main[2]) == 0:
+        return None, None
+    if main is None or not prefix.startswith("/"):
+        return None, ""
+    _, group, container = main
+    mount = _mount_of(container, os.path.dirname(prefix) or "/")
+    if mount is None:
+        if name is None:
+            return None, f"; in container {container.name}'s own filesystem unless $HOME is on a volume"
+        return warn(f"{name}={prefix}: {os.path.dirname(prefix) or '/'} is on no volume of container "
+                    f"{container.name}, so the records NCCL's watchdog dumps on a timeout stay in the container's "
+                    "own filesystem: kubectl cannot copy them from a container that has exited, and they are gone "
+                    "when it restarts or the pod is deleted",
+                    f"point {name} into a mounted volume that outlives the pod (a hostPath or a persistent volume "
+                    f"claim), e.g. {name}=/MOUNT/fr_rank_", variable=name, prefix=prefix,
+                    container=container.name), ""
+    volume = group.volumes.get(mount[1]) or {}
+    kind = next((k for k in volume if k != "name"), "volume")
+    kept = ": kept while the pod lives" if kind == "emptyDir" else ""
+    return None, f"; on volume {mount[1]}, a {kind}, at {mount[0]}{kept}"
+
+
+def _default(torch: Optional[str]) -> str:
+    """Whose default a value left unset takes: torch 2.13's, said as such for an older torch of a node."""
+    older = torch is not None and (version(torch) or version("0")).release < version(TORCH_READ).release
+    return f"torch {TORCH_READ}'s default" + (f", not read for the node's torch {torch}: set it there" if older else "")
+
+
+def _recorder(env, later, plan, torch=None) -> tuple:
+    """(warnings, what a hang leaves by the flight recorder, in words; evidence) for one environment."""
+    warnings, notes, evidence = [], [], {}
+    name, size = _first(env, later, FR_SIZE)
+    entries = FR_ENTRIES if name is None else _stoi(size) if size is not None else None
+    if size is not None and entries is None:
+        warnings.append(warn(f"{name}={size!r} is no number torch reads (std::stoi): each rank dies or hangs as its "
+                             "first process group starts the flight recorder (torch 2.13 with gloo: \"terminate "
+                             "called without an active exception\", or stuck in init_process_group)",
+                             f"set {name} to a number of entries (torch's default {FR_ENTRIES}), or 0 to turn the "
+                             "recorder off", variable=name, value=size))
+        return warnings, [], {"flight_recorder": None}
+    evidence["flight_recorder"] = entries
+    if name is not None and size is None:
+        return warnings, [f"the flight recorder's size ({name}) is set at run time"], evidence
+    if entries == 0:
+        return warnings, [f"no flight recorder ({name}={size})"], evidence
+    made = f"{name}={size}" if name else _default(torch)
+    if entries < 0:  # max_entries_ is a size_t: a negative number wraps, and the ring never wraps (record())
+        warnings.append(warn(f"{name}={size} is negative: torch keeps it as a size_t, so the flight recorder's ring "
+                             "never wraps and every collective's record stays for the job's life: each rank's host "
+                             "memory grows with every collective", f"set {name} to a number of entries (torch's "
+                             f"default {FR_ENTRIES}), or 0 to turn the recorder off", variable=name, value=size))
+        entries, made = "all", f"{name}={size}"
+    dump_name, dump = _first(env, later, DUMP_ON_TIMEOUT)
+    dumps = True if dump_name is None else None if dump is None else \
+        True if dump.lower() in TRUE_WORDS else False if dump.lower() in FALSE_WORDS else "bad"
+    evidence["dump_on_timeout"] = dumps if dumps != "bad" else None
+    if dumps == "bad":
+        warnings.append(warn(f"{dump_name}={dump!r} is neither true nor false: torch raises \"Invalid value for "
+                             f"environment variable: {dump_name}\" when it creates an NCCL process group",
+                             f"set {dump_name}=1 (or 0)", variable=dump_name, value=dump))
+        return warnings, [], evidence
+    recorder = f"the flight recorder ({'every' if entries == 'all' else entries} entries per rank, {made})"
+    if dumps is False:
+        return warnings, [f"{recorder}, not dumped on a timeout ({dump_name}={dump}): read only while the job "
+                          "runs"], evidence
+    when = "on a timeout" if dumps else f"on a timeout if {dump_name} (set at run time) says so"
+    prefix_name, prefix = _first(env, later, flightrec.PREFIX_VARS)
+    if prefix_name is not None and prefix is None:
+        notes.append(f"{recorder} dumped by NCCL's watchdog {when} to a place set at run time ({prefix_name})")
+        return warnings, notes, evidence
+    shown = prefix or "~/.cache/torch/" + flightrec.DEFAULT_NAME
+    evidence["dump_prefix"] = shown
+    found, place = _dump_place(plan, prefix_name, shown) if dumps else (None, "")
+    warnings += [found] if found else []
+    if place is None:
+        notes.append(f"{recorder}, not dumped: container {plan.manifest.main[2].name} asks for no GPU, so no NCCL "
+                     "watchdog runs there")
+        return warnings, notes, evidence
+    whose = prefix_name or "torch's default: each rank's $XDG_CACHE_HOME or $HOME"
+    notes.append(f"{recorder} dumped by NCCL's watchdog {when} to {shown}<rank> ({whose}{place}); a gloo process "
+                 "group records but never dumps on a timeout")
+    return warnings, notes, evidence
+
+
+def _nccl_log(env, later, plan, torch=None) -> tuple:
+    """(warnings, what NCCL's log leaves, in words; evidence) for one environment."""
+    name, value = _first(env, later, ("NCCL_DEBUG_FILE",))
+    if name is None:
+        return [], ["NCCL's log on each rank's stdout (NCCL_DEBUG_FILE not set)"], {"nccl_debug_file": None}
+    written = value if value is not None else later.get(name) or ""
+    folder, _, file = written.rpartition("/")
+    evidence = {"nccl_debug_file": written}
+    if value in ("/dev/stdout", "/dev/stderr"):
+        return [], [f"NCCL's log on {value}"], evidence
+    if value is None and ("$" in file or "`" in file or not file):  # the file's name is known only at run time
+        return [], [f"NCCL's log in {written} (set at run time)"], evidence
+    level = env.get("NCCL_DEBUG")
+    if isinstance(level, str) and level.upper() in ("", "VERSION"):  # src/debug.cc opens the file above VERSION only
+        return [], [f"no NCCL log file: NCCL_DEBUG={level} writes none to NCCL_DEBUG_FILE={written}"], evidence
+    marks = _nccl_name(file if value is None else value)
+    procs = _per_node(plan)
+    if "p" not in marks and procs is not None and procs > 1:
+        ranks = f"the {procs} ranks on a node" if "h" in marks else f"the {procs} ranks on a node (and every node's "\
+            "in a shared folder)"
+        stem, dot, ext = re.sub(r"[._-]*%h", "", file).rpartition(".")
+        fix = (folder + "/" if folder else "") + (f"{stem}.%h.%p.{ext}" if dot and stem else f"{file or 'nccl'}.%h.%p")
+        return [warn(f"NCCL_DEBUG_FILE={written} has no %p: {ranks} write the same file, each truncating it when "
+                     "NCCL starts (fopen \"w\"), so their logs are lost or mixed (NCCL's documentation: the name must "
+                     "be unique across the job's processes)", f"name each process's log: NCCL_DEBUG_FILE={fix}",
+                     variable=name, value=written, processes_per_node=procs)], [], evidence
+    unique = "per process" if {"h", "p"} <= marks else "per process on a node (%p; add %h for a shared folder)" \
+        if "p" in marks else "per node (%h; one process per node)" if "h" in marks else "one for the job"
+    return [], [f"NCCL's log in {written} ({unique})"], evidence
+
+
+def _debuggable(env, later, plan, torch=None) -> tuple:
+    warnings, notes, evidence = [], [], {}
+    for part in (_recorder, _nccl_log):
+        found, said, ev = part(env, later, plan, torch)
+        warnings += found
+        notes += said
+        evidence.update(ev)
+    pending = [n for n in sorted(later) if n in FR_SIZE + DUMP_ON_TIMEOUT + flightrec.PREFIX_VARS +
+               ("NCCL_DEBUG_FILE", RAS_ADDR)]
+    evidence["at_run_time"] = pending
+    return warnings, "a hang leaves " + "; ".join(notes), evidence
+
+
+def _ras_port(env, later) -> tuple:
+    """(the address NCCL's RAS listens on, its port or None where not known here)."""
+    name, value = _first(env, later, (RAS_ADDR,))
+    if name is not None and value is None:
+        return later[name], None
+    address = value or RAS_DEFAULT
+    host, _, port = address.rpartition(":")
+    return address, int(port) if port.isdigit() and host else None
+
+
+def _ras_taken(env, later, facts) -> Optional[Finding]:
+    """A warning where NCCL's RAS address is already listened on on the node (another NCCL job there)."""
+    release = nccl_version(facts)
+    address, port = _ras_port(env, later)
+    listening = (facts.get("host") or {}).get("listening")
+    if release is None or release < RAS_SINCE or port is None or not isinstance(listening, list):
+        return None
+    host = address.rpartition(":")[0].strip("[]")
+    same = (lambda a: a in LOOPBACK or a in WILDCARD) if host in LOOPBACK else (lambda a: a == host or a in WILDCARD)
+    if not any(isinstance(e, list) and len(e) == 2 and e[1] == port and same(str(e[0])) for e in listening):
+        return None
+    return warn(f"{address}, where NCCL {'.'.join(map(str, release))}'s RAS listens (NCCL_RAS_ADDR, default "
+                f"{RAS_DEFAULT}), is already listened on on this node: another NCCL job runs here, and this job's RAS "
+                "shares its socket (the same user: a RAS query reaches either job) or cannot listen at all (another "
+                "user)", "give each job on a node its own address, e.g. export NCCL_RAS_ADDR=localhost:$((28028 + "
+                "SLURM_JOB_ID % 1000)) (a port free on the node)", address=address, port=port)
+
+
+def _stacks(facts) -> Finding:
+    """Whether py-spy, run on the node as preflight was, can read a hung rank's Python stacks (Yama's ptrace_scope:
+    0 the same user, 1 a descendant or CAP_SYS_PTRACE, 2 CAP_SYS_PTRACE, 3 no one)."""
+    host = facts.get("host") or {}
+    if "py_spy" not in host:
+        return skip("the node did not report py-spy and ptrace (a preflight older than this one collected its facts)")
+    scope, capable, uid, tool = (host.get(k) for k in ("ptrace_scope", "sys_ptrace", "uid", "py_spy"))
+    evidence = {k: host.get(k) for k in ("ptrace_scope", "sys_ptrace", "uid", "py_spy", "container")}
+    if scope == 3:
+        return warn("kernel.yama.ptrace_scope is 3: no process may attach to another, not even root's, so py-spy "
+                    "(and doctor) cannot read a hung rank's Python stacks; the value holds until a reboot",
+                    "boot with kernel.yama.ptrace_scope=1 (a sysctl.d file), and keep the flight recorder's dumps",
+                    **evidence)
+    if scope in (1, 2) and capable is False and uid == 0:
+        inside = f" (in a container: {host['container']})" if host.get("container") else ""
+        return warn(f"root here lacks CAP_SYS_PTRACE{inside} and kernel.yama.ptrace_scope is {scope}: py-spy run "
+                    "here cannot attach to the job's ranks, so a hang's Python stacks cannot be read",
+                    "start the container with SYS_PTRACE (docker run --cap-add SYS_PTRACE; Kubernetes: "
+                    "securityContext.capabilities.add: [SYS_PTRACE]), or run doctor outside it", **evidence)
+    how = ("as root or the job's user" if scope in (None, 0) else "as this user" if capable else
+           f"as root only (sudo; ptrace_scope {scope})")
+    found = f"py-spy ({tool}) reads a hang's Python stacks {how}" if tool else \
+        f"py-spy is not installed (pip install py-spy in the training environment); it could read stacks {how}"
+    return passed(found, **evidence)
+
+
+@check("JOB012", "hang-debuggable", "config", tags=["job", "debug", "flight-recorder", "nccl", "py-spy"])
+def hang_debuggable(ctx) -> Iterator[Finding]:
+    """What a hang of the job would leave to find its cause: torch's flight recorder (TORCH_FR_BUFFER_SIZE, 2000
+    entries by default in torch 2.13, gloo's collectives too), where NCCL's watchdog dumps it on a timeout
+    (TORCH_NCCL_DUMP_ON_TIMEOUT, on by default; TORCH_FR_DUMP_TEMP_FILE, files PREFIX<rank>, by default under each
+    rank's ~/.cache/torch; the older TORCH_NCCL_* names too), NCCL's log file (NCCL_DEBUG_FILE, %h the host, %p the
+    pid) and, with `check`, py-spy and ptrace on every node (kernel.yama.ptrace_scope, CAP_SYS_PTRACE) and NCCL's
+    RAS address (NCCL_RAS_ADDR, localhost:28028) already listened on there. The variables are the job's (a batch
+    script's exports, a manifest's env, the launch's VAR=value), over each node's with `check`; one set at run time
+    is named, not judged. torch's debug server and elastic's worker socket are started by the training code: not
+    seen here.
+
+    The ranks' stacks of a hung job often cannot tell the culprit (asynchronous collectives wait together); the
+    flight recorder's records can. A warning names what the job set that loses them or stops the job: a dump
+    prefix on no volume of a Kubernetes container, an NCCL_DEBUG_FILE without %p that the ranks of a node truncate
+    in turn, a value torch cannot read, a negative size, a RAS address another NCCL job on the node listens on,
+    ptrace_scope 3, or root without CAP_SYS_PTRACE where ptrace_scope asks for it. The rest is a pass saying what a
+    hang leaves, torch 2.13's defaults named as such (older releases keep the recorder or its dump off), and that
+    doctor needs root where ptrace_scope is 1 or 2 for a user without CAP_SYS_PTRACE.
+
+    Set TORCH_FR_DUMP_TEMP_FILE to a prefix in a folder that outlives the job, NCCL_DEBUG_FILE=/path/nccl.%h.%p,
+    a distinct NCCL_RAS_ADDR per job on a shared node; install py-spy in the training environment and keep
+    ptrace_scope below 3 (a container: add SYS_PTRACE).
+    """
+    known, later = job_variables(ctx.plan)
+    if not ctx.facts:
+        if ctx.plan.launch is None and ctx.plan.batch is None and ctx.plan.manifest is None:
+            yield skip("no launch given (--sbatch, --k8s or -- COMMAND): the job's variables are not known")
+            return
+        warnings, said, evidence = _debuggable(known, later, ctx.plan)
+        yield from warnings
+        yield passed(said + " (as the job's files set it; the environment it starts in may set more)", **evidence)
+        return
+    nodes = [n for n in ctx.reachable if n in ctx.facts]
+    if not nodes:
+        yield skip("no node was reached")
+        return
+
+    def on(node):
+        facts = ctx.facts[node]["facts"]
+        env = dict(facts.get("env") or {}, **known)  # the job's own settings win over the node's
+        warnings, said, evidence = _debuggable(env, later, ctx.plan, ((facts.get("packages") or {}).get("versions")
+                                                                      or {}).get("torch"))
+        taken = _ras_taken(env, later, facts)
+        return warnings + ([taken] if taken else []) + [_stacks(facts), passed(said, **evidence)]
+    yield from grouped(on, nodes)

@@ -102,6 +102,13 @@ def exported(scope: shell.Scope) -> Dict[str, str]:
             if var.exported and var.array is None and all(isinstance(p, str) for p in var.value)}
 
 
+def exported_at_run_time(scope: shell.Scope) -> Dict[str, str]:
+    """The exported variables of SCOPE set to a value with a part known only at run time: name -> the value with
+    those parts as written ($LOGDIR/nccl.log)."""
+    return {name: shell.Field(var.value).text for name, var in scope.vars.items()
+            if var.exported and (var.array is not None or not all(isinstance(p, str) for p in var.value))}
+
+
 @dataclass(frozen=True)
 class Step:
     """A line that starts the job's processes: srun with what each task runs, or a launcher run in the batch step."""
@@ -125,6 +132,8 @@ class Step:
     # the variables the script exports with a value known here, as they reach it (srun's default --export=ALL);
     # PKG008 reads them for a known defect's variable or workaround
     env: Mapping[str, str] = field(default_factory=dict)
+    # those it exports with a value known only at run time, as written (JOB012 names them as not judged)
+    env_at_run_time: Mapping[str, str] = field(default_factory=dict)
 
     def value_of(self, *options: str) -> Optional[Rendered]:
         """The rendered word given as the value of one of the launcher's options (the last one given)."""
@@ -693,12 +702,12 @@ class _Reader(Walker):
                                 "here): an option not seen may still be there")
         command = launchcmd.parse([f.text for f in kept])
         text = shell.text_of(cmd.node) if cmd.node is not None else ""
+        scope = self.task_scope(cmd, srun_opts) if starter == "srun" and cmd.scope.level != "task" else cmd.scope
         self.steps.append(Step(cmd.line, " ".join(text.split()), srun_opts if starter == "srun" else None, command,
                                tuple(rendered(f) for f in kept), in_task_shell or cmd.scope.level == "task",
                                cmd.loop, cmd.conditional, cmd.background, hidden=hidden, srun_hidden=srun_hidden,
                                starter=starter, container=image, workdir=cmd.scope.cwd,
-                               env=exported(self.task_scope(cmd, srun_opts) if starter == "srun" and
-                                            cmd.scope.level != "task" else cmd.scope)))
+                               env=exported(scope), env_at_run_time=exported_at_run_time(scope)))
 
     def heredoc_file(self, cmd: Simple, heredoc, words: List[Field]) -> None:
         """`cat > FILE <<EOF` (or `tee FILE <<EOF`): the file as it will hold it."""

@@ -77,6 +77,21 @@ def job_environment(plan) -> Dict[str, str]:
     return env
 
 
+def job_variables(plan) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """job_environment, and the variables the job's files set to a value known only when it runs: name -> the
+    value as written, or where it comes from (a manifest's field or secret)."""
+    later: Dict[str, str] = {}
+    main = plan.manifest.main if plan.manifest is not None else None
+    if main is not None:
+        later.update((k, "a field, a secret or a template of the manifest") for k, v in main[2].env.items()
+                     if not isinstance(v, str))
+    step = plan.batch.main if plan.batch is not None else None
+    if step is not None:
+        later.update(step.env_at_run_time)
+    known = job_environment(plan)
+    return known, {k: v for k, v in later.items() if k not in known}
+
+
 def job_conditions(plan) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """The job's answers to the conditions of the known-defects table (preflight.inputs.versions.CONDITIONS) that
     its configs and launch command give, and why each other one is not known: ({name: value}, {name: reason}).

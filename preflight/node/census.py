@@ -9,11 +9,11 @@ written to or left behind: py-spy runs under a deadline and is killed past it.
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 
 from preflight.node import procfs
+from preflight.node.host import py_spy
 from preflight.node.launchfiles import accelerate_default_config, read_file
 from preflight.node.secret import REDACTED, secret_name, secret_text
 
@@ -101,7 +101,7 @@ def take_census(options):
     return {"nccl_ras": ras(), "processes": processes, "processes_dropped": max(0, len(chosen) - MAX_PROCESSES),
             "listeners": listeners, "stacks": stacks, "elsewhere": elsewhere, "port": port, "flight_recorder": records,
             "pids": sorted(int(p) for p in options.get("pids") or ()),
-            "seconds": round(time.monotonic() - started, 3), "ptrace_scope": _ptrace_scope(), "uid": os.getuid()}
+            "seconds": round(time.monotonic() - started, 3), "ptrace_scope": procfs.ptrace_scope(), "uid": os.getuid()}
 
 
 def _flight_records(processes, options, deadline):
@@ -317,30 +317,11 @@ def _sockets_of(pid, sockets):
     return found[:MAX_SOCKETS], max(0, len(found) - MAX_SOCKETS)
 
 
-def _ptrace_scope():
-    raw = procfs.read("/proc/sys/kernel/yama/ptrace_scope")
-    try:
-        return int(raw) if raw is not None else None
-    except ValueError:
-        return None
-
-
-def _py_spy(options):
-    import shutil
-
-    for candidate in (options.get("py_spy"), shutil.which("py-spy"),
-                      os.path.join(os.path.dirname(os.path.realpath(sys.executable)), "py-spy"),
-                      os.path.join(os.path.dirname(sys.executable), "py-spy")):
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 def _stacks(processes, options, deadline):
     """Each process's Python stack through `py-spy dump --json --nonblocking`, in parallel, bounded; taken
     twice, `interval_s` apart, so that a process seen at the same place both times is `stable` (stuck there,
     not passing through)."""
-    tool = _py_spy(options)
+    tool = py_spy(options.get("py_spy"))
     if tool is None:
         return {"error": "py-spy is not installed on this node (pip install py-spy in the training environment)"}
     samples = max(1, int(options.get("samples", 2)))

@@ -9,6 +9,7 @@ import struct
 import sys
 import time
 
+from preflight.node import procfs
 from preflight.node.paths import port_range, resolve_one
 from preflight.node.secret import REDACTED, secret_name
 
@@ -31,7 +32,10 @@ def host(options):
              "resolves_to": resolve_one(hostname), "kernel": platform.release(),
              "rdma_devices": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else [],
              "port_range": port_range(), "machine": platform.machine(), "container": container(),
-             "sys_nice": has_capability(CAP_SYS_NICE)}
+             "sys_nice": has_capability(CAP_SYS_NICE),
+             # what a hang would leave to read (JOB012): py-spy, and whether ptrace lets it attach from here
+             "ptrace_scope": procfs.ptrace_scope(), "sys_ptrace": has_capability(CAP_SYS_PTRACE), "uid": os.getuid(),
+             "py_spy": py_spy(), "listening": listening()}
     facts["resolves_to_own_interface"] = any(a in own for a in facts["resolves_to"] if not a.startswith("127."))
     head = options.get("head")
     if head:
@@ -41,6 +45,8 @@ def host(options):
 
 
 CAP_SYS_NICE = 23  # linux/capability.h
+CAP_SYS_PTRACE = 19
+MAX_LISTENING = 512
 # What container runtimes leave behind: docker's /.dockerenv, podman's /run/.containerenv, the `container`
 # variable systemd and podman set for PID 1 (environ of this session only when it inherits it), apptainer's.
 CONTAINER_FILES = ("/.dockerenv", "/run/.containerenv")
@@ -58,6 +64,26 @@ def container():
     except OSError:
         pass
     return ", ".join(found) or None
+
+
+def py_spy(given=None):
+    """The py-spy doctor would run (given, else on PATH, else beside this interpreter), or None."""
+    import shutil
+
+    for candidate in (given, shutil.which("py-spy"),
+                      os.path.join(os.path.dirname(os.path.realpath(sys.executable)), "py-spy"),
+                      os.path.join(os.path.dirname(sys.executable), "py-spy")):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def listening():
+    """[[address, port]] of the TCP sockets listening in this network namespace (at most MAX_LISTENING): a port a
+    job means to listen on that is already taken (NCCL's RAS, JOB012)."""
+    found = sorted(set((s["local"], s["local_port"]) for s in procfs.tcp_sockets().values()
+                       if s["state"] == "LISTEN" and isinstance(s["local_port"], int)))
+    return [list(item) for item in found[:MAX_LISTENING]]
 
 
 def has_capability(number):

@@ -101,6 +101,18 @@ def socket_inodes(pid):
     return found
 
 
+PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+
+
+def ptrace_scope():
+    """kernel.yama.ptrace_scope (0-3); None where the kernel has no Yama (classic ptrace rules) or it is unreadable."""
+    raw = read(PTRACE_SCOPE)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
 def tcp_sockets():
     """inode -> {local, local_port, remote, remote_port, state} from /proc/net/tcp and tcp6 (this netns)."""
     found = {}

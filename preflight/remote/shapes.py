@@ -18,6 +18,7 @@ from preflight.inputs.numbers import is_int, is_number
 from preflight.node.allreduce import NCCL_LINE_CHARS, NCCL_MAX_LINES
 from preflight.node.census import MAX_PROCESSES
 from preflight.node.fabric import IMEX_CHANNEL_LIMIT
+from preflight.node.host import MAX_LISTENING
 
 NONE = type(None)
 UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # str(uuid.UUID(...))
@@ -298,6 +299,8 @@ SECTIONS = {
                                 mtu=COUNT)),
                 resolves_to=RESOLVED, kernel=str, rdma_devices=Each(str), resolves_to_own_interface=bool,
                 port_range=Either(NONE, Each(int, length=2)), machine=str, container=TEXT, sys_nice=(bool, NONE),
+                ptrace_scope=COUNT, sys_ptrace=(bool, NONE), uid=int, py_spy=TEXT,
+                listening=Each(Each((str, int), length=2), most=MAX_LISTENING),
                 head_resolves_to=RESOLVED,
                 route_to_head=Either(NONE, Obj(head=Need(str), source=Need(str), interface=Need(TEXT)),
                                      Obj(head=str, error=Need(ERROR))), error=ERROR),
