@@ -458,8 +458,9 @@ def stacks_readable(ctx) -> Iterator[Finding]:
     Without the stacks, doctor cannot say which collective a rank waits in or which line it is at; the
     rest of the diagnosis (processes, sockets) still holds.
 
-    Install py-spy in the training environment (pip install py-spy), and run doctor as root or as the
-    job's user with kernel.yama.ptrace_scope at 0 or 1 (sysctl kernel.yama.ptrace_scope=1).
+    Install py-spy in the training environment (pip install py-spy), and run doctor as root (a container needs
+    SYS_PTRACE), or as the job's user where kernel.yama.ptrace_scope is 0: at 1 (Ubuntu's default) and 2 only
+    CAP_SYS_PTRACE attaches to a process that is not one's own child, at 3 nothing until a reboot (Yama).
     """
     census = _census(ctx)
     if census is None:
@@ -476,9 +477,10 @@ def _stacks_readable(stacks: Mapping[str, Any], facts: Mapping[str, Any]) -> Ite
     if stacks.get("error") and not stacks.get("read"):
         scope = (facts.get("census") or {}).get("ptrace_scope") if isinstance(facts.get("census"), dict) else None
         yield Finding(Status.WARN, f"the stacks cannot be read: {stacks['error']}"
-                      + (f" (kernel.yama.ptrace_scope is {scope})" if scope not in (None, 0, 1) else ""),
-                      "pip install py-spy in the training environment; run doctor as root or as the job's user "
-                      "(sysctl kernel.yama.ptrace_scope=1)", evidence={"error": stacks["error"]})
+                      + (f" (kernel.yama.ptrace_scope is {scope})" if scope not in (None, 0) else ""),
+                      "pip install py-spy in the training environment; run doctor as root (a container needs "
+                      "SYS_PTRACE), or as the job's user where kernel.yama.ptrace_scope is 0 (at 1 and 2 only "
+                      "root attaches, at 3 nobody until a reboot)", evidence={"error": stacks["error"]})
     else:
         yield Finding(Status.PASS, f"py-spy read {stacks.get('read', 0)} stack(s) on each of these nodes",
                       evidence={"read_per_node": stacks.get("read")})

@@ -44,6 +44,8 @@ def test_a_rank_py_spy_cannot_read_warns_with_what_it_said(tmp_path):
     assert result.status == Status.WARN and result.nodes == ("a",), result
     assert result.message.startswith("the stacks cannot be read: ") and result.evidence["error"], result
     assert "pip install py-spy" in result.remediation
+    # Yama: at ptrace_scope 1 a user attaches to its own children only; the job's ranks are not doctor's
+    assert "ptrace_scope is 0 (at 1 and 2 only root attaches" in result.remediation, result.remediation
 
 
 def test_without_a_census_the_stacks_are_not_judged():
