@@ -161,7 +161,8 @@ def job_agreement(ctx) -> Iterator[Finding]:
         yield gate
         return
     gone = of_other_jobs(census)  # a launcher of another job holding the port is RUN008's, not a disagreement
-    every = [p for p in census.launchers + census.ranks if (p.node, p.pid) not in gone]  # a node's launcher first
+    every = census.launchers + census.ranks  # a node's launcher first
+    every = [p for p in every if (p.node, p.pid) not in gone] if gone else every
     launchers = [p for p in every if p.kind == "launcher"]
     alone = [p for p in launchers if meets_on_itself(census, p)]
     odd_nodes, addresses = {p.node for p in alone}, _addresses(ctx)

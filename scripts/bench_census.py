@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import importlib
 import json
 import os
@@ -335,7 +334,6 @@ def run_once(n: int, folder: str, template: dict, files: bool = False) -> dict:
     `files`) the opt-in report files, timed apart (seconds); peak RSS in MB after each stage."""
     started = time.perf_counter()
     from preflight import cli, engine, registry, runner
-    from preflight.job import running
     from preflight.report import render
     from preflight.report import files as reports
     from preflight.result import verdict
@@ -357,8 +355,7 @@ def run_once(n: int, folder: str, template: dict, files: bool = False) -> dict:
 
     def synthetic(plan, args, specs):  # census_for's place: the nodes have answered; the job across them is built
         mark = time.perf_counter()
-        gc.freeze()  # as census_for does once the facts are in
-        built["census"] = running.build(plan.nodes, facts, args.port)
+        built["census"] = engine.job_census(plan.nodes, facts, args.port)  # as census_for makes it
         built["s"] = time.perf_counter() - mark
         return runner.CheckContext(plan, facts, {"head": {"name": plan.nodes[0], "address": address_of(0)},
                                                  "census": built["census"]})

@@ -7,6 +7,7 @@ elsewhere). The RUN checks read this model; no I/O here.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
@@ -110,7 +111,7 @@ class Census:
     flight: Dict[str, Mapping[str, Any]] = field(default_factory=dict)
     # node -> what NCCL's RAS answered there (preflight.node.ras.collect; judged by job.ras)
     ras: Dict[str, Mapping[str, Any]] = field(default_factory=dict)
-    _by_node: Dict[str, List[Proc]] = field(default_factory=dict, repr=False)
+    _by_node: Dict[Any, List[Proc]] = field(default_factory=dict, repr=False)  # node, and (node, kind)
     _by_kind: Dict[str, List[Proc]] = field(default_factory=dict, repr=False)
     _indexed: tuple = field(default=(), repr=False)
     _other_jobs: Optional[list] = field(default=None, repr=False)  # other_jobs, asked by several checks
@@ -122,12 +123,13 @@ class Census:
             self._by_node, self._by_kind, self._other_jobs = {}, {"launcher": [], "rank": []}, None
             for p in self.procs:
                 self._by_node.setdefault(p.node, []).append(p)
+                self._by_node.setdefault((p.node, p.kind), []).append(p)
                 self._by_kind.setdefault(p.kind, []).append(p)
             self._indexed = (id(self.procs), len(self.procs))
 
     def on(self, node: str, kind: Optional[str] = None) -> List[Proc]:
         self._index()
-        return [p for p in self._by_node.get(node, ()) if kind is None or p.kind == kind]
+        return list(self._by_node.get(node if kind is None else (node, kind), ()))
 
     @property
     def launchers(self) -> List[Proc]:
@@ -361,6 +363,7 @@ def _from_accelerate(proc: Proc, config: dict, command: launchcmd.LaunchCommand)
     proc.rdzv = effective.get("rdzv_backend") if isinstance(effective.get("rdzv_backend"), str) else "static"
 
 
+@functools.lru_cache(maxsize=1024)  # every launcher of a job names the same few addresses
 def is_loopback(address: Optional[str]) -> bool:
     """127.0.0.0/8, ::1, localhost: every node has them, and each means the node itself."""
     if not address:
@@ -492,7 +495,7 @@ def _frozen(job: Optional[Dict[str, Any]]) -> Optional[tuple]:
 def of_other_jobs(census: Census) -> set:
     """(node, pid) of the launchers other_jobs finds and of their ranks."""
     gone = {(o.proc.node, o.proc.pid) for o in other_jobs(census)}
-    return gone | {(p.node, p.pid) for p in census.procs if (p.node, p.ppid) in gone}
+    return gone | {(p.node, p.pid) for p in census.procs if (p.node, p.ppid) in gone} if gone else gone
 
 
 def meets_on_itself(census: Census, p: Proc) -> bool:
