@@ -235,6 +235,19 @@ def escape(text: str, entities: Optional[Dict[str, str]] = None) -> str:
     return text
 
 
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_COMPACT = json.JSONEncoder(default=str)  # CPython's C encoder; `indent` would make json take its Python one
+
+
+def indented_json(value: Mapping) -> str:
+    """json.dumps(value, indent=2, default=str, sort_keys=True), the same text; a flat mapping of str keys to scalars
+    (most evidence: 49,000 details in the HTML report at 16,384 nodes) item by item through the C encoder."""
+    if not value or not all(type(k) is str and type(v) in _SCALARS for k, v in value.items()):
+        return json.dumps(value, indent=2, default=str, sort_keys=True)
+    encode = _COMPACT.encode
+    return "{\n" + ",\n".join(f"  {encode(k)}: {encode(v)}" for k, v in sorted(value.items())) + "\n}"
+
+
 def _element(tag: str, attributes: Iterable[Tuple[str, str]], text: Optional[str] = None) -> str:
     opening = tag + "".join(f' {name}="{escape(value, _ATTRIBUTE)}"' for name, value in attributes)
     return f"<{opening}>{escape(text)}</{tag}>" if text else f"<{opening} />"
@@ -651,7 +664,7 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
         of a thousand nodes' cells it would make the page nodes x evidence."""
         if id(r) not in shown:
             fix = f'<p class="fix"><b>fix:</b> {e(r.remediation)}</p>' if r.remediation else ""
-            text = json.dumps(dict(r.evidence), indent=2, default=str, sort_keys=True) if r.evidence else ""
+            text = indented_json(dict(r.evidence)) if r.evidence else ""
             evidence = f"<pre>{html.escape(text)}</pre>" if text else ""
             again = f'<p class="evidence">evidence: as on {e(where)}</p>' if len(text) > EVIDENCE_ONCE else evidence
             head = f'style="border-left-color:{COLORS[r.status][0]}"><h3>{e(r.status.value.upper())} {e(r.id)} {e(r.name)} on '

@@ -679,3 +679,17 @@ def test_large_evidence_of_a_result_on_many_nodes_is_written_once_in_junit_and_h
     page = reports.html_report(results, "pass", nodes, 1.0)
     assert page.count('&quot;rank&quot;: 899') == 1 and page.count("evidence: as on n000</p>") == 299
     assert page.count("&quot;free_bytes&quot;: 1") == 300
+
+
+SCALAR = st.one_of(st.text(max_size=8), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                   st.none())
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(st.dictionaries(st.text(max_size=6), st.one_of(SCALAR, st.lists(SCALAR, max_size=3),
+                                                      st.dictionaries(st.text(max_size=3), SCALAR, max_size=2)),
+                       max_size=6))
+def test_evidence_is_indented_as_json_indents_it(evidence):
+    """The HTML report's evidence: a flat mapping through the C encoder item by item, anything else through
+    json.dumps; the same text either way (NaN, infinities, -0.0, non-ASCII keys and values, nesting)."""
+    assert reports.indented_json(evidence) == json.dumps(evidence, indent=2, default=str, sort_keys=True)
