@@ -1040,8 +1040,8 @@ def hang_debuggable(ctx) -> Iterator[Finding]:
     pid) and, with `check`, py-spy and ptrace on every node (kernel.yama.ptrace_scope, CAP_SYS_PTRACE) and NCCL's
     RAS address (NCCL_RAS_ADDR, localhost:28028) already listened on there. The variables are the job's (a batch
     script's exports, a manifest's env, the launch's VAR=value), over each node's with `check`; one set at run time
-    is named, not judged. torch's debug server and elastic's worker socket are started by the training code: not
-    seen here.
+    is named, not judged. torch's debug server and elastic's worker socket (worker_main, which doctor asks at each
+    rank's TORCH_WORKER_SERVER_SOCKET) are started by the training code: whether it does is not seen here.
 
     The ranks' stacks of a hung job often cannot tell the culprit (asynchronous collectives wait together); the
     flight recorder's records can. A warning names what the job set that loses them or stops the job: a dump
