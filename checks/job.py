@@ -317,7 +317,7 @@ def _hostfile_nodes(ctx, view: dict) -> Iterator[Finding]:
         return
     if hosts.get("error"):
         yield Finding(Status.FAIL, f"DeepSpeed's runner on {head} reads the hostfile {hosts.get('path')}: {hosts['error']}",
-                      f"write the hostfile there (`host slots=N` a line), or name it with --hostfile", nodes=(head,))
+                      "write the hostfile there (`host slots=N` a line), or name it with --hostfile", nodes=(head,))
         return
     listed = [h for h, _ in hosts.get("hosts") or ()]
     names = {}
@@ -683,7 +683,7 @@ def launcher_on_path(ctx) -> Iterator[Finding]:
     missing = [n for n, p in programs.items() if not p.get("path")]
     if missing:
         yield Finding(Status.FAIL, f"{name} is not found on the non-interactive SSH PATH of {fold(missing)}: the "
-                      "launch stops there with 'command not found'", f"call it by its full path, or put its folder "
+                      "launch stops there with 'command not found'", "call it by its full path, or put its folder "
                       "on PATH for non-interactive sessions", nodes=tuple(missing), evidence={"program": name})
     found = {n: p.get("interpreter") or p.get("real") for n, p in programs.items() if p.get("path")}
     majority, odd = odd_ones_out(found, ctx.plan.head)
@@ -991,7 +991,7 @@ def _ras_taken(env, later, facts) -> Optional[Finding]:
     """A warning where NCCL's RAS address is already listened on on the node (another NCCL job there)."""
     release = nccl_version(facts)
     address, port = _ras_port(env, later)
-    listening = (facts.get("host") or {}).get("listening")
+    listening = _section(facts, "host").get("listening")
     if release is None or release < RAS_SINCE or port is None or not isinstance(listening, list):
         return None
     host = address.rpartition(":")[0].strip("[]")
@@ -1005,10 +1005,16 @@ def _ras_taken(env, later, facts) -> Optional[Finding]:
                 "SLURM_JOB_ID % 1000)) (a port free on the node)", address=address, port=port)
 
 
+def _section(facts: Mapping, name: str) -> Mapping:
+    """A section of a node's facts, {} where the node sent something else (a hostile or broken node)."""
+    value = facts.get(name)
+    return value if isinstance(value, dict) else {}
+
+
 def _stacks(facts) -> Finding:
     """Whether py-spy, run on the node as preflight was, can read a hung rank's Python stacks (Yama's ptrace_scope:
     0 the same user, 1 a descendant or CAP_SYS_PTRACE, 2 CAP_SYS_PTRACE, 3 no one)."""
-    host = facts.get("host") or {}
+    host = _section(facts, "host")
     if "py_spy" not in host:
         return skip("the node did not report py-spy and ptrace (a preflight older than this one collected its facts)")
     scope, capable, uid, tool = (host.get(k) for k in ("ptrace_scope", "sys_ptrace", "uid", "py_spy"))
@@ -1071,9 +1077,9 @@ def hang_debuggable(ctx) -> Iterator[Finding]:
 
     def on(node):
         facts = ctx.facts[node]["facts"]
-        env = dict(facts.get("env") or {}, **known)  # the job's own settings win over the node's
-        warnings, said, evidence = _debuggable(env, later, ctx.plan, ((facts.get("packages") or {}).get("versions")
-                                                                      or {}).get("torch"))
+        env = dict(_section(facts, "env"), **known)  # the job's own settings win over the node's
+        versions = _section(_section(facts, "packages"), "versions")
+        warnings, said, evidence = _debuggable(env, later, ctx.plan, versions.get("torch"))
         taken = _ras_taken(env, later, facts)
         return warnings + ([taken] if taken else []) + [_stacks(facts), passed(said, **evidence)]
     yield from grouped(on, nodes)

@@ -469,7 +469,7 @@ def stacks_readable(ctx) -> Iterator[Finding]:
         return
     nodes = [n for n in census.stacks if census.on(n)]
     if not nodes:
-        yield skip("no process of the job on any node reached")
+        yield skip(f"no process of a job{_on_port(census)} on any node reached")  # as _gate says it
         return
     yield from grouped(lambda node: _stacks_readable(census.stacks[node], ctx.facts[node]["facts"]), nodes)
 

@@ -226,13 +226,15 @@ GID_CHOICE_SINCE = (2, 21)
 def nccl_wheel(facts: dict) -> Tuple[Optional[str], Optional[str]]:
     """(the nvidia-nccl wheel torch's metadata requires (its Requires-Dist) or None, the version of the NCCL the
     node's torch loads: that wheel's, else the nvidia-nccl wheel installed, else None)."""
-    packages = facts.get("packages") or {}
-    requires = packages.get("requires") or {}
-    torch = requires.get("torch") if isinstance(requires, dict) else None
+    def mapping(value):  # a section a node sent in another shape is read as empty
+        return value if isinstance(value, dict) else {}
+
+    packages = mapping(facts.get("packages"))
+    torch = mapping(packages.get("requires")).get("torch")
     wheel = next((n for n in map(requirement_name, torch if isinstance(torch, list) else [])
                   if n.startswith("nvidia-nccl-")), None)
-    installed = packages.get("distributions") or {}
-    return wheel, (installed.get(wheel) if wheel else None) or (packages.get("versions") or {}).get("nccl")
+    installed = mapping(packages.get("distributions"))
+    return wheel, (installed.get(wheel) if wheel else None) or mapping(packages.get("versions")).get("nccl")
 
 
 def nccl_version(facts: dict) -> Optional[Tuple[int, ...]]:

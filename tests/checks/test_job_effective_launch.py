@@ -127,7 +127,8 @@ def test_gpu_ids_are_not_read_under_deepspeeds_runner():
      "files": {}, "named": ["d.json"], "argv": ["accelerate", "launch", "t.py"]},  # the second answer, a list
 ])
 def test_a_node_that_sends_nonsense_is_a_result_not_a_crash(job):
-    nodes = {"a": facts(CONFIG.format(rank=0)), "b": {"facts": {"job": job, "host": "?"}, "error": None, "clock": None}}
+    nodes = {"a": facts(CONFIG.format(rank=0)),
+             "b": {"facts": {"job": job, "host": "?", "env": ["?"], "packages": "?"}, "error": None, "clock": None}}
     ctx = context(nodes, ["accelerate", "launch", "t.py"])
     for spec in registry.load().checks:
         if spec.family == "JOB":
