@@ -679,11 +679,13 @@ def test_flight_records_name_the_rank_that_holds_an_asynchronous_step(cluster, f
     print(f"doctor on the hung job ({mode}): {elapsed:.1f} s")
 
 
-@pytest.mark.parametrize("mode, port, kind, seq", [("op:2", 29675, "mismatch", 2), ("fewer:2", 29676, "behind", 4)])
+@pytest.mark.parametrize("mode, port, kind, seq", [("fewer:2", 29676, "behind", 4)])
 def test_records_a_rank_serves_on_its_worker_socket_name_the_rank_that_holds_the_step(cluster, fr_jobs, mode, port,
                                                                                      kind, seq):
     """A job run inside torch's worker_main with TORCH_WORKER_SERVER_SOCKET writes no file: doctor asks each rank's
-    socket for its records (POST /handler/fr_trace_json, through /proc/PID/root) and names the rank, live."""
+    socket for its records (POST /handler/fr_trace_json, through /proc/PID/root) and names the rank, live: the
+    records are as of the question, so the others' wait in #4 is past its timeout and rank 2 never entered it.
+    (A mismatch is judged from served records as from files: tests/node/test_flightrec.py reads them alike.)"""
     jobs, prefix = fr_jobs
     launchers = start_fr(jobs, prefix, port, mode, TORCH_WORKER_SERVER_SOCKET=f"{FR_ROOT}/worker.sock")
     jobs.wait_for("0-dumped", "1-dumped", "2-dumped" if kind == "mismatch" else "2-done", timeout=180)
