@@ -81,8 +81,8 @@ def py_spy(given=None):
 def listening():
     """[[address, port]] of the TCP sockets listening in this network namespace (at most MAX_LISTENING): a port a
     job means to listen on that is already taken (NCCL's RAS, JOB012)."""
-    found = sorted(set((s["local"], s["local_port"]) for s in procfs.tcp_sockets().values()
-                       if s["state"] == "LISTEN" and isinstance(s["local_port"], int)))
+    found = sorted(set((s["local"], s["local_port"]) for s in procfs.tcp_sockets("LISTEN").values()
+                       if isinstance(s["local_port"], int)))
     return [list(item) for item in found[:MAX_LISTENING]]
 
 

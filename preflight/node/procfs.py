@@ -113,14 +113,16 @@ def ptrace_scope():
         return None
 
 
-def tcp_sockets():
-    """inode -> {local, local_port, remote, remote_port, state} from /proc/net/tcp and tcp6 (this netns)."""
+def tcp_sockets(state=None):
+    """inode -> {local, local_port, remote, remote_port, state} from /proc/net/tcp and tcp6 (this netns); with
+    `state` ("LISTEN"), only those: the others' addresses are not decoded (a node may hold 10,000 connections)."""
+    code = next((k for k, v in TCP_STATES.items() if v == state), None) if state else None
     found = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         raw = read(table, 1 << 24)
         for line in (raw or b"").decode("ascii", "replace").splitlines()[1:]:
             fields = line.split()
-            if len(fields) < 10:
+            if len(fields) < 10 or code is not None and fields[3] != code:
                 continue
             local, remote = address(fields[1]), address(fields[2])
             found[fields[9]] = {"local": local[0], "local_port": local[1], "remote": remote[0],

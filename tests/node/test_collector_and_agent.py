@@ -65,3 +65,24 @@ def test_holders_gives_argv_parent_children_and_only_the_job_variables():
     assert found["parent_argv"] == mine
     assert found["env"] == {"RANK": "2", "MASTER_PORT": "29511"}
     assert found["command"].startswith(sys.executable + " -c") and len(found["command"]) <= 200
+
+
+def test_the_sockets_listening_here_are_those_of_the_whole_table_in_that_state():
+    """host.listening reads only the LISTEN lines of /proc/net/tcp*: a real listener and a real connection to it."""
+    import socket as sockets
+
+    from preflight.node import host, procfs
+
+    server = sockets.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = sockets.create_connection(server.getsockname())
+    try:
+        port = server.getsockname()[1]
+        every = procfs.tcp_sockets()
+        assert procfs.tcp_sockets("LISTEN") == {k: v for k, v in every.items() if v["state"] == "LISTEN"}
+        assert any(s["state"] == "ESTABLISHED" and s["remote_port"] == port for s in every.values())
+        assert ["127.0.0.1", port] in host.listening()
+    finally:
+        client.close()
+        server.close()
