@@ -7,7 +7,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from preflight.api import Finding, Status, check, fail, fold, grouped, holders, odd_ones_out, passed, skip, warn
 from preflight.inputs.settings import job_environment, processes_per_machine
 from preflight.job.gpus import gpus_of, job_gpus, needs_gpus, no_gpus_reason, selection
-from preflight.job.nccl import fabric_of, mnnvl_off, nccl_param, nccl_version
+from preflight.job.nccl import fabric_of, mnnvl_off, nccl_env, nccl_param, nccl_version
 from preflight.node.gpus import ZERO_UUID
 
 # Precision -> (lowest compute capability, status below it, why).
@@ -652,7 +652,7 @@ def _imex_on(ctx, node: str, domain: str, job_env: Dict[str, str]) -> Iterator[F
     """The IMEX channels and daemon of one node of a multi-node NVLink domain of two or more of the job's nodes
     (`domain` says which), as NCCL needs them there."""
     facts = ctx.facts[node]["facts"]
-    env = dict(facts.get("env") or {}, **job_env)  # the job's own settings win over the node's
+    env = nccl_env(facts, job_env).values  # the job's own settings over the node's, then NCCL's files
     nccl = nccl_version(facts)
     release = ".".join(map(str, nccl)) if nccl else None
     off = mnnvl_off(env, nccl)
@@ -756,7 +756,7 @@ def imex_channels(ctx) -> Iterator[Finding]:
         return
     job_env = job_environment(ctx.plan)
     overriding = sorted(n for n in ctx.reachable if nccl_param(
-        dict(ctx.facts[n]["facts"].get("env") or {}, **job_env), "NCCL_MNNVL_UUID", -1) != -1)
+        nccl_env(ctx.facts[n]["facts"], job_env).values, "NCCL_MNNVL_UUID", -1) != -1)
     if overriding:
         yield Finding(Status.SKIP, f"not judged: NCCL_MNNVL_UUID on {fold(overriding)} replaces NVML's cluster UUID "
                       "of every GPU (src/init.cc), so the domains are not NVML's", nodes=tuple(in_shared))

@@ -5,7 +5,7 @@ import json
 import os
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.api import Finding, Status, cause_of, check, fail, odd_ones_out, passed, skip
@@ -13,7 +13,8 @@ from preflight.inputs import launchcmd
 from preflight.report import redact
 from preflight.node import PROGRAM_MARK
 from preflight.collective import datapath
-from preflight.job.nccl import interface_spec, nccl_interfaces, nccl_list, nccl_matches, selected_interfaces
+from preflight.job.nccl import NcclEnv, interface_spec, nccl_env, nccl_interfaces, nccl_list, nccl_matches, \
+    selected_interfaces
 
 
 def _is_loopback(address: str) -> bool:
@@ -452,13 +453,16 @@ def socket_ifname(ctx) -> Iterator[Finding]:
     (else NCCL falls back to TCP sockets, or fails, on this node only). Unset, NCCL picks by its own rules (an
     ib* interface first, else the first but docker*, lo and virbr* in the kernel's order, IPv4 before IPv6): an
     IPoIB interface with only a link-local address, a management NIC or a container bridge that comes first puts
-    the address every other rank connects to where they may not reach it.
+    the address every other rank connects to where they may not reach it. NCCL also reads its variables from
+    files (the one NCCL_CONF_FILE names, else ~/.nccl.conf, then /etc/nccl.conf; the environment wins): a value
+    from one is judged as NCCL reads it and named with its file and line.
 
     Set them to the interface of the training network as it is named on each node (`ip -br addr`),
     e.g. NCCL_SOCKET_IFNAME=eth0 or ==eth0 (that name exactly); bring a DOWN interface up (`ip link set IF up`);
-    set NCCL_IB_HCA to this node's HCAs (`ibv_devices`), or unset it.
+    set NCCL_IB_HCA to this node's HCAs (`ibv_devices`), or unset it; a value from a file is changed there.
     """
-    env = ctx.fact.get("env", {})
+    nccl_vars = nccl_env(ctx.fact)  # the environment, and what NCCL's files (~/.nccl.conf, ...) add to it
+    env = nccl_vars.values
     host = ctx.fact.get("host", {})
     interfaces: Mapping[str, list] = host.get("interfaces", {})
     usable = [n for n, addrs in interfaces.items() if addrs]
@@ -472,31 +476,51 @@ def socket_ifname(ctx) -> Iterator[Finding]:
         found = True
         chosen = selected_interfaces(spec, usable, nccl)
         if not chosen:
-            yield fail(f"{var}={spec} selects no interface with an address (this node has {', '.join(usable)})",
-                       f"set {var} to one of: {', '.join(n for n in usable if n != 'lo') or ', '.join(usable)}",
-                       variable=var, value=spec, interfaces=usable)
+            yield _from_file(fail(f"{var}={spec} selects no interface with an address (this node has "
+                                  f"{', '.join(usable)})", f"set {var} to one of: "
+                                  f"{', '.join(n for n in usable if n != 'lo') or ', '.join(usable)}",
+                                  variable=var, value=spec, interfaces=usable), nccl_vars, var)
             continue
-        yield _judge_selection(ctx, var, spec, nccl, chosen, interfaces, host, links)
+        yield _from_file(_judge_selection(ctx, var, spec, nccl, chosen, interfaces, host, links), nccl_vars, var)
     if (ctx.fact.get("gpus") or {}).get("available") and interface_spec(env, "NCCL_SOCKET_IFNAME") is None:
         found = True  # the ranks here run NCCL: its default choice decides the address the others connect to
-        yield _judge_nccl_default(ctx, host, links)
+        yield _judge_nccl_default(ctx, host, links, nccl_vars.unread)
     hca = env.get("NCCL_IB_HCA")
     if hca is not None:
         found = True
-        yield _judge_ib_hca(ctx, hca, host.get("rdma_devices"))
+        yield _from_file(_judge_ib_hca(ctx, hca, host.get("rdma_devices")), nccl_vars, "NCCL_IB_HCA")
     if not found:
         yield skip("none of NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA is set (and no GPU for NCCL here)")
+
+
+def _from_file(finding: Finding, nccl_vars: NcclEnv, var: str) -> Finding:
+    """The finding, naming the file and line of NCCL's configuration that set `var` where one did: that is where
+    the user changes it (the environment wins over the file: setting it there works too)."""
+    where = nccl_vars.sources.get(var)
+    if where is None:
+        return finding
+    said = f"{var}={nccl_vars.values[var]}"
+    fix = f"{finding.remediation} ({var} comes from {where}: change it there, or set it in the job's environment, " \
+        "which NCCL reads first)" if finding.remediation else None
+    if said.endswith("\r"):  # a file with Windows line ends: NCCL before 2.30 keeps the CR in the value
+        fix = f"{fix}; the file ends its lines with CR LF, and this NCCL keeps the CR in the value: `dos2unix " \
+            f"{where.rsplit(' line ', 1)[0]}`"
+    message = finding.message.replace(said, f"{said} (from {where})", 1).replace("\r", "\\r")
+    return replace(finding, message=message, remediation=fix, evidence=dict(finding.evidence, source=where))
 
 
 # Interfaces container runtimes and CNI plugins make (NCCL's default sets apart only docker*, lo and virbr*)
 CONTAINER_BRIDGES = ("cni", "flannel", "cali", "cilium", "br-", "veth", "lxc", "podman", "kube", "weave")
 
 
-def _judge_nccl_default(ctx, host: Mapping, links: Optional[Mapping]) -> Finding:
+def _judge_nccl_default(ctx, host: Mapping, links: Optional[Mapping], unread: Sequence[str]) -> Finding:
     """NCCL's own choice, NCCL_SOCKET_IFNAME unset: the interface it bootstraps over holds the address every other
     rank connects to, so it must be on the network the nodes reach each other over."""
     import ipaddress
 
+    if unread:  # a file NCCL reads may set NCCL_SOCKET_IFNAME: its choice is not known
+        return skip(f"NCCL_SOCKET_IFNAME is unset in the environment, and NCCL's configuration could not be read "
+                    f"({'; '.join(unread)}): the interface NCCL picks is not judged", unread=list(unread))
     chosen, rule = nccl_interfaces(ctx.fact)
     if not chosen:
         return fail(f"NCCL_SOCKET_IFNAME is unset and NCCL's default finds no interface with an address here "

@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 
 from preflight.api import Finding, Status, check, failed_sections, holders, odd_ones_out, skip
 from preflight.node import MIN_PYTHON, UNSUPPORTED
-from preflight.job.nccl import fabric_of, nccl_wheel
+from preflight.job.nccl import fabric_of, nccl_env, nccl_wheel
 from preflight.inputs.settings import job_environment
 from preflight.inputs.versions import condition_text, judge, known_defects, unmet_requirements
 
@@ -195,7 +195,8 @@ def environment(ctx) -> Iterator[Finding]:
     if len(nodes) < 2:
         yield skip("fewer than two nodes reached: nothing to compare")
         return
-    envs = {n: ctx.facts[n]["facts"].get("env") or {} for n in nodes}
+    seen = {n: nccl_env(ctx.facts[n]["facts"]) for n in nodes}  # with what NCCL's files (~/.nccl.conf) add
+    envs = {n: seen[n].values for n in nodes}
     present = set().union(*envs.values())
     names = sorted(v for v in present if v.startswith(COMPARED_PREFIXES) and v not in PER_NODE and v not in BY_MEANING)
     clean = set(nodes)
@@ -204,10 +205,13 @@ def environment(ctx) -> Iterator[Finding]:
         for node, value in odd.items():
             clean.discard(node)
             status = Status.FAIL if name.startswith(MUST_MATCH_PREFIXES) else Status.WARN
-            yield Finding(status, f"{name} is {value if value is not None else 'unset'} on {node}, "
+            where = seen[node].sources.get(name)
+            yield Finding(status, f"{name} is {value if value is not None else 'unset'} on {node}"
+                          f"{f' (from {where})' if where else ''}, "
                           f"{majority if majority is not None else 'unset'} on the others",
-                          f"set {name} the same on every node", nodes=(node,),
-                          evidence={"variable": name, "value": value, "expected": majority})
+                          f"set {name} the same on every node" + (f" (on {node} it comes from {where})" if where else ""),
+                          nodes=(node,), evidence={"variable": name, "value": value, "expected": majority,
+                                                   **({"source": where} if where else {})})
     if clean:
         per_node = sorted(v for v in present if v in BY_MEANING)
         checked = {}
@@ -457,7 +461,7 @@ def plugin_kinds(name: str) -> tuple:
 
 
 @check("PKG008", "known-bad-versions", "node", tags=["packages", "versions", "nccl"],
-       reads=["packages", "python", "env", "fabric", "gpus", "job", "host.machine", "host.container", "host.sys_nice"])
+       reads=["packages", "python", "env", "nccl_conf", "fabric", "gpus", "job", "host.machine", "host.container", "host.sys_nice"])
 @_known_defects_doc
 def known_bad_versions(ctx) -> Iterator[Finding]:
     """No release on the node has a known defect for multi-node training that this job meets, alone or with
@@ -482,7 +486,7 @@ def known_bad_versions(ctx) -> Iterator[Finding]:
     facts = ctx.fact
     found, unknown, nccl_from = _node_versions(facts)
     known, not_known = _node_conditions(ctx, facts)
-    env = dict(facts.get("env") or {}, **job_environment(ctx.plan))  # the job's own settings win over the node's
+    env = nccl_env(facts, job_environment(ctx.plan)).values  # the job's settings over the node's, then NCCL's files
     packages = facts.get("packages") or {}
     installed = packages.get("distributions") or {}
     applies, skipped, worked_around, unmet = _judged(

@@ -11,7 +11,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from preflight.api import Finding, Status, check, fail, fold, grouped, passed, skip, warn
 from preflight.job.gpus import gpus_of, job_gpus
-from preflight.job.nccl import (GID_CHOICE_SINCE, fabric_of, gid_kind, ib_disabled, nccl_version,
+from preflight.job.nccl import (GID_CHOICE_SINCE, fabric_of, gid_kind, ib_disabled, nccl_env, nccl_version,
                                 rdma_devices_nccl_may_use, selected_ports, used_gid)
 
 GPUDIRECT_MODULES = ("nvidia_peermem", "nv_peer_mem")
@@ -44,9 +44,10 @@ def _rdma_ports(ctx) -> Tuple[Optional[dict], List[Tuple[str, str, dict]], Optio
     devices = fabric.get("rdma") or {}
     if not devices:
         return fabric, [], skip("no RDMA device on this node (/sys/class/infiniband is empty): NCCL uses TCP sockets")
-    env = ctx.fact.get("env") or {}
+    nccl_vars = nccl_env(ctx.fact)
+    env = nccl_vars.values
     if ib_disabled(env):
-        return fabric, [], skip(f"NCCL_IB_DISABLE={env['NCCL_IB_DISABLE']}: NCCL does not use the RDMA devices")
+        return fabric, [], skip(f"{nccl_vars.said('NCCL_IB_DISABLE')}: NCCL does not use the RDMA devices")
     ports = selected_ports(env, devices)
     if not ports:
         return fabric, [], skip("NCCL_IB_HCA selects no port of this node (NET005 says why)")
@@ -59,13 +60,13 @@ def _rdma_nodes(ctx) -> Iterator[Tuple[str, dict, dict, dict]]:
     for node in ctx.reachable:
         facts = ctx.facts[node]["facts"]
         fabric, why = fabric_of(facts)
-        env = facts.get("env") or {}
+        env = nccl_env(facts).values
         if not why and not ib_disabled(env):
             yield node, facts, env, fabric
 
 
 @check("RDMA001", "rdma-ports", "node", tags=["rdma", "infiniband", "roce", "nccl"],
-       reads=["fabric", "env"])
+       reads=["fabric", "env", "nccl_conf", "packages"])
 def rdma_ports(ctx) -> Iterator[Finding]:
     """On a node with RDMA devices, the ports NCCL uses (those NCCL_IB_HCA selects, else all) are ACTIVE with
     the physical link up.
@@ -224,7 +225,7 @@ PEERMEM_SINCE = (2, 23)
 
 
 @check("RDMA004", "gpudirect-rdma", "node", tags=["rdma", "gpu", "nccl", "gpudirect"],
-       reads=["fabric", "gpus", "env", "packages", "python"])
+       reads=["fabric", "gpus", "env", "nccl_conf", "packages", "python"])
 def gpudirect_rdma(ctx) -> Iterator[Finding]:
     """Where a node has both GPUs and RDMA devices, the NCCL it runs finds GPUDirect RDMA: a peer-memory module
     registered where NCCL looks (/sys/kernel/mm/memory_peers/nv_mem, nv_peer_mem or nvidia_peermem through
@@ -322,7 +323,7 @@ def hca_firmware(ctx) -> Iterator[Finding]:
 
 
 @check("RDMA006", "rdma-errors", "node", tags=["rdma", "infiniband", "health"],
-       reads=["fabric", "env"])
+       reads=["fabric", "env", "nccl_conf", "packages"])
 def rdma_errors(ctx) -> Iterator[Finding]:
     """The RDMA ports NCCL uses have counted no link errors (link_downed, symbol_error, port_rcv_errors and
     the others a healthy link keeps at zero) since the counters were last cleared.
@@ -547,7 +548,7 @@ def acs_text(ctl: int) -> str:
 
 
 @check("RDMA008", "pcie-acs", "node", tags=["rdma", "gpu", "pcie", "gpudirect"],
-       reads=["fabric", "gpus", "env"])
+       reads=["fabric", "gpus", "env", "nccl_conf", "packages"])
 def pcie_acs(ctx) -> Iterator[Finding]:
     """PCIe Access Control Services (ACS) do not redirect peer-to-peer traffic on the bridges between each GPU
     and the HCA nearest to it, and between GPUs that reach each other over PCIe (no NVLink): ReqRedir,
@@ -599,7 +600,7 @@ def pcie_acs(ctx) -> Iterator[Finding]:
 
 
 @check("RDMA009", "iommu-mode", "node", tags=["rdma", "gpu", "pcie", "gpudirect"],
-       reads=["fabric", "gpus", "env"])
+       reads=["fabric", "gpus", "env", "nccl_conf", "packages"])
 def iommu_mode(ctx) -> Iterator[Finding]:
     """The IOMMU does not translate the DMA of the node's GPUs and HCAs: it is off, or in passthrough mode
     (`iommu=pt`: IOMMU group type identity in /sys/kernel/iommu_groups/N/type), where they use GPUDirect RDMA or
@@ -640,7 +641,7 @@ def iommu_mode(ctx) -> Iterator[Finding]:
 
 
 @check("RDMA010", "gpu-hca-locality", "node", tags=["rdma", "gpu", "pcie", "numa", "nccl"],
-       reads=["fabric", "gpus", "env"])
+       reads=["fabric", "gpus", "env", "nccl_conf", "packages"])
 def gpu_hca_locality(ctx) -> Iterator[Finding]:
     """Every GPU the job's ranks use (gpu_ids, CUDA_VISIBLE_DEVICES, else all) has an HCA that NCCL may use on
     its own CPU socket (its PCIe switch, or its NUMA node), read from the PCIe tree in sysfs as NCCL's topology

@@ -1,15 +1,16 @@
-"""NCCL's environment rules, as NCCL reads its variables on a node: which socket interfaces NCCL_SOCKET_IFNAME
-(and gloo's GLOO_SOCKET_IFNAME) select, which RDMA devices and ports NCCL_IB_HCA selects, NCCL_IB_DISABLE, the
+"""NCCL's environment rules, as NCCL reads its variables on a node: the environment with what NCCL's configuration
+files add to it (nccl_env), which socket interfaces NCCL_SOCKET_IFNAME (and gloo's GLOO_SOCKET_IFNAME) select, which RDMA devices and ports NCCL_IB_HCA selects, NCCL_IB_DISABLE, the
 RoCE GID entry NCCL_IB_GID_INDEX (or NCCL itself) picks; and the node's fabric facts these rules read. The
 NET, RDMA, COL checks and the launch view all judge a node by these; no I/O here."""
 from __future__ import annotations
 
 import functools
 import re
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from preflight.inputs.numbers import int_or_none
 from preflight.inputs.versions import requirement_name, version
+from preflight.node.ncclconf import merge
 from preflight.result import Finding, skip
 
 IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
@@ -32,6 +33,43 @@ def env_integer(env: dict, name: str) -> Optional[int]:
     return int_or_none(env.get(name, ""))
 
 
+# --- NCCL's configuration files ---------------------------------------------------------------------
+
+class NcclEnv(NamedTuple):
+    """The variables as NCCL reads them in a process: its environment, then what NCCL's files add."""
+    values: Mapping[str, str]
+    sources: Mapping[str, str]  # name -> "PATH line N", for the values a file set
+    unread: Tuple[str, ...]  # "PATH: why": files NCCL reads whose content is not known here
+
+    def said(self, name: str) -> str:
+        """`NAME=value`, and the file and line that set it where one did."""
+        where = self.sources.get(name)
+        return f"{name}={self.values.get(name)}" + (f" (from {where})" if where else "")
+
+
+def nccl_env(facts: Mapping[str, Any], job_env: Optional[Mapping[str, str]] = None) -> NcclEnv:
+    """The variables NCCL reads on this node: the node's environment with the job's own settings over it
+    (`job_env`), then the NCCL_ lines of NCCL's configuration files for the variables still unset, as NCCL's
+    initEnvFunc and setEnvFile do (src/misc/param.cc): the file NCCL_CONF_FILE names (since NCCL 2.23; else
+    ~/.nccl.conf: the password database's home before 2.30, $HOME since), then /etc/nccl.conf, each line by
+    setenv(name, value, 0), so the environment wins over the files, the first file over the second, and a file's
+    first line for a name over its later ones (preflight.node.ncclconf.merge, which the census uses for a running
+    rank too). The files as the node read them: preflight.node.ncclconf."""
+    env = facts.get("env")
+    env = env if isinstance(env, dict) and "error" not in env else {}
+    env = dict(env, **job_env) if job_env else env
+    conf = facts.get("nccl_conf")
+    files = conf.get("files") if isinstance(conf, dict) else None
+    if not isinstance(files, dict):
+        return NcclEnv(env, {}, ())  # facts from before the files were read
+    named = env.get("NCCL_CONF_FILE")
+    if (not named or named[:1023] in files) and not any(
+            f.get("entries") or not f.get("nothing", True) or f.get("cut_at") or f.get("long_lines")
+            for f in files.values() if isinstance(f, dict)):
+        return NcclEnv(env, {}, ())  # no file NCCL may read sets anything (nearly every node)
+    return NcclEnv(*merge(env, conf, nccl_version(facts)))
+
+
 # --- socket interfaces ---------------------------------------------------------------------------
 
 def interface_spec(env: Mapping[str, Any], name: str) -> Optional[str]:
@@ -47,17 +85,17 @@ def nccl_list(spec: str) -> Tuple[bool, bool, Tuple[Tuple[str, Optional[int]], .
     """A list variable as NCCL parses it (NCCL_SOCKET_IFNAME, NCCL_IB_HCA): (exclude `^`, exact `=`,
     ((name, port or None), ...)). parseStringList cuts each comma-separated item at `:` (the rest is its port)
     and drops empty items; without `=` each name is a prefix (mlx5 selects mlx5_0, mlx5_1, ...)."""
-    spec = spec.strip()
+    spec = spec.strip(" \t")  # a CR stays: NCCL before 2.30 keeps a Windows line end of nccl.conf in the value
     exclude = spec.startswith("^")
     spec = spec[1:] if exclude else spec
     exact = spec.startswith("=")
     spec = spec[1:] if exact else spec
     entries = []
-    for item in (p.strip() for p in spec.split(",")):
+    for item in (p.strip(" \t") for p in spec.split(",")):
         name, colon, port = item.partition(":")
-        if name.strip():  # the port as atoi reads it: its leading digits, else 0
+        if name.strip(" \t"):  # the port as atoi reads it: its leading digits, else 0
             digits = re.match(r"\s*[+-]?\d+", port)
-            entries.append((name.strip(), (int(digits.group()) if digits else 0) if colon else None))
+            entries.append((name.strip(" \t"), (int(digits.group()) if digits else 0) if colon else None))
     return exclude, exact, tuple(entries)
 
 
@@ -94,7 +132,7 @@ def nccl_interfaces(facts: Mapping[str, Any]) -> Tuple[List[Tuple[str, str]], st
     addresses by interface index, then the IPv6 ones (never ::1), one address per interface, NCCL_SOCKET_FAMILY
     AF_INET or AF_INET6 keeping one family; since NCCL 2.28.3 only interfaces with carrier (IFF_RUNNING). Its
     bootstrap, and so every rank's address for the others, is the first."""
-    host, env = facts.get("host") or {}, facts.get("env") or {}
+    host, env = facts.get("host") or {}, nccl_env(facts).values
     interfaces, links = host.get("interfaces"), host.get("links")
     if not isinstance(interfaces, dict):
         return [], "the node's interfaces are not known"
@@ -165,12 +203,13 @@ def socket_interface(facts: Mapping[str, Any]) -> Optional[str]:
     as they pick it: NCCL's first (nccl_interfaces), or gloo's GLOO_SOCKET_IFNAME when set, else the address the
     hostname resolves to."""
     host, env = facts.get("host") or {}, facts.get("env") or {}
+    nccl = nccl_env(facts).values
     interfaces = host.get("interfaces") or {}
     if not isinstance(interfaces, dict):
         return None
     if (facts.get("gpus") or {}).get("available"):
         chosen, rule = nccl_interfaces(facts)
-        spec = interface_spec(env, "NCCL_SOCKET_IFNAME")
+        spec = interface_spec(nccl, "NCCL_SOCKET_IFNAME")
         return f"{chosen[0][0]} {chosen[0][1]}" if chosen else (f"none matches {spec}" if spec else None)
     usable = [n for n, addrs in interfaces.items() if isinstance(addrs, list) and addrs]
     spec = interface_spec(env, "GLOO_SOCKET_IFNAME")
@@ -204,7 +243,7 @@ def selected_ports(env: dict, devices: dict) -> List[Tuple[str, str, dict]]:
 def rdma_devices_nccl_may_use(facts: dict) -> list:
     """The node's HCAs with a port NCCL may use (NCCL_IB_HCA, NCCL_IB_DISABLE), from its fabric facts."""
     fabric, missing = fabric_of(facts)
-    env = facts.get("env") or {}
+    env = nccl_env(facts).values
     if missing or ib_disabled(env):
         return []
     return sorted({device for device, _, _ in selected_ports(env, fabric.get("rdma") or {})})

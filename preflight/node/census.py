@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 
-from preflight.node import procfs
+from preflight.node import ncclconf, procfs
 from preflight.node.host import py_spy
 from preflight.node.launchfiles import accelerate_default_config, read_file
 from preflight.node.secret import REDACTED, secret_name, secret_text
@@ -63,9 +63,16 @@ def take_census(options):
             continue
         table[pid] = info
     chosen, job = _job_processes(table, options.get("pids"), port)
-    processes, launchers_text = [], [0]
+    processes, launchers_text, conf_files, nccl_environ = [], [0], {}, {}
     for pid in chosen[:MAX_PROCESSES]:
         info = table[pid]
+        if info["kind"] == "rank":  # what NCCL's files add to its environment: NCCL reads them in the rank
+            nccl_environ[pid], sources, unread = _nccl_environ(pid, conf_files)
+            if sources and info["env"] is not None:
+                info["env"].update((name, nccl_environ[pid][name][:MAX_ARG]) for name in sources)
+                info["nccl_from"] = sources
+            if unread:
+                info["nccl_unread"] = list(unread)[:8]
         info["sockets"], info["sockets_dropped"] = _sockets_of(pid, sockets)
         info["children"] = [p for p, other in table.items() if other["ppid"] == pid]
         inner = _own_pid(pid)
@@ -88,7 +95,7 @@ def take_census(options):
             if held:
                 listeners.append({"pid": pid, "argv": info["argv"], "argv_dropped": info["argv_dropped"],
                                   "age_s": info["age_s"], "env": _job_env(pid)})
-    ras = _ras(processes, options, deadline)  # its two queries, a second apart, while the rest is read
+    ras = _ras(processes, options, deadline, nccl_environ)  # its two queries, a second apart, while the rest is read
     records = _flight_records(processes, options, deadline)  # before the stacks: their sampling takes the time left
     stacks = _stacks(processes, options, deadline) if options.get("stacks", True) else {"skipped": "not asked"}
     cpu_before = {p["pid"]: p["cpu_s"] for p in processes}
@@ -120,10 +127,28 @@ def _flight_records(processes, options, deadline):
     return flightrec.collect(options.get("flight_recorder"), ranks, started, deadline - 2.0)
 
 
-def _ras(processes, options, deadline):
+def _nccl_environ(pid, cache):
+    """(environment, sources, unread) of a rank as NCCL reads it (preflight.node.ncclconf.merge): its own
+    environment, then NCCL's files as its HOME, NCCL_CONF_FILE, user and working folder name them, each file read
+    once per node (`cache`). The NCCL it loaded is not read here: the newest NCCL's rules."""
+    environ = procfs.environ(pid) or {}
+    try:
+        uid = os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        uid = None
+    cwd = procfs.link("/proc/%d/cwd" % pid)
+    key = (environ.get("HOME"), environ.get("NCCL_CONF_FILE"), uid, cwd)
+    if key not in cache:
+        cache[key] = ncclconf.facts(environ, uid, cwd)
+    return ncclconf.merge(environ, cache[key])
+
+
+def _ras(processes, options, deadline, nccl_environ):
     """NCCL's RAS where the job's ranks run it (preflight.node.ras), asked in a thread of its own; returns the
-    function that waits for its answer (until the deadline) and gives it."""
-    ranks = [(p["pid"], procfs.environ(p["pid"]) or {}) for p in processes if p["kind"] == "rank"]
+    function that waits for its answer (until the deadline) and gives it. `nccl_environ`: each rank's
+    environment as NCCL reads it (NCCL_RAS_ADDR may come from ~/.nccl.conf)."""
+    ranks = [(p["pid"], nccl_environ.get(p["pid"]) or procfs.environ(p["pid"]) or {}) for p in processes
+             if p["kind"] == "rank"]
     if not ranks:
         return lambda: {"skipped": "no rank of a job on this node"}
     if options.get("ras") == "first" and not any(_first_nodes(env) for _, env in ranks):

@@ -6,7 +6,7 @@ from torch/version.py. A section that raises is kept as {"error": "collector sec
 """
 import time
 
-from preflight.node import fabric, gpus, host, launchfiles, packages, shipped_by
+from preflight.node import fabric, gpus, host, launchfiles, ncclconf, packages, shipped_by
 
 SECTION_FAILED = "collector section %s failed on the node: "
 
@@ -25,6 +25,7 @@ def collect(options, ready=None):
         ("packages", packages.facts),
         ("host", lambda: host.host(options)),
         ("env", host.environment),
+        ("nccl_conf", lambda: ncclconf.section(options.get("job"))),
         ("storage", lambda: host.storage(options.get("paths") or {})),
         ("limits", host.limits),
         ("memory", host.memory),

@@ -90,7 +90,7 @@ def node_json(line: str, what: str, **hooks):
 REQUIRED_SECTIONS = {"schema": int, "python": dict, "packages": dict, "host": dict, "env": dict, "storage": dict,
                      "limits": dict, "memory": dict, "clock": dict, "gpus": dict}
 OTHER_SECTIONS = {"collected_at": NUMBER, "preflight": (str, NONE), "job": (dict, NONE), "fabric": (dict, NONE),
-                  "census": (dict, NONE)}
+                  "census": (dict, NONE), "nccl_conf": (dict, NONE)}
 # The sections the decoder shares among nodes: not those a node's own processes change after decoding (the files
 # a job names are added to "job"), nor those that are the node's own by nature. A section seen in more forms than
 # SHARED_FORMS (GPU serials, free space), or longer than SHARED_TEXT, is not shared either: the texts kept to

@@ -255,7 +255,7 @@ PROCESS = Obj(pid=Need(int), ppid=COUNT, argv=Each(str), argv_dropped=COUNT, sta
               kind=TEXT, env=ENV,
               sockets=Each(Obj(local=TEXT, local_port=COUNT, remote=TEXT, remote_port=COUNT, state=TEXT)),
               children=Each(int), stable=(bool, NONE), cpu_percent=SECONDS, config=FILE, sockets_dropped=COUNT,
-              own_pid=COUNT,
+              own_pid=COUNT, nccl_from=Keyed(str), nccl_unread=Each(str),
               # py-spy's frames: [function, file, line]
               threads=Each(Obj(name=TEXT, active=(bool, NONE), frames=Each(Each((str, int, NONE), length=3)))))
 # A flight-recorder dump as preflight.node.flightrec reduces it: per process group, its last collectives.
@@ -288,6 +288,10 @@ CENSUS = Obj(
     elsewhere=int, port=COUNT, seconds=SECONDS, ptrace_scope=COUNT, uid=COUNT, error=ERROR,
     processes_dropped=COUNT, pids=Each(int), flight_recorder=FLIGHT_RECORDER, nccl_ras=NCCL_RAS)
 
+NCCL_CONF_FILE = Obj(path=str, entries=Each(Obj(line=Need(int), name=Need(str), value=Need(str))), cut_at=COUNT,
+                     long_lines=Each(int), error=TEXT, nothing=bool)
+NCCL_CONF = Obj(conf_file=TEXT, home=TEXT, passwd_home=TEXT, files=Keyed(NCCL_CONF_FILE), error=ERROR)
+
 # Each section as the checks read it. "job" is read key by key with its types where it is used
 # (preflight.job.view): a node's launch is open-ended.
 SECTIONS = {
@@ -315,6 +319,7 @@ SECTIONS = {
                 devices=Each(GPU), error=ERROR),
     "fabric": Either(NONE, FABRIC),
     "census": Either(NONE, CENSUS),
+    "nccl_conf": Either(NONE, NCCL_CONF),
 }
 
 

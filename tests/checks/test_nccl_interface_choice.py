@@ -118,15 +118,17 @@ COLLECT = ("import json, sys; from preflight.node import collector; "
            "print(json.dumps(collector.collect({'head': sys.argv[1], 'port': 29500, 'paths': {}})))")
 
 
-def planted(cluster, node):
+def planted(cluster, node, home=None):
     """(NET005's result, the node's interfaces in the kernel's order) on the facts the collector reads in the node's
-    own namespace, with a recorded GPU node's NVML answers (this machine has no GPU)."""
+    own namespace (as a user whose home is `home`, when given), with a recorded GPU node's NVML answers (this
+    machine has no GPU)."""
     import json
     import sys
 
     from fabric_nodes import gpus
 
-    proc = cluster.netns_exec(node, [sys.executable, "-c", COLLECT, cluster.ip(cluster.nodes[0])])
+    user = ["env", f"HOME={home}"] if home else []
+    proc = cluster.netns_exec(node, [*user, sys.executable, "-c", COLLECT, cluster.ip(cluster.nodes[0])])
     facts = json.loads(proc.stdout)
     facts["gpus"] = gpus()
     [result] = net005(facts)
@@ -169,6 +171,24 @@ def test_a_container_bridge_is_named_where_the_kernel_lists_it_before_the_traini
         assert result.remediation.startswith("set NCCL_SOCKET_IFNAME==eth0")
     else:
         assert result.status is Status.PASS and "over eth0" in result.message, (order, result)
+
+
+@pytest.mark.cluster
+def test_a_users_nccl_conf_on_one_node_is_what_nccl_picks_by_and_named_with_its_line(cluster, tmp_path):
+    """NCCL reads ~/.nccl.conf of the user running the rank (src/misc/param.cc): the collector on the node reads it,
+    and NET005 judges the interface it selects, naming the file and line to change; a node without it is judged
+    by NCCL's default."""
+    (tmp_path / ".nccl.conf").write_text("# the training network\nNCCL_SOCKET_IFNAME=ib\n")
+    with cluster.extra_interface("node02", "ib0", "192.168.77.2/24"):
+        result, _ = planted(cluster, "node02", home=tmp_path)
+        (tmp_path / ".nccl.conf").write_text("NCCL_SOCKET_IFNAME==eth1\n")
+        missing, _ = planted(cluster, "node02", home=tmp_path)
+    assert result.status is Status.WARN, result  # up, but not on the network to the head: every node must reach it
+    assert result.message.startswith(f"NCCL_SOCKET_IFNAME=ib (from {tmp_path}/.nccl.conf line 2) selects ib0 "
+                                     "(192.168.77.2), which is not on the network"), result
+    assert f"comes from {tmp_path}/.nccl.conf line 2: change it there" in result.remediation
+    assert missing.status is Status.FAIL and missing.message.startswith(
+        f"NCCL_SOCKET_IFNAME==eth1 (from {tmp_path}/.nccl.conf line 1) selects no interface"), missing
 
 
 @pytest.mark.parametrize("interfaces", [{"eth0": ["not-an-address"]}, {"eth0": ["10.0.0.2/33"]}, {}, {"eth0": [""]},

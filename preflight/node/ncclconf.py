@@ -1,0 +1,149 @@
+"""NCCL's configuration files, read on the node as NCCL reads them (src/misc/param.cc of NVIDIA/nccl, initEnvFunc
+and setEnvFile; src/include/param.h before 2.12.10): the file NCCL_CONF_FILE names (since 2.23) else
+~/.nccl.conf, then /etc/nccl.conf. Every candidate is read here (the head knows which NCCL the node loads, and so
+which of them NCCL reads: preflight.job.nccl.nccl_env). A file is read only when it is regular (never a FIFO or a
+device), and only its first MAX_BYTES; only the NCCL_ lines come back."""
+import errno
+import os
+
+from preflight.node.launchfiles import NotRegular, open_regular
+from preflight.node.secret import REDACTED, secret_name
+
+MAX_BYTES = 64 << 10  # NCCL reads a file whole; a larger one is read to here and said to be cut
+MAX_ENTRIES = 128
+PATH_MAX = 1023  # snprintf(confFilePath, 1024, ...)
+FIELD_MAX = 1023  # setEnvFile's envVar[1024] and envValue[1024]: a name and a value are cut to 1,023 bytes
+LINE_MAX = 4095  # since 2.30 setEnvFile reads with fgets(line, 4096): a longer line comes in pieces
+
+
+def parse(data):
+    """(entries, long lines) of a file's bytes as setEnvFile reads them: a line is split at its first `=`
+    (no `=`: skipped) into the name and the value as written, spaces and quotes included (`NCCL_X = y` sets
+    `NCCL_X `, not NCCL_X); each cut at 1,023 bytes and at a NUL byte; `#` lines are comments (since 2.26;
+    before, `#NCCL_X=y` set `#NCCL_X`: either way not NCCL_X). Only names that start with NCCL_ are kept.
+    A value keeps a trailing CR: NCCL strips it only since 2.30 (the head decides). A line longer than 4,095
+    bytes is not read here (NCCL 2.30 reads it in pieces, older ones whole): its number is in the second list."""
+    entries, long_lines = [], []
+    for number, line in enumerate(data.split(b"\n"), 1):
+        if len(line) > LINE_MAX:
+            long_lines.append(number)
+            continue
+        line = line.split(b"\0", 1)[0]  # NCCL's strlen, strchr and strncpy stop there
+        name, equals, value = line.partition(b"=")
+        if not equals or not name.startswith(b"NCCL_"):
+            continue
+        name = name[:FIELD_MAX].decode("utf-8", "replace")
+        value = value[:FIELD_MAX].decode("utf-8", "replace")
+        entries.append({"line": number, "name": name, "value": REDACTED if secret_name(name) else value})
+        if len(entries) >= MAX_ENTRIES:
+            break
+    return entries, long_lines
+
+
+# Where NCCL's own fopen (or its first read) fails as ours did, NCCL reads nothing from the file and goes on
+NOTHING_FOR_NCCL = frozenset((errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EISDIR, errno.ENXIO))
+
+
+def read_conf(path, same_user=True):
+    """{"path", "entries", ...} of one file NCCL may read; {"path", "error", "nothing"} where it is not read:
+    "nothing" true where NCCL reads nothing from it either (missing, a directory, a symlink loop; unreadable, when
+    this is the user NCCL runs as; a socket), false where what NCCL reads is not known here (a FIFO, a device)."""
+    entry = {"path": path}
+    try:
+        fd = open_regular(path)
+        try:
+            data = os.read(fd, MAX_BYTES + 1)
+        finally:
+            os.close(fd)
+    except NotRegular as exc:
+        entry.update(error=str(exc), nothing=str(exc) == "a directory")
+        return entry
+    except OSError as exc:
+        entry.update(error="missing" if exc.errno == errno.ENOENT else (exc.strerror or str(exc)),
+                     nothing=exc.errno in NOTHING_FOR_NCCL or (exc.errno == errno.EACCES and same_user))
+        return entry
+    except ValueError:  # a NUL byte in the path: no file has that name
+        entry.update(error="missing", nothing=True)
+        return entry
+    if len(data) > MAX_BYTES:
+        data, entry["cut_at"] = data[:MAX_BYTES], MAX_BYTES
+    entry["entries"], long_lines = parse(data)
+    if long_lines:
+        entry["long_lines"] = long_lines[:16]
+    return entry
+
+
+def passwd_home(uid):
+    """The home folder of this user in the password database (NCCL before 2.30: getpwuid(getuid())->pw_dir)."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_dir
+    except (ImportError, KeyError, OverflowError):
+        return None
+
+
+def facts(environ, uid=None, cwd=None):
+    """The configuration files NCCL may read in a process with this environment, run by `uid` (default: this
+    one) in `cwd`: {"conf_file": NCCL_CONF_FILE, "home": HOME, "passwd_home", "files": {path: read_conf}}, the
+    candidates in NCCL's order."""
+    same_user = uid is None or uid == os.geteuid()
+    uid = os.getuid() if uid is None else uid
+    conf = environ.get("NCCL_CONF_FILE") or None
+    home, pw_home = environ.get("HOME"), passwd_home(uid)
+    paths = [conf] + [os.path.join(h, ".nccl.conf") for h in (home, pw_home) if h] + ["/etc/nccl.conf"]
+    files = {}
+    for path in paths:
+        if path and path[:PATH_MAX] not in files:
+            path = path[:PATH_MAX]
+            files[path] = read_conf(os.path.join(cwd or os.getcwd(), path), same_user)
+    return {"conf_file": conf, "home": home, "passwd_home": pw_home, "files": files}
+
+
+def section(job):
+    """The collector's section: the files NCCL would read in this node's launch (its environment over this
+    session's, `NCCL_CONF_FILE=... accelerate launch`), as this user."""
+    job = job or {}
+    environ = dict(os.environ, **(job.get("env") or {}))
+    return facts(environ, cwd=job.get("cwd"))
+
+
+CONF_FILE_SINCE = (2, 23)  # NCCL_CONF_FILE, when set and not empty, is read instead of ~/.nccl.conf
+HOME_ENV_SINCE = (2, 30)  # ~ is $HOME (before: getpwuid(getuid())->pw_dir), and a line's trailing CR is cut
+
+
+def merge(env, conf, release=None):
+    """(values, sources, unread) of the variables NCCL reads in a process with environment `env` whose files
+    the node read (`conf`: facts()), for the NCCL `release` (a tuple; None: the newest rules): `env` then, for
+    each variable still unset, the NCCL_ lines of the file NCCL_CONF_FILE names (since 2.23; else ~/.nccl.conf:
+    the password database's home before 2.30, $HOME since) and of /etc/nccl.conf, as initEnvFunc calls
+    setEnvFile and it setenv(name, value, 0): the environment wins over the files, the first file over the
+    second, a file's first line for a name over its later ones. sources: name -> "PATH line N" of what a file set;
+    unread: "PATH: why" of what NCCL reads that is not known here."""
+    files = conf.get("files") if isinstance(conf, dict) else None
+    files = files if isinstance(files, dict) else {}
+    recent = release is None or tuple(release[:2]) >= HOME_ENV_SINCE
+    conf_file = env.get("NCCL_CONF_FILE") if release is None or tuple(release[:2]) >= CONF_FILE_SINCE else None
+    home = (env.get("HOME") or conf.get("home")) if recent else conf.get("passwd_home")
+    first = conf_file or ("%s/.nccl.conf" % home if home else None)
+    values, sources, unread = dict(env), {}, []
+    for path in (first, "/etc/nccl.conf"):
+        if path is None:
+            continue
+        path = path[:PATH_MAX]
+        read = files.get(path)
+        if not isinstance(read, dict):
+            unread.append("%s: not read on the node (the job's own environment names it)" % path)
+            continue
+        if read.get("error") is not None and not read.get("nothing"):
+            unread.append("%s: %s" % (path, read["error"]))
+        if read.get("cut_at"):
+            unread.append("%s: read to its first %d KiB only" % (path, read["cut_at"] >> 10))
+        for number in read.get("long_lines") or ():
+            unread.append("%s line %d: longer than 4,095 bytes (not read)" % (path, number))
+        for entry in read.get("entries") or ():
+            value = entry["value"][:-1] if recent and entry["value"].endswith("\r") else entry["value"]
+            if entry["name"] not in values:
+                values[entry["name"]] = value
+                sources[entry["name"]] = "%s line %d" % (path, entry["line"])
+    return values, sources, tuple(unread)

@@ -1,0 +1,224 @@
+"""NCCL's configuration files as NCCL reads them (src/misc/param.cc of NVIDIA/nccl: initEnvFunc, setEnvFile;
+src/include/param.h before 2.12.10): the node reads every candidate (preflight.node.ncclconf), the head merges them
+into the variables every NCCL rule reads (preflight.job.nccl.nccl_env), and a finding that rests on a file's
+value names its file and line."""
+import os
+import socket
+
+import pytest
+
+from preflight import registry, runner
+from preflight.job.nccl import nccl_env
+from preflight.node import ncclconf
+from preflight.plan import build_plan
+from preflight.result import Status
+
+
+def conf(tmp_path, text, name=".nccl.conf"):
+    path = tmp_path / name
+    path.write_bytes(text)
+    return path
+
+
+def entries(data):
+    return [(e["line"], e["name"], e["value"]) for e in ncclconf.parse(data)[0]]
+
+
+def test_a_line_is_split_at_its_first_equals_sign_with_nothing_trimmed_as_setenvfile_does():
+    """`while (line[s] != '\\0' && line[s] != '=') s++; if (line[s] == '\\0') continue;`: the name is what comes
+    before the first `=` and the value all after it, spaces and quotes kept; a line without `=` is skipped."""
+    data = (b"NCCL_SOCKET_IFNAME=eth1\nNCCL_IB_HCA = mlx5_0\nNCCL_DEBUG=\"INFO\"\nNCCL_ALGO=Ring=x\n"
+            b"NCCL_PROTO\n#NCCL_P2P_DISABLE=1\n# a comment\nexport NCCL_NET=IB\nOMP_NUM_THREADS=4\nNCCL_X=\n")
+    assert entries(data) == [(1, "NCCL_SOCKET_IFNAME", "eth1"), (2, "NCCL_IB_HCA ", " mlx5_0"),
+                             (3, "NCCL_DEBUG", '"INFO"'), (4, "NCCL_ALGO", "Ring=x"), (10, "NCCL_X", "")]
+
+
+def test_a_name_and_a_value_are_cut_at_1023_bytes_and_at_a_nul_byte_and_a_cr_is_kept_for_the_head():
+    """envVar[1024], envValue[1024] with strncpy(..., 1023); strlen stops at NUL; the CR is cut since 2.30 only."""
+    long = b"a" * 2000
+    data = b"NCCL_TOPO_FILE=" + long + b"\nNCCL_SOCKET_IFNAME=eth1\0junk\nNCCL_A\0=b\nNCCL_B=c\r\n"
+    assert entries(data) == [(1, "NCCL_TOPO_FILE", "a" * 1023), (2, "NCCL_SOCKET_IFNAME", "eth1"),
+                             (4, "NCCL_B", "c\r")]
+
+
+def test_a_line_over_4095_bytes_is_not_read_as_nccl_2_30s_fgets_reads_it_in_pieces():
+    data = b"NCCL_A=" + b"x" * 5000 + b"NCCL_B=y\nNCCL_C=z\n"
+    found, long_lines = ncclconf.parse(data)
+    assert [e["name"] for e in found] == ["NCCL_C"] and long_lines == [1]
+
+
+def test_secret_named_values_never_leave_the_node():
+    assert entries(b"NCCL_AUTH_TOKEN=s3cret\n") == [(1, "NCCL_AUTH_TOKEN", "<redacted>")]
+
+
+def test_the_candidates_in_nccls_order_each_path_once(tmp_path):
+    conf(tmp_path, b"NCCL_SOCKET_IFNAME=eth1\n")
+    found = ncclconf.facts({"HOME": str(tmp_path)})
+    paths = list(found["files"])
+    assert paths[0] == f"{tmp_path}/.nccl.conf" and paths[-1] == "/etc/nccl.conf"
+    assert found["files"][paths[0]]["entries"] == [{"line": 1, "name": "NCCL_SOCKET_IFNAME", "value": "eth1"}]
+    named = ncclconf.facts({"HOME": str(tmp_path), "NCCL_CONF_FILE": "my.conf"}, cwd=str(tmp_path))
+    assert list(named["files"])[0] == "my.conf" and named["files"]["my.conf"]["error"] == "missing"
+
+
+def test_hostile_files_are_refused_in_one_line_never_read_blocking_or_whole(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop"
+    os.symlink(loop, loop)
+    huge = conf(tmp_path, b"NCCL_A=1\n" + b"#" * (200 << 10) + b"\nNCCL_B=2\n", "huge")
+    binary = conf(tmp_path, bytes(range(256)) * 64 + b"\nNCCL_C=\xff\xfe\n", "binary")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "sock"))
+    try:
+        read = {name: ncclconf.read_conf(str(tmp_path / name)) for name in ("fifo", "loop", "huge", "binary", "sock")}
+    finally:
+        server.close()
+    assert read["fifo"]["error"] == "not a regular file" and read["fifo"]["nothing"] is False
+    assert read["sock"]["error"] == "No such device or address" and read["sock"]["nothing"] is True  # ENXIO
+    assert "symbolic links" in read["loop"]["error"] and read["loop"]["nothing"] is True
+    assert read["huge"]["cut_at"] == ncclconf.MAX_BYTES and [e["name"] for e in read["huge"]["entries"]] == ["NCCL_A"]
+    assert read["binary"]["entries"] == [{"line": 66, "name": "NCCL_C", "value": "\ufffd\ufffd"}]  # 64 newlines before
+    assert ncclconf.read_conf(str(tmp_path))["nothing"] is True  # a directory: fopen works, getline reads nothing
+    assert os.path.getsize(huge) > ncclconf.MAX_BYTES and os.path.getsize(binary)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to read as another user")
+def test_a_file_unreadable_to_another_user_is_unknown_but_to_the_same_user_it_is_nothing_for_nccl(tmp_path):
+    path = conf(tmp_path, b"NCCL_A=1\n")
+    path.chmod(0)
+    pid = os.fork()
+    if pid == 0:  # as nobody: the file NCCL, run as nobody, cannot open either
+        os.setuid(65534)
+        os._exit(0 if ncclconf.read_conf(str(path), same_user=True)["nothing"]
+                 and not ncclconf.read_conf(str(path), same_user=False)["nothing"] else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+def facts(files, env=None, nccl="2.30.3", passwd_home="/home/u"):
+    """A node's facts with NCCL's configuration files as the node sends them ({path: [lines...]} or {path: entry})."""
+    sent = {}
+    for path in ("/home/u/.nccl.conf", f"{passwd_home}/.nccl.conf", "/etc/nccl.conf"):  # the node reads these always
+        files.setdefault(path, {"error": "missing", "nothing": True})
+    for path, text in files.items():
+        if isinstance(text, dict):
+            sent[path] = dict(text, path=path)
+        else:
+            sent[path] = {"path": path, "entries": ncclconf.parse(text.encode())[0]}
+    return {"env": {"HOME": "/home/u", **(env or {})}, "packages": {"versions": {"nccl": nccl}},
+            "nccl_conf": {"conf_file": (env or {}).get("NCCL_CONF_FILE"), "home": "/home/u",
+                          "passwd_home": passwd_home, "files": sent}}
+
+
+def test_the_environment_wins_then_the_first_file_then_its_first_line():
+    """setenv(name, value, 0) for each line: an existing variable (even empty) is kept."""
+    found = nccl_env(facts({"/home/u/.nccl.conf": "NCCL_A=home\nNCCL_A=later\nNCCL_B=home\nNCCL_E=home\n",
+                            "/etc/nccl.conf": "NCCL_A=etc\nNCCL_C=etc\nNCCL_B=etc\n"}, env={"NCCL_E": ""}))
+    assert {k: found.values.get(k) for k in "NCCL_A NCCL_B NCCL_C NCCL_E".split()} == \
+        {"NCCL_A": "home", "NCCL_B": "home", "NCCL_C": "etc", "NCCL_E": ""}
+    assert found.sources == {"NCCL_A": "/home/u/.nccl.conf line 1", "NCCL_B": "/home/u/.nccl.conf line 3",
+                             "NCCL_C": "/etc/nccl.conf line 2"}
+    assert found.said("NCCL_C") == "NCCL_C=etc (from /etc/nccl.conf line 2)"
+    # the job's own settings (its launch's VAR=v) are the environment too
+    assert nccl_env(facts({"/etc/nccl.conf": "NCCL_C=etc\n"}), {"NCCL_C": "job"}).values["NCCL_C"] == "job"
+
+
+def test_nccl_conf_file_replaces_the_home_file_since_2_23_and_is_ignored_before():
+    files = {"/x.conf": "NCCL_A=x\n", "/home/u/.nccl.conf": "NCCL_A=home\n"}
+    assert nccl_env(facts(files, {"NCCL_CONF_FILE": "/x.conf"}, "2.23.4")).values["NCCL_A"] == "x"
+    assert nccl_env(facts(files, {"NCCL_CONF_FILE": "/x.conf"}, "2.22.3")).values["NCCL_A"] == "home"
+    assert nccl_env(facts(files, {"NCCL_CONF_FILE": ""}, "2.23.4")).values["NCCL_A"] == "home"  # strlen > 0
+    unread = nccl_env(facts({}, {"NCCL_CONF_FILE": "/y.conf"})).unread  # named by the job, not read on the node
+    assert unread == ("/y.conf: not read on the node (the job's own environment names it)",)
+
+
+def test_home_is_the_password_databases_before_2_30_and_home_since():
+    files = {"/home/u/.nccl.conf": "NCCL_A=env-home\n", "/root/.nccl.conf": "NCCL_A=pw-home\n"}
+    assert nccl_env(facts(files, nccl="2.29.7", passwd_home="/root")).values["NCCL_A"] == "pw-home"
+    assert nccl_env(facts(files, nccl="2.30.3", passwd_home="/root")).values["NCCL_A"] == "env-home"
+
+
+def test_a_windows_line_end_keeps_its_cr_in_the_value_before_nccl_2_30():
+    files = {"/etc/nccl.conf": "NCCL_SOCKET_IFNAME=eth1\r\n"}
+    assert nccl_env(facts(files, nccl="2.29.7")).values["NCCL_SOCKET_IFNAME"] == "eth1\r"
+    assert nccl_env(facts(files, nccl="2.30.3")).values["NCCL_SOCKET_IFNAME"] == "eth1"
+
+
+def test_a_file_nccl_reads_that_the_node_could_not_is_unknown_and_a_missing_one_is_nothing():
+    found = nccl_env(facts({"/home/u/.nccl.conf": {"error": "not a regular file", "nothing": False},
+                            "/etc/nccl.conf": {"error": "missing", "nothing": True}}))
+    assert found.unread == ("/home/u/.nccl.conf: not a regular file",)
+    assert nccl_env(facts({"/etc/nccl.conf": {"error": "missing", "nothing": True}})).unread == ()
+
+
+def check(check_id, facts_by_node):
+    plan = build_plan(nodes=tuple(facts_by_node))
+    plan = plan.__class__(**{**plan.__dict__, "remote": True})
+    ctx = runner.CheckContext(plan, {n: {"facts": f, "error": None} for n, f in facts_by_node.items()}, {})
+    return runner.run_check(registry.load().get(check_id), ctx)
+
+
+def gpu_node(files, env=None, nccl="2.30.3"):
+    node = facts(files, env, nccl)
+    node.update(gpus={"available": True}, host={
+        "interfaces": {"lo": ["127.0.0.1"], "eth0": ["10.0.0.2"]},
+        "links": {"eth0": {"up": True, "running": True, "ipv4": ["10.0.0.2/24"]}},
+        "route_to_head": {"head": "10.0.0.1", "source": "10.0.0.2", "interface": "eth0"}})
+    return node
+
+
+def test_net005_names_the_file_and_line_of_an_ifname_that_selects_nothing():
+    [result] = check("NET005", {"n1": gpu_node({"/home/u/.nccl.conf": "# ours\nNCCL_SOCKET_IFNAME=eth1\n"})})
+    assert result.status is Status.FAIL, result
+    assert result.message.startswith("NCCL_SOCKET_IFNAME=eth1 (from /home/u/.nccl.conf line 2) selects no interface")
+    assert "comes from /home/u/.nccl.conf line 2: change it there" in result.remediation
+    assert result.evidence["source"] == "/home/u/.nccl.conf line 2"
+    [result] = check("NET005", {"n1": gpu_node({"/home/u/.nccl.conf": "NCCL_SOCKET_IFNAME=eth1\n"},
+                                               {"NCCL_SOCKET_IFNAME": "eth0"})})
+    assert result.status is Status.PASS and "(from" not in result.message  # the environment wins
+
+
+def test_net005_does_not_judge_nccls_default_where_a_file_it_reads_is_not_known():
+    [result] = check("NET005", {"n1": gpu_node({"/etc/nccl.conf": {"error": "not a regular file", "nothing": False}})})
+    assert result.status is Status.SKIP and "/etc/nccl.conf: not a regular file" in result.message
+
+
+def test_pkg004_names_the_file_that_makes_one_node_differ():
+    nodes = {"n1": gpu_node({}), "n2": gpu_node({}), "n3": gpu_node({"/etc/nccl.conf": "NCCL_IB_DISABLE=1\n"})}
+    [result] = [r for r in check("PKG004", nodes) if r.status is not Status.PASS]
+    assert result.status is Status.FAIL and result.nodes == ("n3",)
+    assert "NCCL_IB_DISABLE is 1 on n3 (from /etc/nccl.conf line 1), unset on the others" in result.message
+
+
+def test_net005_says_where_a_windows_line_end_leaves_a_cr_in_the_interface_name():
+    [result] = check("NET005", {"n1": gpu_node({"/etc/nccl.conf": "NCCL_SOCKET_IFNAME=eth0\r\n"}, nccl="2.29.7")})
+    assert result.status is Status.FAIL and result.message.startswith(
+        "NCCL_SOCKET_IFNAME=eth0\\r (from /etc/nccl.conf line 1) selects no interface"), result
+    assert result.remediation.endswith("`dos2unix /etc/nccl.conf`")
+    [result] = check("NET005", {"n1": gpu_node({"/etc/nccl.conf": "NCCL_SOCKET_IFNAME=eth0\r\n"}, nccl="2.30.3")})
+    assert result.status is Status.PASS and "(from /etc/nccl.conf line 1)" in result.message
+
+
+def test_doctor_reads_the_files_a_running_rank_read_by_its_own_home_and_working_folder(tmp_path):
+    """The rank's /proc/PID/environ holds what it was started with, not what NCCL's setenv added: the census
+    reads the files its HOME and NCCL_CONF_FILE (from its working folder) name, and RAS is asked where they say."""
+    import subprocess
+    import sys
+
+    from preflight.node import census
+
+    (tmp_path / "job.conf").write_text("NCCL_RAS_ADDR=localhost:28999\nNCCL_SOCKET_IFNAME=eth9\n")
+    (tmp_path / ".nccl.conf").write_text("NCCL_SOCKET_IFNAME=eth7\n")  # not read: NCCL_CONF_FILE replaces it
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29986", HOME=str(tmp_path),
+               NCCL_CONF_FILE="job.conf", NCCL_DEBUG="WARN")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env, cwd=str(tmp_path))
+    try:
+        found = census.take_census({"port": 29986, "pids": [proc.pid], "deadline_s": 4, "stacks": False,
+                                    "interval_s": 0.1})
+    finally:
+        proc.kill()
+        proc.wait()
+    [rank] = [p for p in found["processes"] if p["pid"] == proc.pid]
+    assert rank["env"]["NCCL_SOCKET_IFNAME"] == "eth9" and rank["env"]["NCCL_DEBUG"] == "WARN"
+    assert rank["nccl_from"] == {"NCCL_RAS_ADDR": "job.conf line 1", "NCCL_SOCKET_IFNAME": "job.conf line 2"}
+    assert [a["address"] for a in found["nccl_ras"]["answers"]] == ["localhost:28999"]
