@@ -39,6 +39,10 @@ DEFAULT_NAME = "comm_lib_trace_rank_"
 PREFIX_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 SOCKET_VAR = "TORCH_WORKER_SERVER_SOCKET"  # torch/distributed/elastic/control_plane.py, worker_main
 SOCKET_TIMEOUT = 2.0  # seconds for one rank's answer: the handler copies its ring buffer and returns
+# What a rank's WorkerServer is asked, in turn: the recorder gloo records into (torch/csrc/distributed/c10d/
+# control_plane/Handlers.cpp, "fr_trace_json"), then NCCL's own (ProcessGroupNCCL.cpp, "dump_nccl_trace_json": the
+# same JSON, every entry by default; registered only where torch is built with NCCL, else HTTP 404).
+SERVED = ("fr_trace_json", "dump_nccl_trace_json")
 # The thread of torch's WorkerServer that accepts its connections (torch/csrc/distributed/c10d/control_plane/
 # WorkerServer.cpp: c10::setThreadName("pt_workerserver") before cpp-httplib's listen_after_bind, whose loop waits
 # in accept4 on the listening descriptor), and accept/accept4's numbers by machine (asm/unistd_64.h; aarch64:
@@ -344,20 +348,35 @@ def served(pid, path, rank, deadline=None):
     else:
         shown = ("socket:" + path)[:MAX_TEXT]
         where = "/proc/%d/root%s" % (pid, path) if path.startswith("/") else "/proc/%d/cwd/%s" % (pid, path)
-    left = SOCKET_TIMEOUT if deadline is None else min(SOCKET_TIMEOUT, deadline - time.monotonic())
-    if left <= 0:
-        return {"path": shown, "rank": rank, "error": "was not asked: the census's time was spent"}
-    try:
-        data = _post(where, "/handler/fr_trace_json", left)
-        doc = json.loads(data.decode("utf-8"))
-    except (OSError, ValueError) as exc:  # refused, not a socket, silent, too long, not HTTP, not JSON
-        return {"path": shown, "rank": rank, "error": "did not answer with flight-recorder records (%s)"
-                % (str(exc)[:MAX_TEXT] or type(exc).__name__)}
-    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
-        return {"path": shown, "rank": rank, "error": "answered, but not with flight-recorder records"}
-    found = summary(doc)
-    found.update(path=shown, rank=rank, size=len(data), mtime_ns=time.time_ns())  # as of now: a live answer
+    found, size = None, 0
+    for handler in SERVED:
+        left = SOCKET_TIMEOUT if deadline is None else min(SOCKET_TIMEOUT, deadline - time.monotonic())
+        if left <= 0:
+            return {"path": shown, "rank": rank, "error": "was not asked: the census's time was spent"}
+        try:
+            data = _post(where, "/handler/" + handler, left)
+            doc = json.loads(data.decode("utf-8"))
+        except ValueError as exc:
+            if found is not None and str(exc).startswith("HTTP 404"):  # a torch built without NCCL
+                break
+            return _unanswered(shown, rank, handler, exc)
+        except OSError as exc:  # refused, not a socket, silent
+            return _unanswered(shown, rank, handler, exc)
+        if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+            return {"path": shown, "rank": rank, "error": "answered, but not with flight-recorder records (%s)" % handler}
+        size += len(data)
+        if found is None:
+            found = summary(doc)
+        else:  # NCCL's groups; gloo's beside them where a group has no NCCL records
+            nccl = summary(doc)["groups"]
+            found["groups"] = nccl + [g for g in found["groups"] if g["pg"] not in set(n["pg"] for n in nccl)]
+    found.update(path=shown, rank=rank, size=size, mtime_ns=time.time_ns())  # as of now: a live answer
     return found
+
+
+def _unanswered(shown, rank, handler, exc):
+    return {"path": shown, "rank": rank, "error": "did not answer with flight-recorder records (%s: %s)"
+            % (handler, str(exc)[:MAX_TEXT] or type(exc).__name__)}
 
 
 def _post(where, target, timeout):

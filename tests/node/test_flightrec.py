@@ -194,9 +194,13 @@ def test_a_rank_in_a_container_is_read_in_its_own_filesystem(tmp_path, real_dump
 
 # --- records a rank serves on its worker socket (torch's worker_main, TORCH_WORKER_SERVER_SOCKET) ----------------
 
-def answering(path, reply, delay=0.0):
-    """A unix socket server at `path` that answers one connection with `reply` (bytes, after `delay` s) and closes;
-    a thread, ended with the test."""
+# What torch's WorkerServer answers for NCCL's records where torch is built without NCCL (as here).
+NO_NCCL = b"HTTP/1.1 404 Not Found\r\nContent-Length: 38\r\n\r\nHandler dump_nccl_trace_json not found"
+
+
+def answering(path, reply, delay=0.0, nccl=NO_NCCL):
+    """A unix socket server at `path` that answers one connection with `reply` (bytes, after `delay` s), the next
+    (NCCL's records) with `nccl`, and closes; a thread, ended with the test."""
     import socket
     import threading
 
@@ -205,14 +209,15 @@ def answering(path, reply, delay=0.0):
     server.listen(4)
 
     def serve():
-        conn, _ = server.accept()
-        with conn:
-            conn.recv(65536)
-            time.sleep(delay)
-            try:
-                conn.sendall(reply)
-            except OSError:  # the reader gave up first
-                pass
+        for answer in (reply, nccl):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                time.sleep(delay)
+                try:
+                    conn.sendall(answer)
+                except OSError:  # the reader gave up first
+                    pass
         server.close()
 
     threading.Thread(target=serve, daemon=True).start()
@@ -311,11 +316,11 @@ def test_the_debug_server_s_port_is_proven_on_proc_and_its_records_read(real_job
                                                                           (2, "broadcast", [[3, 4]])], served
 
 
-def pretending(reply=None, accept=True, delay=0.0):
+def pretending(reply=None, accept=True, delay=0.0, nccl=NO_NCCL):
     """A TCP listener in this process whose accepting thread takes WorkerServer's name (prctl PR_SET_NAME), waiting
-    in accept (or, with accept=False, asleep beside another, unnamed thread that accepts); it answers one
-    connection with `reply` after `delay` s. Returns (port, the connections it took: a list, the event that ends
-    its threads)."""
+    in accept (or, with accept=False, asleep beside another, unnamed thread that accepts); it answers a connection
+    with `reply` after `delay` s, the next (NCCL's records) with `nccl`. Returns (port, the connections it took: a
+    list, the function that ends its threads)."""
     import ctypes
     import socket
     import threading
@@ -329,15 +334,19 @@ def pretending(reply=None, accept=True, delay=0.0):
         if name:
             ctypes.CDLL(None, use_errno=True).prctl(15, name, 0, 0, 0)  # PR_SET_NAME: this thread's comm
             named.set()
-        conn, _ = server.accept()  # blocking: accept4 on the listening descriptor, as cpp-httplib waits
-        taken.append(conn)
-        with conn:
-            conn.recv(65536)
-            stop.wait(delay)
+        for answer in (reply, nccl):
             try:
-                conn.sendall(reply or b"")
-            except OSError:  # the reader gave up first
-                pass
+                conn, _ = server.accept()  # blocking: accept4 on the listening descriptor, as cpp-httplib waits
+            except OSError:  # ended
+                return
+            taken.append(conn)
+            with conn:
+                conn.recv(65536)
+                stop.wait(delay)
+                try:
+                    conn.sendall(answer or b"")
+                except OSError:  # the reader gave up first
+                    pass
 
     def idle():
         ctypes.CDLL(None, use_errno=True).prctl(15, b"pt_workerserver", 0, 0, 0)
@@ -349,23 +358,32 @@ def pretending(reply=None, accept=True, delay=0.0):
         threading.Thread(target=idle, daemon=True).start()
     named.wait(5)
     time.sleep(0.1)  # into accept
-    return server.getsockname()[1], taken, stop
+
+    def end():  # wakes a thread still in accept (shutdown), so that no named thread outlives its test
+        stop.set()
+        try:
+            server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        server.close()
+        time.sleep(0.05)
+    return server.getsockname()[1], taken, end
 
 
 @pytest.mark.parametrize("reply, said", HOSTILE_ANSWERS)
 def test_a_debug_server_that_answers_anything_else_is_one_line(reply, said):
-    port, _, stop = pretending(reply)
+    port, _, end = pretending(reply)
     found = flightrec.collect(None, [(os.getpid(), {"RANK": "3"}, 3)], {})
-    stop.set()
+    end()
     [error] = [e for e in found["errors"] if e["path"] == f"debug-server:[::]:{port}"]
     assert said in error["error"] and "\n" not in error["error"] and error["rank"] == 3, found
 
 
 def test_a_debug_server_that_never_answers_costs_the_time_given():
-    port, _, stop = pretending(http(b"{}"), delay=30)
+    port, _, end = pretending(http(b"{}"), delay=30)
     started = time.monotonic()
     found = flightrec.collect(None, [(os.getpid(), {"RANK": "0"}, 0)], {}, deadline=time.monotonic() + 0.5)
-    stop.set()
+    end()
     assert time.monotonic() - started < 1.5, found
     [error] = [e for e in found["errors"] if e["path"] == f"debug-server:[::]:{port}"]
     assert "timed out" in error["error"] and found["dumps"] == [], found
@@ -374,13 +392,31 @@ def test_a_debug_server_that_never_answers_costs_the_time_given():
 def test_a_port_not_proven_the_debug_server_s_is_never_sent_a_byte():
     """A listener of the rank whose accepting thread is not WorkerServer's (gloo's, NCCL's, the user's own) is never
     connected to, nor is any while WorkerServer's thread is not waiting in accept: said, in one line."""
-    port, taken, stop = pretending(http(json.dumps(LIVE).encode()), accept=False)
+    port, taken, end = pretending(http(json.dumps(LIVE).encode()), accept=False)
     try:
         found = flightrec.collect(None, [(os.getpid(), {"RANK": "0"}, 0)], {})
         assert found["dumps"] == [] and taken == [], found
         [error] = found["errors"]
         assert error["path"] == f"debug-server(pid {os.getpid()})" and "not waiting in accept" in error["error"]
     finally:
-        stop.set()
+        end()
     time.sleep(0.1)  # the named thread has ended: a process that runs no WorkerServer is not asked, and says nothing
     assert flightrec.debug_server(os.getpid()) is None and taken == []
+
+
+def test_a_rank_that_uses_nccl_is_read_from_nccl_s_own_recorder():
+    """fr_trace_json serves the recorder gloo records into; NCCL records into its own, served as dump_nccl_trace_json
+    (torch built with NCCL): its groups are read, gloo's beside them where NCCL has none of a group; a broken NCCL
+    answer is an error, not a rank read from gloo's records alone (which would show no NCCL collective)."""
+    gloo = dict(LIVE, entries=LIVE["entries"] + [dict(LIVE["entries"][0], process_group=["1", "cpu_group"], pg_id=1)])
+    nccl = dict(LIVE, entries=[dict(LIVE["entries"][0], collective_seq_id=9, profiling_name="nccl:all_gather")])
+    port, _, end = pretending(http(json.dumps(gloo).encode()), nccl=http(json.dumps(nccl).encode()))
+    found = flightrec.collect(None, [(os.getpid(), {"RANK": "0"}, 0)], {})
+    end()
+    [served] = found["dumps"]
+    assert [(g["pg"], [(e["seq"], e["op"], e["backend"]) for e in g["entries"]]) for g in served["groups"]] == [
+        ("0", [(9, "all_gather", "nccl")]), ("1", [(4, "all_reduce", "gloo")])], served
+    port, _, end = pretending(http(json.dumps(gloo).encode()), nccl=http(b"boom", b"500 Internal Server Error"))
+    found = flightrec.collect(None, [(os.getpid(), {"RANK": "0"}, 0)], {})
+    end()
+    assert found["dumps"] == [] and "(dump_nccl_trace_json: HTTP 500: boom)" in found["errors"][0]["error"], found
