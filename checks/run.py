@@ -490,9 +490,9 @@ def _stacks_readable(stacks: Mapping[str, Any], facts: Mapping[str, Any]) -> Ite
 @check("RUN010", "flight-recorder", "cluster", tags=["doctor", "collective", "flight-recorder"])
 def flight_recorder(ctx) -> Iterator[Finding]:
     """torch's flight-recorder records of every rank (the files PREFIX<rank> each rank wrote, read on every node
-    while the job runs or after it died, or the records a running rank serves on its worker socket) show no rank
-    that holds the others: none behind the others' collective, none that issued another collective (op, sizes,
-    dtypes) at the same sequence id, none without records.
+    while the job runs or after it died, or the records a running rank serves on its worker socket or its debug
+    server) show no rank that holds the others: none behind the others' collective, none that issued another
+    collective (op, sizes, dtypes) at the same sequence id, none without records.
 
     DDP, FSDP and DeepSpeed issue their collectives asynchronously and wait for them together, so every rank's
     stack shows the same wait and cannot name the culprit; the records say which collective each rank entered,
@@ -501,7 +501,8 @@ def flight_recorder(ctx) -> Iterator[Finding]:
     Look at the named rank's line: a rank-dependent branch, an uneven number of buckets, batches or steps, a
     parameter only some ranks have. To have records next time: TORCH_FR_BUFFER_SIZE=2000,
     TORCH_FR_DUMP_TEMP_FILE=PATH/fr_, TORCH_NCCL_DUMP_ON_TIMEOUT=1 (gloo: dump them in your timeout handler), or
-    run the job in torch's worker_main with TORCH_WORKER_SERVER_SOCKET set per rank: doctor asks it live.
+    run the job in torch's worker_main with TORCH_WORKER_SERVER_SOCKET set per rank, or call
+    torch.distributed.debug.start_debug_server() in it: doctor asks each rank live.
     """
     census = _census(ctx)
     if census is None:
@@ -514,7 +515,11 @@ def flight_recorder(ctx) -> Iterator[Finding]:
     worlds = Counter(p.world_size for p in census.ranks if p.world_size)
     found = flight.gather(census.flight, live, worlds.most_common(1)[0][0] if worlds else None)
     for node, path, why in found.errors:
+        server = path.startswith(("socket:", "debug-server"))  # a rank's server, asked live; else a file
         yield Finding(Status.WARN, f"{node}: {path} {why}: not read as flight-recorder records",
+                      "run doctor as root, or as the job's user where kernel.yama.ptrace_scope is 0 (as for py-spy)"
+                      if "ptrace" in why else "check the rank's server (POST /handler/fr_trace_json), or raise "
+                      "doctor's --timeout" if server else
                       f"remove or replace {path} on {node} (doctor reads PREFIX<rank> files as torch writes them)",
                       nodes=(node,), evidence={"path": path, "error": why})
     if not found.records:

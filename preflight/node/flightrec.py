@@ -10,7 +10,10 @@ own reader, torch/distributed/flight_recorder/components/loader.py `read_dump`, 
 
 A running rank may also serve its records: a job wrapped in torch.distributed.elastic.control_plane.worker_main
 with TORCH_WORKER_SERVER_SOCKET set answers `POST /handler/fr_trace_json` on that unix socket (torch's
-WorkerServer) with the same document as JSON, live, with no dump written (`served`).
+WorkerServer) with the same document as JSON, live, with no dump written (`served`). torch's debug server
+(torch.distributed.debug.start_debug_server) runs the same WorkerServer in every rank on an ephemeral TCP port that
+only the job's TCPStore records; it is asked only where /proc proves the port its own (`debug_server`): a
+rank's other listeners are gloo's and NCCL's, which must never be sent HTTP.
 
 A dump is untrusted input: opened without blocking (a FIFO), read only when it is a regular file of at most
 MAX_BYTES, and its pickle is read by preflight.node.pickled, which never imports or calls anything. A socket's
@@ -23,6 +26,7 @@ import socket
 import stat
 import time
 
+from preflight.node import procfs
 from preflight.node.pickled import plain_data
 
 MAX_BYTES = 8 << 20  # 2,000 entries with their frames are about 1 MB
@@ -35,6 +39,17 @@ DEFAULT_NAME = "comm_lib_trace_rank_"
 PREFIX_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 SOCKET_VAR = "TORCH_WORKER_SERVER_SOCKET"  # torch/distributed/elastic/control_plane.py, worker_main
 SOCKET_TIMEOUT = 2.0  # seconds for one rank's answer: the handler copies its ring buffer and returns
+# What a rank's WorkerServer is asked, in turn: the recorder gloo records into (torch/csrc/distributed/c10d/
+# control_plane/Handlers.cpp, "fr_trace_json"), then NCCL's own (ProcessGroupNCCL.cpp, "dump_nccl_trace_json": the
+# same JSON, every entry by default; registered only where torch is built with NCCL, else HTTP 404).
+SERVED = ("fr_trace_json", "dump_nccl_trace_json")
+# The thread of torch's WorkerServer that accepts its connections (torch/csrc/distributed/c10d/control_plane/
+# WorkerServer.cpp: c10::setThreadName("pt_workerserver") before cpp-httplib's listen_after_bind, whose loop waits
+# in accept4 on the listening descriptor), and accept/accept4's numbers by machine (asm/unistd_64.h; aarch64:
+# asm-generic/unistd.h), as /proc/PID/task/TID/syscall gives the call a thread waits in.
+SERVER_THREAD = b"pt_workerserver"
+ACCEPT_CALLS = {"x86_64": (43, 288), "aarch64": (202, 242)}
+MAX_TASKS = 4096  # threads of a rank looked at for the server's
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen|^<)")
 
 
@@ -216,7 +231,9 @@ def summary(doc):
 def collect(flag_prefix, ranks, started, deadline=None):
     """The dumps on this node: those of `flag_prefix` (doctor --flight-recorder, read from this node's root);
     else those where each running rank writes (its TORCH_FR_DUMP_TEMP_FILE, else torch's default under its
-    own HOME), read through /proc/PID/root (a rank in a container sees its own files). `ranks`: [(pid,
+    own HOME), read through /proc/PID/root (a rank in a container sees its own files); and the live records each
+    running rank serves: on its worker socket (TORCH_WORKER_SERVER_SOCKET), else on its debug server where /proc
+    proves the port (debug_server). `ranks`: [(pid,
     environment, its RANK)]; `started`: pid -> when it started (s since the epoch), to leave out a file a
     rank of an earlier run wrote; `deadline` (time.monotonic) and MAX_TOTAL bytes bound the reading. Returns
     {"looked": [...], "dumps": [...], "errors": [...], "stale": [...]}."""
@@ -256,41 +273,120 @@ def collect(flag_prefix, ranks, started, deadline=None):
             found["path"] = shown
             (errors if "error" in found else dumps).append(found)
     for pid, environ, rank in ranks:  # the live records of a rank that serves them: newer than any file
-        if environ.get(SOCKET_VAR) and rank is not None and total <= MAX_TOTAL:
-            found = served(pid, environ[SOCKET_VAR], rank, deadline)
-            total += found.get("size") or 0
-            looked.append({"prefix": found["path"], "source": "socket"})
-            (errors if "error" in found else dumps).append(found)
+        if rank is None or total > MAX_TOTAL:
+            continue
+        if environ.get(SOCKET_VAR):
+            found, source = served(pid, environ[SOCKET_VAR], rank, deadline), "socket"
+        else:
+            try:
+                at = debug_server(pid)
+            except ValueError as exc:
+                errors.append({"path": "debug-server(pid %d)" % pid, "rank": rank, "error": "was not asked: %s" % exc})
+                continue
+            if at is None:
+                continue
+            found, source = served(pid, at, rank, deadline), "debug-server"
+        total += found.get("size") or 0
+        looked.append({"prefix": found["path"], "source": source})
+        (errors if "error" in found else dumps).append(found)
     return {"looked": looked, "dumps": dumps, "errors": errors[:32], "stale": stale[:32]}
+
+
+def debug_server(pid, listening=None):
+    """(address, port) of the TCP socket on which torch's WorkerServer in process `pid` accepts (its debug server),
+    proven on /proc: the server's thread waits in accept on a descriptor of the process that is, by its inode, a
+    socket listening there (`listening`: procfs.tcp_sockets("LISTEN"), this network namespace's, read when None).
+    None where the process runs no such thread, or it accepts on a unix socket (worker_main's); ValueError saying
+    why a port was not proven (reading a thread's syscall takes ptrace's permission, as py-spy does)."""
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)[:MAX_TASKS]
+    except OSError:
+        return None
+    why = None
+    for tid in tasks:
+        if (procfs.read("/proc/%d/task/%s/comm" % (pid, tid)) or b"").strip() != SERVER_THREAD:
+            continue
+        calls = ACCEPT_CALLS.get(os.uname()[4])
+        if calls is None:
+            raise ValueError("its debug server's port is not read on %s (accept's number is known for %s)"
+                             % (os.uname()[4], ", ".join(sorted(ACCEPT_CALLS))))
+        for _ in range(3):  # between two connections it is briefly elsewhere
+            raw = procfs.read("/proc/%d/task/%s/syscall" % (pid, tid))
+            if raw is None:
+                raise ValueError("/proc/%d/task/%s/syscall cannot be read (as py-spy, it needs ptrace's permission), "
+                                 "so its debug server's port is not proven" % (pid, tid))
+            words = raw.split()
+            if len(words) > 1 and words[0].isdigit() and int(words[0]) in calls:
+                break
+            time.sleep(0.01)
+        else:
+            why = "its thread %s was not waiting in accept, so its debug server's port is not proven" % tid
+            continue
+        try:
+            target = procfs.link("/proc/%d/fd/%d" % (pid, int(words[1], 16))) or ""
+        except ValueError:
+            continue
+        if listening is None:
+            listening = procfs.tcp_sockets("LISTEN")
+        found = listening.get(target[8:-1]) if target.startswith("socket:[") else None
+        if found is not None and found["state"] == "LISTEN" and found["local_port"]:
+            return found["local"], found["local_port"]
+    if why:
+        raise ValueError(why)
+    return None
 
 
 def served(pid, path, rank, deadline=None):
     """The records rank `rank` (process `pid`) serves on its worker socket `path` (read through /proc/PID/root:
-    the rank's own filesystem), summarized as a dump's; {"path", "rank", "error"} saying in one line why not."""
-    shown = ("socket:" + path)[:MAX_TEXT]
-    where = "/proc/%d/root%s" % (pid, path) if path.startswith("/") else "/proc/%d/cwd/%s" % (pid, path)
-    left = SOCKET_TIMEOUT if deadline is None else min(SOCKET_TIMEOUT, deadline - time.monotonic())
-    if left <= 0:
-        return {"path": shown, "rank": rank, "error": "was not asked: the census's time was spent"}
-    try:
-        data = _post(where, "/handler/fr_trace_json", left)
-        doc = json.loads(data.decode("utf-8"))
-    except (OSError, ValueError) as exc:  # refused, not a socket, silent, too long, not HTTP, not JSON
-        return {"path": shown, "rank": rank, "error": "did not answer with flight-recorder records (%s)"
-                % (str(exc)[:MAX_TEXT] or type(exc).__name__)}
-    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
-        return {"path": shown, "rank": rank, "error": "answered, but not with flight-recorder records"}
-    found = summary(doc)
-    found.update(path=shown, rank=rank, size=len(data), mtime_ns=time.time_ns())  # as of now: a live answer
+    the rank's own filesystem), or on its debug server's TCP socket `path`=(address, port) (asked on loopback
+    where it listens on every address), summarized as a dump's; {"path", "rank", "error"} saying in one line why
+    not."""
+    if isinstance(path, tuple):
+        host, port = path
+        shown = "debug-server:%s:%d" % ("[%s]" % host if ":" in host else host, port)
+        where = ({"::": "::1", "0.0.0.0": "127.0.0.1"}.get(host, host), port)
+    else:
+        shown = ("socket:" + path)[:MAX_TEXT]
+        where = "/proc/%d/root%s" % (pid, path) if path.startswith("/") else "/proc/%d/cwd/%s" % (pid, path)
+    found, size = None, 0
+    for handler in SERVED:
+        left = SOCKET_TIMEOUT if deadline is None else min(SOCKET_TIMEOUT, deadline - time.monotonic())
+        if left <= 0:
+            return {"path": shown, "rank": rank, "error": "was not asked: the census's time was spent"}
+        try:
+            data = _post(where, "/handler/" + handler, left)
+            doc = json.loads(data.decode("utf-8"))
+        except ValueError as exc:
+            if found is not None and str(exc).startswith("HTTP 404"):  # a torch built without NCCL
+                break
+            return _unanswered(shown, rank, handler, exc)
+        except OSError as exc:  # refused, not a socket, silent
+            return _unanswered(shown, rank, handler, exc)
+        if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+            return {"path": shown, "rank": rank, "error": "answered, but not with flight-recorder records (%s)" % handler}
+        size += len(data)
+        if found is None:
+            found = summary(doc)
+        else:  # NCCL's groups; gloo's beside them where a group has no NCCL records
+            nccl = summary(doc)["groups"]
+            found["groups"] = nccl + [g for g in found["groups"] if g["pg"] not in set(n["pg"] for n in nccl)]
+    found.update(path=shown, rank=rank, size=size, mtime_ns=time.time_ns())  # as of now: a live answer
     return found
 
 
-def _post(path, target, timeout):
-    """The body of an HTTP POST to `target` on the unix socket `path` (torch's WorkerServer: HTTP/1.1, one request
-    per connection); ValueError for an answer that is not 200 or longer than MAX_BYTES."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+def _unanswered(shown, rank, handler, exc):
+    return {"path": shown, "rank": rank, "error": "did not answer with flight-recorder records (%s: %s)"
+            % (handler, str(exc)[:MAX_TEXT] or type(exc).__name__)}
+
+
+def _post(where, target, timeout):
+    """The body of an HTTP POST to `target` on the unix socket at path `where`, or at (host, port) (torch's
+    WorkerServer: HTTP/1.1, one request per connection); ValueError for an answer that is not 200 or longer than
+    MAX_BYTES."""
+    family = socket.AF_UNIX if isinstance(where, str) else socket.AF_INET6 if ":" in where[0] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
-        conn.connect(path)  # a path past 107 bytes: OSError, said as such
+        conn.connect(where)  # a path past 107 bytes: OSError, said as such
         conn.sendall(("POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
                       % target).encode())
         received, size = [], 0

@@ -544,12 +544,15 @@ import torch, torch.distributed as dist
 rank = int(os.environ["RANK"])
 marks, mode = pathlib.Path(os.environ["PF_MARKS"]), os.environ.get("PF_MODE", "")
 (marks / f"{rank}.pid").write_text(str(os.getpid()))
-dumped = []
-serving = os.environ.get("TORCH_WORKER_SERVER_SOCKET")
-if serving:  # torch's worker_main serves the records on that socket (POST /handler/fr_trace_json): none written
+dumped, me = [], os.getpid()
+serving = os.environ.get("TORCH_WORKER_SERVER_SOCKET") or os.environ.get("PF_DEBUG_SERVER")
+if os.environ.get("TORCH_WORKER_SERVER_SOCKET"):  # worker_main serves the records on that socket: none written
     from torch.distributed.elastic.control_plane import worker_main
     server = worker_main()  # held: the server ends when its context is collected
     server.__enter__()
+if os.environ.get("PF_DEBUG_SERVER"):  # torch's debug server: a WorkerServer per rank on an ephemeral TCP port, and
+    from torch.distributed.debug import start_debug_server  # rank 0's frontend (a forked process) on port 0
+    start_debug_server(port=0)
 
 
 def dump(why):
@@ -561,6 +564,8 @@ def dump(why):
 
 
 def on_term(signum, frame):
+    if os.getpid() != me:  # the debug server's frontend, forked from rank 0 with this handler
+        os._exit(0)
     if not dumped:
         dump("dumped-at-exit")
     os._exit(1)
@@ -679,15 +684,18 @@ def test_flight_records_name_the_rank_that_holds_an_asynchronous_step(cluster, f
     print(f"doctor on the hung job ({mode}): {elapsed:.1f} s")
 
 
-@pytest.mark.parametrize("mode, port, kind, seq", [("fewer:2", 29676, "behind", 4)])
+@pytest.mark.parametrize("mode, port, kind, seq, server", [
+    ("fewer:2", 29676, "behind", 4, {"TORCH_WORKER_SERVER_SOCKET": f"{FR_ROOT}/worker.sock"}),
+    ("op:2", 29677, "mismatch", 2, {"PF_DEBUG_SERVER": "1"})])
 def test_records_a_rank_serves_on_its_worker_socket_name_the_rank_that_holds_the_step(cluster, fr_jobs, mode, port,
-                                                                                     kind, seq):
-    """A job run inside torch's worker_main with TORCH_WORKER_SERVER_SOCKET writes no file: doctor asks each rank's
-    socket for its records (POST /handler/fr_trace_json, through /proc/PID/root) and names the rank, live: the
-    records are as of the question, so the others' wait in #4 is past its timeout and rank 2 never entered it.
-    (A mismatch is judged from served records as from files: tests/node/test_flightrec.py reads them alike.)"""
+                                                                                     kind, seq, server):
+    """A job run inside torch's worker_main with TORCH_WORKER_SERVER_SOCKET, or with torch's debug server
+    (start_debug_server), writes no file: doctor asks each rank's socket, or the TCP port /proc proves its debug
+    server's, for its records (POST /handler/fr_trace_json) and names the rank, live: the records are as of the
+    question, so the others' wait in #4 is past its timeout and rank 2 never entered it (fewer:2); rank 2 issued a
+    broadcast as collective #2 (op:2). (tests/node/test_flightrec.py reads served records as files.)"""
     jobs, prefix = fr_jobs
-    launchers = start_fr(jobs, prefix, port, mode, TORCH_WORKER_SERVER_SOCKET=f"{FR_ROOT}/worker.sock")
+    launchers = start_fr(jobs, prefix, port, mode, **server)
     jobs.wait_for("0-dumped", "1-dumped", "2-dumped" if kind == "mismatch" else "2-done", timeout=180)
     pid = jobs.rank_pids()[2]
     doc, elapsed = doctor(cluster, "--port", str(port))
@@ -696,11 +704,14 @@ def test_records_a_rank_serves_on_its_worker_socket_name_the_rank_that_holds_the
     assert blame["evidence"]["pid"] == pid and blame["evidence"]["kind"] == kind, blame
     assert blame["evidence"]["seq"] == seq and blame["evidence"]["pg"] == "0", blame
     if kind == "mismatch":
-        assert blame["evidence"]["op"] == "broadcast", blame
+        assert blame["evidence"]["op"] == "broadcast" and blame["evidence"]["expected_op"] == "all_reduce", blame
+        assert "rank 2 on node03 (pid %d) issued broadcast [2000] Float as collective #2" % pid in blame["message"]
     else:  # its step's three buckets are done: it is alive and serves records that stop at #3
         assert blame["evidence"]["last_seq"] == 3 and "4 s timeout" in blame["message"], blame
+    # every rank answered; rank 0's debug-server frontend (a process it forked) is neither a rank nor another job
+    assert problems(doc) == [("RUN010", ("node03",))], messages(doc)
     jobs.untouched(launchers, jobs.rank_pids().values())
-    print(f"doctor on the hung job ({mode}), records from the worker sockets: {elapsed:.1f} s")
+    print(f"doctor on the hung job ({mode}), records served by the ranks ({', '.join(server)}): {elapsed:.1f} s")
 
 
 @pytest.mark.parametrize("mode, port", [("", 29673), ("slow:2", 29674)])

@@ -135,6 +135,23 @@ def test_a_file_that_is_not_a_dump_is_a_warning_naming_node_and_file(tmp_path):
     [warned] = [r for r in results if r.status == Status.WARN]
     assert warned.nodes == ("gpu2",) and warned.message.startswith(
         f"gpu2: {tmp_path / 'gpu2' / 'comm_lib_trace_rank_3'} is not a flight-recorder dump")
+    assert warned.remediation.startswith("remove or replace")
+
+
+@pytest.mark.parametrize("path, error, fix", [
+    ("debug-server(pid 77)", "was not asked: /proc/77/task/78/syscall cannot be read (as py-spy, it needs ptrace's "
+     "permission), so its debug server's port is not proven", "run doctor as root"),
+    ("debug-server:[::]:40123", "did not answer with flight-recorder records (timed out)", "check the rank's server"),
+    ("socket:/run/w.sock", "did not answer with flight-recorder records (HTTP 404)", "check the rank's server"),
+])
+def test_a_rank_s_server_not_read_is_a_warning_whose_fix_is_not_a_file_s(tmp_path, path, error, fix):
+    """A rank's debug server or worker socket that was not asked or did not answer: the fix is ptrace's permission,
+    or the server, never "remove or replace" it as a file."""
+    records = node_records("healthy", tmp_path)
+    records["gpu2"]["errors"].append({"path": path, "rank": 3, "error": error})
+    [warned] = [r for r in run010(records) if r.status == Status.WARN]
+    assert warned.nodes == ("gpu2",) and warned.message == f"gpu2: {path} {error}: not read as flight-recorder records"
+    assert warned.remediation.startswith(fix), warned.remediation
 
 
 def test_the_judge_needs_the_others_to_have_entered_before_the_laggard_wrote():

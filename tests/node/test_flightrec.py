@@ -1,6 +1,7 @@
 """Reading torch's flight-recorder dumps on a node (preflight.node.flightrec): a real dump torch wrote, where the
 files are looked for, and hostile files (truncated, huge, a FIFO, a pickle that would run a command), each refused
 in one line, nothing run, nothing blocked."""
+import json
 import os
 import pickle
 import shutil
@@ -13,27 +14,45 @@ import pytest
 from preflight.node import census, flightrec
 
 # A one-rank gloo job with the flight recorder on: an asynchronous all_reduce and a broadcast, then its records
-# as torch dumps them (torch._C._distributed_c10d._dump_fr_trace: the bytes torch writes to PREFIX<rank>).
+# as torch dumps them (torch._C._distributed_c10d._dump_fr_trace: the bytes torch writes to PREFIX<rank>); then it
+# serves them on torch's WorkerServer at an ephemeral TCP port, as start_debug_server starts it in every rank
+# (torch/distributed/debug/__init__.py: _WorkerServer("::", worker_port=0)), and says the port torch chose.
 ONE_RANK = '''
 import datetime, os, sys, torch, torch.distributed as dist
+from torch._C._distributed_c10d import _WorkerServer
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1,
                         timeout=datetime.timedelta(seconds=30))
 dist.all_reduce(torch.ones(1000), async_op=True).wait()
 dist.broadcast(torch.ones(3, 4, dtype=torch.float16), src=0)
 with open(sys.argv[1] + "0", "wb") as out:
     out.write(torch._C._distributed_c10d._dump_fr_trace())
+server = _WorkerServer("::", 0)
+print(server.port, flush=True)
+sys.stdin.read()  # until the tests are done
 '''
 
 
 @pytest.fixture(scope="module")
-def real_dump(tmp_path_factory):
+def real_job(tmp_path_factory):
+    """(its dump, its pid, the port its WorkerServer listens on) of the one-rank job, alive for the module."""
     folder = tmp_path_factory.mktemp("fr")
     script = folder / "job.py"
     script.write_text(ONE_RANK)
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE="2000")
-    subprocess.run([sys.executable, str(script), str(folder / "fr_"), str(folder / "store")], env=env, check=True,
-                   timeout=120)
-    return folder / "fr_0"
+    proc = subprocess.Popen([sys.executable, str(script), str(folder / "fr_"), str(folder / "store")], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        port = int(proc.stdout.readline() or 0)
+        assert port and (folder / "fr_0").exists(), "the one-rank job did not start its WorkerServer"
+        yield folder / "fr_0", proc.pid, port
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def real_dump(real_job):
+    return real_job[0]
 
 
 def test_a_dump_torch_wrote_is_read_as_its_collectives(real_dump):
@@ -175,9 +194,13 @@ def test_a_rank_in_a_container_is_read_in_its_own_filesystem(tmp_path, real_dump
 
 # --- records a rank serves on its worker socket (torch's worker_main, TORCH_WORKER_SERVER_SOCKET) ----------------
 
-def answering(path, reply, delay=0.0):
-    """A unix socket server at `path` that answers one connection with `reply` (bytes, after `delay` s) and closes;
-    a thread, ended with the test."""
+# What torch's WorkerServer answers for NCCL's records where torch is built without NCCL (as here).
+NO_NCCL = b"HTTP/1.1 404 Not Found\r\nContent-Length: 38\r\n\r\nHandler dump_nccl_trace_json not found"
+
+
+def answering(path, reply, delay=0.0, nccl=NO_NCCL):
+    """A unix socket server at `path` that answers one connection with `reply` (bytes, after `delay` s), the next
+    (NCCL's records) with `nccl`, and closes; a thread, ended with the test."""
     import socket
     import threading
 
@@ -186,14 +209,15 @@ def answering(path, reply, delay=0.0):
     server.listen(4)
 
     def serve():
-        conn, _ = server.accept()
-        with conn:
-            conn.recv(65536)
-            time.sleep(delay)
-            try:
-                conn.sendall(reply)
-            except OSError:  # the reader gave up first
-                pass
+        for answer in (reply, nccl):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                time.sleep(delay)
+                try:
+                    conn.sendall(answer)
+                except OSError:  # the reader gave up first
+                    pass
         server.close()
 
     threading.Thread(target=serve, daemon=True).start()
@@ -229,8 +253,8 @@ def test_the_records_a_rank_serves_are_read_as_its_dump_would_be(tmp_path):
         [(4, "all_reduce", "gloo", "scheduled")]
 
 
-@pytest.mark.parametrize("reply, said", [
-    (None, "No such file"),  # no socket there
+# What a server that is not torch's WorkerServer (or a broken one) may answer, and the line each is said in.
+HOSTILE_ANSWERS = [
     (b"", "not an HTTP answer"),  # closed without a word
     (b"SSH-2.0-OpenSSH_9.2\r\n", "not an HTTP answer"),
     (http(b"Handler fr_trace_json not found", b"404 Not Found"), "HTTP 404: Handler fr_trace_json not found"),
@@ -238,7 +262,10 @@ def test_the_records_a_rank_serves_are_read_as_its_dump_would_be(tmp_path):
     (http(b'{"entries": 7}'), "answered, but not with flight-recorder records"),
     (http(b"x" * (flightrec.MAX_BYTES + (1 << 20))), "answered more than 8 MiB"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "chunked"),
-])
+]
+
+
+@pytest.mark.parametrize("reply, said", [(None, "No such file"), *HOSTILE_ANSWERS])  # None: no socket there
 def test_a_socket_that_answers_anything_else_is_one_line(tmp_path, reply, said):
     if reply is not None:
         answering(tmp_path / "w.sock", reply)
@@ -272,3 +299,124 @@ def test_collect_reads_each_serving_rank_beside_its_files(tmp_path):
     found = flightrec.collect(None, [(os.getpid(), environ, 1), (os.getpid(), {"RANK": "0"}, None)], {})
     assert [d["path"] for d in found["dumps"]] == [f"socket:{tmp_path}/w.sock"], found
     assert {"prefix": f"socket:{tmp_path}/w.sock", "source": "socket"} in found["looked"], found
+
+
+# --- records a rank serves on torch's debug server (torch.distributed.debug.start_debug_server) -----------------
+
+def test_the_debug_server_s_port_is_proven_on_proc_and_its_records_read(real_job):
+    """torch's own WorkerServer on an ephemeral TCP port: its accepting thread (pt_workerserver, waiting in accept on
+    the listening descriptor) proves the port torch chose, and the records it serves are the dump's."""
+    _, pid, port = real_job
+    assert flightrec.debug_server(pid) == ("::", port)
+    found = flightrec.collect(None, [(pid, {"RANK": "0"}, 0)], {})
+    assert {"prefix": f"debug-server:[::]:{port}", "source": "debug-server"} in found["looked"], found
+    [served] = found["dumps"]
+    [group] = served["groups"]
+    assert [(e["seq"], e["op"], e["sizes"]) for e in group["entries"]] == [(1, "all_reduce", [[1000]]),
+                                                                          (2, "broadcast", [[3, 4]])], served
+
+
+def pretending(reply=None, accept=True, delay=0.0, nccl=NO_NCCL):
+    """A TCP listener in this process whose accepting thread takes WorkerServer's name (prctl PR_SET_NAME), waiting
+    in accept (or, with accept=False, asleep beside another, unnamed thread that accepts); it answers a connection
+    with `reply` after `delay` s, the next (NCCL's records) with `nccl`. Returns (port, the connections it took: a
+    list, the function that ends its threads)."""
+    import ctypes
+    import socket
+    import threading
+
+    server = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    server.bind(("::", 0))
+    server.listen(4)
+    taken, named, stop = [], threading.Event(), threading.Event()
+
+    def serve(name):
+        if name:
+            ctypes.CDLL(None, use_errno=True).prctl(15, name, 0, 0, 0)  # PR_SET_NAME: this thread's comm
+            named.set()
+        for answer in (reply, nccl):
+            try:
+                conn, _ = server.accept()  # blocking: accept4 on the listening descriptor, as cpp-httplib waits
+            except OSError:  # ended
+                return
+            taken.append(conn)
+            with conn:
+                conn.recv(65536)
+                stop.wait(delay)
+                try:
+                    conn.sendall(answer or b"")
+                except OSError:  # the reader gave up first
+                    pass
+
+    def idle():
+        ctypes.CDLL(None, use_errno=True).prctl(15, b"pt_workerserver", 0, 0, 0)
+        named.set()
+        stop.wait(30)
+
+    threading.Thread(target=serve, args=(b"pt_workerserver" if accept else None,), daemon=True).start()
+    if not accept:
+        threading.Thread(target=idle, daemon=True).start()
+    named.wait(5)
+    time.sleep(0.1)  # into accept
+
+    def end():  # wakes a thread still in accept (shutdown), so that no named thread outlives its test
+        stop.set()
+        try:
+            server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        server.close()
+        time.sleep(0.05)
+    return server.getsockname()[1], taken, end
+
+
+@pytest.mark.parametrize("reply, said", HOSTILE_ANSWERS)
+def test_a_debug_server_that_answers_anything_else_is_one_line(reply, said):
+    port, _, end = pretending(reply)
+    found = flightrec.collect(None, [(os.getpid(), {"RANK": "3"}, 3)], {})
+    end()
+    [error] = [e for e in found["errors"] if e["path"] == f"debug-server:[::]:{port}"]
+    assert said in error["error"] and "\n" not in error["error"] and error["rank"] == 3, found
+
+
+def test_a_debug_server_that_never_answers_costs_the_time_given():
+    port, _, end = pretending(http(b"{}"), delay=30)
+    started = time.monotonic()
+    found = flightrec.collect(None, [(os.getpid(), {"RANK": "0"}, 0)], {}, deadline=time.monotonic() + 0.5)
+    end()
+    assert time.monotonic() - started < 1.5, found
+    [error] = [e for e in found["errors"] if e["path"] == f"debug-server:[::]:{port}"]
+    assert "timed out" in error["error"] and found["dumps"] == [], found
+
+
+def test_a_port_not_proven_the_debug_server_s_is_never_sent_a_byte():
+    """A listener of the rank whose accepting thread is not WorkerServer's (gloo's, NCCL's, the user's own) is never
+    connected to, nor is any while WorkerServer's thread is not waiting in accept: said, in one line."""
+    port, taken, end = pretending(http(json.dumps(LIVE).encode()), accept=False)
+    try:
+        found = flightrec.collect(None, [(os.getpid(), {"RANK": "0"}, 0)], {})
+        assert found["dumps"] == [] and taken == [], found
+        [error] = found["errors"]
+        assert error["path"] == f"debug-server(pid {os.getpid()})" and "not waiting in accept" in error["error"]
+    finally:
+        end()
+    time.sleep(0.1)  # the named thread has ended: a process that runs no WorkerServer is not asked, and says nothing
+    assert flightrec.debug_server(os.getpid()) is None and taken == []
+
+
+def test_a_rank_that_uses_nccl_is_read_from_nccl_s_own_recorder():
+    """fr_trace_json serves the recorder gloo records into; NCCL records into its own, served as dump_nccl_trace_json
+    (torch built with NCCL): its groups are read, gloo's beside them where NCCL has none of a group; a broken NCCL
+    answer is an error, not a rank read from gloo's records alone (which would show no NCCL collective)."""
+    gloo = dict(LIVE, entries=LIVE["entries"] + [dict(LIVE["entries"][0], process_group=["1", "cpu_group"], pg_id=1)])
+    nccl = dict(LIVE, entries=[dict(LIVE["entries"][0], collective_seq_id=9, profiling_name="nccl:all_gather")])
+    port, _, end = pretending(http(json.dumps(gloo).encode()), nccl=http(json.dumps(nccl).encode()))
+    found = flightrec.collect(None, [(os.getpid(), {"RANK": "0"}, 0)], {})
+    end()
+    [served] = found["dumps"]
+    assert [(g["pg"], [(e["seq"], e["op"], e["backend"]) for e in g["entries"]]) for g in served["groups"]] == [
+        ("0", [(9, "all_gather", "nccl")]), ("1", [(4, "all_reduce", "gloo")])], served
+    port, _, end = pretending(http(json.dumps(gloo).encode()), nccl=http(b"boom", b"500 Internal Server Error"))
+    found = flightrec.collect(None, [(os.getpid(), {"RANK": "0"}, 0)], {})
+    end()
+    assert found["dumps"] == [] and "(dump_nccl_trace_json: HTTP 500: boom)" in found["errors"][0]["error"], found
