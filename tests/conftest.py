@@ -18,6 +18,11 @@ from check_outcomes import (  # noqa: F401  (hooks: the statuses each built-in c
 from cluster import shared_cluster  # noqa: F401  (fixture: the run's one test cluster, which cluster_up hands out)
 from preflight.cli import main
 
+# DeepSpeed on the CPU builds its shared-memory op (deepspeed_shm_comm) with torch's JIT builder in every process
+# that starts it; the build is kept per environment, not in ~/.cache, so two clones' environments do not rebuild it
+# over each other (about 35 s each time).
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+
 
 @pytest.fixture(scope="session")
 def dist(tmp_path_factory):

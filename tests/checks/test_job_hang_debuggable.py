@@ -184,6 +184,7 @@ def test_a_dump_switch_torch_cannot_read_warns(capsys, tmp_path):
 # ---- the flight recorder's size, as torch 2.13 reads it -----------------------------------------------------
 
 RECORD = """import os, pickle, sys, torch, torch.distributed as dist
+sys.stderr.write("imported\\n"); sys.stderr.flush()
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
 for _ in range(5):
     dist.all_reduce(torch.ones(2))
@@ -192,17 +193,23 @@ sys.stdout.write(str(len(pickle.loads(torch._C._distributed_c10d._dump_fr_trace(
 
 
 def recorded(tmp_path, **env):
-    """The entries torch's flight recorder holds after 5 all_reduces of a real gloo group, or the process's end."""
+    """The entries torch's flight recorder holds after 5 all_reduces of a real gloo group, or the process's end.
+    The import of torch may take long on a loaded machine; a group of one is made in well under a second, so
+    the time for it starts once the script says torch is imported."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(JOB_VARIABLES)}
-    try:
-        proc = subprocess.run([sys.executable, "-c", RECORD % port], env=dict(clean, **env), capture_output=True,
-                              text=True, timeout=30, cwd=tmp_path)
-    except subprocess.TimeoutExpired:  # past init_process_group neither: torch hangs there as often as it aborts
-        return "no process group"
-    return int(proc.stdout) if proc.returncode == 0 and proc.stdout else "no process group"
+    with subprocess.Popen([sys.executable, "-c", RECORD % port], env=dict(clean, **env), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, cwd=tmp_path) as proc:
+        try:
+            while proc.stderr.readline() not in ("imported\n", ""):  # a warning of torch's import may come first
+                pass
+            out, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:  # past init_process_group neither: torch hangs there as often as it aborts
+            proc.kill()
+            return "no process group"
+    return int(out) if proc.returncode == 0 and out else "no process group"
 
 
 @pytest.mark.parametrize("variable, value, entries, status", [
