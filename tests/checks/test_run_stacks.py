@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+from own_network import own_network
 from preflight import registry, runner
 from preflight.job import running as jobcensus
 from preflight.node import census
@@ -16,14 +17,15 @@ from preflight.result import Status
 def stacks_readable(argv, port, tmp_path):
     """RUN009's Results over the census of one rank process (argv) of a job on `port`, on node "a"."""
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    proc = subprocess.Popen(argv, env=env, cwd=tmp_path)
-    try:
-        time.sleep(0.5)
-        found = census.take_census({"port": port, "deadline_s": 8, "interval_s": 0.3})
-        assert proc.pid in [p["pid"] for p in found["processes"] if p["kind"] == "rank"], found["processes"]
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    with own_network():  # the census sees this rank alone, not another job on this machine
+        proc = subprocess.Popen(argv, env=env, cwd=tmp_path)
+        try:
+            time.sleep(0.5)
+            found = census.take_census({"port": port, "deadline_s": 8, "interval_s": 0.3})
+            assert proc.pid in [p["pid"] for p in found["processes"] if p["kind"] == "rank"], found["processes"]
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
     facts = {"a": {"facts": {"census": found}, "error": None, "clock": None}}
     plan = build_plan(nodes=("a",))
     model = jobcensus.build(plan.nodes, facts, port)

@@ -18,6 +18,7 @@ import yaml
 
 from node_facts import TAKEN, changed, leaves
 from nvml_fake import FIXTURES as NVML_FIXTURES
+from own_network import own_network
 from nvml_fake import fake
 from ras_server import RasServer, recorded
 from sysfs_tree import FIXTURES as SYSFS_FIXTURES
@@ -52,7 +53,7 @@ def census():
     NCCL's RAS at its NCCL_RAS_ADDR answers (a recorded answer: ranks apart in two ops)."""
     code = ("import socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             f"s.bind(('127.0.0.1', {PORT})); s.listen()\ntime.sleep(60)\n")
-    with RasServer(recorded("mismatch", "2.29.7")) as ras_server:
+    with own_network(), RasServer(recorded("mismatch", "2.29.7")) as ras_server:  # no other job on this machine
         env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(PORT),
                    PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
                    NCCL_RAS_ADDR=ras_server.address)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from own_network import own_network
 from preflight import registry, runner
 from preflight.node import census, procfs
 from preflight.job import running as jobcensus
@@ -200,18 +201,19 @@ def test_a_shell_wrapper_holding_the_ranks_variables_is_not_a_rank(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29991")
-    shell = subprocess.Popen(["bash", "-c", f"{sys.executable} {script}; true"], env=env, stdout=subprocess.PIPE)
-    try:
-        assert shell.stdout.readline().strip() == b"up"
-        found = census.take_census({"port": 29991, "deadline_s": 4, "stacks": False})
-        ranks = [p for p in found["processes"] if p["kind"] == "rank"]
-        assert [os.path.basename(p["argv"][0]) for p in ranks] == [os.path.basename(sys.executable)], ranks
-        assert shell.pid not in [p["pid"] for p in found["processes"]]
-    finally:
-        for child in [pid for pid in procfs.pids() if procfs.parent(pid) == shell.pid]:
-            os.kill(child, signal.SIGKILL)
-        shell.kill()
-        shell.wait()
+    with own_network():  # the census sees this job alone, not another on this machine
+        shell = subprocess.Popen(["bash", "-c", f"{sys.executable} {script}; true"], env=env, stdout=subprocess.PIPE)
+        try:
+            assert shell.stdout.readline().strip() == b"up"
+            found = census.take_census({"port": 29991, "deadline_s": 4, "stacks": False})
+            ranks = [p for p in found["processes"] if p["kind"] == "rank"]
+            assert [os.path.basename(p["argv"][0]) for p in ranks] == [os.path.basename(sys.executable)], ranks
+            assert shell.pid not in [p["pid"] for p in found["processes"]]
+        finally:
+            for child in [pid for pid in procfs.pids() if procfs.parent(pid) == shell.pid]:
+                os.kill(child, signal.SIGKILL)
+            shell.kill()
+            shell.wait()
 
 
 def test_a_launchers_long_command_line_comes_whole_and_a_ranks_says_what_it_cut(tmp_path):
