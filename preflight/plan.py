@@ -134,6 +134,22 @@ class Plan:
 
         return parallel_degrees(self)
 
+    @functools.cached_property
+    def module_only(self) -> tuple:
+        """(where the launch asks DeepSpeed for a module-only load, or None; a note on a flag that does not) (preflight.
+        inputs.settings.module_only_load)."""
+        from preflight.inputs.settings import module_only_load
+
+        return module_only_load(self)
+
+    @functools.cached_property
+    def sequence_parallel(self) -> Optional[tuple]:
+        """The job's sequence-parallel degree and the data-parallel size ZeRO partitions over where the config fixes it
+        (preflight.inputs.settings.sequence_parallel)."""
+        from preflight.inputs.settings import sequence_parallel
+
+        return sequence_parallel(self)
+
     def job_path(self, path: str) -> str:
         """A relative path as the job reads it: from the job's working directory (where `launch` starts it on
         every node), not from wherever a node's session starts (its home)."""

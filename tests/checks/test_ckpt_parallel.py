@@ -112,7 +112,7 @@ def test_degrees_the_job_does_not_name_are_not_judged(saved, tmp_path):
     (["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size=4"], 16, None, {"tp": 2, "pp": 4}),
     (["--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "4"], 16, None, {"tp": 8, "pp": 2}),
     (["--tensor-model-parallel-size", "$TP", "--no-pipeline-parallel"], 8, None, {"pp": 1}),
-    (["--lr", "3"], 8, 4, {"tp": 4}),
+    (["--lr", "3"], 8, 4, {"tp": 4, "pp": 1}),  # AutoTP's mesh: data x tensor parallel, no pipeline
     (["--tensor-model-parallel-size", "2"], 8, 4, {"tp": 2}),  # Megatron's flag, not the config's AutoTP
     ([], 8, 1, {}),  # autotp_size 1: AutoTP off, an mpu of the code's may still split it
 ])
