@@ -101,8 +101,13 @@ class Plan:
 
     @property
     def load_universal(self) -> bool:
-        """The DeepSpeed config sets checkpoint.load_universal: load_checkpoint reads `latest_universal`."""
-        return self.deepspeed is not None and self.deepspeed.get("checkpoint", "load_universal") is True
+        """The job loads a universal checkpoint (load_checkpoint reads `latest_universal`): its DeepSpeed config sets
+        checkpoint.load_universal, or Megatron-DeepSpeed's --universal-checkpoint does (megatron/training.py:
+        _create_ds_config_dict)."""
+        from preflight.inputs.settings import megatron_switch
+
+        return self.deepspeed is not None and self.deepspeed.get("checkpoint", "load_universal") is True or \
+            megatron_switch(self, "--universal-checkpoint")
 
     @functools.cached_property
     def resume(self) -> Optional[dict]:

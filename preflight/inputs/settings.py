@@ -288,16 +288,20 @@ def _flag_value(args, flag) -> Optional[str]:
 FINETUNE, NO_LOAD_OPTIM, MEGATRON_LOAD = "--finetune", "--no-load-optim", "--load"
 
 
+def megatron_switch(plan, flag: str) -> bool:
+    """Megatron-DeepSpeed's switch `flag` is in the launch command, read as its own where the same command names the
+    checkpoint with its --load (another script's --finetune may mean anything)."""
+    args = plan.launch.script_args if plan.launch is not None else ()
+    return flag in args and _flag_value(args, MEGATRON_LOAD) is not None
+
+
 def module_only_load(plan) -> Tuple[Optional[str], str]:
     """(where the launch asks DeepSpeed for a module-only load, None for the default load; a note where the launch
-    names a flag that does not change DeepSpeed's load). Megatron-DeepSpeed's --finetune, read as its own where the
-    same command names the checkpoint with its --load (another script's --finetune may mean anything)."""
-    args = plan.launch.script_args if plan.launch is not None else ()
-    megatron = _flag_value(args, MEGATRON_LOAD) is not None
-    if megatron and FINETUNE in args:
+    names a flag that does not change DeepSpeed's load): Megatron-DeepSpeed's --finetune."""
+    if megatron_switch(plan, FINETUNE):
         return (f"{FINETUNE} in the launch command (Megatron-DeepSpeed's load_checkpoint(..., "
                 "load_optimizer_states=False, load_module_only=True))"), ""
-    if megatron and NO_LOAD_OPTIM in args:
+    if megatron_switch(plan, NO_LOAD_OPTIM):
         return None, (f"; {NO_LOAD_OPTIM} in the launch command does not change it (Megatron-DeepSpeed skips "
                       f"DeepSpeed's optimizer state for {FINETUNE} alone)")
     return None, ""

@@ -25,7 +25,7 @@ def config(stage, universal=False):
             "zero_optimization": {"stage": stage}, "checkpoint": {"load_universal": universal}}
 
 
-def lint(tmp_path, resume, world, stage, tp=None, pp=None, universal=False):
+def lint(tmp_path, resume, world, stage, tp=None, pp=None, universal=False, words=()):
     """The CKPT results for a job of `world` processes whose launch names these degrees (Megatron-DeepSpeed's
     flags; None: not named)."""
     ds = tmp_path / "ds.json"
@@ -34,7 +34,7 @@ def lint(tmp_path, resume, world, stage, tp=None, pp=None, universal=False):
              if n is not None for w in (name, str(n))]
     proc = subprocess.run([sys.executable, "-m", "preflight", "lint", "--deepspeed", str(ds), "--resume-from",
                            str(resume), "--world-size", str(world), "--json", "--only", "CKPT", "--", "torchrun",
-                           "train.py", *flags], capture_output=True, text=True, timeout=120)
+                           "train.py", *flags, *words], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in proc.stderr, proc.stderr
     return {r["id"]: r for r in json.loads(proc.stdout)["results"]}
 
@@ -78,6 +78,9 @@ def test_the_fixs_universal_conversion_loads_the_pipeline_on_one_stage(saved, tm
                                env=dict(os.environ, DS_ACCELERATOR="cpu"))
     assert converted.returncode == 0, converted.stderr[-2000:]
     found = lint(tmp_path, root, 1, 1, tp=1, pp=1, universal=True)
+    assert not [r for r in found.values() if r["status"] in ("fail", "error")], found
+    # Megatron-DeepSpeed's --universal-checkpoint sets checkpoint.load_universal (megatron/training.py)
+    found = lint(tmp_path, root, 1, 1, tp=1, pp=1, words=("--load", str(root), "--universal-checkpoint"))
     assert not [r for r in found.values() if r["status"] in ("fail", "error")], found
     assert load_parallel(tmp_path, [(root, "pipe", 1, 1, True)], 1)[0][0] == "LOADED"
 
