@@ -85,24 +85,35 @@ def resume_tag(ctx) -> Iterator[Finding]:
                    f"point {root}/latest at a tag that is there, or give the tag folder", path=root, tag=facts["tag"])
     else:
         where = f": the newest in {_given(ctx)}," if facts.get("picked") else ":"
-        yield passed(f"{root}{where} resumes from tag {facts['tag']}{_by_rank(facts)}", path=root, tag=facts["tag"],
-                     resume_files=_resume_files(facts))
+        stage = _module_only_stage(ctx)
+        yield passed(f"{root}{where} resumes from tag {facts['tag']}{_by_rank(facts, stage)}", path=root,
+                     tag=facts["tag"], resume_files=_resume_files(facts, stage))
 
 
 RESUME_ROWS = 32  # rows of the table of what loads; a ZeRO save's shards are one row (rank R), whatever the world
 
 
-def _resume_files(facts) -> List[dict]:
+def _module_only_stage(ctx):
+    """The job's ZeRO stage where its launch asks DeepSpeed for the module alone, else None."""
+    return ctx.plan.conditions[0].get("zero_stage", -1) if ctx.plan.module_only[0] else None
+
+
+def _resume_files(facts, module_only=None) -> List[dict]:
     """The table of what the job loads (the terminal and the HTML show it under the results): the files of the
     save, relative to the folder CKPT001 names, a rank's own by their pattern (R for its number), each with who
     loads it, how many and their size; the files no resume reads (training_args.bin, a tokenizer's) are left
-    out."""
+    out. module_only: the job's stage, where it loads the module alone (its shards: no rank below stage 3, every
+    rank at 3)."""
     rows: dict = {}
     for name, found in sorted((facts.get("files") or {}).items()):
         who = _loaded_by(facts, name)
+        shard = facts["format"] == "deepspeed" and (module_only is not None and ZERO_SHARD.match(name)
+                                                    or module_only == 3 and ZERO3_MODEL.match(name))
+        if shard:
+            who = "every rank" if module_only == 3 else None
         if who is None:
             continue
-        shown = re.sub(RANK_NUMBER, "R", name) if who == "each rank R" else \
+        shown = re.sub(RANK_NUMBER, "R", name) if who == "each rank R" or shard else \
             re.sub(r"(^|/)__\d+_", r"\1__R_", name) if name.endswith(".distcp") else name  # DCP: __RANK_N.distcp
         row = rows.setdefault(shown, {"file": shown, "loaded_by": who, "files": 0, "bytes": 0})
         row["files"] += 1
@@ -131,9 +142,10 @@ RESUMED = re.compile(r"^(?:(?:model|pytorch_model)-\d+-of-\d+\.(?:safetensors|bi
                      r"\.(?:bin|pt)|scaler\.pt|trainer_state\.json)$")
 
 
-def _by_rank(facts) -> str:
+def _by_rank(facts, module_only=None) -> str:
     """What every rank loads and what each rank loads for itself (its number as R), as the library names the
-    files: DeepSpeed's model states and ZeRO shards; the others' whole state and random states."""
+    files: DeepSpeed's model states and ZeRO shards (module_only: the job's stage, where it loads the module alone);
+    the others' whole state and random states."""
     names = sorted(facts.get("files") or {})
     if facts["format"] == "dcp":
         return "; every rank reads .metadata and, of the data files, the bytes its own shards need"
@@ -144,8 +156,13 @@ def _by_rank(facts) -> str:
                     f"mp_rank_NN_model_states.pt{' and its layers, layer_NN-*model_states.pt' if layers else ''}, "
                     "each data-parallel rank its own ZeRO shard of them (which global rank is which is the "
                     "training code's topology)")
-        own = {n for n in names if ZERO_SHARD.match(n) or ZERO3_MODEL.match(n)}
-        every = ", ".join(n for n in names if MODEL_STATES.match(n))
+        # a module-only load at stage 3 rebuilds the module from every rank's files (zero_to_fp32's
+        # _get_fp32_state_dict_from_zero_checkpoint), below it reads no shard
+        own = set() if module_only == 3 else \
+            {n for n in names if ZERO3_MODEL.match(n) or ZERO_SHARD.match(n) and module_only is None}
+        every = ", ".join([n for n in names if MODEL_STATES.match(n)] + sorted(
+            {f"every {re.sub(RANK_NUMBER, 'R', n)}" for n in names
+             if module_only == 3 and (ZERO_SHARD.match(n) or ZERO3_MODEL.match(n))}))
     else:
         own = {n for n in names if RNG_FILE.match(n) and re.search(r"\d", n)}
         every = "the whole model and optimizer state"

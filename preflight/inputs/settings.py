@@ -299,8 +299,8 @@ def module_only_load(plan) -> Tuple[Optional[str], str]:
     """(where the launch asks DeepSpeed for a module-only load, None for the default load; a note where the launch
     names a flag that does not change DeepSpeed's load): Megatron-DeepSpeed's --finetune."""
     if megatron_switch(plan, FINETUNE):
-        return (f"{FINETUNE} in the launch command (Megatron-DeepSpeed's load_checkpoint(..., "
-                "load_optimizer_states=False, load_module_only=True))"), ""
+        return (f"{FINETUNE} in the launch command (Megatron-DeepSpeed: load_checkpoint(..., "
+                "load_optimizer_states=False, load_module_only=True), from iteration 0)"), ""
     if megatron_switch(plan, NO_LOAD_OPTIM):
         return None, (f"; {NO_LOAD_OPTIM} in the launch command does not change it (Megatron-DeepSpeed skips "
                       f"DeepSpeed's optimizer state for {FINETUNE} alone)")

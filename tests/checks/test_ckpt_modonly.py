@@ -75,6 +75,13 @@ def test_a_module_only_load_is_judged_as_deepspeed_loads_it(saved, tmp_path, wor
             assert not [r for r in found.values() if r["status"] in ("fail", "error", "warn") and not (
                 name.startswith("cut/") and r["id"] == "CKPT002" and r["status"] == "warn")], (name, found)
             assert "the optimizer starts afresh" in found["CKPT003"]["message"], found["CKPT003"]
+            if kind == "tp":  # what CKPT001 says the ranks load: below stage 3 no shard, at 3 every rank's
+                rows = {row["file"]: row["loaded_by"] for row in found["CKPT001"]["evidence"]["resume_files"]}
+                if stage < 3:
+                    assert rows == {"mp_rank_00_model_states.pt": "every rank"}, found["CKPT001"]
+                    assert "optim" not in found["CKPT001"]["message"], found["CKPT001"]
+                else:
+                    assert len(rows) == 2 and set(rows.values()) == {"every rank"}, found["CKPT001"]
     if world == 1:  # the shard a module-only load does not open: said, not failed
         cut = lint(tmp_path, saved / "cut/zero2", 1, 2, *FINETUNE)["CKPT002"]
         assert cut["status"] == "warn" and "missing" in cut["message"] and "not read: --finetune" in cut["message"]
