@@ -85,24 +85,35 @@ def resume_tag(ctx) -> Iterator[Finding]:
                    f"point {root}/latest at a tag that is there, or give the tag folder", path=root, tag=facts["tag"])
     else:
         where = f": the newest in {_given(ctx)}," if facts.get("picked") else ":"
-        yield passed(f"{root}{where} resumes from tag {facts['tag']}{_by_rank(facts)}", path=root, tag=facts["tag"],
-                     resume_files=_resume_files(facts))
+        stage = _module_only_stage(ctx)
+        yield passed(f"{root}{where} resumes from tag {facts['tag']}{_by_rank(facts, stage)}", path=root,
+                     tag=facts["tag"], resume_files=_resume_files(facts, stage))
 
 
 RESUME_ROWS = 32  # rows of the table of what loads; a ZeRO save's shards are one row (rank R), whatever the world
 
 
-def _resume_files(facts) -> List[dict]:
+def _module_only_stage(ctx):
+    """The job's ZeRO stage where its launch asks DeepSpeed for the module alone, else None."""
+    return ctx.plan.conditions[0].get("zero_stage", -1) if ctx.plan.module_only[0] else None
+
+
+def _resume_files(facts, module_only=None) -> List[dict]:
     """The table of what the job loads (the terminal and the HTML show it under the results): the files of the
     save, relative to the folder CKPT001 names, a rank's own by their pattern (R for its number), each with who
     loads it, how many and their size; the files no resume reads (training_args.bin, a tokenizer's) are left
-    out."""
+    out. module_only: the job's stage, where it loads the module alone (its shards: no rank below stage 3, every
+    rank at 3)."""
     rows: dict = {}
     for name, found in sorted((facts.get("files") or {}).items()):
         who = _loaded_by(facts, name)
+        shard = facts["format"] == "deepspeed" and (module_only is not None and ZERO_SHARD.match(name)
+                                                    or module_only == 3 and ZERO3_MODEL.match(name))
+        if shard:
+            who = "every rank" if module_only == 3 else None
         if who is None:
             continue
-        shown = re.sub(RANK_NUMBER, "R", name) if who == "each rank R" else \
+        shown = re.sub(RANK_NUMBER, "R", name) if who == "each rank R" or shard else \
             re.sub(r"(^|/)__\d+_", r"\1__R_", name) if name.endswith(".distcp") else name  # DCP: __RANK_N.distcp
         row = rows.setdefault(shown, {"file": shown, "loaded_by": who, "files": 0, "bytes": 0})
         row["files"] += 1
@@ -131,9 +142,10 @@ RESUMED = re.compile(r"^(?:(?:model|pytorch_model)-\d+-of-\d+\.(?:safetensors|bi
                      r"\.(?:bin|pt)|scaler\.pt|trainer_state\.json)$")
 
 
-def _by_rank(facts) -> str:
+def _by_rank(facts, module_only=None) -> str:
     """What every rank loads and what each rank loads for itself (its number as R), as the library names the
-    files: DeepSpeed's model states and ZeRO shards; the others' whole state and random states."""
+    files: DeepSpeed's model states and ZeRO shards (module_only: the job's stage, where it loads the module alone);
+    the others' whole state and random states."""
     names = sorted(facts.get("files") or {})
     if facts["format"] == "dcp":
         return "; every rank reads .metadata and, of the data files, the bytes its own shards need"
@@ -144,8 +156,13 @@ def _by_rank(facts) -> str:
                     f"mp_rank_NN_model_states.pt{' and its layers, layer_NN-*model_states.pt' if layers else ''}, "
                     "each data-parallel rank its own ZeRO shard of them (which global rank is which is the "
                     "training code's topology)")
-        own = {n for n in names if ZERO_SHARD.match(n) or ZERO3_MODEL.match(n)}
-        every = ", ".join(n for n in names if MODEL_STATES.match(n))
+        # a module-only load at stage 3 rebuilds the module from every rank's files (zero_to_fp32's
+        # _get_fp32_state_dict_from_zero_checkpoint), below it reads no shard
+        own = set() if module_only == 3 else \
+            {n for n in names if ZERO3_MODEL.match(n) or ZERO_SHARD.match(n) and module_only is None}
+        every = ", ".join([n for n in names if MODEL_STATES.match(n)] + sorted(
+            {f"every {re.sub(RANK_NUMBER, 'R', n)}" for n in names
+             if module_only == 3 and (ZERO_SHARD.match(n) or ZERO3_MODEL.match(n))}))
     else:
         own = {n for n in names if RNG_FILE.match(n) and re.search(r"\d", n)}
         every = "the whole model and optimizer state"
@@ -168,7 +185,8 @@ def resume_files(ctx) -> Iterator[Finding]:
     PEFT adapter, FSDP's folder), else stops with "Can't find a valid checkpoint"; it loads the optimizer and
     learning-rate schedule only when optimizer.pt and scheduler.pt are both there, and the step from
     trainer_state.json: without them it resumes with a new optimizer, or from step 0, without a word. accelerate's
-    load_state opens the first model's weights (model.safetensors, else pytorch_model.bin).
+    load_state opens the first model's weights (model.safetensors, else pytorch_model.bin). A module-only load
+    (Megatron-DeepSpeed's --finetune) below stage 3 opens no optimizer shard: one missing or cut short is a warning.
 
     Resume from the last tag whose save finished, or save again.
     """
@@ -183,15 +201,22 @@ def resume_files(ctx) -> Iterator[Finding]:
     files = facts.get("files") or {}
     broken = {name: found["whole"] for name, found in files.items() if found.get("whole") is not True}
     missing = _missing(facts)
+    # a module-only load below stage 3 opens no optimizer shard: a save cut short there is said, not failed
+    module_only, stage = ctx.plan.module_only[0], ctx.plan.conditions[0].get("zero_stage", -1)
+    unread = (lambda name: bool(ZERO_SHARD.match(name))) if module_only and stage in (0, 1, 2) else (lambda _: False)
     for name, why in sorted(broken.items()):
-        yield fail(f"{tag_path}/{name}: {why}", "resume from the last tag whose save finished, or save again",
-                   path=f"{tag_path}/{name}")
-    if missing:
+        judge = warn if unread(name) else fail
+        yield judge(f"{tag_path}/{name}: {why}" + (f" (not read: {module_only})" if unread(name) else ""),
+                    "resume from the last tag whose save finished, or save again", path=f"{tag_path}/{name}")
+    for names in ([n for n in missing if not unread(n)], [n for n in missing if unread(n)]):
+        if not names:
+            continue
         dp = (facts.get("saved") or {}).get("dp_world_size")
         by = f" (saved by {dp} data-parallel ranks)" if dp else ""
-        yield fail(f"{tag_path}: {', '.join(missing)} missing{by}",
-                   "resume from the last tag whose save finished, or copy the missing files", path=tag_path,
-                   missing=missing)
+        judge, note = (warn, f"; not read: {module_only}") if unread(names[0]) else (fail, "")
+        yield judge(f"{tag_path}: {', '.join(names)} missing{by}{note}",
+                    "resume from the last tag whose save finished, or copy the missing files", path=tag_path,
+                    missing=names)
     if not broken and not missing:
         yield passed(f"{tag_path}: {len(files)} file{'s' if len(files) != 1 else ''}, each whole", path=tag_path)
 
@@ -315,10 +340,19 @@ def resume_world(ctx) -> Iterator[Finding]:
     checkpoint parameter-alignment layout does not match", without ZeRO "loaded state dict contains a parameter group
     that doesn't match"); DeepSpeed merges tensor-parallel model states only by Megatron's layer names ("key:
     attention.dense.weight is not found in the checkpoint"). Saved without ZeRO, the data-parallel size may change.
+    A module-only load (load_checkpoint(..., load_module_only=True): Megatron-DeepSpeed's --finetune; its
+    --no-load-optim does not change DeepSpeed's load) reads no optimizer shard below stage 3, so another
+    data-parallel world, pipeline or stage below 3 loads; at stage 3 each rank opens its own model states and rebuilds
+    the module from every shard, so fewer ranks load, more do not; another tensor-parallel degree and the stage-3
+    layout still fail. With sequence parallel (an mpu's sequence groups: Megatron-DeepSpeed's
+    --ds-sequence-parallel-size, accelerate's and ALST's) ZeRO partitions over data x sequence parallel, the world
+    over the tensor and pipeline degrees, whatever the sequence degree; a config with data_parallel_size and
+    sequence_parallel_size builds a mesh over whose data dimension alone ZeRO partitions. AutoTP's mesh has no
+    pipeline.
 
     Run the world, degrees and stage it was saved with, or convert it with ds_to_universal and set
-    checkpoint.load_universal (a pipeline's stages may also change for the module alone); resume a checkpoint saved
-    without DeepSpeed without it.
+    checkpoint.load_universal, or load the module alone where it loads (the optimizer starts afresh); resume a
+    checkpoint saved without DeepSpeed without it.
     """
     facts, skipped = _resume(ctx, tag=True)
     if skipped:
@@ -367,6 +401,7 @@ def resume_world(ctx) -> Iterator[Finding]:
         yield skip(f"{root}: how many ranks saved it is not known (its model states were not read)")
         return
     degrees, why = ctx.plan.degrees
+    module_only, ignored = ctx.plan.module_only
     split = ""  # the degrees, where the checkpoint or the job is model-parallel
     if (saved.get("mp_world_size") or 1) > 1 or any(n > 1 for n, _ in degrees.values()):
         if world is None:
@@ -375,9 +410,10 @@ def resume_world(ctx) -> Iterator[Finding]:
         was, mp = _saved_degrees(saved), saved.get("mp_world_size") or 1
         evidence.update(saved_tp_degree=was["tp"], saved_pp_degree=was["pp"],
                         **{f"{k}_degree": n for k, (n, _) in degrees.items()})
-        changed, says = _degree_change(facts, was, degrees, world)
+        changed, says = _degree_change(facts, was, degrees, world, module_only)
         if changed:
-            yield fail(f"{tag_path}: {says}", _degree_fix(facts, changed, was, dp * mp), **evidence)
+            yield fail(f"{tag_path}: {says}{ignored if changed == 'pp' else ''}",
+                       _degree_fix(facts, changed, was, dp * mp, degrees), **evidence)
             return
         unknown = [k for k in ("tp", "pp") if k not in degrees]
         if unknown:
@@ -400,16 +436,35 @@ def resume_world(ctx) -> Iterator[Finding]:
     if world is None:
         yield skip(f"the world size is {source}")
         return
-    sharded = _sharded(facts)
-    if planned == 0 and sharded:
-        if known.get("precision") == "bf16":
-            yield skip("saved with ZeRO, loaded at stage 0 with bf16 (DeepSpeed's bf16 optimizer): not judged")
+    seq = ""  # the sequence-parallel split of the world the shards are judged against
+    if ctx.plan.sequence_parallel:
+        sp, fixed, where = ctx.plan.sequence_parallel
+        if fixed is not None and not split:
+            world, source = fixed, (f"{where}: deepspeed.initialize's data x sequence mesh, whose data dimension "
+                                    "ZeRO partitions over")
+        elif fixed is None and world % sp:
+            yield skip(f"the data-parallel world ({world}, {source}) is not a multiple of the sequence-parallel "
+                       f"degree ({where})", **evidence)
             return
+        elif fixed is None:
+            source += (f"; data parallel {world // sp} x sequence parallel {sp} ({where}), which ZeRO partitions "
+                       "over together")
+        evidence.update(sequence_parallel=sp, dp_world_size=world)
+        seq = f" ({source})"
+    sharded = _sharded(facts)
+    if planned == 0 and sharded and known.get("precision") == "bf16":
+        yield skip("saved with ZeRO, loaded at stage 0 with bf16 (DeepSpeed's bf16 optimizer): not judged")
+        return
+    if module_only:
+        yield from _module_only(facts, module_only, planned, world, source, f" as {_split(was)}" if split else "",
+                                evidence)
+        return
+    if planned == 0 and sharded:
         yield fail(f"{tag_path}: saved with ZeRO stage {saved.get('zero_stage')}, whose optimizer state is in each "
                    "rank's shard; the job runs without ZeRO and loads the optimizer from the model states, where "
                    "it is None (\"'NoneType' object has no attribute 'copy'\")",
                    f"run ZeRO stage {saved.get('zero_stage')} as it was saved, or load the module alone "
-                   "(load_checkpoint(..., load_optimizer_states=False))", **evidence)
+                   f"({MODULE_ONLY})", **evidence)
         return
     if planned == 0:
         every = "each data-parallel rank loads its model-parallel rank's model states" if split else \
@@ -420,24 +475,54 @@ def resume_world(ctx) -> Iterator[Finding]:
     if world != dp:
         yield fail(f"{tag_path}: saved by {dp} data-parallel ranks, the job runs {world} ({source}): DeepSpeed "
                    f"refuses ZeRO optimizer states of another world size (\"The checkpoint being loaded used a DP "
-                   f"world size of {dp} but the current world size is {world}\")",
+                   f"world size of {dp} but the current world size is {world}\"){ignored}",
                    f"run {dp * (saved.get('mp_world_size') or 1)} processes{' with ' + _split(was) if split else ''}"
-                   + _universal_fix(facts, ", "),
+                   + _universal_fix(facts, ", ") + (f", or load the module alone ({MODULE_ONLY}), which starts the "
+                                                    "optimizer afresh" if planned in (1, 2) or planned == 3 and
+                                                    world < dp else ""),
                    **evidence)
         return
     if planned is not None and not sharded:
         yield fail(f"{tag_path}: saved without ZeRO (its optimizer is in the model states), the job runs ZeRO "
                    f"stage {planned}, whose ranks open optimizer shards that are not there "
                    "(zero_pp_rank_0_mp_rank_00_optim_states.pt: FileNotFoundError)",
-                   "run without ZeRO (stage 0) as it was saved, or load the module alone "
-                   "(load_checkpoint(..., load_optimizer_states=False))", **evidence)
+                   f"run without ZeRO (stage 0) as it was saved, or load the module alone ({MODULE_ONLY})",
+                   **evidence)
         return
     how = f"at ZeRO stage {saved.get('zero_stage')}" if planned is None or planned == saved.get("zero_stage") else \
         f"at ZeRO stage {saved.get('zero_stage')}, which stage {planned} loads (both keep the optimizer in shards)"
-    yield passed(f"{tag_path}: saved by {dp} data-parallel ranks{split} {how}, as the job runs", **evidence)
+    yield passed(f"{tag_path}: saved by {dp} data-parallel ranks{split} {how}, as the job runs{seq}", **evidence)
 
 
 NAMES = {"tp": "tensor-parallel", "pp": "pipeline"}
+MODULE_ONLY = "load_checkpoint(..., load_module_only=True); Megatron-DeepSpeed: --finetune"
+
+
+def _module_only(facts, why, planned, world, source, split, evidence) -> Iterator[Finding]:
+    """CKPT003 where the launch asks DeepSpeed to load the module alone (engine.load_checkpoint: no
+    _load_zero_checkpoint), as DeepSpeed loads it in tests/checks/test_ckpt_modonly.py."""
+    saved = facts.get("saved") or {}
+    dp, tag_path = saved.get("dp_world_size"), f"{facts['path']}/{facts['tag']}"
+    if planned is None:
+        yield skip(f"{tag_path}: {why}: what it reads depends on the job's ZeRO stage, which is not known", **evidence)
+        return
+    head = f"{tag_path}: saved by {dp} data-parallel ranks{split}, the job runs {world} ({source}) with {why}"
+    if planned == 3 and world > dp:  # each rank opens its own model states first (_get_all_ckpt_names)
+        ranks = f"rank {dp} finds no {{}} of its own and stops" if world == dp + 1 else \
+            f"ranks {dp}-{world - 1} find no {{}} of their own and stop"
+        yield fail(f"{head}: data-parallel " + ranks.format(f"zero_pp_rank_{dp}_mp_rank_00_model_states.pt")
+                   + " at `assert len(self.ckpt_list) > 0`",
+                   f"run at most {dp} data-parallel ranks at ZeRO stage 3" + _universal_fix(facts, ", "), **evidence)
+        return
+    if planned == 3:
+        reads = (f"each rank opens its own model states and rebuilds the whole module from all {dp} optimizer shards "
+                 f"(get_fp32_state_dict_from_zero_checkpoint), on up to {dp} data-parallel ranks")
+    else:
+        reads = ("DeepSpeed reads the model states alone, not the ZeRO optimizer shards, on any data-parallel world, "
+                 "stage below 3 and precision")
+    pipeline = "; each stage reads its layers' files on any pipeline" if any(LAYER.match(n) for n in facts.get(
+        "files") or {}) else ""
+    yield passed(f"{head}: {reads}{pipeline}; the optimizer starts afresh", module_only=True, **evidence)
 
 
 def _saved_degrees(saved) -> dict:
@@ -452,14 +537,15 @@ def _split(degrees) -> str:
     return " x ".join(f"{k.upper()} {'?' if degrees[k] is None else degrees[k]}" for k in ("tp", "pp"))
 
 
-def _degree_change(facts, was, degrees, world) -> tuple:
+def _degree_change(facts, was, degrees, world, module_only=None) -> tuple:
     """(which degree changed, what DeepSpeed says loading the save on it, with the optimizer state), or (None, "")
-    where the job's known degrees are the saved ones; held against DeepSpeed in tests/checks/test_ckpt_parallel.py."""
+    where the job's known degrees are the saved ones, or where a module-only load takes the change (a pipeline's
+    stages); held against DeepSpeed in tests/checks/test_ckpt_parallel.py and test_ckpt_modonly.py."""
     tp, pp = (degrees[k][0] if k in degrees else None for k in ("tp", "pp"))
     saved = facts.get("saved") or {}
     mp, dp = saved.get("mp_world_size") or 1, saved.get("dp_world_size")
     dp_now = world // (tp * pp) if tp and pp and not world % (tp * pp) else None
-    if pp is not None and was["pp"] is not None and pp != was["pp"]:
+    if pp is not None and was["pp"] is not None and pp != was["pp"] and not module_only:
         if _sharded(facts) and dp_now is not None and dp_now != dp:  # the stages' layers load, then this
             says = (f"\"The checkpoint being loaded used a DP world size of {dp} but the current world size is "
                     f"{dp_now}\" (its data-parallel size changes too)")
@@ -495,17 +581,19 @@ def _degree_change(facts, was, degrees, world) -> tuple:
     return None, ""
 
 
-def _degree_fix(facts, changed, was, processes) -> str:
+def _degree_fix(facts, changed, was, processes, degrees) -> str:
     """Run the saved degrees; a pipeline's stages may change for the module alone, or after a universal conversion."""
     if None in was.values():
         fix = f"run the split it was saved with, on {processes} processes"
+    elif "autotp_size" in degrees.get("tp", (0, ""))[1] and was["pp"] == 1:
+        fix = f"run tensor_parallel.autotp_size: {was['tp']} on {processes} processes, as it was saved"
     else:
         fix = (f"run tensor parallel {was['tp']} and pipeline {was['pp']} on {processes} processes, as it was saved "
                f"(Megatron-DeepSpeed: --tensor-model-parallel-size {was['tp']} --pipeline-model-parallel-size "
                f"{was['pp']})")
     if changed == "pp":
-        fix += (", or load the module alone (load_checkpoint(..., load_optimizer_states=False); Megatron-DeepSpeed's "
-                "--no-load-optim): each stage reads its layers' files on any pipeline")
+        fix += (f", or load the module alone ({MODULE_ONLY}, which also restarts its iteration count): each stage "
+                "reads its layers' files on any pipeline")
     # converted without Megatron's universal_checkpoint_info, another tensor-parallel degree is not shown to load
     return fix + (_universal_fix(facts, ", ") if changed == "pp" or (facts.get("saved") or {}).get("universal_info")
                   else "")
@@ -602,7 +690,8 @@ def resume_precision(ctx) -> Iterator[Finding]:
     DeepSpeed names each rank's optimizer shard after bf16 (`bf16_zero_pp_rank_R_...` with bf16 enabled,
     `zero_pp_rank_R_...` without: engine._get_rank_zero_ckpt_name) and opens the name of the job's own setting, so
     a checkpoint saved with bf16 and loaded without it, or the reverse, stops with FileNotFoundError on the first
-    shard. fp16 and fp32 share the names. A universal checkpoint loads into any precision.
+    shard. fp16 and fp32 share the names. A universal checkpoint loads into any precision, a module-only load
+    (Megatron-DeepSpeed's --finetune) opens no shard by its name.
 
     Set bf16 as the checkpoint was saved, or convert it with ds_to_universal and set checkpoint.load_universal.
     """
@@ -621,6 +710,11 @@ def resume_precision(ctx) -> Iterator[Finding]:
         return
     known, unknown = ctx.plan.conditions
     precision, stage = known.get("precision"), known.get("zero_stage", -1)
+    module_only, ignored = ctx.plan.module_only
+    if module_only:  # stage 3 rebuilds the module from whichever shards are there (zero_to_fp32's glob)
+        yield passed(f"{facts['path']}/{facts['tag']}: {module_only} opens no optimizer shard by its bf16 name",
+                     module_only=True, saved_shard=shards[0])
+        return
     if precision is None:
         yield skip(f"the job's precision is not known: {unknown.get('precision', 'no config gives it')}")
         return
@@ -633,7 +727,7 @@ def resume_precision(ctx) -> Iterator[Finding]:
     if saved_bf16 != (precision == "bf16"):
         opens = shards[0][len("bf16_"):] if saved_bf16 else "bf16_" + shards[0]
         yield fail(f"{tag_path}: the optimizer shards were saved {'with' if saved_bf16 else 'without'} bf16 "
-                   f"({shards[0]}), the job runs {precision} and opens {opens}: FileNotFoundError",
+                   f"({shards[0]}), the job runs {precision} and opens {opens}: FileNotFoundError{ignored}",
                    f"set bf16.enabled: {'true' if saved_bf16 else 'false'} in the DeepSpeed config as it was saved"
                    + _universal_fix(facts, ", "), **evidence)
         return
@@ -658,7 +752,8 @@ def resume_optimizer(ctx) -> Iterator[Finding]:
     (Adagrad), the key its own step reads ('step' for Adam on SGD's state); at ZeRO stage 3 Adagrad refuses it in
     load_checkpoint ("loaded state dict contains a parameter group that doesn't match the size of optimizer's
     group"). The types come from the DeepSpeed config saved in the model states and the job's; an optimizer the
-    training code builds is not known.
+    training code builds is not known. A module-only load (Megatron-DeepSpeed's --finetune) loads no optimizer
+    state.
 
     Resume with the optimizer type the checkpoint was saved with, or load the module alone
     (load_checkpoint(..., load_optimizer_states=False)) and start the optimizer afresh.
@@ -673,6 +768,11 @@ def resume_optimizer(ctx) -> Iterator[Finding]:
         return
     known, unknown = ctx.plan.conditions
     planned, saved = known.get("optimizer"), (facts.get("saved") or {}).get("optimizer")
+    module_only, ignored = ctx.plan.module_only
+    if module_only:
+        yield passed(f"{facts['path']}/{facts['tag']}: {module_only} loads no optimizer state: the job's optimizer "
+                     "starts afresh", module_only=True, saved_optimizer=saved, optimizer=planned)
+        return
     if facts.get("universal"):
         yield skip("a universal checkpoint: its optimizer state is loaded by parameter, not judged here")
         return
@@ -701,9 +801,8 @@ def resume_optimizer(ctx) -> Iterator[Finding]:
         stops = (f"{FAMILY[planned]} loads it without a word, and its first step stops with KeyError: "
                  f"'{FIRST_STEP_READS[planned]}'")
     yield fail(f"{tag_path}: the optimizer state was saved by {FAMILY[saved]} ({saved}), the job runs "
-               f"{FAMILY[planned]} ({planned}): {stops}",
-               f"set optimizer.type: {saved} as it was saved, or load the module alone "
-               "(load_checkpoint(..., load_optimizer_states=False))", **evidence)
+               f"{FAMILY[planned]} ({planned}): {stops}{ignored}",
+               f"set optimizer.type: {saved} as it was saved, or load the module alone ({MODULE_ONLY})", **evidence)
 
 
 @check("CKPT005", "resume-on-node", "node", tags=["checkpoint", "resume", "deepspeed", "filesystem"])
@@ -712,7 +811,8 @@ def resume_on_node(ctx) -> Iterator[Finding]:
 
     Every rank opens the checkpoint on its own node: with DeepSpeed `latest` for the tag, the model states (below
     stage 3 one file for all, at stage 3 its own), and its own ZeRO optimizer shard (engine._load_zero_checkpoint
-    loads the shard of its data-parallel rank alone); saved without DeepSpeed, the newest checkpoint-N, the whole
+    loads the shard of its data-parallel rank alone; a module-only load, Megatron-DeepSpeed's --finetune, the model
+    states alone below stage 3 and every shard at stage 3); saved without DeepSpeed, the newest checkpoint-N, the whole
     model and optimizer state and its own random states (any rank reads any DCP data file). A node without the
     shared filesystem, or with a copy of its own, lacks them or resumes from another step: DeepSpeed warns "Unable
     to find latest file" and that rank starts from scratch beside the others, or it stops with FileNotFoundError
@@ -768,7 +868,9 @@ def resume_on_node(ctx) -> Iterator[Finding]:
         else:
             yield passed(f"{folder}: the same {seen.get('count')} files as this machine's")
         return
-    wanted = _files_of_ranks(head, ranks) if ranks else set(head.get("files") or {})
+    stage = ctx.plan.conditions[0].get("zero_stage", -1)
+    wanted = _files_of_ranks(head, ranks, stage if ctx.plan.module_only[0] else None) if ranks else \
+        set(head.get("files") or {})
     lacking = sorted(wanted - set(names))
     if lacking:
         shown = ", ".join(lacking[:4]) + (f" and {len(lacking) - 4} more" if len(lacking) > 4 else "")
@@ -802,12 +904,16 @@ def _node_ranks(ctx) -> List[int]:
     return list(range(rank * per_node, (rank + 1) * per_node))
 
 
-def _files_of_ranks(head, ranks) -> set:
+def _files_of_ranks(head, ranks, module_only=None) -> set:
     """The files of the head's copy that these ranks open, by the save's layout: DeepSpeed's names; saved
-    without DeepSpeed every file but the other ranks' random states (DCP: any rank may read any data file)."""
+    without DeepSpeed every file but the other ranks' random states (DCP: any rank may read any data file).
+    module_only: the job's ZeRO stage, where it loads the module alone: below stage 3 the model states alone, at
+    stage 3 its own model states and every rank's optimizer shard (get_fp32_state_dict_from_zero_checkpoint)."""
     names = set(head.get("files") or {})
-    if _model_parallel(head):  # each rank's model-parallel and data-parallel coordinates are the code's
+    if _model_parallel(head) or module_only == 3:  # the code's coordinates; stage 3: every file
         return names
+    if module_only is not None and module_only != -1 and head.get("format") == "deepspeed":
+        return {n for n in names if n.startswith("mp_rank_")}
     if head.get("format") != "deepspeed":
         own = {str(r) for r in ranks}
         return {n for n in names for m in [RNG_FILE.match(n)] if not m or (m.group(1) or m.group(2)) in own}

@@ -101,8 +101,13 @@ class Plan:
 
     @property
     def load_universal(self) -> bool:
-        """The DeepSpeed config sets checkpoint.load_universal: load_checkpoint reads `latest_universal`."""
-        return self.deepspeed is not None and self.deepspeed.get("checkpoint", "load_universal") is True
+        """The job loads a universal checkpoint (load_checkpoint reads `latest_universal`): its DeepSpeed config sets
+        checkpoint.load_universal, or Megatron-DeepSpeed's --universal-checkpoint does (megatron/training.py:
+        _create_ds_config_dict)."""
+        from preflight.inputs.settings import megatron_switch
+
+        return self.deepspeed is not None and self.deepspeed.get("checkpoint", "load_universal") is True or \
+            megatron_switch(self, "--universal-checkpoint")
 
     @functools.cached_property
     def resume(self) -> Optional[dict]:
@@ -133,6 +138,22 @@ class Plan:
         from preflight.inputs.settings import parallel_degrees
 
         return parallel_degrees(self)
+
+    @functools.cached_property
+    def module_only(self) -> tuple:
+        """(where the launch asks DeepSpeed for a module-only load, or None; a note on a flag that does not) (preflight.
+        inputs.settings.module_only_load)."""
+        from preflight.inputs.settings import module_only_load
+
+        return module_only_load(self)
+
+    @functools.cached_property
+    def sequence_parallel(self) -> Optional[tuple]:
+        """The job's sequence-parallel degree and the data-parallel size ZeRO partitions over where the config fixes it
+        (preflight.inputs.settings.sequence_parallel)."""
+        from preflight.inputs.settings import sequence_parallel
+
+        return sequence_parallel(self)
 
     def job_path(self, path: str) -> str:
         """A relative path as the job reads it: from the job's working directory (where `launch` starts it on

@@ -119,11 +119,11 @@ def _saved_once(kind, folder, save):
 
 LOAD = textwrap.dedent("""
     import json, sys, torch, deepspeed
-    for root, config in json.loads(sys.argv[1]):
+    for root, config, *how in json.loads(sys.argv[1]):
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
         try:
-            path, _ = engine.load_checkpoint(root)
+            path, _ = engine.load_checkpoint(root, **(how[0] if how else {}))
             if sys.argv[2] == "step":  # and the first step after it
                 x = torch.randn(2, 8, dtype=torch.bfloat16 if engine.bfloat16_enabled() else torch.float32)
                 engine.backward(engine(x).float().pow(2).mean())
@@ -138,11 +138,12 @@ LOAD = textwrap.dedent("""
 
 
 def load_each(folder, cases, nproc, step=False):
-    """What DeepSpeed's load_checkpoint says for each (checkpoint, config) on `nproc` ranks, in one run: a list of
-    ("LOADED", path) or ("REFUSED", its exception and message); step: and the first training step after it."""
+    """What DeepSpeed's load_checkpoint says for each (checkpoint, config[, its keyword arguments]) on `nproc` ranks,
+    in one run: a list of ("LOADED", path) or ("REFUSED", its exception and message); step: and the first training
+    step after it."""
     import json
 
-    code, out = torchrun(folder, LOAD, nproc, json.dumps([[str(root), config] for root, config in cases]),
+    code, out = torchrun(folder, LOAD, nproc, json.dumps([[str(root), *rest] for root, *rest in cases]),
                          "step" if step else "load")
     said = [line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("CASE ")]
     assert code == 0 and len(said) == len(cases), out[-3000:]
@@ -314,7 +315,11 @@ def trainer_deepspeed(out, nproc, resume=None):
 # Model- and pipeline-parallel saves (CKPT003's degrees): a six-layer pipeline (PipelineModule, ZeRO-1 and without
 # ZeRO), and a tensor-parallel pair of layers, each rank its slice, whose model-parallel unit (mpu) is built from real
 # process groups as DeepSpeed's tests/unit/v1/moe/test_moe_tp.py builds its MPU. `build(kind, degree, stage)`:
-# kind "pipe" (degree: its stages) or "tp" (degree: its tensor-parallel ranks).
+# kind "pipe" (degree: its stages) or "tp" (degree: its tensor-parallel ranks); sequence parallel (DeepSpeed's Ulysses)
+# of `degree` through the mpu accelerate and ALST hand DeepSpeed ("alst": parallel_state_sp, over whose data x
+# sequence group ZeRO partitions) or through the config ("mesh": data_parallel_size and sequence_parallel_size, a
+# mesh over whose data dimension ZeRO partitions); "autotp": a one-layer Llama of transformers' with
+# tensor_parallel.autotp_size `degree`.
 PARALLEL = textwrap.dedent("""
     import os, sys, json, torch, deepspeed
     import deepspeed.comm as dist
@@ -349,30 +354,46 @@ PARALLEL = textwrap.dedent("""
             layers = [torch.nn.Linear(8, 16)] + [torch.nn.Linear(16, 16) for _ in range(4)] + [torch.nn.Linear(16, 4)]
             model = PipelineModule(layers=layers, num_stages=degree, loss_fn=lambda out, y: (out - y).pow(2).mean())
             return deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)[0]
-        part = 16 // degree
+        part, mpu = (16 // degree, MPU(degree) if degree > 1 else None) if kind == "tp" else (16, None)
         model = torch.nn.Sequential(torch.nn.Linear(8, part), torch.nn.ReLU(), torch.nn.Linear(part, 4))
-        return deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config,
-                                    mpu=MPU(degree) if degree > 1 else None)[0]
+        if kind == "alst":
+            import deepspeed.runtime.sequence_parallel.parallel_state_sp as mpu
+            mpu.initialize_sequence_parallel(sequence_parallel_size=degree)
+            config["sequence_parallel_size"] = degree
+        elif kind == "mesh":
+            config.update(data_parallel_size=dist.get_world_size() // degree, sequence_parallel_size=degree)
+        elif kind == "autotp":
+            from transformers import LlamaConfig, LlamaForCausalLM
+            model = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                 num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
+                                                 max_position_embeddings=16))
+            config["tensor_parallel"] = {"autotp_size": degree}
+        return deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=mpu)[0]
 
     def step(engine):
         if hasattr(engine, "train_batch"):
             engine.train_batch(data_iter=iter([(torch.randn(2, 8), torch.randn(2, 4))] * 2))
+        elif hasattr(engine.module, "config"):  # the Llama
+            ids = torch.randint(0, 64, (2, 8))
+            engine.backward(engine(input_ids=ids, labels=ids).loss)
+            engine.step()
         else:
             engine.backward(engine(torch.randn(2, 8)).pow(2).mean())
             engine.step()
 
     deepspeed.init_distributed(dist_backend="gloo")
     if sys.argv[1] == "save":
-        for name, kind, degree, stage in (("pp2", "pipe", 2, 1), ("pp2-zero0", "pipe", 2, 0), ("pp1", "pipe", 1, 1),
-                                          ("tp2", "tp", 2, 1)):
+        saves = json.loads(sys.argv[3]) if len(sys.argv) > 3 else (
+            ("pp2", "pipe", 2, 1), ("pp2-zero0", "pipe", 2, 0), ("pp1", "pipe", 1, 1), ("tp2", "tp", 2, 1))
+        for name, kind, degree, stage in saves:
             engine = build(kind, degree, stage)
             step(engine)
             engine.save_checkpoint(f"{sys.argv[2]}/{name}", tag="global_step1")
     else:
-        for root, kind, degree, stage, universal in json.loads(sys.argv[2]):
+        for root, kind, degree, stage, universal, *how in json.loads(sys.argv[2]):
             engine = build(kind, degree, stage, universal)
             try:
-                path, _ = engine.load_checkpoint(root)
+                path, _ = engine.load_checkpoint(root, **(how[0] if how else {}))
                 step(engine)
                 said = f"LOADED {path}"
             except BaseException as exc:
@@ -397,7 +418,8 @@ def save_parallel(folder):
 
 
 def load_parallel(folder, cases, nproc):
-    """What DeepSpeed's load_checkpoint, then a training step, says of each (root, kind, degree, stage, universal) on
+    """What DeepSpeed's load_checkpoint, then a training step, says of each (root, kind, degree, stage, universal[,
+    load_checkpoint's keyword arguments]) on
     `nproc` ranks: ("LOADED", path) or ("REFUSED", the exception a rank raised); on several ranks the run ends at
     the first refusal (a rank that loaded may wait for the other in a collective), so only the last case may refuse."""
     import json
@@ -409,3 +431,20 @@ def load_parallel(folder, cases, nproc):
         said = [words for words in said if words[0] == "LOADED"] + refused[:1]
     assert len(said) == len(cases) and (code == 0 or said[-1][0] == "REFUSED"), out[-3000:]
     return said
+
+
+
+def save_sequence(folder):
+    """mesh/ (sequence parallel 2 through the config's mesh, data parallel 1) and autotp2/ (AutoTP 2), PARALLEL's
+    kinds, each saved by two ranks in a run of its own (DeepSpeed keeps its parallel groups in globals)."""
+    pytest.importorskip("transformers")
+    import json
+
+    def save():
+        for name, kind in (("mesh", "mesh"), ("autotp2", "autotp")):
+            code, out = torchrun(folder, PARALLEL, 2, "save", folder, json.dumps([[name, kind, 2, 1]]))
+            if code != 0:
+                return code, out
+        return 0, ""
+
+    return _saved_once("save_sequence", folder, save)

@@ -272,6 +272,62 @@ MEGATRON_DEGREES = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-mode
 NO_PIPELINE = "--no-pipeline-parallel"
 
 
+def _flag_value(args, flag) -> Optional[str]:
+    """The value of the script's last `flag V` or `flag=V` (argparse: the last one given wins), None if not given."""
+    value = None
+    for i, word in enumerate(args):
+        given, eq, text = word.partition("=")
+        if given == flag:
+            value = text if eq else (args[i + 1] if i + 1 < len(args) else "")
+    return value
+
+
+# Megatron-DeepSpeed's load_checkpoint (megatron/checkpointing.py) hands DeepSpeed's load_checkpoint
+# load_optimizer_states=False, load_module_only=True for --finetune alone; its --no-load-optim and --no-load-rng act
+# on its path without DeepSpeed (and the random states), so DeepSpeed still loads the optimizer shards with them
+FINETUNE, NO_LOAD_OPTIM, MEGATRON_LOAD = "--finetune", "--no-load-optim", "--load"
+
+
+def megatron_switch(plan, flag: str) -> bool:
+    """Megatron-DeepSpeed's switch `flag` is in the launch command, read as its own where the same command names the
+    checkpoint with its --load (another script's --finetune may mean anything)."""
+    args = plan.launch.script_args if plan.launch is not None else ()
+    return flag in args and _flag_value(args, MEGATRON_LOAD) is not None
+
+
+def module_only_load(plan) -> Tuple[Optional[str], str]:
+    """(where the launch asks DeepSpeed for a module-only load, None for the default load; a note where the launch
+    names a flag that does not change DeepSpeed's load): Megatron-DeepSpeed's --finetune."""
+    if megatron_switch(plan, FINETUNE):
+        return (f"{FINETUNE} in the launch command (Megatron-DeepSpeed: load_checkpoint(..., "
+                "load_optimizer_states=False, load_module_only=True), from iteration 0)"), ""
+    if megatron_switch(plan, NO_LOAD_OPTIM):
+        return None, (f"; {NO_LOAD_OPTIM} in the launch command does not change it (Megatron-DeepSpeed skips "
+                      f"DeepSpeed's optimizer state for {FINETUNE} alone)")
+    return None, ""
+
+
+def sequence_parallel(plan) -> Optional[Tuple[int, Optional[int], str]]:
+    """(the sequence-parallel degree, the data-parallel size ZeRO partitions over where the DeepSpeed config fixes
+    it, where they are set), or None. With an mpu of sequence groups (Megatron-DeepSpeed's --ds-sequence-parallel-size,
+    accelerate's and ALST's parallel_state_sp) ZeRO partitions over the sequence-data-parallel group, data x
+    sequence parallel: the world over the tensor and pipeline degrees, whatever the sequence degree. A config with
+    data_parallel_size and sequence_parallel_size makes deepspeed.initialize build a data x sequence mesh, and ZeRO
+    partitions over its data dimension alone (utils/groups.py: _get_sequence_data_parallel_group without an mpu)."""
+    args = plan.launch.script_args if plan.launch is not None else ()
+    value = _flag_value(args, "--ds-sequence-parallel-size")
+    if value is not None and re.fullmatch(r"\d{1,6}", value.strip()) and int(value) > 1:
+        return int(value), None, f"--ds-sequence-parallel-size {int(value)} in the launch command"
+    ds = plan.deepspeed
+    sp = ds.get("sequence_parallel_size") if ds is not None else None
+    if not is_int(sp) or sp < 1:
+        return None
+    dp = ds.get("data_parallel_size")
+    if is_int(dp) and dp > 0:
+        return sp, dp, f"data_parallel_size {dp} and sequence_parallel_size {sp} in {ds.doc.path}"
+    return (sp, None, f"sequence_parallel_size {sp} in {ds.doc.path}") if sp > 1 else None
+
+
 def parallel_degrees(plan) -> Tuple[Dict[str, Tuple[int, str]], Dict[str, str]]:
     """The job's tensor- and pipeline-parallel degrees where what preflight reads names them, and why the others are
     not known: ({"tp"|"pp": (degree, where it is set)}, {"tp"|"pp": why not}). The launch command's
@@ -283,11 +339,7 @@ def parallel_degrees(plan) -> Tuple[Dict[str, Tuple[int, str]], Dict[str, str]]:
     unknown: Dict[str, str] = {}
     args = plan.launch.script_args if plan.launch is not None else ()
     for name, flag in MEGATRON_DEGREES.items():
-        value = None
-        for i, word in enumerate(args):
-            given, eq, text = word.partition("=")
-            if given == flag:
-                value = text if eq else (args[i + 1] if i + 1 < len(args) else "")
+        value = _flag_value(args, flag)
         if value is None:
             continue
         if re.fullmatch(r"\d{1,6}", value.strip()) and int(value) > 0:
@@ -299,6 +351,8 @@ def parallel_degrees(plan) -> Tuple[Dict[str, Tuple[int, str]], Dict[str, str]]:
     autotp = plan.deepspeed.get("tensor_parallel", "autotp_size") if plan.deepspeed is not None else None
     if "tp" not in known and "tp" not in unknown and is_int(autotp) and autotp > 1:
         known["tp"] = (autotp, f"tensor_parallel.autotp_size in {plan.deepspeed.doc.path}")
+        if "pp" not in known and "pp" not in unknown:  # AutoTP's groups: a data x tensor mesh, no pipeline
+            known["pp"] = (1, "AutoTP (engine._configure_tensor_parallel_states: a data x tensor-parallel mesh)")
     world, _ = plan.world_size
     if world and "tp" in known and known["tp"][0] > world:
         known["tp"] = (world, known["tp"][1] + f", at most the world ({world})")

@@ -78,6 +78,16 @@ def test_a_node_without_its_ranks_shard_is_named_with_the_rank(cluster, job):
         in lacking["message"], lacking
 
 
+def test_a_module_only_load_needs_no_shard_on_the_node(cluster, job):
+    """Megatron-DeepSpeed's --finetune loads the module alone: below stage 3 each rank reads the model states and
+    no optimizer shard (DeepSpeed's load, held in test_ckpt_modonly.py), so a node without its rank's shard passes."""
+    workdir, nodes, folders = job
+    (folders[nodes[1]] / "ckpt" / SHARD.format(1)).unlink()
+    found, _ = ckpt005(cluster, workdir, nodes, "--resume-from", "ckpt", script_args=("--load", "ckpt", "--finetune"))
+    assert {r["status"] for r in found.values()} == {"pass"}, found
+    assert "the 1 files rank 1 loads are there" in found[(nodes[1],)]["message"], found
+
+
 def test_a_node_without_the_checkpoint_and_one_at_another_step(cluster, job):
     workdir, nodes, folders = job
     shutil.rmtree(folders[nodes[1]] / "ckpt")

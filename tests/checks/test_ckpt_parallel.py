@@ -25,7 +25,7 @@ def config(stage, universal=False):
             "zero_optimization": {"stage": stage}, "checkpoint": {"load_universal": universal}}
 
 
-def lint(tmp_path, resume, world, stage, tp=None, pp=None, universal=False):
+def lint(tmp_path, resume, world, stage, tp=None, pp=None, universal=False, words=()):
     """The CKPT results for a job of `world` processes whose launch names these degrees (Megatron-DeepSpeed's
     flags; None: not named)."""
     ds = tmp_path / "ds.json"
@@ -34,7 +34,7 @@ def lint(tmp_path, resume, world, stage, tp=None, pp=None, universal=False):
              if n is not None for w in (name, str(n))]
     proc = subprocess.run([sys.executable, "-m", "preflight", "lint", "--deepspeed", str(ds), "--resume-from",
                            str(resume), "--world-size", str(world), "--json", "--only", "CKPT", "--", "torchrun",
-                           "train.py", *flags], capture_output=True, text=True, timeout=120)
+                           "train.py", *flags, *words], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in proc.stderr, proc.stderr
     return {r["id"]: r for r in json.loads(proc.stdout)["results"]}
 
@@ -79,6 +79,9 @@ def test_the_fixs_universal_conversion_loads_the_pipeline_on_one_stage(saved, tm
     assert converted.returncode == 0, converted.stderr[-2000:]
     found = lint(tmp_path, root, 1, 1, tp=1, pp=1, universal=True)
     assert not [r for r in found.values() if r["status"] in ("fail", "error")], found
+    # Megatron-DeepSpeed's --universal-checkpoint sets checkpoint.load_universal (megatron/training.py)
+    found = lint(tmp_path, root, 1, 1, tp=1, pp=1, words=("--load", str(root), "--universal-checkpoint"))
+    assert not [r for r in found.values() if r["status"] in ("fail", "error")], found
     assert load_parallel(tmp_path, [(root, "pipe", 1, 1, True)], 1)[0][0] == "LOADED"
 
 
@@ -112,7 +115,7 @@ def test_degrees_the_job_does_not_name_are_not_judged(saved, tmp_path):
     (["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size=4"], 16, None, {"tp": 2, "pp": 4}),
     (["--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "4"], 16, None, {"tp": 8, "pp": 2}),
     (["--tensor-model-parallel-size", "$TP", "--no-pipeline-parallel"], 8, None, {"pp": 1}),
-    (["--lr", "3"], 8, 4, {"tp": 4}),
+    (["--lr", "3"], 8, 4, {"tp": 4, "pp": 1}),  # AutoTP's mesh: data x tensor parallel, no pipeline
     (["--tensor-model-parallel-size", "2"], 8, 4, {"tp": 2}),  # Megatron's flag, not the config's AutoTP
     ([], 8, 1, {}),  # autotp_size 1: AutoTP off, an mpu of the code's may still split it
 ])
