@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import replace
-from typing import Any, Iterable, List, Sequence, Set
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Set
 
 # A name that looks secret (HF_TOKEN, --password=, --api-key, trainer.hf_token; not KEYBOARD), and URL credentials
 # and Hugging Face tokens in any text: the node's rules (the census applies them before it cuts an argument), so
@@ -90,7 +90,7 @@ def results(found: Iterable[Any]) -> List[Any]:
     of that result's message (`HF_TOKEN is X on n2`)."""
     shown = []
     for r in found:
-        if not suspect(f"{r.message}\0{r.remediation}\0{r.evidence!r}"):
+        if not suspect("\0".join(_texts(r))):
             shown.append(r)  # most results: no word a secret is named by, no URL, no token in any of their text
             continue
         hidden: Set[str] = set()
@@ -101,6 +101,32 @@ def results(found: Iterable[Any]) -> List[Any]:
         else:
             shown.append(replace(r, message=message, remediation=remediation, evidence=evidence))
     return shown
+
+
+def _texts(r: Any) -> Iterator[str]:
+    """The texts of a result that suspect() is asked about: its message, its fix, its evidence's repr, but for a table
+    in it (rows of plain values) the repr of its distinct keys and values: doctor's census of 16,384 nodes is 147,456
+    rows, 36 MB of repr, of a few thousand values. The same answer: no word of SUSPECT_WORDS holds a quote, comma,
+    colon, space or bracket, so none spans two keys or values of a repr."""
+    yield str(r.message)
+    yield str(r.remediation)
+    if not isinstance(r.evidence, dict):
+        yield repr(r.evidence)
+        return
+    for key, value in r.evidence.items():
+        distinct = _distinct(value)
+        yield repr(key) + repr(value if distinct is None else distinct)
+
+
+def _distinct(table: Any) -> Optional[set]:
+    """The keys and values of a table's rows, each once; None for anything that is not a list of rows of plain
+    (hashable) values."""
+    if type(table) is not list or not table or not all(type(row) is dict for row in table):
+        return None
+    try:
+        return set().union(*table, *(row.values() for row in table))
+    except TypeError:  # a list or a dict in a row
+        return None
 
 
 def _scrub(said: Any, hidden: Set[str]) -> Any:
