@@ -247,11 +247,13 @@ def master_reachable(ctx) -> Iterator[Finding]:
     stuck: Dict[str, List[str]] = {}
     addresses = _addresses(ctx)
     for p in census.procs:
-        # A connection to the job's port or to the process's own master: another one that hangs (a metrics
-        # endpoint, a dataset server) is not the master's.
-        masters = {port for port in (census.port, p.master_port, p.job_port) if port is not None}
         for s in p.sockets:
-            if s.get("state") == "SYN_SENT" and s.get("remote_port") in masters:
+            if s.get("state") != "SYN_SENT":
+                continue
+            # A connection to the job's port or to the process's own master: another one that hangs (a metrics
+            # endpoint, a dataset server) is not the master's.
+            masters = {port for port in (census.port, p.master_port, p.job_port) if port is not None}
+            if s.get("remote_port") in masters:
                 stuck.setdefault(p.node, []).append(f"{s.get('remote')}:{s.get('remote_port')}")
     for node, targets in stuck.items():
         target = targets[0]

@@ -235,11 +235,12 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
                 proc.gpu = on_gpu.get(proc.pid)
                 census.procs.append(proc)
     for launcher in census.launchers:  # what its flags do not say, its ranks' variables do
-        ranks = _ranks_of(census, launcher)
         if launcher.node_rank is None:
-            launcher.node_rank = next((p.node_rank for p in ranks if p.node_rank is not None), None)
+            launcher.node_rank = next((p.node_rank for p in _ranks_of(census, launcher) if p.node_rank is not None),
+                                      None)
         if launcher.master_port is None and launcher.rdzv is not None:  # an elastic one's ranks have its store's
-            launcher.master_port = next((p.master_port for p in ranks if p.master_port is not None), None)
+            launcher.master_port = next((p.master_port for p in _ranks_of(census, launcher)
+                                         if p.master_port is not None), None)
         launcher.job_port = launcher.master_port
     launchers = {}
     for p in census.launchers:  # (node, pid) -> the first launcher of that pid, as a scan of the node finds it
