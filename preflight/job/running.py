@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import marshal
 import os
 import re
 from collections import Counter
@@ -42,10 +43,12 @@ class Where:
     at: Optional[str] = None  # the innermost frame of the user's code: file:line (function)
 
     def text(self) -> str:
-        what = {"collective": f"in {self.op}", "rendezvous": "in the rendezvous",
-                "init_process_group": "in init_process_group", "data": "loading data",
-                "idle": "idle", "busy": "running", "unknown": "stack not read"}[self.phase]
+        what = f"in {self.op}" if self.phase == "collective" else PHASES[self.phase]  # once per process: no dict each
         return what + (f" at {self.at}" if self.at else "")
+
+
+PHASES = {"rendezvous": "in the rendezvous", "init_process_group": "in init_process_group", "data": "loading data",
+          "idle": "idle", "busy": "running", "unknown": "stack not read"}  # Where.text: "collective" names its op
 
 
 @dataclass
@@ -149,7 +152,10 @@ def where(threads: Any, launcher: bool = False, seen: Optional[dict] = None) -> 
     if seen is None:
         found = _where(threads)
     else:
-        key = repr(threads)  # repr keeps types apart (1 and "1"), as _where reads them
+        try:  # marshal's version 0 (no references): a value's exact bytes, twice as quick as its repr; 1, True and
+            key = marshal.dumps(threads, 0)  # "1" stay apart, as _where reads them
+        except ValueError:  # not a JSON value (a test's object): its repr
+            key = repr(threads)
         if key not in seen:
             seen[key] = _where(threads)
         found = Where(seen[key].phase, seen[key].op, seen[key].at)  # each process its own
@@ -229,11 +235,12 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
                 proc.gpu = on_gpu.get(proc.pid)
                 census.procs.append(proc)
     for launcher in census.launchers:  # what its flags do not say, its ranks' variables do
-        ranks = _ranks_of(census, launcher)
         if launcher.node_rank is None:
-            launcher.node_rank = next((p.node_rank for p in ranks if p.node_rank is not None), None)
+            launcher.node_rank = next((p.node_rank for p in _ranks_of(census, launcher) if p.node_rank is not None),
+                                      None)
         if launcher.master_port is None and launcher.rdzv is not None:  # an elastic one's ranks have its store's
-            launcher.master_port = next((p.master_port for p in ranks if p.master_port is not None), None)
+            launcher.master_port = next((p.master_port for p in _ranks_of(census, launcher)
+                                         if p.master_port is not None), None)
         launcher.job_port = launcher.master_port
     launchers = {}
     for p in census.launchers:  # (node, pid) -> the first launcher of that pid, as a scan of the node finds it
@@ -245,7 +252,8 @@ def build(nodes: Sequence[str], facts: Mapping[str, Any], port: Optional[int]) -
         # The node keeps every launcher: a launcher's port may come from its config file, read here.
         others = [p for p in census.launchers if not _on_port(census, p, port)]
         gone = {(p.node, p.pid) for p in others}
-        census.procs = [p for p in census.procs if (p.node, p.pid) not in gone and (p.node, p.ppid) not in gone]
+        if gone:  # a new list is indexed again (Census._index): 150,000 processes at 16,384 nodes
+            census.procs = [p for p in census.procs if (p.node, p.pid) not in gone and (p.node, p.ppid) not in gone]
     if census.port is None:  # one job found: its port, for the checks that look at who holds it
         ports = Counter(p.job_port for p in census.procs if p.job_port is not None)
         census.port = ports.most_common(1)[0][0] if len(ports) == 1 else None
@@ -283,8 +291,8 @@ def _proc(node: str, item: Any, seen: Optional[dict] = None) -> Optional[Proc]:
     if not isinstance(item, dict) or not isinstance(item.get("pid"), int):
         return None
     get = item.get  # each key read once: a census of 16,384 nodes has 150,000 processes
-    argv, env, sockets, children, ppid, dropped, kind = (get(k) for k in (
-        "argv", "env", "sockets", "children", "ppid", "argv_dropped", "kind"))
+    argv, env, sockets, children, ppid, dropped, kind = (
+        get("argv"), get("env"), get("sockets"), get("children"), get("ppid"), get("argv_dropped"), get("kind"))
     env = env if isinstance(env, dict) else {}
     kind = "launcher" if kind == "launcher" else "rank"
     proc = Proc(node, item["pid"], kind, [str(a) for a in argv or () if a is not None], str(get("state") or "?"),
@@ -588,12 +596,13 @@ def table(census: Census) -> List[dict]:
     with_gpu = any(q.gpu for q in census.procs)
     for p in sorted(census.procs, key=lambda p: (order.get(p.node, 0), p.kind != "launcher",
                                                  p.rank if p.rank is not None else -1)):
-        rows.append({"node": p.node, "pid": p.pid, "kind": p.launcher or p.kind, "node_rank": p.node_rank,
-                     "rank": p.rank, "world": p.world_size if p.kind == "rank" else
-                     (f"{p.nnodes} nodes" if p.nnodes else None),
-                     "master": f"{p.master_addr}:{p.master_port}" if p.master_addr or p.master_port else None,
-                     "state": p.state, "cpu": f"{p.cpu_percent:g}%" if isinstance(p.cpu_percent, (int, float)) else None,
-                     "age": f"{p.age_s:.0f}s" if isinstance(p.age_s, (int, float)) else None,
-                     **({"gpu": p.gpu} if with_gpu else {}),
-                     "where": p.where.text()})
+        row = {"node": p.node, "pid": p.pid, "kind": p.launcher or p.kind, "node_rank": p.node_rank,
+               "rank": p.rank, "world": p.world_size if p.kind == "rank" else (f"{p.nnodes} nodes" if p.nnodes else None),
+               "master": f"{p.master_addr}:{p.master_port}" if p.master_addr or p.master_port else None,
+               "state": p.state, "cpu": f"{p.cpu_percent:g}%" if isinstance(p.cpu_percent, (int, float)) else None,
+               "age": f"{p.age_s:.0f}s" if isinstance(p.age_s, (int, float)) else None}
+        if with_gpu:
+            row["gpu"] = p.gpu
+        row["where"] = p.where.text()
+        rows.append(row)
     return rows

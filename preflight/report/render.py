@@ -91,7 +91,8 @@ def evidence_tables(results: Sequence[Result]) -> List[EvidenceTable]:
 
 
 def _evidence_table(key: str, table: Optional[list]) -> Optional[EvidenceTable]:
-    rows = [row for row in table or () if isinstance(row, Mapping)]
+    # a dict first: typing's isinstance check costs 1 us a row (doctor's census of 16,384 nodes is 147,456 rows)
+    rows = [row for row in table or () if type(row) is dict or isinstance(row, Mapping)]
     if not rows:
         return None
     title, uncompared, cell_max = TABLES[key]

@@ -128,6 +128,23 @@ def test_a_place_read_again_is_the_place_worked_out(threads):
         assert running.where(threads, launcher, seen) == running.where(threads, launcher)  # from `seen`
 
 
+def test_stacks_placed_with_one_memo_keep_their_own_places():
+    """One `seen` for every stack of a census (as build keeps it): a stack never takes another's place, a value
+    marshal cannot write included (its repr is the key)."""
+    stacks = [None, "nonsense", [], [{"frames": [1, [None]]}], [{"name": "MainThread", "active": True, "frames": FRAMES}],
+              [{"name": "MainThread", "active": True, "frames": FRAMES[1:]}],
+              [{"name": "MainThread", "active": False, "frames": FRAMES[1:]}],
+              [{"name": "MainThread", "active": 1, "frames": FRAMES[1:]}],
+              [{"name": "MainThread", "frames": [["barrier", "/job/train.py", 10]]}],
+              [{"name": "MainThread", "frames": [["barrier", "/job/train.py", "10"]]}],
+              [{"name": "MainThread", "frames": [[object(), "/job/train.py", 3]]}]]
+    seen = {}
+    for _ in range(2):
+        for threads in stacks:
+            assert running.where(threads, False, seen) == running.where(threads, False), threads
+    assert len(seen) == len(stacks)
+
+
 def test_every_node_launched_as_node_rank_0_is_judged_in_one_pass_over_them():
     nodes = [f"n{i:04d}" for i in range(1500)]
     facts = job(nodes)

@@ -167,6 +167,33 @@ def test_a_result_with_a_secret_is_still_redacted(r, hidden):
     assert redact.REDACTED in f"{shown.message} {shown.remediation} {shown.evidence!r}"
 
 
+def census_rows(n):
+    return [{"node": f"node{i:05d}", "pid": 1000 + i, "kind": "rank", "master": "10.1.0.1:29500", "cpu": "1%",
+             "where": "in all_reduce at train.py:11 (step)"} for i in range(n)]
+
+
+def test_a_table_with_nothing_secret_looking_is_not_walked(monkeypatch):
+    plain = [result("16384 launcher(s)", None, census=census_rows(3000))]
+    monkeypatch.setattr(redact, "_evidence", lambda *a: pytest.fail("walked a table with nothing to hide"))
+    assert redact.results(plain)[0] is plain[0]
+
+
+@pytest.mark.parametrize("cell, hidden", [
+    ({"where": "in all_reduce at fetch.py:3 (get_token)"}, None),  # a suspect word: walked, nothing to hide
+    ({"master": "https://me:pw1234@example.org:29500"}, "pw1234"),
+    ({"HF_TOKEN": "abcd1234"}, "abcd1234"),  # a secret name as a key of one row
+    ({"args": ["--api-key", "s3cr3t-value"]}, "s3cr3t-value"),  # a list in a row: no table of plain values
+], ids=["suspect word", "url", "secret key", "list in a row"])
+def test_a_table_is_looked_at_by_each_of_its_values(cell, hidden):
+    rows = census_rows(3000)
+    rows[1234] = dict(rows[1234], **cell)
+    [shown] = redact.results([result("16384 launcher(s)", None, census=rows)])
+    said = repr(shown.evidence)
+    assert (hidden is None) == (redact.REDACTED not in said)
+    assert hidden is None or hidden not in said
+    assert shown.evidence["census"][:1234] == rows[:1234]
+
+
 def test_the_quick_look_finds_what_the_search_finds():
     rng = random.Random(3)
     pieces = ["tok", "en", "TOKEN", "pa", "ss", "Pwd", "au", "th", "k", "ey", "\u212a", "ey", "cred", "ential", "@",
@@ -217,3 +244,20 @@ def test_the_plans_paths_are_worked_out_once():
     plan = Plan(nodes=("n1",), checkpoint_dir="ckpt", workdir="/job")
     assert plan.paths == {"checkpoint_dir": "/job/ckpt"}
     assert plan.paths is plan.paths
+
+
+def test_doctor_pauses_the_collector_while_it_makes_what_lives_until_exit():
+    """engine.collector_paused (the census, doctor's checks): no collection meanwhile, what was made frozen out of
+    the later ones, and the collector on again."""
+    import gc
+
+    from preflight import engine
+
+    before = gc.get_freeze_count()
+    try:
+        with engine.collector_paused():
+            assert not gc.isenabled()
+            made = [[i] for i in range(1000)]
+        assert gc.isenabled() and gc.get_freeze_count() >= before + len(made)
+    finally:
+        gc.unfreeze()
