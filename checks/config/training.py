@@ -8,7 +8,7 @@ from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.checks.config.common import accel_doc, at, did_you_mean, dotted, ds_doc, ds_usage
 from preflight.inputs.configs import AUTO, MIXED_PRECISIONS, OFFLOAD_DEVICES
 from preflight.inputs.numbers import is_int, is_number
-from preflight.inputs.settings import zero_settings
+from preflight.inputs.settings import megatron_data_parallel, zero_settings
 
 FILLS = {"accelerate": 'accelerate fills in only keys set to "auto"', "deepspeed": "DeepSpeed alone fills in nothing"}
 
@@ -19,7 +19,8 @@ def batch_size(ctx) -> Iterator[Finding]:
 
     DeepSpeed asserts this equality when the engine starts, after the model is loaded on every node; when
     one of the three is missing it derives it with integer division, which can give 0 or a product that
-    no longer matches. With sequence_parallel_size the world is divided by it first; a file with no batch
+    no longer matches. With sequence_parallel_size the world is divided by it first, and under Megatron-DeepSpeed
+    (its tensor and pipeline flags) DeepSpeed takes the data-parallel world of Megatron's mpu; a file with no batch
     size at all fails under accelerate and DeepSpeed's runner, and warns when the framework that reads it
     (Lightning, the transformers Trainer) is unknown.
 
@@ -49,7 +50,14 @@ def batch_size(ctx) -> Iterator[Finding]:
     if usage == "accelerate" and gas is None:
         gas = 1  # DeepSpeedPlugin sets a missing gradient_accumulation_steps to 1 before DeepSpeed derives it
     sp = ds.data.get("sequence_parallel_size")
-    if world is not None and is_int(sp) and sp > 1:
+    megatron = megatron_data_parallel(ctx.plan) if world is not None else None
+    if megatron is not None:  # DeepSpeedConfig takes the world from the mpu, not from sequence_parallel_size
+        if megatron[0] is None:
+            yield skip(f"not judged: the data-parallel world DeepSpeed divides the batch by is not known "
+                       f"({megatron[1]})")
+            return
+        world, source = megatron[0], f"{source} {megatron[1]}"
+    elif world is not None and is_int(sp) and sp > 1:
         # Without an mpu, DeepSpeedConfig divides the world by it before the batch assertion (runtime/config.py).
         if world % sp:
             yield fail(f"{ds.where('sequence_parallel_size')}: the world size {world} ({source}) does not divide by "

@@ -282,6 +282,30 @@ def _flag_value(args, flag) -> Optional[str]:
     return value
 
 
+def megatron_data_parallel(plan) -> Optional[Tuple[Optional[int], str]]:
+    """Where the launch is Megatron-DeepSpeed's (it names --tensor-model-parallel-size or
+    --pipeline-model-parallel-size): (the data-parallel world DeepSpeed's batch assertion uses, None where it is not
+    known; where it comes from, or why not). Megatron-DeepSpeed hands deepspeed.initialize its mpu
+    (--no-pipeline-parallel) or a PipelineModule built on its topology, whose mpu() DeepSpeed takes
+    (megatron/training.py setup_model_and_optimizer, deepspeed/__init__.py), and DeepSpeedConfig then uses that
+    mpu's data-parallel world (runtime/config.py): the world over TP x PP (megatron/core/parallel_state.py; a degree
+    whose flag is absent is Megatron's default, 1). None where the launch is not Megatron-DeepSpeed's."""
+    args = plan.launch.script_args if plan.launch is not None else ()
+    flags = {name: _flag_value(args, flag) for name, flag in MEGATRON_DEGREES.items()}
+    if all(value is None for value in flags.values()):
+        return None
+    if not all(value is None or re.fullmatch(r"\d{1,6}", value.strip()) and int(value) > 0 for value in flags.values()):
+        return None, "Megatron-DeepSpeed's tensor or pipeline degree is set when the job runs"
+    sp = _flag_value(args, "--ds-sequence-parallel-size")
+    if sp is not None and sp.strip() != "1":  # the pipeline's topology and parallel_state's groups: not read here
+        return None, f"--ds-sequence-parallel-size {sp} with Megatron-DeepSpeed's mpu"
+    tp, pp = (int(flags[name]) if flags[name] is not None else 1 for name in ("tp", "pp"))
+    world, _ = plan.world_size
+    if world is None or world % (tp * pp):
+        return None, f"the world is not known, or not a multiple of TP {tp} x PP {pp}"
+    return world // (tp * pp), f"over TP {tp} x PP {pp}: the data-parallel world of Megatron-DeepSpeed's mpu"
+
+
 # Megatron-DeepSpeed's load_checkpoint (megatron/checkpointing.py) hands DeepSpeed's load_checkpoint
 # load_optimizer_states=False, load_module_only=True for --finetune alone; its --no-load-optim and --no-load-rng act
 # on its path without DeepSpeed (and the random states), so DeepSpeed still loads the optimizer shards with them

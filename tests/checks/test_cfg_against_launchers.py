@@ -66,6 +66,34 @@ def test_world_not_divisible_by_sequence_parallel(capsys):
     assert "does not divide by sequence_parallel_size 4" in of(doc, "CFG030", "fail")[0]["message"]
 
 
+# Megatron-DeepSpeed hands DeepSpeed its mpu (or a PipelineModule on its topology), and DeepSpeedConfig asserts the
+# batch over that mpu's data-parallel world (runtime/config.py): the world over TP x PP (megatron/training.py,
+# megatron/core/parallel_state.py). 16 ranks, TP 2 x PP 2: 32 = 2 x 4 x 4, not 2 x 4 x 16.
+MEGATRON = ("deepspeed", "pretrain_gpt.py", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
+            "2", "--deepspeed", "--deepspeed_config", "ds.json")
+
+
+@pytest.mark.parametrize("flags, status, said", [
+    ((), "pass", "2 x 4 x world size 4 (--world-size over TP 2 x PP 2"),
+    (("--ds-sequence-parallel-size", "2"), "skip", "not judged"),
+    (("--tensor-model-parallel-size", "$TP"), "skip", "set when the job runs"),
+])
+def test_megatron_deepspeeds_batch_is_judged_over_its_data_parallel_world(capsys, tmp_path, flags, status, said):
+    (tmp_path / "ds.json").write_text('{"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2, '
+                                      '"gradient_accumulation_steps": 4}')
+    code, doc = lint(capsys, "--deepspeed", tmp_path / "ds.json", "--world-size", "16", "--", *MEGATRON, *flags)
+    [result] = of(doc, "CFG030")
+    assert result["status"] == status and said in result["message"], shown(doc)
+
+
+def test_megatron_deepspeeds_batch_that_does_not_fit_its_data_parallel_world_fails(capsys, tmp_path):
+    (tmp_path / "ds.json").write_text('{"train_batch_size": 128, "train_micro_batch_size_per_gpu": 2, '
+                                      '"gradient_accumulation_steps": 4}')
+    code, doc = lint(capsys, "--deepspeed", tmp_path / "ds.json", "--world-size", "16", "--", *MEGATRON)
+    [result] = of(doc, "CFG030")
+    assert result["status"] == "fail" and "set train_batch_size: 32" in result["remediation"], shown(doc)
+
+
 # 3. no batch keys: fail only where DeepSpeed fails, a warning when nobody says who reads the file
 def test_no_batch_keys_alone_is_not_judged_and_names_who_fills_them(capsys):
     code, doc = lint(capsys, "--deepspeed", REAL / "no-batch-keys/ds.json")
