@@ -553,6 +553,12 @@ def _no_records(census: Census, found: flight.Records) -> str:
         return "no job runs on these nodes, and no --flight-recorder PREFIX was given to read the records it left"
     said = "no flight-recorder records" + (f" at {', '.join(p + '<rank>' for p in looked[:3])}" if looked else "") + (
         f" (left out as older than their rank: {', '.join(stale[:3])})" if stale else "")
+    for node, path in sorted(found.server_dumps.items())[:1]:
+        # The folder a user would think of: torch's debug server's (dump_dir). Its table is no rank's records.
+        return (f"{said}; {path} on {node} is a dump of torch's debug server (start_debug_server(dump_dir=...)): its "
+                "own analysis of all ranks as a text table, which doctor does not read as records; read it there. "
+                "While the job runs doctor asks each rank's debug server itself; for after it died, set "
+                f"{' '.join(flight.SETTINGS[1:])} in the job's environment and give that prefix")
     ranks = [p for p in census.ranks if p.where.phase != "unknown"]
     moving = any(p.stable is False for p in census.ranks)
     straggler = any(p.where.phase == "collective" for p in ranks) and any(p.where.phase != "collective" for p in ranks)

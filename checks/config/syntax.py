@@ -62,7 +62,7 @@ def yaml_traps(ctx) -> Iterator[Finding]:
             keys, value = dynamo  # dynamo_config's own: the same .upper() on it
             yield fail(f"{accel.where(*keys)}: {dotted(keys)} is {yaml_word(value)}, expected a word such as 'NO'"
                        + (": YAML 1.1 reads an unquoted NO / no as false" if isinstance(value, bool) else "")
-                       + "; accelerate launch stops on it (AttributeError)", f"quote it: `dynamo_backend: 'NO'`",
+                       + "; accelerate launch stops on it (AttributeError)", "quote it: `dynamo_backend: 'NO'`",
                        key=dotted(keys), **at(accel, *keys))
         # (DeepSpeed-JSON keys pasted into the section are never read: CFG004 says they are ignored.)
         launch = ctx.plan.accelerate.launch

@@ -108,6 +108,7 @@ class Records:
     stale: Dict[str, List[str]]  # node -> files older than the rank that would have written them
     live: Mapping[int, Sequence[Tuple[str, int]]] = field(default_factory=dict)  # rank -> [(node, pid)] running
     world: Optional[int] = None  # the running ranks' WORLD_SIZE: the ranks of a group whose records omit them
+    server_dumps: Dict[str, str] = field(default_factory=dict)  # node -> torch's debug-server dump in the folder
 
 
 def gather(raw_by_node: Mapping[str, Any], live: Mapping[int, Sequence[Tuple[str, int]]],
@@ -116,11 +117,13 @@ def gather(raw_by_node: Mapping[str, Any], live: Mapping[int, Sequence[Tuple[str
     shared folder) counts once. `live`: rank -> [(node, pid)] of the running ranks, from the census; `world`:
     their WORLD_SIZE."""
     found: Dict[int, Dict[tuple, Tuple[List[str], Mapping[str, Any]]]] = {}
-    errors, looked, stale = [], {}, {}
+    errors, looked, stale, server_dumps = [], {}, {}, {}
     for node, raw in raw_by_node.items():
         if not isinstance(raw, dict):
             continue
         looked[node] = [str(p.get("prefix")) for p in raw.get("looked") or () if isinstance(p, dict)]
+        server_dumps.update((node, str(p["server_dump"])) for p in raw.get("looked") or ()
+                            if isinstance(p, dict) and p.get("server_dump"))
         stale[node] = [str(p) for p in raw.get("stale") or ()]
         for problem in raw.get("errors") or ():
             errors.append((node, str(problem.get("path")), str(problem.get("error"))))
@@ -144,7 +147,7 @@ def gather(raw_by_node: Mapping[str, Any], live: Mapping[int, Sequence[Tuple[str
         elif len(running) == 1:
             record.node, record.pid = running[0]
         records.append(record)
-    return Records(records, errors, looked, stale, live, world)
+    return Records(records, errors, looked, stale, live, world, server_dumps)
 
 
 def _group(raw: Mapping[str, Any]) -> Group:

@@ -51,6 +51,10 @@ SERVER_THREAD = b"pt_workerserver"
 ACCEPT_CALLS = {"x86_64": (43, 288), "aarch64": (202, 242)}
 MAX_TASKS = 4096  # threads of a rank looked at for the server's
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen|^<)")
+# What torch's debug server writes to its dump folder every dump_interval (start_debug_server(dump_dir=...):
+# torch/distributed/debug/_frontend.py, PeriodicDumper: f"{handler.dump_filename()}_{%Y%m%d_%H%M%S}.txt", "fr_trace"
+# for the flight recorder): torch's analysis of all ranks as a text table, not a rank's records, so not read.
+SERVER_DUMP = re.compile(r"fr_trace_\d{8}_\d{6}\.txt\Z")
 
 
 def default_prefix(environ):
@@ -83,6 +87,23 @@ def dump_files(prefix):
     except OSError:
         return []
     return sorted(found)[:MAX_FILES]
+
+
+def server_dump(prefix):
+    """The newest dump of torch's debug server (SERVER_DUMP) in the folder `prefix` names (the prefix itself where
+    it is a folder), or None: the folder a user may give --flight-recorder for the ranks' own files."""
+    folder = prefix if os.path.isdir(prefix) else os.path.dirname(prefix) or "."
+    newest = None
+    try:
+        with os.scandir(folder) as names:
+            for i, entry in enumerate(names):
+                if i >= MAX_LISTED:
+                    break
+                if SERVER_DUMP.match(entry.name) and (newest is None or entry.name > newest):
+                    newest = entry.name  # its name is its time, to the second
+    except OSError:
+        return None
+    return newest and os.path.join(folder, newest)
 
 
 def read_bytes(path, limit=MAX_BYTES):
@@ -254,7 +275,12 @@ def collect(flag_prefix, ranks, started, deadline=None):
             continue
         seen.add(path)
         looked.append({"prefix": prefix[:MAX_TEXT], "source": source})
-        for rank, file_path in dump_files(path):
+        files = dump_files(path)
+        if not files and source == "flag":
+            server = server_dump(path)
+            if server:
+                looked[-1]["server_dump"] = server[:MAX_TEXT]
+        for rank, file_path in files:
             shown = (prefix + file_path[len(path):])[:MAX_TEXT]  # the path as the rank names it
             own = [when for p, _, r in ranks if r == rank for when in [started.get(p)] if when is not None]
             try:

@@ -264,7 +264,7 @@ FR_ENTRY = Obj(seq=Need(int), op=str, backend=TEXT, sizes=Either(NONE, Each(Each
                created_ns=COUNT, timeout_ms=COUNT, frames=Each(Each((str, int, NONE), length=3)))
 FR_GROUP = Obj(pg=Need(str), desc=TEXT, pg_id=COUNT, ranks=Either(NONE, Each(int)), entries=Need(Each(FR_ENTRY)),
                enqueued=COUNT, started=COUNT, completed=COUNT)
-FLIGHT_RECORDER = Obj(looked=Each(Obj(prefix=str, source=str)), stale=Each(str), skipped=str,
+FLIGHT_RECORDER = Obj(looked=Each(Obj(prefix=str, source=str, server_dump=str)), stale=Each(str), skipped=str,
                       dumps=Each(Obj(path=Need(str), rank=Need(int), size=int, mtime_ns=int, version=TEXT, p2p=int,
                                      groups=Need(Each(FR_GROUP)))),
                       errors=Each(Obj(path=Need(str), rank=int, error=Need(str))))

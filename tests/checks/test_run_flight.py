@@ -127,6 +127,27 @@ def test_no_records_is_a_skip_that_says_what_to_set_only_where_the_stacks_cannot
     assert result.status == Status.SKIP and "TORCH_FR" not in result.message
 
 
+@pytest.mark.parametrize("given", ["dumps/", "dumps", "dumps/fr_"])
+def test_the_debug_server_s_dump_folder_given_as_the_prefix_is_named_as_such(tmp_path, given):
+    """The folder of start_debug_server(dump_dir=...) given to --flight-recorder: its fr_trace_<time>.txt tables
+    (torch's analysis, no rank's records) are not read, and the skip names the newest for the user to read."""
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    for name in ("fr_trace_20261208_010203.txt", "fr_trace_20261208_010303.txt", "stacks_20261208_010303.txt"):
+        (folder / name).write_text("=== FR Trace ===\n")
+    records = {"gpu1": flightrec.collect(str(tmp_path / given), [], {}),
+               "gpu2": flightrec.collect(str(tmp_path / "none_"), [], {})}
+    [result] = run010(records)
+    assert result.status == Status.SKIP and result.message.startswith("no flight-recorder records at ")
+    assert f"; {folder / 'fr_trace_20261208_010303.txt'} on gpu1 is a dump of torch's debug server" in result.message
+    assert "TORCH_FR_DUMP_TEMP_FILE=" in result.message
+    (folder / "fr_trace_20261208_010203.txt").rename(folder / "fr_trace_0.txt")  # not torch's name: not said
+    (folder / "fr_trace_20261208_010303.txt").unlink()
+    records["gpu1"] = flightrec.collect(str(tmp_path / given), [], {})
+    [result] = run010(records)
+    assert result.status == Status.SKIP and "debug server" not in result.message
+
+
 def test_a_file_that_is_not_a_dump_is_a_warning_naming_node_and_file(tmp_path):
     records = node_records("healthy", tmp_path)
     (tmp_path / "gpu2" / "comm_lib_trace_rank_3").write_bytes(b"\x80\x02garbage")
