@@ -690,6 +690,7 @@ SCALAR = st.one_of(st.text(max_size=8), st.integers(), st.floats(allow_nan=True,
                                                       st.dictionaries(st.text(max_size=3), SCALAR, max_size=2)),
                        max_size=6))
 def test_evidence_is_indented_as_json_indents_it(evidence):
-    """The HTML report's evidence: a flat mapping through the C encoder item by item, anything else through
-    json.dumps; the same text either way (NaN, infinities, -0.0, non-ASCII keys and values, nesting)."""
+    """The HTML report's evidence: a flat mapping (scalars, lists of scalars) through the C encoder item by item,
+    anything else through json.dumps; the same text either way (NaN, infinities, -0.0, non-ASCII keys and values,
+    nesting)."""
     assert reports.indented_json(evidence) == json.dumps(evidence, indent=2, default=str, sort_keys=True)
