@@ -355,19 +355,15 @@ def check_status_lines(results: Sequence[Result]) -> Iterator[str]:
 
 def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float,
                         now: Optional[float] = None):
-    """The metrics but preflight_check_status (check_status_lines), in a fresh CollectorRegistry (no global
-    state):
+    """The run's own metrics, in a fresh CollectorRegistry (no global state):
 
     preflight_verdict{verdict}                      1 for this run's verdict, 0 for the other two
     preflight_last_run_timestamp_seconds            when the report was written (Unix time)
     preflight_duration_seconds                      how long the run took
     preflight_nodes                                 the nodes checked
     preflight_info{version}                         1, labelled with the preflight version that wrote it
-    preflight_clock_offset_seconds{check,node}      CLK evidence offset_s (node minus reference); a result
-        that covers several nodes carries its largest offset, which each of them gets
-    preflight_collective_busbw_gbps{check,node}     COL evidence busbw_gbps (GB/s), the lowest per node
-    preflight_gpu_count{node}                       GPU evidence `count`, where the GPU checks report it
-    """
+
+    The metrics per check and node follow them in the file: check_status_lines, node_gauge_lines."""
     from prometheus_client import CollectorRegistry, Gauge
 
     registry = CollectorRegistry(auto_describe=True)
@@ -381,10 +377,22 @@ def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence
     Gauge("preflight_nodes", "nodes checked", registry=registry).set(len(nodes))
     Gauge("preflight_info", "the preflight build that wrote the report", ["version"],
           registry=registry).labels(__version__).set(1)
+    return registry
 
+
+def node_gauge_lines(results: Sequence[Result]) -> Iterator[str]:
+    """The values the results carry per node:
+
+    preflight_clock_offset_seconds{check,node}      CLK evidence offset_s (node minus reference); a result
+        that covers several nodes carries its largest offset, which each of them gets
+    preflight_collective_busbw_gbps{check,node}     COL evidence busbw_gbps (GB/s), the lowest per node
+    preflight_gpu_count{node}                       GPU evidence `count`, where the GPU checks report it
+
+    Each as a prometheus_client Gauge writes it (gauge_lines), where a Gauge child per node (16,384 of each at
+    16,384 nodes) and generate_latest cost most of a second."""
     offsets: Dict[Tuple[str, str], float] = {}
     busbw: Dict[Tuple[str, str], float] = {}
-    gpus: Dict[str, float] = {}
+    gpus: Dict[Tuple[str], float] = {}
     for r in results:  # the value a result carries, then each of its nodes
         if r.id.startswith("CLK"):
             value = float_or_none(r.evidence.get("offset_s"))
@@ -400,31 +408,38 @@ def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence
             value = float_or_none(r.evidence.get("count"))
             for node in r.nodes:
                 if value is not None and node != CONFIG:
-                    gpus[node] = value
-    if offsets:
-        gauge = Gauge("preflight_clock_offset_seconds", "clock offset of the node from the reference (CLK evidence)",
-                      ["check", "node"], registry=registry)
-        for (check_id, node), value in offsets.items():
-            gauge.labels(check_id, node).set(value)
-    if busbw:
-        gauge = Gauge("preflight_collective_busbw_gbps", "all-reduce bus bandwidth in GB/s (COL evidence)",
-                      ["check", "node"], registry=registry)
-        for (check_id, node), value in busbw.items():
-            gauge.labels(check_id, node).set(value)
-    if gpus:
-        gauge = Gauge("preflight_gpu_count", "GPUs the node has (GPU evidence)", ["node"], registry=registry)
-        for node, value in gpus.items():
-            gauge.labels(node).set(value)
-    return registry
+                    gpus[(node,)] = value
+    yield from gauge_lines("preflight_clock_offset_seconds", "clock offset of the node from the reference (CLK "
+                           "evidence)", ("check", "node"), offsets)
+    yield from gauge_lines("preflight_collective_busbw_gbps", "all-reduce bus bandwidth in GB/s (COL evidence)",
+                           ("check", "node"), busbw)
+    yield from gauge_lines("preflight_gpu_count", "GPUs the node has (GPU evidence)", ("node",), gpus)
+
+
+def gauge_lines(name: str, documentation: str, labelnames: Tuple[str, ...], values: Mapping[tuple, float]
+                ) -> Iterator[str]:
+    """A Gauge's text as prometheus_client's generate_latest writes it (exposition.py: HELP, TYPE, then a sample a
+    line, its labels in the order of their names, each value escaped as _label does, the value as
+    floatToGoString writes it), nothing without a value. `labelnames` in that order."""
+    from prometheus_client.utils import floatToGoString
+
+    if not values:
+        return
+    yield f"# HELP {name} {documentation}\n# TYPE {name} gauge\n"
+    for labels, value in values.items():
+        shown = ",".join(f'{label}="{_label(v)}"' for label, v in zip(labelnames, labels))
+        yield f"{name}{{{shown}}} {floatToGoString(value)}\n"
 
 
 def write_prometheus(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str],
                      duration_s: float) -> None:
-    """preflight_check_status first, then the other metrics as prometheus_client writes them."""
+    """preflight_check_status first, then the run's metrics as prometheus_client writes them, then the values per
+    node."""
     from prometheus_client import generate_latest
 
     registry = prometheus_registry(results, verdict, nodes, duration_s)
-    write_file(path, itertools.chain(batched(check_status_lines(results)), [generate_latest(registry)]))
+    write_file(path, itertools.chain(batched(check_status_lines(results)), [generate_latest(registry)],
+                                     batched(node_gauge_lines(results))))
 
 
 # --- HTML -----------------------------------------------------------------------------------------
