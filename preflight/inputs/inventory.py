@@ -191,13 +191,14 @@ def _fold_numbered(names: Sequence[str]) -> Optional[str]:
         runs.append((low, numbers[-1], width))
         return _ranges(prefix, runs)
     remaining, runs = set(tails), []
-    for number, width in sorted((int(tail), len(tail)) for tail in tails):
-        if f"{number:0{width}d}" not in remaining:  # inside a run already taken
+    for number, width, text in sorted((int(tail), len(tail), tail) for tail in tails):
+        if text not in remaining:  # inside a run already taken
             continue
         low = number
-        while f"{number:0{width}d}" in remaining:
-            remaining.discard(f"{number:0{width}d}")
+        while text in remaining:  # each number written once
+            remaining.discard(text)
             number += 1
+            text = f"{number:0{width}d}"
         runs.append((low, number - 1, width))
     return _ranges(prefix, runs)
 
