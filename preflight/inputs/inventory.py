@@ -179,13 +179,29 @@ def _fold_numbered(names: Sequence[str]) -> Optional[str]:
         return None
     if len(tails) == 1:
         return names[0]
+    widths = {len(tail) for tail in tails}
+    if len(widths) == 1:  # the usual cluster (node0001-node16384): a run is the next numbers, each as wide
+        width = widths.pop()
+        numbers = sorted(map(int, tails))
+        runs, low = [], numbers[0]
+        for before, number in zip(numbers, numbers[1:]):
+            if number != before + 1:
+                runs.append((low, before, width))
+                low = number
+        runs.append((low, numbers[-1], width))
+        return _ranges(prefix, runs)
     remaining, runs = set(tails), []
-    for number, width in sorted((int(tail), len(tail)) for tail in tails):
-        if f"{number:0{width}d}" not in remaining:  # inside a run already taken
+    for number, width, text in sorted((int(tail), len(tail), tail) for tail in tails):
+        if text not in remaining:  # inside a run already taken
             continue
         low = number
-        while f"{number:0{width}d}" in remaining:
-            remaining.discard(f"{number:0{width}d}")
+        while text in remaining:  # each number written once
+            remaining.discard(text)
             number += 1
+            text = f"{number:0{width}d}"
         runs.append((low, number - 1, width))
+    return _ranges(prefix, runs)
+
+
+def _ranges(prefix: str, runs: List[Tuple[int, int, int]]) -> str:
     return prefix + "[" + ",".join(f"{a:0{w}d}" if a == b else f"{a:0{w}d}-{b:0{w}d}" for a, b, w in runs) + "]"

@@ -17,8 +17,8 @@ import socket
 import stat
 import sys
 import time
-from collections import OrderedDict
-from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from collections import Counter
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from preflight import DISTRIBUTION, __version__
 from preflight.inputs.documents import InputError
@@ -202,13 +202,6 @@ def batched(lines: Iterable[str], size: int = 4096) -> Iterator[bytes]:
         yield "".join(piece).encode("utf-8")
 
 
-def _per_node(results: Iterable[Result]) -> Iterable[Tuple[Result, str]]:
-    """Each result once per node it concerns; a result with no nodes once, as CONFIG."""
-    for r in results:
-        for node in r.nodes or (CONFIG,):
-            yield r, node
-
-
 def _worst(statuses: Iterable[Status]) -> Status:
     return min(statuses, key=SEVERITY.__getitem__)
 
@@ -241,11 +234,18 @@ _COMPACT = json.JSONEncoder(default=str)  # CPython's C encoder; `indent` would 
 
 def indented_json(value: Mapping) -> str:
     """json.dumps(value, indent=2, default=str, sort_keys=True), the same text; a flat mapping of str keys to scalars
-    (most evidence: 49,000 details in the HTML report at 16,384 nodes) item by item through the C encoder."""
-    if not value or not all(type(k) is str and type(v) in _SCALARS for k, v in value.items()):
+    or lists of scalars (most evidence: 49,000 details in the HTML report at 16,384 nodes, a third of them with a
+    list of addresses or interfaces) item by item through the C encoder."""
+    if not value or not all(type(k) is str and (type(v) in _SCALARS or type(v) is list and
+                                                all(type(x) in _SCALARS for x in v)) for k, v in value.items()):
         return json.dumps(value, indent=2, default=str, sort_keys=True)
     encode = _COMPACT.encode
-    return "{\n" + ",\n".join(f"  {encode(k)}: {encode(v)}" for k, v in sorted(value.items())) + "\n}"
+
+    def shown(v) -> str:  # a list as json's indent=2 writes it one level down
+        if type(v) is not list:
+            return encode(v)
+        return "[\n" + ",\n".join(f"    {encode(x)}" for x in v) + "\n  ]" if v else "[]"
+    return "{\n" + ",\n".join(f"  {encode(k)}: {shown(v)}" for k, v in sorted(value.items())) + "\n}"
 
 
 def _element(tag: str, attributes: Iterable[Tuple[str, str]], text: Optional[str] = None) -> str:
@@ -255,16 +255,19 @@ def _element(tag: str, attributes: Iterable[Tuple[str, str]], text: Optional[str
 
 def junit_pieces(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float) -> Iterator[bytes]:
     """junit's document, a testcase at a time."""
-    count = lambda *statuses: sum(counted(r) for r in results if r.status in statuses)  # noqa: E731
+    counts = Counter()  # status -> test cases: one pass over the results, not one per attribute
+    for r in results:
+        counts[r.status] += counted(r)
     suite = _element("testsuite", [
-        ("name", "preflight"), ("tests", str(count(*STATUSES))), ("failures", str(count(Status.FAIL))),
-        ("errors", str(count(Status.ERROR))), ("skipped", str(count(Status.SKIP))), ("time", f"{duration_s:.6f}"),
+        ("name", "preflight"), ("tests", str(sum(counts.values()))), ("failures", str(counts[Status.FAIL])),
+        ("errors", str(counts[Status.ERROR])), ("skipped", str(counts[Status.SKIP])), ("time", f"{duration_s:.6f}"),
         ("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())), ("hostname", socket.gethostname())])
     yield _utf8("<?xml version='1.0' encoding='utf-8'?>\n" + suite[:-len(" />")] + ">\n  <properties>\n"
                 f"    {_element('property', [('name', 'preflight'), ('value', _xml(__version__))])}\n"
                 f"    {_element('property', [('name', 'verdict'), ('value', verdict)])}\n"
                 f"    {_element('property', [('name', 'nodes'), ('value', _xml(','.join(nodes)))])}\n"
                 "  </properties>\n")
+    named: Dict[str, str] = {}  # node -> its name attribute, escaped: the same nodes in every check
     for r in results:  # a result's test case is the same on each of its nodes but for the name: made once
         inside = []
         tag = _OUTCOME.get(r.status)
@@ -288,8 +291,14 @@ def junit_pieces(results: Sequence[Result], verdict: str, nodes: Sequence[str], 
 
         first = end(f"evidence: {evidence}" if evidence is not None else None)
         rest = end(f"evidence: as in the test case of {nodes[0]}") if again else first
-        yield _utf8("".join(f'  <testcase classname="{classname}" name="{escape(_xml(node), _ATTRIBUTE)}"'
-                            f'{first if k == 0 else rest}\n' for k, node in enumerate(nodes)))
+        for node in set(nodes).difference(named):  # (a set: no Python step per node already named)
+            named[node] = escape(_xml(node), _ATTRIBUTE)
+        opening = f'  <testcase classname="{classname}" name="'
+        text = f'{opening}{named[nodes[0]]}"{first}\n'
+        if len(nodes) > 1:  # one join for the nodes after the first (16,384 of them: no Python step per node)
+            closing = f'"{rest}\n'
+            text += opening + (closing + opening).join(map(named.__getitem__, nodes[1:])) + closing
+        yield _utf8(text)
     yield b"</testsuite>\n"
 
 
@@ -346,19 +355,15 @@ def check_status_lines(results: Sequence[Result]) -> Iterator[str]:
 
 def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence[str], duration_s: float,
                         now: Optional[float] = None):
-    """The metrics but preflight_check_status (check_status_lines), in a fresh CollectorRegistry (no global
-    state):
+    """The run's own metrics, in a fresh CollectorRegistry (no global state):
 
     preflight_verdict{verdict}                      1 for this run's verdict, 0 for the other two
     preflight_last_run_timestamp_seconds            when the report was written (Unix time)
     preflight_duration_seconds                      how long the run took
     preflight_nodes                                 the nodes checked
     preflight_info{version}                         1, labelled with the preflight version that wrote it
-    preflight_clock_offset_seconds{check,node}      CLK evidence offset_s (node minus reference); a result
-        that covers several nodes carries its largest offset, which each of them gets
-    preflight_collective_busbw_gbps{check,node}     COL evidence busbw_gbps (GB/s), the lowest per node
-    preflight_gpu_count{node}                       GPU evidence `count`, where the GPU checks report it
-    """
+
+    The metrics per check and node follow them in the file: check_status_lines, node_gauge_lines."""
     from prometheus_client import CollectorRegistry, Gauge
 
     registry = CollectorRegistry(auto_describe=True)
@@ -372,10 +377,22 @@ def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence
     Gauge("preflight_nodes", "nodes checked", registry=registry).set(len(nodes))
     Gauge("preflight_info", "the preflight build that wrote the report", ["version"],
           registry=registry).labels(__version__).set(1)
+    return registry
 
+
+def node_gauge_lines(results: Sequence[Result]) -> Iterator[str]:
+    """The values the results carry per node:
+
+    preflight_clock_offset_seconds{check,node}      CLK evidence offset_s (node minus reference); a result
+        that covers several nodes carries its largest offset, which each of them gets
+    preflight_collective_busbw_gbps{check,node}     COL evidence busbw_gbps (GB/s), the lowest per node
+    preflight_gpu_count{node}                       GPU evidence `count`, where the GPU checks report it
+
+    Each as a prometheus_client Gauge writes it (gauge_lines), where a Gauge child per node (16,384 of each at
+    16,384 nodes) and generate_latest cost most of a second."""
     offsets: Dict[Tuple[str, str], float] = {}
     busbw: Dict[Tuple[str, str], float] = {}
-    gpus: Dict[str, float] = {}
+    gpus: Dict[Tuple[str], float] = {}
     for r in results:  # the value a result carries, then each of its nodes
         if r.id.startswith("CLK"):
             value = float_or_none(r.evidence.get("offset_s"))
@@ -391,31 +408,38 @@ def prometheus_registry(results: Sequence[Result], verdict: str, nodes: Sequence
             value = float_or_none(r.evidence.get("count"))
             for node in r.nodes:
                 if value is not None and node != CONFIG:
-                    gpus[node] = value
-    if offsets:
-        gauge = Gauge("preflight_clock_offset_seconds", "clock offset of the node from the reference (CLK evidence)",
-                      ["check", "node"], registry=registry)
-        for (check_id, node), value in offsets.items():
-            gauge.labels(check_id, node).set(value)
-    if busbw:
-        gauge = Gauge("preflight_collective_busbw_gbps", "all-reduce bus bandwidth in GB/s (COL evidence)",
-                      ["check", "node"], registry=registry)
-        for (check_id, node), value in busbw.items():
-            gauge.labels(check_id, node).set(value)
-    if gpus:
-        gauge = Gauge("preflight_gpu_count", "GPUs the node has (GPU evidence)", ["node"], registry=registry)
-        for node, value in gpus.items():
-            gauge.labels(node).set(value)
-    return registry
+                    gpus[(node,)] = value
+    yield from gauge_lines("preflight_clock_offset_seconds", "clock offset of the node from the reference (CLK "
+                           "evidence)", ("check", "node"), offsets)
+    yield from gauge_lines("preflight_collective_busbw_gbps", "all-reduce bus bandwidth in GB/s (COL evidence)",
+                           ("check", "node"), busbw)
+    yield from gauge_lines("preflight_gpu_count", "GPUs the node has (GPU evidence)", ("node",), gpus)
+
+
+def gauge_lines(name: str, documentation: str, labelnames: Tuple[str, ...], values: Mapping[tuple, float]
+                ) -> Iterator[str]:
+    """A Gauge's text as prometheus_client's generate_latest writes it (exposition.py: HELP, TYPE, then a sample a
+    line, its labels in the order of their names, each value escaped as _label does, the value as
+    floatToGoString writes it), nothing without a value. `labelnames` in that order."""
+    from prometheus_client.utils import floatToGoString
+
+    if not values:
+        return
+    yield f"# HELP {name} {documentation}\n# TYPE {name} gauge\n"
+    for labels, value in values.items():
+        shown = ",".join(f'{label}="{_label(v)}"' for label, v in zip(labelnames, labels))
+        yield f"{name}{{{shown}}} {floatToGoString(value)}\n"
 
 
 def write_prometheus(path: str, results: Sequence[Result], verdict: str, nodes: Sequence[str],
                      duration_s: float) -> None:
-    """preflight_check_status first, then the other metrics as prometheus_client writes them."""
+    """preflight_check_status first, then the run's metrics as prometheus_client writes them, then the values per
+    node."""
     from prometheus_client import generate_latest
 
     registry = prometheus_registry(results, verdict, nodes, duration_s)
-    write_file(path, itertools.chain(batched(check_status_lines(results)), [generate_latest(registry)]))
+    write_file(path, itertools.chain(batched(check_status_lines(results)), [generate_latest(registry)],
+                                     batched(node_gauge_lines(results))))
 
 
 # --- HTML -----------------------------------------------------------------------------------------
@@ -493,8 +517,34 @@ def _style(status: Status) -> str:
 MATRIX_FOLD_ABOVE = 1024
 
 
-def folded_columns(cols: List[str], rows: List[str], cells: Mapping[str, Mapping[str, List[Result]]]
-                   ) -> List[Tuple[str, List[str]]]:
+class Matrix(NamedTuple):
+    """The check x node matrix: check ID -> node -> the check's results there (CONFIG for a result that concerns
+    no node), and check ID -> node -> the worst of their statuses."""
+    cells: Dict[str, Dict[str, Tuple[Result, ...]]]
+    statuses: Dict[str, Dict[str, Status]]
+
+
+def matrix(results: Sequence[Result]) -> Matrix:
+    """The results in their cells. A result's nodes go in at once, sharing one tuple (dict.fromkeys: no Python step
+    per node, where 16,384 nodes make 720,000 cells); a node that already has a result of the check (or is named
+    twice) gets a tuple of its own."""
+    cells: Dict[str, Dict[str, Tuple[Result, ...]]] = {}
+    statuses: Dict[str, Dict[str, Status]] = {}
+    for r in results:
+        row, status = cells.setdefault(r.id, {}), statuses.setdefault(r.id, {})
+        nodes = r.nodes or (CONFIG,)
+        each = dict.fromkeys(nodes, (r,))
+        if len(each) == len(nodes) and row.keys().isdisjoint(each):
+            row.update(each)
+            status.update(dict.fromkeys(nodes, r.status))
+            continue
+        for node in nodes:
+            row[node] = row.get(node, ()) + (r,)
+            status[node] = _worst((status.get(node, r.status), r.status))
+    return Matrix(cells, statuses)
+
+
+def folded_columns(cols: List[str], rows: List[str], found: Matrix) -> List[Tuple[str, List[str]]]:
     """The matrix's columns as (heading, nodes): each column alone up to MATRIX_FOLD_ABOVE nodes, else the
     columns whose status is the same in every row together, in the order of their first."""
     from preflight.report.render import fold_nodes
@@ -502,10 +552,9 @@ def folded_columns(cols: List[str], rows: List[str], cells: Mapping[str, Mapping
     if len(cols) - (CONFIG in cols) <= MATRIX_FOLD_ABOVE:
         return [(col, [col]) for col in cols]
     alike: Dict[tuple, List[str]] = {}
-    by_row = [cells[cid] for cid in rows]
-    for col in cols:
-        row_statuses = tuple(None if not found else found[0].status if len(found) == 1 else
-                             _worst(r.status for r in found) for found in (row.get(col) for row in by_row))
+    # Each column's statuses, row by row (None: no result there), made by map and zip: no Python step per cell
+    by_column = zip(*[map(found.statuses[cid].get, cols) for cid in rows]) if rows else ((),) * len(cols)
+    for col, row_statuses in zip(cols, by_column):
         alike.setdefault(row_statuses, []).append(col)
     return [(fold_nodes(members) if len(members) > 1 else members[0], members) for members in alike.values()]
 
@@ -515,10 +564,11 @@ def columns(results: Sequence[Result], nodes: Sequence[str]) -> List[str]:
     cols = list(dict.fromkeys(nodes))
     known = set(cols)  # a list's `in` made this quadratic in the nodes
     for r in results:
-        for node in r.nodes:
-            if node not in known:
-                cols.append(node)
-                known.add(node)
+        if not known.issuperset(r.nodes):  # (nearly every result: no Python step per node)
+            for node in r.nodes:
+                if node not in known:
+                    cols.append(node)
+                    known.add(node)
     if any(not r.nodes for r in results):
         cols.insert(0, CONFIG)
     return cols
@@ -580,7 +630,7 @@ def problems_html(results: Sequence[Result], e: Callable[[object], str]) -> List
     PROBLEMS_PER_CHECK different findings (a measured value per node) lists that many and counts the rest."""
     from preflight.report.render import fold, fold_nodes
 
-    problems = [g for g in fold(results) if g[0].status in (Status.FAIL, Status.ERROR, Status.WARN)]
+    problems = fold([r for r in results if r.status in (Status.FAIL, Status.ERROR, Status.WARN)])
     if not problems:
         return ["<h2>Failures and warnings</h2>", '<p class="allclear">No check failed or warned.</p>']
     checks: Dict[Tuple[str, Status], List[Tuple[Result, Tuple[str, ...]]]] = {}  # in fold's order: worst first
@@ -623,12 +673,14 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
         return found
 
     cols = columns(results, nodes)
-    cells: Dict[Tuple[str, str], Dict[str, List[Result]]] = OrderedDict()
+    found_in = matrix(results)
+    cells = found_in.cells
     names: Dict[str, str] = {}
-    for r, node in _per_node(results):
+    worst: Dict[str, Status] = {}  # check ID -> the worst status of its results
+    for r in results:
         names.setdefault(r.id, r.name)
-        cells.setdefault(r.id, {}).setdefault(node, []).append(r)
-    rows = sorted(cells, key=lambda cid: (SEVERITY[_worst(x.status for rs in cells[cid].values() for x in rs)], cid))
+        worst[r.id] = _worst((worst.get(r.id, r.status), r.status))
+    rows = sorted(cells, key=lambda cid: (SEVERITY[worst[cid]], cid))
 
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -643,7 +695,7 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
            '<p class="legend">' + "".join(f'<span style="{_style(s)}">{s.value}</span>' for s in
                                           sorted(STATUSES, key=SEVERITY.get)) + " click a cell for the details</p>",
            '<div class="scroll"><table class="matrix"><thead><tr><th>check</th>']
-    folded = folded_columns(cols, rows, cells)  # (its heading, its nodes): one node each, or nodes alike folded
+    folded = folded_columns(cols, rows, found_in)  # (its heading, its nodes): one node each, or nodes alike folded
     out += [f'<th class="node" scope="col">{e(label)}</th>' for label, _ in folded]
     out.append("</tr></thead><tbody>")
     details: List[str] = []
@@ -680,10 +732,14 @@ def html_lines(results: Sequence[Result], verdict: str, nodes: Sequence[str], du
                 found = cells[cid].get(col)
                 on = None
             else:  # each result once, on the nodes of the column it concerns
-                on = {}
-                for node in members:
-                    for r in cells[cid].get(node, ()):
-                        on.setdefault(id(r), (r, []))[1].append(node)
+                there = list(map(cells[cid].get, members))
+                if len(set(map(id, there))) == 1:  # the same results (one tuple) on every node of the column
+                    on = {id(r): (r, members) for r in there[0] or ()}
+                else:
+                    on = {}
+                    for node, rs in zip(members, there):
+                        for r in rs or ():
+                            on.setdefault(id(r), (r, []))[1].append(node)
                 found = [r for r, _ in on.values()]
             if not found:
                 out.append('<td class="none">&ndash;</td>')

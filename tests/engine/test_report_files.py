@@ -150,6 +150,25 @@ def test_prometheus_fresh_registry_and_no_gpu_metric_without_gpu_evidence(tmp_pa
     assert len(families["preflight_check_status"].samples) == 5
 
 
+def test_the_values_per_node_are_written_as_prometheus_client_writes_them():
+    """gauge_lines writes the gauges per node itself (a Gauge child per node costs most of a second at 16,384
+    nodes): the same text as a prometheus_client Gauge of those samples, odd node names and values included."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    nodes = ["n1", 'a"b', "back\\slash", "new\nline", "\u00e9t\u00e9", "config", "n2"]
+    values = [0.001, -0.3, float("nan"), float("inf"), -float("inf"), -0.0, 1e22, 123456789.5, 2.5e-7, 8.0, 1e300]
+    for labelnames in (("check", "node"), ("node",)):
+        samples = {(*(("CLK001",) if len(labelnames) == 2 else ()), node): values[i % len(values)]
+                   for i, node in enumerate(nodes * 2)}
+        registry = CollectorRegistry()
+        gauge = Gauge("preflight_x", "what it is (CLK evidence)", list(labelnames), registry=registry)
+        for labels, value in samples.items():
+            gauge.labels(*labels).set(value)
+        written = "".join(reports.gauge_lines("preflight_x", "what it is (CLK evidence)", labelnames, samples))
+        assert written == generate_latest(registry).decode()
+    assert list(reports.gauge_lines("preflight_x", "none", ("node",), {})) == []
+
+
 def test_prometheus_worst_status_wins_for_one_check_on_one_node(tmp_path):
     path = tmp_path / "a.prom"
     results = [R("GPU001", "pass", ("n1",)), R("GPU001", "fail", ("n1",), "lost"), R("GPU001", "warn", ("n1",))]
@@ -690,6 +709,7 @@ SCALAR = st.one_of(st.text(max_size=8), st.integers(), st.floats(allow_nan=True,
                                                       st.dictionaries(st.text(max_size=3), SCALAR, max_size=2)),
                        max_size=6))
 def test_evidence_is_indented_as_json_indents_it(evidence):
-    """The HTML report's evidence: a flat mapping through the C encoder item by item, anything else through
-    json.dumps; the same text either way (NaN, infinities, -0.0, non-ASCII keys and values, nesting)."""
+    """The HTML report's evidence: a flat mapping (scalars, lists of scalars) through the C encoder item by item,
+    anything else through json.dumps; the same text either way (NaN, infinities, -0.0, non-ASCII keys and values,
+    nesting)."""
     assert reports.indented_json(evidence) == json.dumps(evidence, indent=2, default=str, sort_keys=True)
