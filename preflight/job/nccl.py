@@ -54,16 +54,19 @@ def nccl_env(facts: Mapping[str, Any], job_env: Optional[Mapping[str, str]] = No
     ~/.nccl.conf: the password database's home before 2.30, $HOME since), then /etc/nccl.conf, each line by
     setenv(name, value, 0), so the environment wins over the files, the first file over the second, and a file's
     first line for a name over its later ones (preflight.node.ncclconf.merge, which the census uses for a running
-    rank too). The files as the node read them: preflight.node.ncclconf."""
+    rank too), by the rules of the node's NCCL (nccl_version; not known: what every release agrees on). The files
+    as the node read them, the NCCL_CONF_FILE and HOME of the job's batch script among them: preflight.node.ncclconf."""
     env = facts.get("env")
     env = env if isinstance(env, dict) and "error" not in env else {}
-    env = dict(env, **job_env) if job_env else env
     conf = facts.get("nccl_conf")
+    told = conf.get("job_env") if isinstance(conf, dict) else None  # the batch script's, sent to the node
+    env = dict(env, **told) if isinstance(told, dict) else env
+    env = dict(env, **job_env) if job_env else env
     files = conf.get("files") if isinstance(conf, dict) else None
     if not isinstance(files, dict):
         return NcclEnv(env, {}, ())  # facts from before the files were read
     named = env.get("NCCL_CONF_FILE")
-    if (not named or named[:1023] in files) and not any(
+    if (not named or named[:1023] in files) and not conf.get("later") and not any(
             f.get("entries") or not f.get("nothing", True) or f.get("cut_at") or f.get("long_lines")
             for f in files.values() if isinstance(f, dict)):
         return NcclEnv(env, {}, ())  # no file NCCL may read sets anything (nearly every node)

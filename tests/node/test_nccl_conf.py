@@ -199,26 +199,79 @@ def test_net005_says_where_a_windows_line_end_leaves_a_cr_in_the_interface_name(
     assert result.status is Status.PASS and "(from /etc/nccl.conf line 1)" in result.message
 
 
-def test_doctor_reads_the_files_a_running_rank_read_by_its_own_home_and_working_folder(tmp_path):
+MAPS_NCCL = "import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); " \
+    "print(1, flush=True); time.sleep(30)"
+
+
+def libnccl(path, wheel=None):
+    """A file named as a libnccl (not a real library: this machine has none; a process maps it as the loader would),
+    with the nvidia-nccl wheel's metadata whose RECORD lists it `wheel` = (folder, version) where given."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x7fELF" + bytes(4092))
+    if wheel:
+        folder, version = wheel
+        info = folder / f"nvidia_nccl_cu12-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-nccl-cu12\nVersion: {version}\n\n")
+        (info / "RECORD").write_text(f"nvidia/__init__.py,,\n{path.relative_to(folder)},sha256=x,4096\n")
+    return path
+
+
+def test_doctor_reads_the_files_a_running_rank_read_by_its_own_home_working_folder_and_nccl(tmp_path):
     """The rank's /proc/PID/environ holds what it was started with, not what NCCL's setenv added: the census
-    reads the files its HOME and NCCL_CONF_FILE (from its working folder) name, and RAS is asked where they say."""
+    reads the files its HOME and NCCL_CONF_FILE (from its working folder) name, and RAS is asked where they say,
+    by the rules of the NCCL the rank maps (/proc/PID/maps: a wheel's dist-info, a system library's name); a rank
+    whose NCCL's version its files do not prove gets what every release agrees on, and the rest named as unread."""
     import subprocess
     import sys
 
     from preflight.node import census
 
-    (tmp_path / "job.conf").write_text("NCCL_RAS_ADDR=localhost:28999\nNCCL_SOCKET_IFNAME=eth9\n")
+    (tmp_path / "job.conf").write_text("NCCL_RAS_ADDR=localhost:28999\nNCCL_SOCKET_IFNAME=eth9\nNCCL_DEBUG_SUBSYS=INIT\n")
     (tmp_path / ".nccl.conf").write_text("NCCL_SOCKET_IFNAME=eth7\n")  # not read: NCCL_CONF_FILE replaces it
+    (tmp_path / "etc").mkdir()
+    site = tmp_path / "site packages"
+    libraries = {"wheel": libnccl(site / "nvidia/nccl/lib/libnccl.so.2", (site, "2.23.4")),  # NCCL_CONF_FILE read
+                 "system": libnccl(tmp_path / "lib dir/libnccl.so.2.22.3"),  # before 2.23: ~/.nccl.conf of passwd
+                 "replaced": libnccl(tmp_path / "old/libnccl.so.2.23.4")}  # deleted since: its version not proven
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29986", HOME=str(tmp_path),
                NCCL_CONF_FILE="job.conf", NCCL_DEBUG="WARN")
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env, cwd=str(tmp_path))
+    procs = {kind: subprocess.Popen([sys.executable, "-c", MAPS_NCCL, str(path)], env=env, cwd=str(tmp_path),
+                                    stdout=subprocess.PIPE) for kind, path in libraries.items()}
     try:
-        found = census.take_census({"port": 29986, "pids": [proc.pid], "deadline_s": 4, "stacks": False,
-                                    "interval_s": 0.1})
+        for proc in procs.values():
+            proc.stdout.readline()  # mapped
+        libraries["replaced"].unlink()
+        found = census.take_census({"port": 29986, "pids": [p.pid for p in procs.values()], "deadline_s": 4,
+                                    "stacks": False, "interval_s": 0.1})
     finally:
-        proc.kill()
-        proc.wait()
-    [rank] = [p for p in found["processes"] if p["pid"] == proc.pid]
-    assert rank["env"]["NCCL_SOCKET_IFNAME"] == "eth9" and rank["env"]["NCCL_DEBUG"] == "WARN"
-    assert rank["nccl_from"] == {"NCCL_RAS_ADDR": "job.conf line 1", "NCCL_SOCKET_IFNAME": "job.conf line 2"}
-    assert [a["address"] for a in found["nccl_ras"]["answers"]] == ["localhost:28999"]
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+    ranks = {kind: next(p for p in found["processes"] if p["pid"] == proc.pid) for kind, proc in procs.items()}
+    wheel, system, replaced = ranks["wheel"], ranks["system"], ranks["replaced"]
+    assert wheel["env"]["NCCL_SOCKET_IFNAME"] == "eth9" and wheel["env"]["NCCL_DEBUG"] == "WARN"
+    assert wheel["nccl_from"] == {"NCCL_RAS_ADDR": "job.conf line 1", "NCCL_SOCKET_IFNAME": "job.conf line 2",
+                                  "NCCL_DEBUG_SUBSYS": "job.conf line 3"}
+    assert "nccl_unread" not in wheel
+    assert "NCCL_SOCKET_IFNAME" not in system.get("nccl_from", {}) and "NCCL_RAS_ADDR" not in system["env"]
+    assert "NCCL_SOCKET_IFNAME" not in replaced["env"] and "nccl_from" not in replaced
+    assert any(u.startswith("NCCL_SOCKET_IFNAME: NCCL_SOCKET_IFNAME unset or NCCL_SOCKET_IFNAME=eth9 (job.conf "
+                            "line 2)") for u in replaced["nccl_unread"]), replaced["nccl_unread"]
+    assert replaced["nccl_unread"][-1] == f"NCCL's release: {libraries['replaced']} (deleted), whose version its " \
+        "files do not tell"
+    assert "localhost:28999" in [a["address"] for a in found["nccl_ras"]["answers"]]
+
+
+def test_a_libnccls_version_is_only_what_its_files_prove(tmp_path):
+    """Its name where it gives one, else the nvidia-nccl wheel whose RECORD lists that very file."""
+    from preflight.node.packages import nccl_library_version
+
+    site = tmp_path / "site"
+    owned = libnccl(site / "nvidia/nccl/lib/libnccl.so.2", (site, "2.27.3"))
+    assert nccl_library_version(str(owned)) == "2.27.3"
+    assert nccl_library_version(str(libnccl(tmp_path / "usr/lib/libnccl.so.2.21.5"))) == "2.21.5"
+    bundled = libnccl(site / "torch/lib/libnccl.so.2")  # torch's own copy: the nvidia-nccl wheel does not own it
+    assert nccl_library_version(str(bundled)) is None
+    assert nccl_library_version(f"{owned} (deleted)") is None
+    assert nccl_library_version(str(owned).replace(str(tmp_path), "/"), str(tmp_path)) == "2.27.3"  # in a root
