@@ -142,11 +142,14 @@ def _nccl_environ(pid, cache):
     key = (environ.get("HOME"), environ.get("NCCL_CONF_FILE"), uid, cwd)
     if key not in cache:
         cache[key] = ncclconf.facts(environ, uid, cwd)
+    values, sources, unread = ncclconf.merge(environ, cache[key])  # what every release agrees on
+    if not unread:  # nearly every rank: nothing depends on its NCCL's release
+        return values, sources, unread
     library, version = rank_nccl(pid)
-    values, sources, unread = ncclconf.merge(environ, cache[key], _release(version) if version else None)
-    if version is None and unread:
-        unread += ("NCCL's release: %s" % (library or "no libnccl is loaded in the rank"),)
-    return values, sources, unread
+    release = _release(version) if version else None
+    if release is not None:
+        return ncclconf.merge(environ, cache[key], release)
+    return values, sources, unread + ("NCCL's release: %s" % (library or "no libnccl is loaded in the rank"),)
 
 
 def rank_nccl(pid):

@@ -20,7 +20,8 @@ def parse(data):
     """(entries, long lines) of a file's bytes as setEnvFile reads them: a line is split at its first `=`
     (no `=`: skipped) into the name and the value as written, spaces and quotes included (`NCCL_X = y` sets
     `NCCL_X `, not NCCL_X); each cut at 1,023 bytes and at a NUL byte; `#` lines are comments (since 2.26;
-    before, `#NCCL_X=y` set `#NCCL_X`: either way not NCCL_X). Only names that start with NCCL_ are kept.
+    before, `#NCCL_X=y` set `#NCCL_X`: either way not NCCL_X). Only the lines for an NCCL_ name are kept, those NCCL
+    misreads too (`export NCCL_X=y`, ` NCCL_X=y`: their names as NCCL sets them, for the head to warn of).
     A value keeps a trailing CR: NCCL strips it only since 2.30 (the head decides). A line longer than 4,095
     bytes is not read here (NCCL 2.30 reads it in pieces, older ones whole): its number is in the second list."""
     entries, long_lines = [], []
@@ -30,11 +31,14 @@ def parse(data):
             continue
         line = line.split(b"\0", 1)[0]  # NCCL's strlen, strchr and strncpy stop there
         name, equals, value = line.partition(b"=")
-        if not equals or not name.startswith(b"NCCL_"):
+        bare = name.strip(b" \t")
+        bare = bare[6:].lstrip(b" \t") if bare.startswith(b"export") else bare
+        if not equals or not bare.startswith(b"NCCL_"):
             continue
         name = name[:FIELD_MAX].decode("utf-8", "replace")
         value = value[:FIELD_MAX].decode("utf-8", "replace")
-        entries.append({"line": number, "name": name, "value": REDACTED if secret_name(name) else value})
+        entries.append({"line": number, "name": name, "value": REDACTED if secret_name(bare.decode("utf-8", "replace"))
+                        else value})
         if len(entries) >= MAX_ENTRIES:
             break
     return entries, long_lines
@@ -159,25 +163,33 @@ def merge(env, conf, release=None):
     return values, sources, tuple(unread)
 
 
-def _merge(env, conf, release):
-    files = conf.get("files") if isinstance(conf, dict) else None
-    files = files if isinstance(files, dict) else {}
+def read_paths(env, conf, release=None):
+    """([the paths of the files NCCL reads, in its order], why the first is not known or None), for the NCCL
+    `release`; None: those every release reads."""
+    if release is None:
+        found = [read_paths(env, conf, rules) for rules in RULES]
+        return [p for p in found[0][0] if all(p in f[0] for f in found)], next((f[1] for f in found if f[1]), None)
     recent = tuple(release[:2]) >= HOME_ENV_SINCE
     conf_file = env.get("NCCL_CONF_FILE") if tuple(release[:2]) >= CONF_FILE_SINCE else None
     home = (env.get("HOME") or conf.get("home")) if recent else conf.get("passwd_home")
     first = conf_file or ("%s/.nccl.conf" % home if home else None)
-    values, sources, unread = dict(env), {}, []
     later = conf.get("later") if isinstance(conf.get("later"), dict) else {}
     for name in ("NCCL_CONF_FILE",) * (tuple(release[:2]) >= CONF_FILE_SINCE) + ("HOME",) * (recent and not conf_file):
         if name in later:  # the batch script sets it when it runs: the file NCCL reads first is not known
-            unread.append("%s: the job sets it when it runs (%s), so the file NCCL reads first is not known here"
-                          % (name, later[name]))
-            first = None
-            break
-    for path in (first, "/etc/nccl.conf"):
-        if path is None:
-            continue
-        path = path[:PATH_MAX]
+            return ["/etc/nccl.conf"], ("%s: the job sets it when it runs (%s), so the file NCCL reads first is not "
+                                        "known here" % (name, later[name]))
+    return [p[:PATH_MAX] for p in (first, "/etc/nccl.conf") if p], None
+
+
+def _merge(env, conf, release):
+    files = conf.get("files") if isinstance(conf, dict) else None
+    files = files if isinstance(files, dict) else {}
+    recent = tuple(release[:2]) >= HOME_ENV_SINCE
+    values, sources, unread = dict(env), {}, []
+    paths, why = read_paths(env, conf, release)
+    if why:
+        unread.append(why)
+    for path in paths:
         read = files.get(path)
         if not isinstance(read, dict):
             unread.append("%s: not read on the node (the job's own environment names it)" % path)

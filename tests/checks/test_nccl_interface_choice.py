@@ -72,11 +72,11 @@ def test_nccl_comm_id_picks_the_interface_on_its_subnet_and_a_set_ifname_wins():
     assert picked(node({"lo": ["127.0.0.1", "::1"]}))[0] == ("lo", "127.0.0.1")  # loopback last; never ::1
 
 
-def net005(facts):
+def net005(facts, check_id="NET005"):
     plan = build_plan(nodes=("n1",))
     plan = plan.__class__(**{**plan.__dict__, "remote": True})
     ctx = runner.CheckContext(plan, {"n1": {"facts": facts, "error": None}}, {})
-    return runner.run_check(registry.load().get("NET005"), ctx)
+    return runner.run_check(registry.load().get(check_id), ctx)
 
 
 def test_net005_warns_where_nccls_choice_is_not_on_the_network_to_the_head_and_names_the_fix():
@@ -118,7 +118,7 @@ COLLECT = ("import json, sys; from preflight.node import collector; print(json.d
            "sys.argv[1], 'port': 29500, 'paths': {}, 'job': json.loads(sys.argv[2])})))")
 
 
-def planted(cluster, node, home=None, job=None, nccl=None):
+def planted(cluster, node, home=None, job=None, nccl=None, check_id="NET005"):
     """(NET005's result, the node's interfaces in the kernel's order) on the facts the collector reads in the node's
     own namespace (as a user whose home is `home`, when given; for the job `job`, what the head sends), with a
     recorded GPU node's NVML answers and the NCCL `nccl` its torch loads (this machine has neither)."""
@@ -133,7 +133,7 @@ def planted(cluster, node, home=None, job=None, nccl=None):
     facts = json.loads(proc.stdout)
     facts["gpus"] = gpus()
     facts["packages"]["versions"]["nccl"] = nccl
-    [result] = net005(facts)
+    [result] = net005(facts, check_id)
     return result, list(facts["host"]["interfaces"])
 
 
@@ -212,6 +212,11 @@ def test_the_nccl_conf_file_a_batch_script_exports_is_read_on_the_node_and_one_s
         return request(build_plan(command=tuple(batch.main.command.argv), batch=batch))
     named, _ = planted(cluster, "node02", job=job(tmp_path / "job.conf"), nccl="2.23.4")
     later, _ = planted(cluster, "node02", job=job("$SLURM_SUBMIT_DIR/job.conf"), nccl="2.23.4")
+    (tmp_path / "job.conf").write_text("NCCL_SOCKET_IFNAME==eth0\nexport NCCL_IB_DISABLE=1\n")  # PKG009
+    misread, _ = planted(cluster, "node02", job=job(tmp_path / "job.conf"), nccl="2.23.4", check_id="PKG009")
+    assert misread.status is Status.WARN and misread.message.startswith(
+        f"{tmp_path}/job.conf line 2: `export NCCL_IB_DISABLE=1`: NCCL sets a variable named"), misread
+    assert misread.remediation == f"write `NCCL_IB_DISABLE=1` without `export` in {tmp_path}/job.conf line 2"
     assert named.status is Status.FAIL and named.message.startswith(
         f"NCCL_SOCKET_IFNAME==eth1 (from {tmp_path}/job.conf line 1) selects no interface"), named
     assert later.status is Status.SKIP and "NCCL_CONF_FILE: the job sets it when it runs ($SLURM_SUBMIT_DIR/job.conf)" \

@@ -30,7 +30,8 @@ def test_a_line_is_split_at_its_first_equals_sign_with_nothing_trimmed_as_setenv
     data = (b"NCCL_SOCKET_IFNAME=eth1\nNCCL_IB_HCA = mlx5_0\nNCCL_DEBUG=\"INFO\"\nNCCL_ALGO=Ring=x\n"
             b"NCCL_PROTO\n#NCCL_P2P_DISABLE=1\n# a comment\nexport NCCL_NET=IB\nOMP_NUM_THREADS=4\nNCCL_X=\n")
     assert entries(data) == [(1, "NCCL_SOCKET_IFNAME", "eth1"), (2, "NCCL_IB_HCA ", " mlx5_0"),
-                             (3, "NCCL_DEBUG", '"INFO"'), (4, "NCCL_ALGO", "Ring=x"), (10, "NCCL_X", "")]
+                             (3, "NCCL_DEBUG", '"INFO"'), (4, "NCCL_ALGO", "Ring=x"), (8, "export NCCL_NET", "IB"),
+                             (10, "NCCL_X", "")]
 
 
 def test_a_name_and_a_value_are_cut_at_1023_bytes_and_at_a_nul_byte_and_a_cr_is_kept_for_the_head():
@@ -197,6 +198,38 @@ def test_net005_says_where_a_windows_line_end_leaves_a_cr_in_the_interface_name(
     assert result.remediation.endswith("`dos2unix /etc/nccl.conf`")
     [result] = check("NET005", {"n1": gpu_node({"/etc/nccl.conf": "NCCL_SOCKET_IFNAME=eth0\r\n"}, nccl="2.30.3")})
     assert result.status is Status.PASS and "(from /etc/nccl.conf line 1)" in result.message
+
+
+def test_pkg009_warns_of_each_line_nccl_misreads_naming_its_file_line_and_fix():
+    """setEnvFile splits at the first `=` and trims or unquotes nothing; a CR stays before 2.30 only."""
+    text = ('NCCL_SOCKET_IFNAME = eth0\nexport NCCL_IB_HCA=mlx5_0\nNCCL_DEBUG="INFO"\nNCCL_ALGO=Ring\r\n'
+            "NCCL_PROTO=Simple\n#NCCL_X=1\n")
+    results = check("PKG009", {"n1": facts({"/etc/nccl.conf": text}, nccl="2.29.7")})
+    assert [(r.status, r.message) for r in results] == [
+        (Status.WARN, "/etc/nccl.conf line 1: `NCCL_SOCKET_IFNAME = eth0`: NCCL sets `NCCL_SOCKET_IFNAME ` with its "
+                      "spaces, not NCCL_SOCKET_IFNAME"),
+        (Status.WARN, "/etc/nccl.conf line 2: `export NCCL_IB_HCA=mlx5_0`: NCCL sets a variable named `export "
+                      "NCCL_IB_HCA`, not NCCL_IB_HCA (the file is no shell script)"),
+        (Status.WARN, '/etc/nccl.conf line 3: `NCCL_DEBUG="INFO"`: NCCL keeps the quotes: NCCL_DEBUG is "INFO", '
+                      "quotes included"),
+        (Status.WARN, "/etc/nccl.conf line 4: `NCCL_ALGO=Ring\\r`: NCCL 2.29.7 keeps the CR of the file's Windows "
+                      "line end in the value")]
+    assert [r.remediation for r in results] == [
+        "write `NCCL_SOCKET_IFNAME=eth0` with no space around `=` in /etc/nccl.conf line 1",
+        "write `NCCL_IB_HCA=mlx5_0` without `export` in /etc/nccl.conf line 2",
+        "write `NCCL_DEBUG=INFO` without quotes in /etc/nccl.conf line 3",
+        "`dos2unix /etc/nccl.conf` in /etc/nccl.conf line 4"]
+    assert all(r.nodes == ("n1",) for r in results)
+    newer = check("PKG009", {"n1": facts({"/etc/nccl.conf": text}, nccl="2.30.3")})
+    assert len(newer) == 3 and "line 4" not in newer[-1].message  # 2.30 cuts the CR
+    # the node's NCCL not known: a CR not judged, and only the files every release reads
+    home = {"/home/u/.nccl.conf": "export NCCL_A=1\n", "/root/.nccl.conf": "", "/etc/nccl.conf": "NCCL_B=1\r\n"}
+    [result] = check("PKG009", {"n1": facts(dict(home), nccl=None, passwd_home="/root")})
+    assert result.status is Status.PASS and "not judged: /etc/nccl.conf line 1: ends with a CR" in result.message
+    [result] = check("PKG009", {"n1": facts(dict(home), nccl=None)})  # $HOME is the password database's home
+    assert result.status is Status.WARN and "`export NCCL_A=1`" in result.message
+    [result] = check("PKG009", {"n1": facts({})})
+    assert result.status is Status.SKIP
 
 
 MAPS_NCCL = "import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); " \
