@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 
 from preflight.api import Finding, Status, check, failed_sections, holders, odd_ones_out, skip
 from preflight.node import MIN_PYTHON, UNSUPPORTED
-from preflight.job.nccl import fabric_of, nccl_env, nccl_wheel
+from preflight.job.nccl import fabric_of, misread_lines, nccl_env, nccl_wheel
 from preflight.inputs.settings import job_environment
 from preflight.inputs.versions import condition_text, judge, known_defects, unmet_requirements
 
@@ -584,3 +584,38 @@ def _grouped(skipped):
     for defect_id, reason in skipped:
         by_reason.setdefault(reason, []).append(defect_id)
     return [(ids, reason) for reason, ids in by_reason.items()]
+
+
+MISREAD_SHOWN = 8  # lines named per node; the rest counted
+
+
+@check("PKG009", "nccl-conf-lines", "node", tags=["environment", "nccl"])
+def nccl_conf_lines(ctx) -> Iterator[Finding]:
+    """The NCCL configuration files NCCL reads on the node (the one NCCL_CONF_FILE names, else ~/.nccl.conf, then
+    /etc/nccl.conf) hold no line NCCL reads other than as written.
+
+    NCCL reads a line as NAME=value split at its first `=` (src/misc/param.cc, setEnvFile), trimming and unquoting
+    nothing: `NCCL_X = y` sets a variable named `NCCL_X ` (and NCCL_X stays unset), `export NCCL_X=y` one named
+    `export NCCL_X`, `NCCL_X="eth0"` keeps the quotes in the value, and before NCCL 2.30 a Windows line end leaves
+    a CR in it: the setting is silently lost or wrong on that node. With the node's NCCL not known, only the files
+    every release reads are judged, and a CR is not.
+
+    Write each line as NAME=value, with no `export`, spaces around `=` or quotes; convert a file with Windows
+    line ends (`dos2unix FILE`); or set the variable in the job's environment, which NCCL reads first.
+    """
+    found, not_judged, lines = misread_lines(ctx.fact, job_environment(ctx.plan))
+    if not lines:
+        yield skip("no NCCL_ line in the configuration files NCCL reads here" + (
+            f" (not judged: {'; '.join(not_judged)})" if not_judged else ""), not_judged=not_judged)
+        return
+    for line in found[:MISREAD_SHOWN]:
+        yield Finding(Status.WARN, f"{line.where}: `{line.line}`: {line.why}", f"{line.fix} in {line.where}",
+                      evidence={"source": line.where, "line": line.line})
+    if len(found) > MISREAD_SHOWN:
+        yield Finding(Status.WARN, f"{len(found) - MISREAD_SHOWN} more line(s) NCCL misreads, after "
+                      f"{found[MISREAD_SHOWN - 1].where}", "write each line as NAME=value",
+                      evidence={"more": len(found) - MISREAD_SHOWN})
+    if not found:
+        said = f" (not judged: {'; '.join(not_judged)})" if not_judged else ""
+        yield Finding(Status.PASS, f"{lines} NCCL_ line(s) of the configuration files NCCL reads here, each read as "
+                      f"written{said}", evidence={"lines": lines, "not_judged": not_judged})

@@ -10,7 +10,7 @@ from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from preflight.inputs.numbers import int_or_none
 from preflight.inputs.versions import requirement_name, version
-from preflight.node.ncclconf import merge
+from preflight.node.ncclconf import HOME_ENV_SINCE, merge, read_paths
 from preflight.result import Finding, skip
 
 IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
@@ -54,20 +54,77 @@ def nccl_env(facts: Mapping[str, Any], job_env: Optional[Mapping[str, str]] = No
     ~/.nccl.conf: the password database's home before 2.30, $HOME since), then /etc/nccl.conf, each line by
     setenv(name, value, 0), so the environment wins over the files, the first file over the second, and a file's
     first line for a name over its later ones (preflight.node.ncclconf.merge, which the census uses for a running
-    rank too). The files as the node read them: preflight.node.ncclconf."""
-    env = facts.get("env")
-    env = env if isinstance(env, dict) and "error" not in env else {}
-    env = dict(env, **job_env) if job_env else env
-    conf = facts.get("nccl_conf")
+    rank too), by the rules of the node's NCCL (nccl_version; not known: what every release agrees on). The files
+    as the node read them, the NCCL_CONF_FILE and HOME of the job's batch script among them: preflight.node.ncclconf."""
+    env, conf = _environment(facts, job_env), facts.get("nccl_conf")
     files = conf.get("files") if isinstance(conf, dict) else None
     if not isinstance(files, dict):
         return NcclEnv(env, {}, ())  # facts from before the files were read
     named = env.get("NCCL_CONF_FILE")
-    if (not named or named[:1023] in files) and not any(
+    if (not named or named[:1023] in files) and not conf.get("later") and not any(
             f.get("entries") or not f.get("nothing", True) or f.get("cut_at") or f.get("long_lines")
             for f in files.values() if isinstance(f, dict)):
         return NcclEnv(env, {}, ())  # no file NCCL may read sets anything (nearly every node)
     return NcclEnv(*merge(env, conf, nccl_version(facts)))
+
+
+def _environment(facts: Mapping[str, Any], job_env: Optional[Mapping[str, str]]) -> dict:
+    """The node's environment, the batch script's NCCL_CONF_FILE and HOME the node was sent over it, then `job_env`."""
+    env, conf = facts.get("env"), facts.get("nccl_conf")
+    env = env if isinstance(env, dict) and "error" not in env else {}
+    told = conf.get("job_env") if isinstance(conf, dict) else None
+    env = dict(env, **told) if isinstance(told, dict) else env
+    return dict(env, **job_env) if job_env else env
+
+
+class Misread(NamedTuple):
+    """A line of an NCCL configuration file that NCCL reads other than as written."""
+    where: str  # "PATH line N"
+    line: str  # the line as NCCL split it, NAME=value
+    why: str
+    fix: str
+
+
+def misread_lines(facts: Mapping[str, Any], job_env: Optional[Mapping[str, str]] = None
+                  ) -> Tuple[List[Misread], List[str], int]:
+    """(the lines NCCL misreads in the files it reads on this node, what is not judged and why, how many NCCL_
+    lines were read), as setEnvFile reads
+    a line (src/misc/param.cc): split at the first `=`, nothing trimmed or unquoted, so `NCCL_X = y` sets `NCCL_X `,
+    `export NCCL_X=y` sets `export NCCL_X` and `NCCL_X="y"` keeps the quotes; before NCCL 2.30 a CR at the line's
+    end stays in the value. Only the files every NCCL release reads where the node's NCCL is not known; a CR then
+    not judged."""
+    conf = facts.get("nccl_conf")
+    files = conf.get("files") if isinstance(conf, dict) else None
+    if not isinstance(files, dict):
+        return [], ["the node sent no NCCL configuration files (a node running an older preflight)"], 0
+    release = nccl_version(facts)
+    paths, why = read_paths(_environment(facts, job_env), conf, release)
+    found, not_judged, lines = [], [why] if why else [], 0
+    for path in paths:
+        read = files.get(path)
+        for entry in (read.get("entries") or ()) if isinstance(read, dict) else ():
+            lines += 1
+            name, value = entry.get("name"), entry.get("value")
+            if not isinstance(name, str) or not isinstance(value, str):
+                continue
+            where, bare = f"{path} line {entry.get('line')}", name.strip(" \t")
+            line = f"{name}={value}".replace("\r", "\\r")
+            if bare.startswith("export") and bare[6:7] in (" ", "\t"):
+                bare = bare[6:].strip(" \t")
+                found.append(Misread(where, line, f"NCCL sets a variable named `{name}`, not {bare} (the file is no "
+                                     "shell script)", f"write `{bare}={value.strip()}` without `export`"))
+            elif bare != name:
+                found.append(Misread(where, line, f"NCCL sets `{name}` with its spaces, not {bare}",
+                                     f"write `{bare}={value.strip(' ')}` with no space around `=`"))
+            elif len(value) > 1 and value[0] == value[-1] and value[0] in "\"'":
+                found.append(Misread(where, line, f"NCCL keeps the quotes: {name} is {value}, quotes included",
+                                     f"write `{name}={value[1:-1]}` without quotes"))
+            elif value.endswith("\r") and release is None:
+                not_judged.append(f"{where}: ends with a CR, which NCCL keeps before 2.30 (the node's NCCL is not known)")
+            elif value.endswith("\r") and tuple(release[:2]) < HOME_ENV_SINCE:
+                found.append(Misread(where, line, f"NCCL {'.'.join(map(str, release))} keeps the CR of the file's "
+                                     "Windows line end in the value", f"`dos2unix {path}`"))
+    return found, not_judged, lines
 
 
 # --- socket interfaces ---------------------------------------------------------------------------

@@ -22,8 +22,10 @@ from preflight.inputs.documents import (Document, InputError, parse_deepspeed, p
 from preflight.inputs.configs import (DEEPSPEED_HOSTFILE_LINE, accelerate_launcher, deepspeed_runner,
                                       text_number_stops_launch)
 from preflight.inputs.numbers import flag_int, is_int, is_numeric_string, text_number
+from preflight.inputs.settings import job_variables
 from preflight.job.nccl import socket_interface
 from preflight.node.launchfiles import expand
+from preflight.node.ncclconf import FILE_VARIABLES
 
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner reads this one when none is named
 CONFIG_TEXT_LIMIT = 256 * 1024  # a config's text past this is not parsed (PyYAML takes seconds a megabyte)
@@ -85,12 +87,21 @@ def request(plan, environ: Optional[Mapping[str, str]] = None) -> dict:
     return {"cwd": plan.workdir or os.getcwd(), "argv": list(plan.command), "config": config,
             "default_config": accelerate and not (cmd is not None and cmd.flag("cpu")),
             "files": list(dict.fromkeys(f for f in files if f)), "text": text, "programs": programs,
-            "expand": plan.expand_vars, "env": dict(cmd.env) if cmd is not None else {},
+            "expand": plan.expand_vars, "env": dict(cmd.env) if cmd is not None else {}, "nccl": nccl_request(plan),
             "deadline_s": JOB_READ_S, "resolve": head_names(cmd),
             "keep": list(allocation.STEP_VARIABLES) if step_allocation(plan, environ) else [],
             # the checkpoint the job resumes from, as each node sees it (CKPT005)
             "resume": {"path": plan.resume_from, "universal": plan.load_universal,
                        "digest": (plan.resume or {}).get("digest")} if plan.resume_from else None}
+
+
+def nccl_request(plan) -> dict:
+    """The variables that decide which of NCCL's configuration files the job reads (NCCL_CONF_FILE, HOME) as its
+    batch script or manifest sets them, for the node to read those files (preflight.node.ncclconf.section): "env"
+    the values known here, "later" those set when the job runs (as written: not read, said so)."""
+    known, later = job_variables(plan)
+    return {"env": {k: known[k] for k in FILE_VARIABLES if k in known},
+            "later": {k: later[k][:200] for k in FILE_VARIABLES if k in later}}
 
 
 def head_names(cmd: Optional[launchcmd.LaunchCommand]) -> List[str]:

@@ -15,6 +15,7 @@ import time
 from preflight.node import ncclconf, procfs
 from preflight.node.host import py_spy
 from preflight.node.launchfiles import accelerate_default_config, read_file
+from preflight.node.packages import LIBNCCL, nccl_library_version
 from preflight.node.secret import REDACTED, secret_name, secret_text
 
 CENSUS_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
@@ -128,9 +129,10 @@ def _flight_records(processes, options, deadline):
 
 
 def _nccl_environ(pid, cache):
-    """(environment, sources, unread) of a rank as NCCL reads it (preflight.node.ncclconf.merge): its own
+    """(environment, sources, unread) of a rank as its NCCL reads it (preflight.node.ncclconf.merge): its own
     environment, then NCCL's files as its HOME, NCCL_CONF_FILE, user and working folder name them, each file read
-    once per node (`cache`). The NCCL it loaded is not read here: the newest NCCL's rules."""
+    once per node (`cache`), by the rules of the NCCL release the rank loaded (rank_nccl), else by what every
+    release agrees on."""
     environ = procfs.environ(pid) or {}
     try:
         uid = os.stat("/proc/%d" % pid).st_uid
@@ -140,7 +142,37 @@ def _nccl_environ(pid, cache):
     key = (environ.get("HOME"), environ.get("NCCL_CONF_FILE"), uid, cwd)
     if key not in cache:
         cache[key] = ncclconf.facts(environ, uid, cwd)
-    return ncclconf.merge(environ, cache[key])
+    values, sources, unread = ncclconf.merge(environ, cache[key])  # what every release agrees on
+    if not unread:  # nearly every rank: nothing depends on its NCCL's release
+        return values, sources, unread
+    library, version = rank_nccl(pid)
+    release = _release(version) if version else None
+    if release is not None:
+        return ncclconf.merge(environ, cache[key], release)
+    return values, sources, unread + ("NCCL's release: %s" % (library or "no libnccl is loaded in the rank"),)
+
+
+def rank_nccl(pid):
+    """(the libnccl a rank has loaded as its /proc/PID/maps names it, its version or None): the version only where
+    its own files prove it (preflight.node.packages.nccl_library_version), read in the rank's own root folder;
+    None too where it maps more than one NCCL, or none."""
+    deleted = " (deleted)"  # replaced since it was loaded (an upgrade): its version is no longer on disk
+    libraries = [p for p in procfs.mapped_files(pid)
+                 if LIBNCCL.match(os.path.basename(p[:-len(deleted)] if p.endswith(deleted) else p))]
+    if not libraries:
+        return None, None
+    versions = set(nccl_library_version(p, "/proc/%d/root" % pid) for p in libraries)
+    version = versions.pop() if len(versions) == 1 else None
+    said = ", ".join(libraries[:2])
+    return (said if version else "%s, whose version its files do not tell" % said), version
+
+
+def _release(version):
+    """(2, 21, 5) of "2.21.5"; None where it is no such number."""
+    try:
+        return tuple(int(part) for part in version.split(".")[:3])
+    except ValueError:
+        return None
 
 
 def _ras(processes, options, deadline, nccl_environ):

@@ -20,7 +20,8 @@ def parse(data):
     """(entries, long lines) of a file's bytes as setEnvFile reads them: a line is split at its first `=`
     (no `=`: skipped) into the name and the value as written, spaces and quotes included (`NCCL_X = y` sets
     `NCCL_X `, not NCCL_X); each cut at 1,023 bytes and at a NUL byte; `#` lines are comments (since 2.26;
-    before, `#NCCL_X=y` set `#NCCL_X`: either way not NCCL_X). Only names that start with NCCL_ are kept.
+    before, `#NCCL_X=y` set `#NCCL_X`: either way not NCCL_X). Only the lines for an NCCL_ name are kept, those NCCL
+    misreads too (`export NCCL_X=y`, ` NCCL_X=y`: their names as NCCL sets them, for the head to warn of).
     A value keeps a trailing CR: NCCL strips it only since 2.30 (the head decides). A line longer than 4,095
     bytes is not read here (NCCL 2.30 reads it in pieces, older ones whole): its number is in the second list."""
     entries, long_lines = [], []
@@ -30,11 +31,14 @@ def parse(data):
             continue
         line = line.split(b"\0", 1)[0]  # NCCL's strlen, strchr and strncpy stop there
         name, equals, value = line.partition(b"=")
-        if not equals or not name.startswith(b"NCCL_"):
+        bare = name.strip(b" \t")
+        bare = bare[6:].lstrip(b" \t") if bare.startswith(b"export") else bare
+        if not equals or not bare.startswith(b"NCCL_"):
             continue
         name = name[:FIELD_MAX].decode("utf-8", "replace")
         value = value[:FIELD_MAX].decode("utf-8", "replace")
-        entries.append({"line": number, "name": name, "value": REDACTED if secret_name(name) else value})
+        entries.append({"line": number, "name": name, "value": REDACTED if secret_name(bare.decode("utf-8", "replace"))
+                        else value})
         if len(entries) >= MAX_ENTRIES:
             break
     return entries, long_lines
@@ -100,37 +104,92 @@ def facts(environ, uid=None, cwd=None):
     return {"conf_file": conf, "home": home, "passwd_home": pw_home, "files": files}
 
 
+FILE_VARIABLES = ("NCCL_CONF_FILE", "HOME")  # the variables that decide which files NCCL reads
+
+
 def section(job):
     """The collector's section: the files NCCL would read in this node's launch (its environment over this
-    session's, `NCCL_CONF_FILE=... accelerate launch`), as this user."""
-    job = job or {}
-    environ = dict(os.environ, **(job.get("env") or {}))
-    return facts(environ, cwd=job.get("cwd"))
+    session's: what its batch script exports, `NCCL_CONF_FILE=... accelerate launch`), as this user. The head
+    sends job["nccl"]: {"env": the batch script's NCCL_CONF_FILE and HOME, "later": those it sets only when it
+    runs}; both are echoed ("job_env", "later") for the head's merge (preflight.job.nccl.nccl_env)."""
+    job = job if isinstance(job, dict) else {}
+    told = job.get("nccl") if isinstance(job.get("nccl"), dict) else {}
+
+    def variables(key):
+        given = told.get(key) if isinstance(told.get(key), dict) else {}
+        return dict((k, v) for k, v in given.items() if k in FILE_VARIABLES and isinstance(v, str))
+    known, later = variables("env"), variables("later")
+    environ = dict(os.environ, **known)
+    environ.update(job.get("env") or {})  # the launch's own VAR=v words
+    found = facts(environ, cwd=job.get("cwd"))
+    if known:
+        found["job_env"] = known
+    if later:
+        found["later"] = later
+    return found
 
 
 CONF_FILE_SINCE = (2, 23)  # NCCL_CONF_FILE, when set and not empty, is read instead of ~/.nccl.conf
 HOME_ENV_SINCE = (2, 30)  # ~ is $HOME (before: getpwuid(getuid())->pw_dir), and a line's trailing CR is cut
 
 
+# One release under each set of rules: NCCL_CONF_FILE ignored and the password database's home; NCCL_CONF_FILE
+# read; $HOME and the CR cut. A release not known is judged by all three: what they agree on.
+RULES = ((2, 22), CONF_FILE_SINCE, HOME_ENV_SINCE)
+
+
 def merge(env, conf, release=None):
     """(values, sources, unread) of the variables NCCL reads in a process with environment `env` whose files
-    the node read (`conf`: facts()), for the NCCL `release` (a tuple; None: the newest rules): `env` then, for
-    each variable still unset, the NCCL_ lines of the file NCCL_CONF_FILE names (since 2.23; else ~/.nccl.conf:
-    the password database's home before 2.30, $HOME since) and of /etc/nccl.conf, as initEnvFunc calls
-    setEnvFile and it setenv(name, value, 0): the environment wins over the files, the first file over the
-    second, a file's first line for a name over its later ones. sources: name -> "PATH line N" of what a file set;
-    unread: "PATH: why" of what NCCL reads that is not known here."""
-    files = conf.get("files") if isinstance(conf, dict) else None
-    files = files if isinstance(files, dict) else {}
-    recent = release is None or tuple(release[:2]) >= HOME_ENV_SINCE
-    conf_file = env.get("NCCL_CONF_FILE") if release is None or tuple(release[:2]) >= CONF_FILE_SINCE else None
+    the node read (`conf`: facts()), for the NCCL `release` (a tuple): `env` then, for each variable still unset,
+    the NCCL_ lines of the file NCCL_CONF_FILE names (since 2.23; else ~/.nccl.conf: the password database's home
+    before 2.30, $HOME since) and of /etc/nccl.conf, as initEnvFunc calls setEnvFile and it setenv(name, value,
+    0): the environment wins over the files, the first file over the second, a file's first line for a name over
+    its later ones. sources: name -> "PATH line N" of what a file set; unread: "PATH: why" of what NCCL reads that
+    is not known here. With `release` None (not known), a variable the rules of NCCL's releases set differently
+    is left out, and unread says so: never the newest NCCL's guess."""
+    if release is not None:
+        return _merge(env, conf, release)
+    found = [_merge(env, conf, rules) for rules in RULES]
+    values, sources, _ = found[-1]
+    unread = list(dict.fromkeys(u for f in found for u in f[2]))
+    for name in sorted(set().union(*(f[0] for f in found))):
+        seen = [(f[0].get(name), f[1].get(name)) for f in found]
+        if len(set(value for value, _ in seen)) > 1:
+            values.pop(name, None)
+            sources.pop(name, None)
+            said = " or ".join(dict.fromkeys("%s=%s (%s)" % (name, v, w) if w else "%s unset" % name if v is None
+                                             else "%s=%s" % (name, v) for v, w in seen))
+            unread.append("%s: %s, by the NCCL release, which is not known here" % (name, said.replace("\r", "\\r")))
+    return values, sources, tuple(unread)
+
+
+def read_paths(env, conf, release=None):
+    """([the paths of the files NCCL reads, in its order], why the first is not known or None), for the NCCL
+    `release`; None: those every release reads."""
+    if release is None:
+        found = [read_paths(env, conf, rules) for rules in RULES]
+        return [p for p in found[0][0] if all(p in f[0] for f in found)], next((f[1] for f in found if f[1]), None)
+    recent = tuple(release[:2]) >= HOME_ENV_SINCE
+    conf_file = env.get("NCCL_CONF_FILE") if tuple(release[:2]) >= CONF_FILE_SINCE else None
     home = (env.get("HOME") or conf.get("home")) if recent else conf.get("passwd_home")
     first = conf_file or ("%s/.nccl.conf" % home if home else None)
+    later = conf.get("later") if isinstance(conf.get("later"), dict) else {}
+    for name in ("NCCL_CONF_FILE",) * (tuple(release[:2]) >= CONF_FILE_SINCE) + ("HOME",) * (recent and not conf_file):
+        if name in later:  # the batch script sets it when it runs: the file NCCL reads first is not known
+            return ["/etc/nccl.conf"], ("%s: the job sets it when it runs (%s), so the file NCCL reads first is not "
+                                        "known here" % (name, later[name]))
+    return [p[:PATH_MAX] for p in (first, "/etc/nccl.conf") if p], None
+
+
+def _merge(env, conf, release):
+    files = conf.get("files") if isinstance(conf, dict) else None
+    files = files if isinstance(files, dict) else {}
+    recent = tuple(release[:2]) >= HOME_ENV_SINCE
     values, sources, unread = dict(env), {}, []
-    for path in (first, "/etc/nccl.conf"):
-        if path is None:
-            continue
-        path = path[:PATH_MAX]
+    paths, why = read_paths(env, conf, release)
+    if why:
+        unread.append(why)
+    for path in paths:
         read = files.get(path)
         if not isinstance(read, dict):
             unread.append("%s: not read on the node (the job's own environment names it)" % path)

@@ -152,9 +152,38 @@ def torch_loaded_nccl():
             path = os.path.join(candidate, name)
             if os.path.isfile(path):
                 real = os.path.realpath(path)
-                found = re.match(r"libnccl\.so\.(\d+\.\d+\.\d+)$", os.path.basename(real))
+                found = NAMED_RELEASE.match(os.path.basename(real))
                 return (found.group(1), real) if found else None
         return None
+    return None
+
+
+LIBNCCL = re.compile(r"libnccl\.so[\d.]*$")  # NCCL itself, not a net plugin (libnccl-net*.so)
+NAMED_RELEASE = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)$")  # a system or conda NCCL names its version
+WHEEL_LEVELS = 4  # site-packages/nvidia/nccl/lib/libnccl.so.2: the wheel's metadata is three folders up
+
+
+def nccl_library_version(path, root="/"):
+    """The version of the libnccl at `path`, proven from files alone (nothing is loaded or run), or None: the
+    version its name gives (libnccl.so.2.21.5: a system or conda NCCL, as the dynamic loader resolves
+    libnccl.so.2), else that of the nvidia-nccl wheel whose RECORD lists the file (site-packages/nvidia/nccl/lib/
+    libnccl.so.2). A copy no such metadata owns (torch's own lib folder) is not known. `root`: the folder the
+    path is in (/proc/PID/root for a process's own mount namespace)."""
+    found = NAMED_RELEASE.match(os.path.basename(path))
+    if found:
+        return found.group(1)
+    parts = path.strip("/").split("/")
+    for up in range(1, min(WHEEL_LEVELS, len(parts)) + 1):
+        folder, relative = os.path.join(root, *parts[:-up]), "/".join(parts[-up:])
+        try:
+            metadata = [n for n in os.listdir(folder) if n.lower().startswith("nvidia_nccl")
+                        and n.endswith(".dist-info")]
+        except (OSError, ValueError):
+            continue
+        for name in sorted(metadata):
+            record = distribution_file(os.path.join(folder, name), "RECORD") or ""
+            if any(line.split(",", 1)[0] == relative for line in record.splitlines()):
+                return name_and_version(os.path.join(folder, name))[1]
     return None
 
 

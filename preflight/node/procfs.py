@@ -87,6 +87,17 @@ def environ(pid):
     return env
 
 
+def mapped_files(pid):
+    """The files a process maps (/proc/PID/maps: paths in its own mount namespace; a file deleted or replaced since
+    ends with " (deleted)"), each once in the order first mapped; [] where it cannot be read."""
+    found = {}
+    for line in (read("/proc/%s/maps" % pid, 8 << 20) or b"").split(b"\n"):
+        fields = line.split(None, 5)  # address perms offset dev inode path (which may hold spaces)
+        if len(fields) == 6 and fields[5].startswith(b"/"):
+            found.setdefault(fields[5].decode("utf-8", "replace"), None)
+    return list(found)
+
+
 def socket_inodes(pid):
     """The inodes of the sockets a process holds open, in the order of its descriptors."""
     try:

@@ -11,11 +11,13 @@ an exception. The answer is reduced here to what doctor judges: the communicator
 rank or report an error, with the ranks that stand apart.
 """
 import json
+import os
 import re
 import socket
 import time
 
 from preflight.node import procfs
+from preflight.node.packages import LIBNCCL
 
 PORT = 28028  # NCCL_RAS_CLIENT_PORT (src/ras/ras_internal.h)
 PROTOCOL = 2  # NCCL_RAS_CLIENT_PROTOCOL, the same from 2.24 to 2.30
@@ -83,7 +85,7 @@ def uses_nccl(ranks, most=8):
         if any(name.startswith("NCCL_") for name in environ):
             return "rank pid %d has NCCL_ variables" % pid
     for pid, _ in ranks[:most]:
-        if re.search(rb"/libnccl\.so[\d.]*\n", procfs.read("/proc/%d/maps" % pid, 8 << 20) or b""):
+        if any(LIBNCCL.match(os.path.basename(path)) for path in procfs.mapped_files(pid)):
             return "rank pid %d has loaded libnccl" % pid
     return None
 

@@ -290,7 +290,8 @@ CENSUS = Obj(
 
 NCCL_CONF_FILE = Obj(path=str, entries=Each(Obj(line=Need(int), name=Need(str), value=Need(str))), cut_at=COUNT,
                      long_lines=Each(int), error=TEXT, nothing=bool)
-NCCL_CONF = Obj(conf_file=TEXT, home=TEXT, passwd_home=TEXT, files=Keyed(NCCL_CONF_FILE), error=ERROR)
+NCCL_CONF = Obj(conf_file=TEXT, home=TEXT, passwd_home=TEXT, files=Keyed(NCCL_CONF_FILE), job_env=Keyed(str),
+                later=Keyed(str), error=ERROR)
 
 # Each section as the checks read it. "job" is read key by key with its types where it is used
 # (preflight.job.view): a node's launch is open-ended.

@@ -72,11 +72,11 @@ def test_nccl_comm_id_picks_the_interface_on_its_subnet_and_a_set_ifname_wins():
     assert picked(node({"lo": ["127.0.0.1", "::1"]}))[0] == ("lo", "127.0.0.1")  # loopback last; never ::1
 
 
-def net005(facts):
+def net005(facts, check_id="NET005"):
     plan = build_plan(nodes=("n1",))
     plan = plan.__class__(**{**plan.__dict__, "remote": True})
     ctx = runner.CheckContext(plan, {"n1": {"facts": facts, "error": None}}, {})
-    return runner.run_check(registry.load().get("NET005"), ctx)
+    return runner.run_check(registry.load().get(check_id), ctx)
 
 
 def test_net005_warns_where_nccls_choice_is_not_on_the_network_to_the_head_and_names_the_fix():
@@ -114,24 +114,26 @@ def test_without_gpus_nccl_is_not_judged_and_with_no_interface_it_fails():
 
 # --- on the test cluster: interfaces planted for real in a node's namespace, its GPUs recorded (NVML) ---------
 
-COLLECT = ("import json, sys; from preflight.node import collector; "
-           "print(json.dumps(collector.collect({'head': sys.argv[1], 'port': 29500, 'paths': {}})))")
+COLLECT = ("import json, sys; from preflight.node import collector; print(json.dumps(collector.collect({'head': "
+           "sys.argv[1], 'port': 29500, 'paths': {}, 'job': json.loads(sys.argv[2])})))")
 
 
-def planted(cluster, node, home=None):
+def planted(cluster, node, home=None, job=None, nccl=None, check_id="NET005"):
     """(NET005's result, the node's interfaces in the kernel's order) on the facts the collector reads in the node's
-    own namespace (as a user whose home is `home`, when given), with a recorded GPU node's NVML answers (this
-    machine has no GPU)."""
+    own namespace (as a user whose home is `home`, when given; for the job `job`, what the head sends), with a
+    recorded GPU node's NVML answers and the NCCL `nccl` its torch loads (this machine has neither)."""
     import json
     import sys
 
     from fabric_nodes import gpus
 
     user = ["env", f"HOME={home}"] if home else []
-    proc = cluster.netns_exec(node, [*user, sys.executable, "-c", COLLECT, cluster.ip(cluster.nodes[0])])
+    proc = cluster.netns_exec(node, [*user, sys.executable, "-c", COLLECT, cluster.ip(cluster.nodes[0]),
+                                     json.dumps(job)])
     facts = json.loads(proc.stdout)
     facts["gpus"] = gpus()
-    [result] = net005(facts)
+    facts["packages"]["versions"]["nccl"] = nccl
+    [result] = net005(facts, check_id)
     return result, list(facts["host"]["interfaces"])
 
 
@@ -180,15 +182,45 @@ def test_a_users_nccl_conf_on_one_node_is_what_nccl_picks_by_and_named_with_its_
     by NCCL's default."""
     (tmp_path / ".nccl.conf").write_text("# the training network\nNCCL_SOCKET_IFNAME=ib\n")
     with cluster.extra_interface("node02", "ib0", "192.168.77.2/24"):
-        result, _ = planted(cluster, "node02", home=tmp_path)
+        result, _ = planted(cluster, "node02", home=tmp_path, nccl="2.30.3")
+        unknown, _ = planted(cluster, "node02", home=tmp_path)  # before 2.30: the home of the password database
         (tmp_path / ".nccl.conf").write_text("NCCL_SOCKET_IFNAME==eth1\n")
-        missing, _ = planted(cluster, "node02", home=tmp_path)
+        missing, _ = planted(cluster, "node02", home=tmp_path, nccl="2.30.3")
     assert result.status is Status.WARN, result  # up, but not on the network to the head: every node must reach it
     assert result.message.startswith(f"NCCL_SOCKET_IFNAME=ib (from {tmp_path}/.nccl.conf line 2) selects ib0 "
                                      "(192.168.77.2), which is not on the network"), result
     assert f"comes from {tmp_path}/.nccl.conf line 2: change it there" in result.remediation
     assert missing.status is Status.FAIL and missing.message.startswith(
         f"NCCL_SOCKET_IFNAME==eth1 (from {tmp_path}/.nccl.conf line 1) selects no interface"), missing
+    assert unknown.status is Status.SKIP and "NCCL_SOCKET_IFNAME unset or NCCL_SOCKET_IFNAME=ib (" in unknown.message \
+        and "by the NCCL release, which is not known here" in unknown.message, unknown
+
+
+@pytest.mark.cluster
+def test_the_nccl_conf_file_a_batch_script_exports_is_read_on_the_node_and_one_set_when_it_runs_is_not(
+        cluster, tmp_path):
+    """`export NCCL_CONF_FILE=...` in the batch script (check --sbatch): the node reads that file, as NCCL in the job
+    will; a value the script computes when it runs is not known, and NCCL's default choice is not judged."""
+    from preflight.inputs import batchscript
+    from preflight.job.view import request
+
+    (tmp_path / "job.conf").write_text("NCCL_SOCKET_IFNAME==eth1\n")
+
+    def job(value):
+        batch = batchscript.parse(str(tmp_path / "job.sh"), f"#!/bin/bash\n#SBATCH --nodes=2\nexport NCCL_CONF_FILE="
+                                  f"{value}\nsrun python train.py\n", {})
+        return request(build_plan(command=tuple(batch.main.command.argv), batch=batch))
+    named, _ = planted(cluster, "node02", job=job(tmp_path / "job.conf"), nccl="2.23.4")
+    later, _ = planted(cluster, "node02", job=job("$SLURM_SUBMIT_DIR/job.conf"), nccl="2.23.4")
+    (tmp_path / "job.conf").write_text("NCCL_SOCKET_IFNAME==eth0\nexport NCCL_IB_DISABLE=1\n")  # PKG009
+    misread, _ = planted(cluster, "node02", job=job(tmp_path / "job.conf"), nccl="2.23.4", check_id="PKG009")
+    assert misread.status is Status.WARN and misread.message.startswith(
+        f"{tmp_path}/job.conf line 2: `export NCCL_IB_DISABLE=1`: NCCL sets a variable named"), misread
+    assert misread.remediation == f"write `NCCL_IB_DISABLE=1` without `export` in {tmp_path}/job.conf line 2"
+    assert named.status is Status.FAIL and named.message.startswith(
+        f"NCCL_SOCKET_IFNAME==eth1 (from {tmp_path}/job.conf line 1) selects no interface"), named
+    assert later.status is Status.SKIP and "NCCL_CONF_FILE: the job sets it when it runs ($SLURM_SUBMIT_DIR/job.conf)" \
+        in later.message, later
 
 
 @pytest.mark.parametrize("interfaces", [{"eth0": ["not-an-address"]}, {"eth0": ["10.0.0.2/33"]}, {}, {"eth0": [""]},

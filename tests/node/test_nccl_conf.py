@@ -30,7 +30,8 @@ def test_a_line_is_split_at_its_first_equals_sign_with_nothing_trimmed_as_setenv
     data = (b"NCCL_SOCKET_IFNAME=eth1\nNCCL_IB_HCA = mlx5_0\nNCCL_DEBUG=\"INFO\"\nNCCL_ALGO=Ring=x\n"
             b"NCCL_PROTO\n#NCCL_P2P_DISABLE=1\n# a comment\nexport NCCL_NET=IB\nOMP_NUM_THREADS=4\nNCCL_X=\n")
     assert entries(data) == [(1, "NCCL_SOCKET_IFNAME", "eth1"), (2, "NCCL_IB_HCA ", " mlx5_0"),
-                             (3, "NCCL_DEBUG", '"INFO"'), (4, "NCCL_ALGO", "Ring=x"), (10, "NCCL_X", "")]
+                             (3, "NCCL_DEBUG", '"INFO"'), (4, "NCCL_ALGO", "Ring=x"), (8, "export NCCL_NET", "IB"),
+                             (10, "NCCL_X", "")]
 
 
 def test_a_name_and_a_value_are_cut_at_1023_bytes_and_at_a_nul_byte_and_a_cr_is_kept_for_the_head():
@@ -199,26 +200,111 @@ def test_net005_says_where_a_windows_line_end_leaves_a_cr_in_the_interface_name(
     assert result.status is Status.PASS and "(from /etc/nccl.conf line 1)" in result.message
 
 
-def test_doctor_reads_the_files_a_running_rank_read_by_its_own_home_and_working_folder(tmp_path):
+def test_pkg009_warns_of_each_line_nccl_misreads_naming_its_file_line_and_fix():
+    """setEnvFile splits at the first `=` and trims or unquotes nothing; a CR stays before 2.30 only."""
+    text = ('NCCL_SOCKET_IFNAME = eth0\nexport NCCL_IB_HCA=mlx5_0\nNCCL_DEBUG="INFO"\nNCCL_ALGO=Ring\r\n'
+            "NCCL_PROTO=Simple\n#NCCL_X=1\n")
+    results = check("PKG009", {"n1": facts({"/etc/nccl.conf": text}, nccl="2.29.7")})
+    assert [(r.status, r.message) for r in results] == [
+        (Status.WARN, "/etc/nccl.conf line 1: `NCCL_SOCKET_IFNAME = eth0`: NCCL sets `NCCL_SOCKET_IFNAME ` with its "
+                      "spaces, not NCCL_SOCKET_IFNAME"),
+        (Status.WARN, "/etc/nccl.conf line 2: `export NCCL_IB_HCA=mlx5_0`: NCCL sets a variable named `export "
+                      "NCCL_IB_HCA`, not NCCL_IB_HCA (the file is no shell script)"),
+        (Status.WARN, '/etc/nccl.conf line 3: `NCCL_DEBUG="INFO"`: NCCL keeps the quotes: NCCL_DEBUG is "INFO", '
+                      "quotes included"),
+        (Status.WARN, "/etc/nccl.conf line 4: `NCCL_ALGO=Ring\\r`: NCCL 2.29.7 keeps the CR of the file's Windows "
+                      "line end in the value")]
+    assert [r.remediation for r in results] == [
+        "write `NCCL_SOCKET_IFNAME=eth0` with no space around `=` in /etc/nccl.conf line 1",
+        "write `NCCL_IB_HCA=mlx5_0` without `export` in /etc/nccl.conf line 2",
+        "write `NCCL_DEBUG=INFO` without quotes in /etc/nccl.conf line 3",
+        "`dos2unix /etc/nccl.conf` in /etc/nccl.conf line 4"]
+    assert all(r.nodes == ("n1",) for r in results)
+    newer = check("PKG009", {"n1": facts({"/etc/nccl.conf": text}, nccl="2.30.3")})
+    assert len(newer) == 3 and "line 4" not in newer[-1].message  # 2.30 cuts the CR
+    # the node's NCCL not known: a CR not judged, and only the files every release reads
+    home = {"/home/u/.nccl.conf": "export NCCL_A=1\n", "/root/.nccl.conf": "", "/etc/nccl.conf": "NCCL_B=1\r\n"}
+    [result] = check("PKG009", {"n1": facts(dict(home), nccl=None, passwd_home="/root")})
+    assert result.status is Status.PASS and "not judged: /etc/nccl.conf line 1: ends with a CR" in result.message
+    [result] = check("PKG009", {"n1": facts(dict(home), nccl=None)})  # $HOME is the password database's home
+    assert result.status is Status.WARN and "`export NCCL_A=1`" in result.message
+    [result] = check("PKG009", {"n1": facts({})})
+    assert result.status is Status.SKIP
+
+
+MAPS_NCCL = "import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); " \
+    "print(1, flush=True); time.sleep(30)"
+
+
+def libnccl(path, wheel=None):
+    """A file named as a libnccl (not a real library: this machine has none; a process maps it as the loader would),
+    with the nvidia-nccl wheel's metadata whose RECORD lists it `wheel` = (folder, version) where given."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x7fELF" + bytes(4092))
+    if wheel:
+        folder, version = wheel
+        info = folder / f"nvidia_nccl_cu12-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-nccl-cu12\nVersion: {version}\n\n")
+        (info / "RECORD").write_text(f"nvidia/__init__.py,,\n{path.relative_to(folder)},sha256=x,4096\n")
+    return path
+
+
+def test_doctor_reads_the_files_a_running_rank_read_by_its_own_home_working_folder_and_nccl(tmp_path):
     """The rank's /proc/PID/environ holds what it was started with, not what NCCL's setenv added: the census
-    reads the files its HOME and NCCL_CONF_FILE (from its working folder) name, and RAS is asked where they say."""
+    reads the files its HOME and NCCL_CONF_FILE (from its working folder) name, and RAS is asked where they say,
+    by the rules of the NCCL the rank maps (/proc/PID/maps: a wheel's dist-info, a system library's name); a rank
+    whose NCCL's version its files do not prove gets what every release agrees on, and the rest named as unread."""
     import subprocess
     import sys
 
     from preflight.node import census
 
-    (tmp_path / "job.conf").write_text("NCCL_RAS_ADDR=localhost:28999\nNCCL_SOCKET_IFNAME=eth9\n")
+    (tmp_path / "job.conf").write_text("NCCL_RAS_ADDR=localhost:28999\nNCCL_SOCKET_IFNAME=eth9\nNCCL_DEBUG_SUBSYS=INIT\n")
     (tmp_path / ".nccl.conf").write_text("NCCL_SOCKET_IFNAME=eth7\n")  # not read: NCCL_CONF_FILE replaces it
+    (tmp_path / "etc").mkdir()
+    site = tmp_path / "site packages"
+    libraries = {"wheel": libnccl(site / "nvidia/nccl/lib/libnccl.so.2", (site, "2.23.4")),  # NCCL_CONF_FILE read
+                 "system": libnccl(tmp_path / "lib dir/libnccl.so.2.22.3"),  # before 2.23: ~/.nccl.conf of passwd
+                 "replaced": libnccl(tmp_path / "old/libnccl.so.2.23.4")}  # deleted since: its version not proven
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29986", HOME=str(tmp_path),
                NCCL_CONF_FILE="job.conf", NCCL_DEBUG="WARN")
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env, cwd=str(tmp_path))
+    procs = {kind: subprocess.Popen([sys.executable, "-c", MAPS_NCCL, str(path)], env=env, cwd=str(tmp_path),
+                                    stdout=subprocess.PIPE) for kind, path in libraries.items()}
     try:
-        found = census.take_census({"port": 29986, "pids": [proc.pid], "deadline_s": 4, "stacks": False,
-                                    "interval_s": 0.1})
+        for proc in procs.values():
+            proc.stdout.readline()  # mapped
+        libraries["replaced"].unlink()
+        found = census.take_census({"port": 29986, "pids": [p.pid for p in procs.values()], "deadline_s": 4,
+                                    "stacks": False, "interval_s": 0.1})
     finally:
-        proc.kill()
-        proc.wait()
-    [rank] = [p for p in found["processes"] if p["pid"] == proc.pid]
-    assert rank["env"]["NCCL_SOCKET_IFNAME"] == "eth9" and rank["env"]["NCCL_DEBUG"] == "WARN"
-    assert rank["nccl_from"] == {"NCCL_RAS_ADDR": "job.conf line 1", "NCCL_SOCKET_IFNAME": "job.conf line 2"}
-    assert [a["address"] for a in found["nccl_ras"]["answers"]] == ["localhost:28999"]
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+    ranks = {kind: next(p for p in found["processes"] if p["pid"] == proc.pid) for kind, proc in procs.items()}
+    wheel, system, replaced = ranks["wheel"], ranks["system"], ranks["replaced"]
+    assert wheel["env"]["NCCL_SOCKET_IFNAME"] == "eth9" and wheel["env"]["NCCL_DEBUG"] == "WARN"
+    assert wheel["nccl_from"] == {"NCCL_RAS_ADDR": "job.conf line 1", "NCCL_SOCKET_IFNAME": "job.conf line 2",
+                                  "NCCL_DEBUG_SUBSYS": "job.conf line 3"}
+    assert "nccl_unread" not in wheel
+    assert "NCCL_SOCKET_IFNAME" not in system.get("nccl_from", {}) and "NCCL_RAS_ADDR" not in system["env"]
+    assert "NCCL_SOCKET_IFNAME" not in replaced["env"] and "nccl_from" not in replaced
+    assert any(u.startswith("NCCL_SOCKET_IFNAME: NCCL_SOCKET_IFNAME unset or NCCL_SOCKET_IFNAME=eth9 (job.conf "
+                            "line 2)") for u in replaced["nccl_unread"]), replaced["nccl_unread"]
+    assert replaced["nccl_unread"][-1] == f"NCCL's release: {libraries['replaced']} (deleted), whose version its " \
+        "files do not tell"
+    assert "localhost:28999" in [a["address"] for a in found["nccl_ras"]["answers"]]
+
+
+def test_a_libnccls_version_is_only_what_its_files_prove(tmp_path):
+    """Its name where it gives one, else the nvidia-nccl wheel whose RECORD lists that very file."""
+    from preflight.node.packages import nccl_library_version
+
+    site = tmp_path / "site"
+    owned = libnccl(site / "nvidia/nccl/lib/libnccl.so.2", (site, "2.27.3"))
+    assert nccl_library_version(str(owned)) == "2.27.3"
+    assert nccl_library_version(str(libnccl(tmp_path / "usr/lib/libnccl.so.2.21.5"))) == "2.21.5"
+    bundled = libnccl(site / "torch/lib/libnccl.so.2")  # torch's own copy: the nvidia-nccl wheel does not own it
+    assert nccl_library_version(str(bundled)) is None
+    assert nccl_library_version(f"{owned} (deleted)") is None
+    assert nccl_library_version(str(owned).replace(str(tmp_path), "/"), str(tmp_path)) == "2.27.3"  # in a root
