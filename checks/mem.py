@@ -8,7 +8,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.inputs import models
-from preflight.inputs.configs import runner_resources
+from preflight.inputs.configs import runner_resources, tuning_space
 from preflight.inputs.numbers import is_int
 from preflight.inputs.settings import processes_per_machine, zero_settings
 from preflight.job import memory
@@ -131,6 +131,8 @@ def job_setup(ctx, gpus_here: Optional[int] = None) -> Tuple[Optional[Setup], st
         if stage == "auto" and plan.accelerate is not None and plan.accelerate.uses_deepspeed:
             stage = 2  # accelerate fills it in: 2 unless `accelerate launch --zero_stage` says otherwise
             notes.append("stage \"auto\" taken as accelerate's 2")
+        if tuning_space(stage):
+            return None, "the ZeRO stage is the autotuner's choice (see CFG040)", ()
         if not is_int(stage) or not 0 <= stage <= 3:
             return None, f"the ZeRO stage is {stage!r}, not 0-3 (see CFG040)", ()
     elif not sharding:

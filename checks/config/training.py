@@ -6,7 +6,7 @@ from typing import Iterator, Mapping
 
 from preflight.api import Finding, check, fail, passed, skip, warn
 from preflight.checks.config.common import accel_doc, at, did_you_mean, dotted, ds_doc, ds_usage
-from preflight.inputs.configs import AUTO, MIXED_PRECISIONS, OFFLOAD_DEVICES
+from preflight.inputs.configs import AUTO, MIXED_PRECISIONS, OFFLOAD_DEVICES, autotuned, tuning_space
 from preflight.inputs.numbers import is_int, is_number
 from preflight.inputs.settings import megatron_data_parallel, zero_settings
 
@@ -35,6 +35,10 @@ def batch_size(ctx) -> Iterator[Finding]:
     tb, mb, gas = (ds.data.get(k) for k in keys)
     if AUTO in (tb, mb, gas):
         yield skip("batch sizes set to \"auto\" are filled in by accelerate or the transformers Trainer")
+        return
+    if autotuned(ds.data):  # each experiment gets its own micro batch and accumulation (autotuning/README.md)
+        yield skip("DeepSpeed's autotuner runs the job (autotuning.enabled): it sets the micro batch and accumulation "
+                   "of each experiment and ignores train_batch_size, so the batch is not judged here")
         return
     values = {k: v for k, v in zip(keys, (tb, mb, gas)) if v is not None}
     if any(not is_int(v) for v in values.values()):
@@ -118,7 +122,8 @@ def zero_stage(ctx) -> Iterator[Finding]:
 
     DeepSpeed refuses any other stage when the engine starts. A stage of "auto" in the DeepSpeed JSON is
     filled in only by accelerate (with `accelerate launch --zero_stage`, 2 when not given); DeepSpeed on
-    its own silently drops it, training at stage 0 with no sharding at all.
+    its own silently drops it, training at stage 0 with no sharding at all. Under DeepSpeed's autotuner
+    (autotuning.enabled) a list of stages, or "all", is its search space: each experiment runs one.
 
     Set zero_optimization.stage (or accelerate's zero_stage) to 0, 1, 2 or 3.
     """
@@ -142,6 +147,14 @@ def zero_stage(ctx) -> Iterator[Finding]:
                    "in (accelerate's zero_stage, 2 unless given), but DeepSpeed on its own drops it and trains at "
                    "stage 0", f"set {dotted(keys)} to 0, 1, 2 or 3 to say which stage the job runs",
                    **at(doc, *keys))
+    elif keys[0] != "deepspeed_config" and autotuned(doc.data) and tuning_space(stage):
+        shown = "all" if stage == "all" else ", ".join(map(str, stage))
+        yield passed(f"{doc.where(*keys)}: ZeRO stages {shown}: the autotuner's search space (autotuning.enabled), "
+                     "each experiment runs one; the stage the job keeps is the autotuner's choice, not judged here",
+                     stage=stage)
+        if not all(is_int(s) and 0 <= s <= 3 for s in (stage if isinstance(stage, list) else ())):
+            yield fail(f"{doc.where(*keys)}: {dotted(keys)} lists {stage!r}, expected stages among 0, 1, 2 and 3",
+                       f"list stages among 0, 1, 2 and 3 in {doc.setting(*keys)}", value=stage, **at(doc, *keys))
     elif not is_int(stage) or not 0 <= stage <= 3:  # text is read as its number (zero_settings; CFG003 judges it)
         yield fail(f"{doc.where(*keys)}: {dotted(keys)} is {stage!r}, expected 0, 1, 2 or 3",
                    f"set {doc.setting(*keys)} to 0, 1, 2 or 3", value=stage, **at(doc, *keys))
@@ -169,6 +182,10 @@ def zero_offload(ctx) -> Iterator[Finding]:
     doc, stage_keys, stage, blocks = found
     if stage == AUTO:  # filled in at launch (CFG040 says by whom): the offload is judged then
         yield skip("the ZeRO stage is \"auto\": the offload settings are judged against the stage the job gets")
+        return
+    if tuning_space(stage) and autotuned(doc.data):
+        yield skip("the ZeRO stage is the autotuner's choice (see CFG040): the offload settings are judged against "
+                   "the stage each experiment gets")
         return
     if not is_int(stage):
         yield skip("the ZeRO stage is not a number (see CFG040)", blocked_by="CFG040")

@@ -663,20 +663,47 @@ class DeepSpeedConfig:
         return section.get("enabled", False)
 
 
+def autotuned(data: Any) -> bool:
+    """DeepSpeed's autotuner runs the job (`autotuning.enabled`, with `deepspeed --autotuning`): its search space
+    gives the ZeRO stage as a list or "all", the micro batch and the ZeRO settings as lists, and each experiment
+    gets one value of each (autotuning/autotuner.py, deepspeed/autotuning/README.md "Configuring ZeRO Stage")."""
+    tuning = data.get("autotuning") if isinstance(data, dict) else None
+    return isinstance(tuning, dict) and tuning.get("enabled") is True
+
+
+def tuning_space(value: Any) -> bool:
+    """A value that is the autotuner's search space rather than one setting (see autotuned)."""
+    return isinstance(value, list) or value == "all"
+
+
+TUNED = ("zero_optimization", "train_micro_batch_size_per_gpu")  # what the autotuner explores (replace_dict)
+
+
 def load_deepspeed_config(path: str, text: Optional[str] = None) -> DeepSpeedConfig:
     # Read as JSON whatever its name, past what hjson alone takes: CFG008 judges that, by who reads the file
     doc = parse_deepspeed(path, read_text(path, "DeepSpeed config", bom=True) if text is None else text)
     _not_the_other_kind(doc, "DeepSpeed config", DEEPSPEED_ONLY_KEYS, ACCELERATE_ONLY_KEYS, "--config")
+    tuned = autotuned(doc.data)
     for keys, types in DS_NUMERIC.items():
         section = doc.section(*keys[:-1]) if len(keys) > 1 else doc
         if keys == ("steps_per_print",) and str(doc.data.get("steps_per_print")).strip().lower() in ("inf", "infinity"):
             continue  # accelerate's DeepSpeedPlugin sets it to inf itself (nothing printed): the text says the same
-        if section is not None:
-            validate_types(doc, {keys[-1]: types}, keys[:-1])
+        if section is None:
+            continue
+        value = section.data.get(keys[-1])
+        if tuned and keys[0] in TUNED and (isinstance(value, list) or keys[-1] == "stage" and value == "all"):
+            numeric = int in types or float in types
+            for item in value if isinstance(value, list) else ():  # each is a setting an experiment gets
+                if not (_matches(item, types) or numeric and is_numeric_string(item)) or item == AUTO:
+                    raise InputError(path, f"{'.'.join(keys)} lists {shorten(item)}: each value the autotuner tries "
+                                           f"must be {type_name(tuple(t for t in types if t != AUTO))}",
+                                     section.line(keys[-1]))
+            continue
+        validate_types(doc, {keys[-1]: types}, keys[:-1])
     for block in DS_SECTIONS:
         value = doc.data.get(block)
-        if block == "zero_optimization" and isinstance(value, bool):
-            continue  # DeepSpeed still reads the old form `"zero_optimization": true` (stage 1); CFG040 knows it
+        if block == "zero_optimization" and (isinstance(value, bool) or tuned and value == "all"):
+            continue  # the old form `"zero_optimization": true` (stage 1) DeepSpeed still reads; "all" the autotuner's
         if value is not None and not isinstance(value, dict):
             raise InputError(path, f"{block} must be a mapping, found {shorten(value)}", doc.line(block))
     return DeepSpeedConfig(doc)

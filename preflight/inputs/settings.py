@@ -35,6 +35,8 @@ def zero_settings(plan) -> Optional[Tuple[Document, Tuple[str, ...], Any, Mappin
         zero = ds.data.get("zero_optimization")
         if isinstance(zero, bool):  # the old boolean form: true is stage 1
             return ds, ("zero_optimization",), int(zero), {}
+        if zero == "all":  # the autotuner's every stage (configs.autotuned; the loader takes it only then)
+            return ds, ("zero_optimization",), zero, {}
         if not isinstance(zero, Mapping):
             return ds, ("zero_optimization",), 0, {}
         return ds, ("zero_optimization", "stage"), text_number(zero.get("stage", 0)), zero

@@ -521,6 +521,37 @@ def test_zero_stage_auto_under_deepspeeds_runner_warns(tmp_path):
     assert "DeepSpeed on its own drops it and trains at stage 0" in found[0].message
 
 
+TUNED = ('{"train_micro_batch_size_per_gpu": [1, 2], "train_batch_size": 7,\n "zero_optimization": {"stage": %s,'
+         ' "reduce_bucket_size": [5e7, 5e8]},\n "autotuning": {"enabled": %s}}\n')
+
+
+def test_the_autotuners_search_space_is_said_not_refused(capsys, tmp_path):
+    """DeepSpeed's autotuner (autotuning.enabled, `deepspeed --autotuning`) takes the ZeRO stage as a list or "all"
+    and the micro batch and ZeRO settings as lists, its search space, and writes each experiment's batch itself
+    (deepspeed/autotuning/README.md, autotuner.py): EleutherAI/gpt-neox's configs/autotuning_configs/small_tune.json
+    and tune_6-7B.json (`"stage": [0, 1, 2, 3]`) were refused as bad input. Without the autotuner a list is still
+    bad input, as DeepSpeedConfig refuses it."""
+    path = tmp_path / "ds.json"
+    for stage in ("[2, 3]", '"all"'):
+        path.write_text(TUNED % (stage, "true"))
+        code, doc = lint(capsys, "--deepspeed", path, "--world-size", "8")
+        assert code == 0, shown(doc["results"])
+        assert [r["status"] for r in results_of(doc, "CFG040")] == ["pass"]
+        assert "the autotuner's search space" in results_of(doc, "CFG040")[0]["message"]
+        assert [r["status"] for r in results_of(doc, "CFG030")] == ["skip"]  # 7 fits no world: the autotuner's own
+        assert [r["status"] for r in results_of(doc, "CFG041")] == ["skip"]
+    path.write_text(TUNED % ("[2, 5]", "true"))
+    code, doc = lint(capsys, "--deepspeed", path)
+    assert "expected stages among 0, 1, 2 and 3" in results_of(doc, "CFG040")[-1]["message"]
+    for stage, enabled in (("[2, 3]", "false"), ('[2, \"x\"]', "true")):
+        path.write_text(TUNED % (stage, enabled))
+        code, _, err = run_cli(capsys, "lint", "--deepspeed", str(path))
+        assert code == 2 and "must be" in err, err
+    path.write_text('{"zero_optimization": "all", "autotuning": {"enabled": true}}')
+    code, doc = lint(capsys, "--deepspeed", path)
+    assert code == 0 and "ZeRO stages all" in results_of(doc, "CFG040")[0]["message"], shown(doc["results"])
+
+
 # --- real-world configurations (tests/fixtures/realworld, sources in its README.md) -----------------
 
 # (inputs relative to fixtures/realworld, extra args, the fail/warn findings expected: (check, status, text))

@@ -503,8 +503,9 @@ COMPLETED_BY_THE_COMMAND = {"CFG020": ("unless the launch command passes --num_p
                                        "unless the launch command gives --main_process_ip"),
                             "CFG005": ("unless the launch command passes --mixed_precision", "is not here"),
                             "CFG021": ("is not here",),
-                            # the oracle's script calls Accelerator() itself; the transformers Trainer fills it in
-                            "CFG002": ("the transformers Trainer fills it in",)}
+                            # the oracle's script calls Accelerator() itself; the transformers Trainer fills it in,
+                            # and lint does not read the script: a pass that says it did not judge
+                            "CFG002": ("not judged (the script is not read)",)}
 
 
 def launch_refusal(path: Optional[Path], flags=()):
@@ -602,7 +603,7 @@ def test_what_accelerate_launch_refuses_lint_refuses(capsys):
         code = main(["lint", "--config", str(path), "--json"])
         out, _ = capsys.readouterr()
         found = [] if code == 2 else json.loads(out)["results"]
-        if code != 2 and not [r for r in found if r["status"] == "fail" or r["status"] in ("warn", "skip")
+        if code != 2 and not [r for r in found if r["status"] == "fail" or r["status"] in ("warn", "skip", "pass")
                               and any(w in r["message"] for w in COMPLETED_BY_THE_COMMAND.get(r["id"], ()))]:
             missed.append(f"{path.relative_to(fixtures)}: accelerate launch stops ({why[:160]}), lint passes")
     assert len(refused) >= 15, refused  # the fixtures of refused configs are all tried
@@ -1168,17 +1169,21 @@ def test_fsdp_values_fail_where_accelerate_stops_and_only_there(capsys, tmp_path
     assert [r["message"].split(", ", 1)[1][:16] for r in of(doc, "CFG002", "fail")] == ["expected 1 or 2 "], shown(doc)
 
 
-def test_accumulation_auto_in_accelerates_section_warns_and_names_who_fills_it(capsys, tmp_path):
+def test_accumulation_auto_in_accelerates_section_is_said_and_not_judged(capsys, tmp_path):
     """accelerate's DeepSpeedPlugin keeps "auto"; a script's Accelerator() then stops on int('auto'), unless it is
-    the transformers Trainer, which hands the Accelerator its own accumulation: a warning, not a refusal."""
+    the transformers Trainer, which hands the Accelerator its own accumulation (trainer.py). Which one runs is in the
+    script, which lint does not read: rhymes-ai/Aria's four published configs (tests/fixtures/realworld/Aria) run
+    under trl's SFTTrainer and work, and were warned. Said, not judged: a pass that names both."""
     if importlib.util.find_spec("accelerate") is None:
         pytest.skip("accelerate is not installed (the 'train' extra)")
     path = tmp_path / "accelerate.yaml"
     path.write_text(BASE + DS + "  gradient_accumulation_steps: auto\nnum_processes: 2\n")
-    assert "invalid literal for int()" in launch_refusal(path)
-    code, doc = lint(capsys, "--config", path)
-    assert [r["status"] for r in of(doc, "CFG002")] == ["warn"], shown(doc)
-    assert "transformers Trainer fills it in" in of(doc, "CFG002")[0]["message"]
+    assert "invalid literal for int()" in launch_refusal(path)  # a script with a plain Accelerator()
+    for command in ((), ("--", "accelerate", "launch", "--config_file", str(path), "train.py")):
+        code, doc = lint(capsys, "--config", path, *command)
+        assert code == 0 and [r["status"] for r in of(doc, "CFG002")] == ["pass"], shown(doc)
+        message = of(doc, "CFG002")[0]["message"]
+        assert "not judged" in message and "transformers Trainer fills it in" in message, message
 
 
 def test_a_config_file_the_command_names_must_be_here(capsys, tmp_path):
