@@ -449,11 +449,32 @@ class OpenSSHConnection:
 
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:
-    if proc.poll() is None:
+    """ssh's process group (its own session: a ProxyCommand's processes with it), also once ssh has ended: ssh ends
+    its ProxyCommand with SIGHUP alone (sshconnect.c, kill_proxy_command), which a command started under nohup
+    ignores, and it would outlive the run."""
+    if proc.poll() is None or _orphaned_group(proc.pid):
         try:
-            os.killpg(proc.pid, signum)  # its own session: a ProxyCommand's processes with it
+            os.killpg(proc.pid, signum)
         except OSError:
             pass
+
+
+def _orphaned_group(pgid: int) -> bool:
+    """Whether the process group `pgid` still has members after its leader (a child already reaped) ended: no
+    process has that pid, yet the group exists. The kernel gives no new process a pid that a group still holds
+    as its id, so such a group is the leader's own; a process of that pid is another's, never signalled."""
+    try:
+        os.kill(pgid, 0)
+        return False  # a process of that pid: not ours (ours was reaped)
+    except PermissionError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except OSError:
+        return False
 
 
 class SessionProcess(LocalProcess):

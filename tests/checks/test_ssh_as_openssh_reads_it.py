@@ -11,6 +11,7 @@ import pwd
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -94,6 +95,36 @@ def test_a_proxycommand_that_hangs_costs_the_timeout_and_leaves_nothing(cluster,
         doc["node02"]["message"], doc["node02"]
     leftover = subprocess.run(["pgrep", "-f", "^sleep 600$"], capture_output=True, text=True).stdout.split()
     assert not leftover and not ssh_processes_on(config), leftover
+
+
+def test_a_proxycommand_that_ignores_sighup_is_ended_after_ssh_itself_gave_up(tmp_path):
+    """ssh that times out by itself (ConnectTimeout, the banner never came) ends its ProxyCommand with SIGHUP
+    alone; under nohup the command ignores it. The session's end still ends ssh's group, and only it."""
+    import signal
+
+    from preflight.remote import openssh as client
+
+    config = tmp_path / "ssh_config"
+    config.write_text("Host hung\n    ProxyCommand sh -c 'trap \"\" HUP; exec sleep 577'\n")
+    said = tmp_path / "said"
+    with open(said, "wb") as err:  # a file: the ProxyCommand holds ssh's stderr open as long as it lives
+        proc = subprocess.Popen(["ssh", "-F", str(config), "-o", "ConnectTimeout=1", "-o", "BatchMode=yes", "hung",
+                                 "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+    try:
+        proc.wait(timeout=30)  # ssh gave up, and was reaped
+        assert "timed out" in said.read_text(), said.read_text()
+        assert subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).stdout  # its ProxyCommand lives
+        client._signal_group(proc, signal.SIGTERM)
+        for _ in range(50):
+            if not subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).stdout:
+                break
+            time.sleep(0.1)
+        assert not subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).stdout
+        assert not client._orphaned_group(proc.pid)  # the group is gone: nothing more is signalled
+        assert not client._orphaned_group(os.getpid())  # a process of that pid (not a reaped child's): never
+    finally:
+        subprocess.run(["pkill", "-KILL", "-g", str(proc.pid)], capture_output=True)
 
 
 def host_ca(tmp_path, cluster, node, principals):
