@@ -26,8 +26,6 @@ from pathlib import Path
 
 import pytest
 
-import workers
-
 #: check ID -> statuses ("pass", "warn", "fail", "skip", "error") -> the first test that produced one
 RECORDED = defaultdict(dict)
 #: the cluster tests this machine could not run (no root, no ip netns or sshd): their reasons
@@ -107,6 +105,8 @@ def _install_subprocess(functions):
 
 
 def pytest_configure(config):
+    import workers  # not before conftest.py registers it as a plugin
+
     if workers.run_folder():
         folder = os.path.join(workers.run_folder(), "outcomes")
         os.makedirs(folder, exist_ok=True)

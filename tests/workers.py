@@ -1,9 +1,10 @@
 """A pytest plugin (conftest.py's `pytest_plugins`): how the suite is shared between pytest-xdist's workers when
 scripts/test runs it on two (`-n 2 --dist loadscope --no-loadscope-reorder`). A plain `pytest` run is untouched.
 
-- The "machine" group, run by one worker, one test at a time, first: every module with a test marked `cluster`
-  (the one test cluster, under a machine-wide lock) or `machine` (what the whole machine shares: its process
-  table, which a census of this machine reads; a fixed port; a run whose time is judged against a quiet CPU).
+- The "machine" group, run by one worker, one test at a time, first: every module with a test on the test
+  cluster (marked `cluster`, or one of its fixtures: the cluster is held under a machine-wide lock from a test
+  of the group to the worker's end) or marked `machine` (what the whole machine shares: its process table,
+  which a census of this machine reads; a fixed port).
 - Every other module is a group of its own, so that its module-scoped fixtures are built once, on one worker;
   the modules that save checkpoints with the libraries (tests/checkpoints.py keeps a save for the process's
   later modules) are one group, so that each save runs once.
@@ -40,6 +41,12 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ.pop(_FOLDER), ignore_errors=True)
 
 
+def _on_the_cluster(item):
+    """A test that asks for a fixture of tests/cluster.py (marked `cluster` or not)."""
+    defs = item._fixtureinfo.name2fixturedefs
+    return any(d.func.__module__ == "cluster" for name in item.fixturenames for d in defs.get(name, ()))
+
+
 def _saves_checkpoints(module):
     return any(getattr(value, "__module__", None) == "checkpoints" for value in vars(module).values())
 
@@ -51,8 +58,8 @@ def pytest_collection_modifyitems(session, config, items):
     if not hasattr(config, "workerinput") or not run_folder():
         return
     from check_outcomes import COVERAGE_TEST  # it imports this module
-    machine = {item.module for item in items
-               if item.get_closest_marker("cluster") or item.get_closest_marker(MACHINE)}
+    machine = {item.module for item in items if item.get_closest_marker("cluster")
+               or item.get_closest_marker(MACHINE) or _on_the_cluster(item)}
     first, rest, last, groups = [], [], [], {}
     for item in items:
         if item.nodeid.endswith(COVERAGE_TEST):
