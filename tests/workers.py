@@ -4,7 +4,7 @@ scripts/test runs it on two (`-n 2 --dist loadscope --no-loadscope-reorder`). A 
 - The "machine" group, run by one worker, one test at a time, first: every module with a test on the test
   cluster (marked `cluster`, or one of its fixtures: the cluster is held under a machine-wide lock from a test
   of the group to the worker's end) or marked `machine` (what the whole machine shares: its process table,
-  which a census of this machine reads; a fixed port).
+  which a census of this machine reads; a fixed port). Its modules that save checkpoints come last in it.
 - Every other module is a group of its own, so that its module-scoped fixtures are built once, on one worker;
   the modules that save checkpoints with the libraries (tests/checkpoints.py keeps a save for the process's
   later modules) are one group, so that each save runs once.
@@ -60,18 +60,18 @@ def pytest_collection_modifyitems(session, config, items):
     from check_outcomes import COVERAGE_TEST  # it imports this module
     machine = {item.module for item in items if item.get_closest_marker("cluster")
                or item.get_closest_marker(MACHINE) or _on_the_cluster(item)}
-    first, rest, last, groups = [], [], [], {}
+    first, saves, rest, last, groups = [], [], [], [], {}
     for item in items:
         if item.nodeid.endswith(COVERAGE_TEST):
             groups[item.nodeid], into = "coverage", last
-        elif item.module in machine:
-            groups[item.nodeid], into = MACHINE, first
+        elif item.module in machine:  # a save the other worker made by then is copied, not waited for
+            groups[item.nodeid], into = MACHINE, saves if _saves_checkpoints(item.module) else first
         elif _saves_checkpoints(item.module):
             groups[item.nodeid], into = "checkpoints", rest
         else:
             groups[item.nodeid], into = item.nodeid.split("::", 1)[0], rest
         into.append(item)
-    items[:] = first + rest + last
+    items[:] = first + saves + rest + last
     path = os.path.join(run_folder(), f"groups-{config.workerinput['workerid']}.json")
     with open(path + ".part", "w") as out:
         json.dump(groups, out)
