@@ -11,11 +11,18 @@ Two sources, both of which only a real run of a registered check can feed:
   conftest.py parse it. A document a test writes by hand is not a process's stdout and records nothing.
 
 Results built by hand (`Result(...)`, `Finding(...)` for the renderers' tests) go through neither.
+
+Under pytest-xdist each worker records its own tests: it writes, after each test, what that test recorded to a
+file of its own in the run's folder (tests/workers.py); `gather` reads them all for the coverage test, which
+workers.py schedules last.
 """
 import json
+import os
 import subprocess
 import threading
+import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -26,13 +33,21 @@ CLUSTER_SKIPPED = []
 #: the nodeid of the test running now (set around each test's call and fixtures)
 _current = {"test": None}
 _lock = threading.Lock()
+#: an xdist worker's own: its ID, the run's folder of records, what it wrote there so far
+_worker = {"id": None, "folder": None, "written": set(), "skipped": 0}
+#: xdist's controller: the run's folder of records, the failures after which the run stops (-x, --maxfail)
+_controller = {"folder": None, "maxfail": 0, "failed": 0}
 
 COVERAGE_TEST = "test_every_check_fails_and_passes.py::test_every_check_is_shown_to_give_its_worst_status_and_to_pass"
 
 
 def record(check_id, status):
+    record_as(check_id, status, _current["test"])
+
+
+def record_as(check_id, status, test):
     with _lock:
-        RECORDED[check_id].setdefault(status, _current["test"])
+        RECORDED[check_id].setdefault(status, test)
 
 
 def _builtin_functions():
@@ -90,6 +105,15 @@ def _install_subprocess(functions):
 
 
 def pytest_configure(config):
+    import workers  # not before conftest.py registers it as a plugin
+
+    if workers.run_folder():
+        folder = os.path.join(workers.run_folder(), "outcomes")
+        os.makedirs(folder, exist_ok=True)
+        if hasattr(config, "workerinput"):
+            _worker.update(id=config.workerinput["workerid"], folder=folder)
+        else:
+            _controller.update(folder=folder, maxfail=config.option.maxfail)
     functions = _builtin_functions()
     config._check_functions = functions
     _install_in_process(functions)
@@ -103,7 +127,60 @@ def pytest_runtest_protocol(item, nextitem):
     _current["test"] = None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: a worker died (the run fails on it; the tests it had may never run: gather stops)."""
+    if error:
+        _write(os.path.join(_controller["folder"], "controller.jsonl"), {"stopped": f"worker {node.gateway.id} died"})
+
+
+def _write(path, line):
+    with open(path, "a") as out:
+        out.write(json.dumps(line) + "\n")
+
+
+def pytest_runtest_logfinish(nodeid):
+    """An xdist worker: what this test recorded (what is new since the last test), for `gather`."""
+    if not _worker["folder"]:
+        return
+    with _lock:
+        recorded = [[check_id, status, test] for check_id, seen in RECORDED.items() for status, test in seen.items()
+                    if (check_id, status) not in _worker["written"]]
+        _worker["written"].update((check_id, status) for check_id, status, _ in recorded)
+    skipped, _worker["skipped"] = CLUSTER_SKIPPED[_worker["skipped"]:], len(CLUSTER_SKIPPED)
+    _write(os.path.join(_worker["folder"], f"{_worker['id']}.jsonl"),
+           {"test": nodeid, "recorded": recorded, "skipped": skipped})
+
+
+def gather(session, timeout=1800):
+    """Under xdist: wait until every other test of the run is over, on whichever worker ran it, then add what
+    each worker recorded to RECORDED and CLUSTER_SKIPPED. Without xdist, nothing to do."""
+    if not _worker["folder"]:
+        return
+    others = {item.nodeid for item in session.items} - {_current["test"]}
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [json.loads(line) for path in Path(_worker["folder"]).glob("*.jsonl")
+                 for line in path.read_text().split("\n")[:-1]]  # a line being written has no newline yet
+        left = others - {line.get("test") for line in lines}
+        if not left:
+            break
+        stopped = [line["stopped"] for line in lines if "stopped" in line]
+        if stopped:
+            pytest.skip(f"the run stopped early ({stopped[0]}): not every test ran")
+        assert time.monotonic() < deadline, f"{len(left)} tests not over after {timeout} s: {sorted(left)[:5]}"
+        time.sleep(0.5)
+    for line in lines:
+        for check_id, status, test in line.get("recorded", ()):
+            record_as(check_id, status, test)
+        CLUSTER_SKIPPED.extend(line.get("skipped", ()))
+
+
 def pytest_runtest_logreport(report):
+    if _controller["folder"] and report.failed:  # xdist's controller: the run stops at --maxfail, gather with it
+        _controller["failed"] += 1
+        if _controller["failed"] == _controller["maxfail"]:
+            _write(os.path.join(_controller["folder"], "controller.jsonl"), {"stopped": f"{report.nodeid} failed"})
     if report.skipped and "cluster" in report.keywords and report.when == "setup":
         CLUSTER_SKIPPED.append(str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else report.nodeid)
 

@@ -6,6 +6,7 @@ DeepSpeed's own load_checkpoint for each (checkpoint, config) on a world of its 
 and DCP, `trainer_resumes` for the Trainer. Each save runs once per test run; later callers get a copy.
 """
 import atexit
+import fcntl
 import os
 import pathlib
 import shutil
@@ -16,6 +17,8 @@ import tempfile
 import textwrap
 
 import pytest
+
+import workers
 
 # A two-stage pipeline (PipelineModule, ZeRO-1, fp32) of the same layers, each stage on its own rank.
 PIPELINE = textwrap.dedent("""
@@ -101,6 +104,7 @@ def save_all(folder):
 
 # What a save made in this test run, kept for the next module that asks: each gets a copy of its own in its
 # folder (it may cut or remove files), and the libraries save once per run, not once per module (about 40 s each).
+# Under xdist the first worker to ask saves into the run's folder and the others wait for it (tests/workers.py).
 _SAVED = {}
 
 
@@ -108,11 +112,22 @@ def _saved_once(kind, folder, save):
     if kind in _SAVED:
         shutil.copytree(_SAVED[kind], folder, dirs_exist_ok=True, symlinks=True)
         return folder
-    code, out = save()
-    assert code == 0, out[-3000:]
-    kept = pathlib.Path(tempfile.mkdtemp(prefix=f"pf-{kind}-"))
-    shutil.copytree(folder, kept, dirs_exist_ok=True, symlinks=True)
-    atexit.register(shutil.rmtree, kept, True)
+    shared = workers.run_folder()
+    if shared:
+        kept = pathlib.Path(shared) / "saves" / kind
+    else:
+        kept = pathlib.Path(tempfile.mkdtemp(prefix=f"pf-{kind}-")) / kind
+        atexit.register(shutil.rmtree, kept.parent, True)
+    kept.parent.mkdir(exist_ok=True)
+    with open(f"{kept}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held while it saves: another worker waits, then copies
+        if kept.exists():
+            shutil.copytree(kept, folder, dirs_exist_ok=True, symlinks=True)
+        else:
+            code, out = save()
+            assert code == 0, out[-3000:]
+            shutil.copytree(folder, f"{kept}.part", symlinks=True)
+            os.replace(f"{kept}.part", kept)
     _SAVED[kind] = kept
     return folder
 

@@ -14,9 +14,13 @@ from pathlib import Path
 import pytest
 
 from check_outcomes import (  # noqa: F401  (hooks: the statuses each built-in check was shown to give)
-    pytest_collection_modifyitems, pytest_configure, pytest_runtest_logreport, pytest_runtest_protocol)
+    pytest_collection_modifyitems, pytest_configure, pytest_runtest_logfinish, pytest_runtest_logreport,
+    pytest_runtest_protocol, pytest_testnodedown)
 from cluster import shared_cluster  # noqa: F401  (fixture: the run's one test cluster, which cluster_up hands out)
 from preflight.cli import main
+
+# How the suite is shared between pytest-xdist's workers (scripts/test runs it on two).
+pytest_plugins = ("workers",)
 
 # DeepSpeed on the CPU builds its shared-memory op (deepspeed_shm_comm) with torch's JIT builder in every process
 # that starts it; the build is kept per environment, not in ~/.cache, so two clones' environments do not rebuild it

@@ -9,7 +9,7 @@ import sys
 import types
 
 import pytest
-from check_outcomes import CLUSTER_SKIPPED, RECORDED
+from check_outcomes import CLUSTER_SKIPPED, RECORDED, gather
 from preflight import registry
 from preflight.result import Status
 
@@ -59,7 +59,7 @@ def worst_status(spec):
     return "pass"
 
 
-def test_every_check_is_shown_to_give_its_worst_status_and_to_pass():
+def test_every_check_is_shown_to_give_its_worst_status_and_to_pass(request):
     """For each check ID in the registry (preflight.registry.load().checks), the tests must have made the
     registered check function give `fail` and `pass`. A check that cannot fail (no failure in its code, the
     helpers of its module it calls, nor the tables it reads: CLK002, SYS001, the RDMA and PKG findings that
@@ -68,6 +68,7 @@ def test_every_check_is_shown_to_give_its_worst_status_and_to_pass():
     `skip` and `error` count for nothing. Nothing recorded (this test run alone, or with the tests that
     show a check deselected) is a failure naming every ID not shown. Only a machine that cannot build the test
     cluster (its tests skipped: no root, no ip netns or sshd) skips it, with that reason, as they are."""
+    gather(request.session)  # under xdist: every worker's records, once every other test is over
     specs = sorted(registry.load().checks, key=lambda spec: spec.id)
     assert len(specs) >= 13, [spec.id for spec in specs]  # at least one check per family
     missing = []

@@ -15,6 +15,9 @@ from preflight.job import running as jobcensus
 from preflight.plan import build_plan
 from preflight.result import Status
 
+# Censuses of this machine's processes on fixed ports (29984-29993): one at a time (tests/workers.py).
+pytestmark = pytest.mark.machine
+
 
 def test_proc_net_tcp_addresses():
     assert procfs.address("0100007F:1F90") == ("127.0.0.1", 8080)

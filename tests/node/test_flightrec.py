@@ -13,6 +13,9 @@ import pytest
 
 from preflight.node import census, flightrec
 
+# Censuses of this machine's processes on fixed ports (29984-29993): one at a time (tests/workers.py).
+pytestmark = pytest.mark.machine
+
 # A one-rank gloo job with the flight recorder on: an asynchronous all_reduce and a broadcast, then its records
 # as torch dumps them (torch._C._distributed_c10d._dump_fr_trace: the bytes torch writes to PREFIX<rank>); then it
 # serves them on torch's WorkerServer at an ephemeral TCP port, as start_debug_server starts it in every rank

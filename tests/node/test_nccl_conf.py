@@ -13,6 +13,9 @@ from preflight.node import ncclconf
 from preflight.plan import build_plan
 from preflight.result import Status
 
+# Censuses of this machine's processes on fixed ports (29984-29993): one at a time (tests/workers.py).
+pytestmark = pytest.mark.machine
+
 
 def conf(tmp_path, text, name=".nccl.conf"):
     path = tmp_path / name
