@@ -91,15 +91,15 @@ def job_processes(ctx) -> Iterator[Finding]:
                       nodes=tuple(dict.fromkeys(map(_NODE, census.procs))), evidence={"ports": ports})
     # With --pid the nodes without a chosen process were not looked at; hosts DeepSpeed's filter leaves out run nothing.
     unused = set(census.nodes) - hosts_in_use(census)
-    missing = [] if census.selected else [n for n in census.nodes if n not in census.errors and not census.on(n)
+    missing = [] if census.selected else [n for n in census.nodes if n not in census.errors and not census.has(n)
                                           and n not in unused]
     if missing:
         yield Finding(Status.FAIL, f"no launcher and no rank of the job{_on_port(census)} on {fold(missing)}: "
                       "it was never started there, or it exited; the other nodes wait for it",
                       f"start the job on {fold(missing)} (or look at its log there for why it exited)",
                       nodes=tuple(missing), evidence={"missing": missing})
-    rankless = [n for n in census.nodes if census.on(n, "launcher") and not census.on(n, "rank")]
-    present = tuple(n for n in census.nodes if census.on(n))
+    rankless = [n for n in census.nodes if census.has(n, "launcher") and not census.has(n, "rank")]
+    present = tuple(n for n in census.nodes if census.has(n))
     yield Finding(Status.PASS, f"{len(census.launchers)} launcher(s) and {len(census.ranks)} rank(s) on "
                   f"{len(present)} node(s)" + (f"; {fold(rankless)} {'has' if len(rankless) == 1 else 'have'} "
                                               "a launcher but no rank yet" if rankless else ""),
@@ -481,7 +481,7 @@ def stacks_readable(ctx) -> Iterator[Finding]:
     if census is None:
         yield skip("no census of a running job (run `preflight doctor`)")
         return
-    nodes = [n for n in census.stacks if census.on(n)]
+    nodes = [n for n in census.stacks if census.has(n)]
     if not nodes:
         yield skip(f"no process of a job{_on_port(census)} on any node reached")  # as _gate says it
         return

@@ -140,6 +140,11 @@ class Census:
         self._index()
         return list(self._by_node.get(node if kind is None else (node, kind), ()))
 
+    def has(self, node: str, kind: Optional[str] = None) -> bool:
+        """Whether `on` has any: without its copy (checks ask it of every node)."""
+        self._index()
+        return (node if kind is None else (node, kind)) in self._by_node
+
     @property
     def launchers(self) -> List[Proc]:
         self._index()
