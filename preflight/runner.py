@@ -254,9 +254,12 @@ def _run_grouped(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
         for position, (f, key, duration) in enumerate(keyed):
             found.setdefault(key, []).append((indices[0], position, indices, f, duration))
     results = []
-    for entries in sorted(found.values(), key=min):  # (the nodes are never compared: no node is in two entries)
-        first, position, indices, r, _ = min(entries)
-        if not any(e[3].nodes for e in entries):  # nearly every finding: on the nodes it was evaluated for
+    # (the first node and position of each finding set its place; the nodes are never compared: no node is in two
+    # entries of a finding)
+    for (_, _, indices, r, _), entries in sorted((min(entries), entries) for entries in found.values()):
+        if len(entries) == 1 and not r.nodes:  # nearly every finding: one evaluation's, on the nodes it stands for
+            nodes = tuple(map(names.__getitem__, indices))
+        elif not any(e[3].nodes for e in entries):  # several evaluations': their nodes in ctx's order
             nodes = tuple(dict.fromkeys(map(names.__getitem__, sorted(i for e in entries for i in e[2]))))
         else:  # each node as run_check gives it: the nodes the finding names, else its own
             each = sorted((i, p, tuple(f.nodes) or (names[i],)) for _, p, indices, f, _ in entries for i in indices)
