@@ -5,9 +5,9 @@ from collections import Counter
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from preflight.api import Finding, Status, check, fail, fold, grouped, holders, odd_ones_out, passed, skip, warn
-from preflight.inputs.settings import processes_per_machine
+from preflight.inputs.settings import job_environment, processes_per_machine
 from preflight.job.gpus import gpus_of, job_gpus, needs_gpus, no_gpus_reason, selection
-from preflight.job.nccl import fabric_of, mnnvl_off, nccl_env_of, nccl_param, nccl_version
+from preflight.job.nccl import fabric_of, mnnvl_off, nccl_env, nccl_param, nccl_version
 from preflight.node.gpus import ZERO_UUID
 
 # Precision -> (lowest compute capability, status below it, why).
@@ -648,11 +648,11 @@ def _imex_problems(imex: dict) -> Tuple[List[str], List[str]]:
     return [], wrong
 
 
-def _imex_on(ctx, node: str, domain: str) -> Iterator[Finding]:
+def _imex_on(ctx, node: str, domain: str, job_env: Dict[str, str]) -> Iterator[Finding]:
     """The IMEX channels and daemon of one node of a multi-node NVLink domain of two or more of the job's nodes
     (`domain` says which), as NCCL needs them there."""
     facts = ctx.facts[node]["facts"]
-    env = nccl_env_of(ctx, node, job=True).values  # the job's own settings over the node's, then NCCL's files
+    env = nccl_env(facts, job_env).values  # the job's own settings over the node's, then NCCL's files
     nccl = nccl_version(facts)
     release = ".".join(map(str, nccl)) if nccl else None
     off = mnnvl_off(env, nccl)
@@ -754,8 +754,9 @@ def imex_channels(ctx) -> Iterator[Finding]:
         yield Finding(Status.SKIP, f"not judged: NCCL uses multi-node NVLink only where every rank's GPU is in a "
                       f"domain (src/mnnvl.cc), and that is not known for {said}", nodes=tuple(in_shared))
         return
+    job_env = job_environment(ctx.plan)
     overriding = sorted(n for n in ctx.reachable if nccl_param(
-        nccl_env_of(ctx, n, job=True).values, "NCCL_MNNVL_UUID", -1) != -1)
+        nccl_env(ctx.facts[n]["facts"], job_env).values, "NCCL_MNNVL_UUID", -1) != -1)
     if overriding:
         yield Finding(Status.SKIP, f"not judged: NCCL_MNNVL_UUID on {fold(overriding)} replaces NVML's cluster UUID "
                       "of every GPU (src/init.cc), so the domains are not NVML's", nodes=tuple(in_shared))
@@ -776,7 +777,7 @@ def imex_channels(ctx) -> Iterator[Finding]:
         domain = f"NVLink domain {uuid} of {fold(sorted(nodes))}"
         if others:
             domain += f" (NCCL uses it among them, and the network to {fold(others)})"
-        yield from grouped(lambda node: _imex_on(ctx, node, domain), sorted(nodes))
+        yield from grouped(lambda node: _imex_on(ctx, node, domain, job_env), sorted(nodes))
 
 
 def _by_reason(reasons: Dict[str, str]) -> Dict[str, List[str]]:

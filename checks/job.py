@@ -16,7 +16,7 @@ from preflight.api import Finding, Status, check, fold, grouped, holders, odd_on
 from preflight.inputs import launchcmd, manifests
 from preflight.inputs.settings import job_variables, processes_per_machine
 from preflight.inputs.versions import version
-from preflight.job.nccl import nccl_env_of, nccl_version
+from preflight.job.nccl import nccl_env, nccl_version
 from preflight.node import flightrec
 from preflight.report import redact
 from preflight.inputs.configs import deepspeed_runner
@@ -1077,7 +1077,7 @@ def hang_debuggable(ctx) -> Iterator[Finding]:
 
     def on(node):
         facts = ctx.facts[node]["facts"]
-        env = nccl_env_of(ctx, node, job=True).values  # the job's own settings over the node's, then NCCL's files
+        env = nccl_env(facts, known).values  # the job's own settings over the node's, then NCCL's files
         versions = _section(_section(facts, "packages"), "versions")
         warnings, said, evidence = _debuggable(env, later, ctx.plan, versions.get("torch"))
         taken = _ras_taken(env, later, facts)

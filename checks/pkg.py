@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 
 from preflight.api import Finding, Status, check, failed_sections, holders, odd_ones_out, skip
 from preflight.node import MIN_PYTHON, UNSUPPORTED
-from preflight.job.nccl import fabric_of, misread_lines, nccl_env_of, nccl_wheel
+from preflight.job.nccl import fabric_of, misread_lines, nccl_env, nccl_env_of, nccl_wheel
 from preflight.inputs.settings import job_environment
 from preflight.inputs.versions import condition_text, judge, known_defects, unmet_requirements
 
@@ -486,7 +486,7 @@ def known_bad_versions(ctx) -> Iterator[Finding]:
     facts = ctx.fact
     found, unknown, nccl_from = _node_versions(facts)
     known, not_known = _node_conditions(ctx, facts)
-    env = nccl_env_of(ctx, job=True).values  # the job's settings over the node's, then NCCL's files
+    env = nccl_env(facts, job_environment(ctx.plan)).values  # the job's settings over the node's, then NCCL's files
     packages = facts.get("packages") or {}
     installed = packages.get("distributions") or {}
     applies, skipped, worked_around, unmet = _judged(

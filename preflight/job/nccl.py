@@ -9,7 +9,6 @@ import re
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from preflight.inputs.numbers import int_or_none
-from preflight.inputs.settings import job_environment
 from preflight.inputs.versions import requirement_name, version
 from preflight.node.ncclconf import HOME_ENV_SINCE, merge, read_paths
 from preflight.result import Finding, skip
@@ -427,9 +426,10 @@ def mnnvl_off(env: Mapping[str, Any], nccl: Optional[Tuple[int, ...]] = None) ->
 
 # --- once per node --------------------------------------------------------------------------------
 
-def nccl_env_of(ctx, node: Optional[str] = None, job: bool = False) -> NcclEnv:
-    """nccl_env of a node's facts, with the job's own settings over them where `job` (job_environment), once per
-    node and run: the NET, RDMA, PKG, GPU and JOB checks ask it of every node, six times at 16,384 nodes. `ctx`:
-    the node's context, or the cluster's and `node`. Callers do not change what it returns (nor the facts)."""
+def nccl_env_of(ctx, node: Optional[str] = None) -> NcclEnv:
+    """nccl_env of a node's facts, once per node and run: NET005, PKG004 and the RDMA checks ask it of every node
+    (five times). `ctx`: the node's context, or the cluster's and `node`. Callers do not change what it returns (nor
+    the facts). Not with the job's settings: nccl_env then copies the node's environment, and a copy kept for each
+    of 16,384 nodes would cost megabytes to save JOB012 and GPU010 one call a node."""
     on = ctx if node is None else ctx.on_node[node]
-    return on.memo((nccl_env, job), lambda: nccl_env(on.fact, job_environment(on.plan) if job else None))
+    return on.memo(nccl_env, lambda: nccl_env(on.fact))

@@ -166,9 +166,8 @@ def test_a_version_text_is_parsed_once_however_many_nodes_send_it(monkeypatch):
 
 
 def test_the_variables_nccl_reads_on_a_node_are_worked_out_once_per_node_for_every_check(tmp_path, monkeypatch):
-    """nccl_env of a node (its environment, the job's settings, NCCL's files) is asked by NET005, PKG004, PKG008,
-    the RDMA checks, GPU010 and JOB012: once per node and kind (with the job's settings or without), not per check
-    (scripts/bench_scale.py's 64 nodes, the checks `check` runs)."""
+    """nccl_env of a node (its environment and NCCL's files) is asked by NET005, PKG004 and the RDMA checks once per
+    node, not once per check (scripts/bench_scale.py's 64 nodes, the checks `check` runs)."""
     import pathlib
 
     from preflight import cli, engine, registry
@@ -188,7 +187,7 @@ def test_the_variables_nccl_reads_on_a_node_are_worked_out_once_per_node_for_eve
                                           paths["accelerate.yaml"], "--skip", "deep"])
     _, _, results, _ = engine.evaluate(registry.load(), args, gather=lambda p, a, s: runner.CheckContext(p, facts, probes))
     assert {"NET005", "PKG004", "PKG008", "RDMA002", "GPU010", "JOB012"} <= {r.id for r in results}
-    assert 2 * 64 <= len(calls) < 3 * 64  # 2 per node, and 1 per part of the checks that declare their reads
+    assert 2 * 64 <= len(calls) < 3 * 64  # a node: 1, and 1 with the job's settings (JOB012); 7 before
 
 
 # --- the GPUs the job uses on a node -------------------------------------------------------------
