@@ -4,8 +4,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from itertools import compress, repeat
 from dataclasses import dataclass, field
+from itertools import compress, repeat
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from preflight.node.collector import SECTION_FAILED
@@ -254,8 +254,8 @@ def _run_grouped(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
         for position, (f, key, duration) in enumerate(keyed):
             found.setdefault(key, []).append((indices[0], position, indices, f, duration))
     results = []
-    # (the first node and position of each finding set its place; the nodes are never compared: no node is in two
-    # entries of a finding)
+    # A finding's first node and position set its place (no two of its entries share them: their nodes are never
+    # compared), as the per-node loop of run_check would first find it.
     for (_, _, indices, r, _), entries in sorted((min(entries), entries) for entries in found.values()):
         if len(entries) == 1 and not r.nodes:  # nearly every finding: one evaluation's, on the nodes it stands for
             nodes = tuple(map(names.__getitem__, indices))
@@ -293,29 +293,32 @@ def _parts(spec: CheckSpec, ctx: CheckContext) -> List[Tuple[Optional[tuple], Li
     not use, one whose facts are not as decoded, every node of a check that does not declare its reads. Made once
     per run (ctx.memo) for each set of declared sections, from each section's identities on every node, also made
     once: not once per check and node (16,384 nodes x 25 checks)."""
-    docs = ctx.memo(_parts, lambda: [on_node.fact if on_node is not None and type(on_node.fact) is dict else None
-                                     for on_node in ctx.on_node.values()])  # None: a node evaluated alone
+    docs, numbers = ctx.memo(_parts, lambda: (
+        [on_node.fact if on_node is not None and type(on_node.fact) is dict else None  # None: a node evaluated alone
+         for on_node in ctx.on_node.values()], list(range(len(ctx.on_node)))))  # (one int per node, in every part)
     if spec.reads is None:
-        return [(None, [i]) for i in range(len(docs))]
+        return [(None, [i]) for i in numbers]
 
     def column(section: str, keys: Optional[Tuple[str, ...]]) -> list:
+        """Each node's section_identity as a small number, the same for the same identity (kept for the run)."""
         values = [dict.get(doc, section, _ABSENT) if doc is not None else None for doc in docs]
-        if keys is None:
-            return list(map(id, values))
         known: Dict[int, Any] = {}  # a section that nodes share: the identity of its keys worked out once
-        return [known[id(v)] if id(v) in known else known.setdefault(id(v), section_identity(v, keys)) for v in values]
+        identities = map(id, values) if keys is None else (
+            known[id(v)] if id(v) in known else known.setdefault(id(v), section_identity(v, keys)) for v in values)
+        classes: Dict[Any, int] = {}
+        return [classes.setdefault(identity, len(classes)) for identity in identities]
 
     def parts() -> List[Tuple[Optional[tuple], List[int]]]:
         columns = [ctx.memo((section_identity, *path), lambda path=path: column(*path)) for path in spec.paths.items()]
         usable = [doc is not None for doc in docs]
         shared: Dict[tuple, List[int]] = {}
-        for i, identity in compress(enumerate(zip(*columns) if columns else repeat(())), usable):
+        for i, identity in compress(zip(numbers, zip(*columns) if columns else repeat(())), usable):
             part = shared.get(identity)
             if part is None:
                 shared[identity] = [i]
             else:
                 part.append(i)
-        return [*shared.items(), *((None, [i]) for i, ok in enumerate(usable) if not ok)]
+        return [*shared.items(), *((None, [i]) for i, ok in zip(numbers, usable) if not ok)]
     return ctx.memo((_parts, tuple(spec.paths.items())), parts)
 
 
