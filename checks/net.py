@@ -13,7 +13,7 @@ from preflight.inputs import launchcmd
 from preflight.report import redact
 from preflight.node import PROGRAM_MARK
 from preflight.collective import datapath
-from preflight.job.nccl import NcclEnv, interface_spec, nccl_env, nccl_interfaces, nccl_list, nccl_matches, \
+from preflight.job.nccl import NcclEnv, interface_spec, nccl_env_of, nccl_interfaces, nccl_list, nccl_matches, \
     selected_interfaces
 
 
@@ -461,7 +461,7 @@ def socket_ifname(ctx) -> Iterator[Finding]:
     e.g. NCCL_SOCKET_IFNAME=eth0 or ==eth0 (that name exactly); bring a DOWN interface up (`ip link set IF up`);
     set NCCL_IB_HCA to this node's HCAs (`ibv_devices`), or unset it; a value from a file is changed there.
     """
-    nccl_vars = nccl_env(ctx.fact)  # the environment, and what NCCL's files (~/.nccl.conf, ...) add to it
+    nccl_vars = nccl_env_of(ctx)  # the environment, and what NCCL's files (~/.nccl.conf, ...) add to it
     env = nccl_vars.values
     host = ctx.fact.get("host", {})
     interfaces: Mapping[str, list] = host.get("interfaces", {})

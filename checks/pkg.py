@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 
 from preflight.api import Finding, Status, check, failed_sections, holders, odd_ones_out, skip
 from preflight.node import MIN_PYTHON, UNSUPPORTED
-from preflight.job.nccl import fabric_of, misread_lines, nccl_env, nccl_wheel
+from preflight.job.nccl import fabric_of, misread_lines, nccl_env, nccl_env_of, nccl_wheel
 from preflight.inputs.settings import job_environment
 from preflight.inputs.versions import condition_text, judge, known_defects, unmet_requirements
 
@@ -195,7 +195,7 @@ def environment(ctx) -> Iterator[Finding]:
     if len(nodes) < 2:
         yield skip("fewer than two nodes reached: nothing to compare")
         return
-    seen = {n: nccl_env(ctx.facts[n]["facts"]) for n in nodes}  # with what NCCL's files (~/.nccl.conf) add
+    seen = {n: nccl_env_of(ctx, n) for n in nodes}  # with what NCCL's files (~/.nccl.conf) add
     envs = {n: seen[n].values for n in nodes}
     present = set().union(*envs.values())
     names = sorted(v for v in present if v.startswith(COMPARED_PREFIXES) and v not in PER_NODE and v not in BY_MEANING)
@@ -589,7 +589,7 @@ def _grouped(skipped):
 MISREAD_SHOWN = 8  # lines named per node; the rest counted
 
 
-@check("PKG009", "nccl-conf-lines", "node", tags=["environment", "nccl"])
+@check("PKG009", "nccl-conf-lines", "node", tags=["environment", "nccl"], reads=["nccl_conf", "env", "packages"])
 def nccl_conf_lines(ctx) -> Iterator[Finding]:
     """The NCCL configuration files NCCL reads on the node (the one NCCL_CONF_FILE names, else ~/.nccl.conf, then
     /etc/nccl.conf) hold no line NCCL reads other than as written.

@@ -11,7 +11,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from preflight.api import Finding, Status, check, fail, fold, grouped, passed, skip, warn
 from preflight.job.gpus import gpus_of, job_gpus
-from preflight.job.nccl import (GID_CHOICE_SINCE, fabric_of, gid_kind, ib_disabled, nccl_env, nccl_version,
+from preflight.job.nccl import (GID_CHOICE_SINCE, fabric_of, gid_kind, ib_disabled, nccl_env_of, nccl_version,
                                 rdma_devices_nccl_may_use, selected_ports, used_gid)
 
 GPUDIRECT_MODULES = ("nvidia_peermem", "nv_peer_mem")
@@ -44,7 +44,7 @@ def _rdma_ports(ctx) -> Tuple[Optional[dict], List[Tuple[str, str, dict]], Optio
     devices = fabric.get("rdma") or {}
     if not devices:
         return fabric, [], skip("no RDMA device on this node (/sys/class/infiniband is empty): NCCL uses TCP sockets")
-    nccl_vars = nccl_env(ctx.fact)
+    nccl_vars = nccl_env_of(ctx)
     env = nccl_vars.values
     if ib_disabled(env):
         return fabric, [], skip(f"{nccl_vars.said('NCCL_IB_DISABLE')}: NCCL does not use the RDMA devices")
@@ -60,7 +60,7 @@ def _rdma_nodes(ctx) -> Iterator[Tuple[str, dict, dict, dict]]:
     for node in ctx.reachable:
         facts = ctx.facts[node]["facts"]
         fabric, why = fabric_of(facts)
-        env = nccl_env(facts).values
+        env = nccl_env_of(ctx, node).values
         if not why and not ib_disabled(env):
             yield node, facts, env, fabric
 

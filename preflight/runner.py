@@ -5,6 +5,7 @@ import functools
 import threading
 import time
 from dataclasses import dataclass, field
+from itertools import compress, repeat
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from preflight.node.collector import SECTION_FAILED
@@ -78,7 +79,7 @@ class DeclaredFacts(dict):
                          for name, keys in declared.items() if name in doc)
         self.check, self.declared, self.where, self.full = check, declared, where, bool(doc)
 
-    def __bool__(self):  # `facts.get("env") or {}`: whether it holds anything (declared_identity counts it)
+    def __bool__(self):  # `facts.get("env") or {}`: whether it holds anything (section_identity counts it)
         return self.full
 
     def _declared(self, key):
@@ -110,18 +111,14 @@ def _declared_value(check: str, value: Any, keys: Optional[Tuple[str, ...]], whe
     return DeclaredFacts(check, value, dict.fromkeys(keys), where)
 
 
-def declared_identity(doc: Mapping, paths: Mapping[str, Optional[Tuple[str, ...]]]) -> tuple:
-    """What a check that declares `paths` reads of doc: a whole section as the object itself (its id: the
-    gathering shares identical sections among nodes, and checks do not change facts, so the same id is the same
-    value), a declared key of a section by its value (a node's own section, such as host, is never shared)."""
-    out = []
-    for section, keys in paths.items():
-        value = dict.get(doc, section, _ABSENT)
-        if keys is None or type(value) is not dict:
-            out.append(id(value))
-        else:
-            out.append((bool(value), *[_value_identity(dict.get(value, key, _ABSENT)) for key in keys]))
-    return tuple(out)
+def section_identity(value: Any, keys: Optional[Tuple[str, ...]]) -> Any:
+    """What a check that declares a section (or these keys of it) reads of its value: a whole section as the object
+    itself (its id: the gathering shares identical sections among nodes, and checks do not change facts, so the
+    same id is the same value), a declared key of a section by its value (a node's own section, such as host, is
+    never shared)."""
+    if keys is None or type(value) is not dict:
+        return id(value)
+    return (bool(value), *[_value_identity(dict.get(value, key, _ABSENT)) for key in keys])
 
 
 SCALARS = (str, int, bool, type(None))
@@ -247,37 +244,82 @@ def run_check(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
 
 def _run_grouped(spec: CheckSpec, ctx: CheckContext) -> List[Result]:
     """A node check's Results on every node as `run` records them: its findings grouped as `grouped` groups
-    run_check's Results, without making a Result per node and finding first (4,096 nodes x every node check).
-    A check that declares the sections it reads is evaluated once per distinct set of them (the gathering
-    shares identical sections among nodes), unless what it found was the node's own (DeclaredContext.own)."""
-    groups: Dict[tuple, list] = {}  # finding_key -> [the first finding, every node, duration, count, its nodes]
-    shared: Dict[tuple, list] = {}  # the declared sections (the objects) -> [(finding, its key)], duration
-    for node, on_node in ctx.on_node.items():
-        if on_node is None:
-            found = [(r, r.nodes, r.duration_s, finding_key(r)) for r in _run_on_node(spec, ctx, node)]
-        else:
-            sections = declared_identity(on_node.fact, spec.paths) if spec.reads is not None and \
-                type(on_node.fact) is dict else None
-            known = shared.get(sections) if sections is not None else None
-            if known is None:
-                view = DeclaredContext(on_node, spec.id, spec.paths) if sections is not None else on_node
-                findings, each = _findings(spec, view)
-                keyed = [(f, finding_key(f)) for f in map(_recorded, findings)]
-                if sections is not None and not view.own:
-                    shared[sections] = [keyed, 0.0]  # the time was spent once, on this node
+    run_check's Results (in the order first found, each naming its nodes in ctx's order), without making a Result
+    per node and finding first (16,384 nodes x every node check). A check that declares the sections it reads is
+    evaluated once per distinct set of them (the gathering shares identical sections among nodes), unless what it
+    found was the node's own (DeclaredContext.own)."""
+    names = list(ctx.on_node)
+    found: Dict[tuple, list] = {}  # finding_key -> [(first node, position, the nodes, finding, its duration)]
+    for indices, keyed in _evaluations(spec, ctx, names):
+        for position, (f, key, duration) in enumerate(keyed):
+            found.setdefault(key, []).append((indices[0], position, indices, f, duration))
+    results = []
+    # A finding's first node and position set its place (no two of its entries share them: their nodes are never
+    # compared), as the per-node loop of run_check would first find it.
+    for (_, _, indices, r, _), entries in sorted((min(entries), entries) for entries in found.values()):
+        if len(entries) == 1 and not r.nodes:  # nearly every finding: one evaluation's, on the nodes it stands for
+            nodes = tuple(map(names.__getitem__, indices))
+        elif not any(e[3].nodes for e in entries):  # several evaluations': their nodes in ctx's order
+            nodes = tuple(dict.fromkeys(map(names.__getitem__, sorted(i for e in entries for i in e[2]))))
+        else:  # each node as run_check gives it: the nodes the finding names, else its own
+            each = sorted((i, p, tuple(f.nodes) or (names[i],)) for _, p, indices, f, _ in entries for i in indices)
+            nodes = each[0][2] if len(each) == 1 else tuple(dict.fromkeys(n for _, _, named in each for n in named))
+        results.append(Result(spec.id, spec.name, r.status, nodes, r.message, r.remediation, dict(r.evidence),
+                              sum(e[4] for e in entries)))
+    return results
+
+
+def _evaluations(spec: CheckSpec, ctx: CheckContext, names: List[str]) -> Iterable[Tuple[List[int], list]]:
+    """Each evaluation of a node check: the nodes it stands for (indices into `names`, ascending) and what it
+    found, as [(finding, finding_key, seconds)]."""
+    for sections, indices in _parts(spec, ctx):
+        for start, i in enumerate(indices):
+            on_node = ctx.on_node[names[i]]
+            if on_node is None:
+                yield [i], [(r, finding_key(r), r.duration_s) for r in _run_on_node(spec, ctx, names[i])]
+                continue
+            view = DeclaredContext(on_node, spec.id, spec.paths) if sections is not None else on_node
+            findings, each = _findings(spec, view)
+            keyed = [(f, finding_key(f), each) for f in map(_recorded, findings)]
+            if sections is not None and not view.own:  # it holds for every node with the same sections
+                yield indices[start:], keyed
+                break
+            yield [i], keyed
+
+
+def _parts(spec: CheckSpec, ctx: CheckContext) -> List[Tuple[Optional[tuple], List[int]]]:
+    """ctx.on_node's nodes (by index) in parts that one evaluation may stand for: those with the same declared
+    sections (section_identity), and each node the check is evaluated on alone (None): one the gathering could
+    not use, one whose facts are not as decoded, every node of a check that does not declare its reads. Made once
+    per run (ctx.memo) for each set of declared sections, from each section's identities on every node, also made
+    once: not once per check and node (16,384 nodes x 25 checks)."""
+    docs, numbers = ctx.memo(_parts, lambda: (
+        [on_node.fact if on_node is not None and type(on_node.fact) is dict else None  # None: a node evaluated alone
+         for on_node in ctx.on_node.values()], list(range(len(ctx.on_node)))))  # (one int per node, in every part)
+    if spec.reads is None:
+        return [(None, [i]) for i in numbers]
+
+    def column(section: str, keys: Optional[Tuple[str, ...]]) -> list:
+        """Each node's section_identity as a small number, the same for the same identity (kept for the run)."""
+        values = [dict.get(doc, section, _ABSENT) if doc is not None else None for doc in docs]
+        known: Dict[int, Any] = {}  # a section that nodes share: the identity of its keys worked out once
+        identities = map(id, values) if keys is None else (
+            known[id(v)] if id(v) in known else known.setdefault(id(v), section_identity(v, keys)) for v in values)
+        classes: Dict[Any, int] = {}
+        return [classes.setdefault(identity, len(classes)) for identity in identities]
+
+    def parts() -> List[Tuple[Optional[tuple], List[int]]]:
+        columns = [ctx.memo((section_identity, *path), lambda path=path: column(*path)) for path in spec.paths.items()]
+        usable = [doc is not None for doc in docs]
+        shared: Dict[tuple, List[int]] = {}
+        for i, identity in compress(zip(numbers, zip(*columns) if columns else repeat(())), usable):
+            part = shared.get(identity)
+            if part is None:
+                shared[identity] = [i]
             else:
-                keyed, each = known
-            found = [(f, tuple(f.nodes) or (node,), each, key) for f, key in keyed]
-        for r, nodes, duration, key in found:
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [r, list(nodes), duration, 1, nodes]
-            else:
-                group[1] += nodes
-                group[2] += duration
-                group[3] += 1
-    return [Result(spec.id, spec.name, r.status, first if count == 1 else tuple(dict.fromkeys(nodes)), r.message,
-                   r.remediation, dict(r.evidence), duration) for r, nodes, duration, count, first in groups.values()]
+                part.append(i)
+        return [*shared.items(), *((None, [i]) for i, ok in zip(numbers, usable) if not ok)]
+    return ctx.memo((_parts, tuple(spec.paths.items())), parts)
 
 
 def _run_on_node(spec: CheckSpec, ctx: CheckContext, node: str) -> List[Result]:

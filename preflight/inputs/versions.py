@@ -47,6 +47,11 @@ CONDITIONS = {
 
 def version(text) -> Optional[Version]:
     """The version text as pip reads it, None where pip would not (a missing or malformed Version)."""
+    return _read(text) if type(text) is str else _read.__wrapped__(text)
+
+
+@functools.lru_cache(maxsize=1024)  # the same few texts on thousands of nodes (a Version is never changed)
+def _read(text) -> Optional[Version]:
     try:
         return Version(str(text).strip())
     except (InvalidVersion, TypeError):

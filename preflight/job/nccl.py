@@ -422,3 +422,14 @@ def mnnvl_off(env: Mapping[str, Any], nccl: Optional[Tuple[int, ...]] = None) ->
     if cumem <= 0 and cumem != -2:
         return f"NCCL_CUMEM_ENABLE={env.get('NCCL_CUMEM_ENABLE')} turns cuMem off, and multi-node NVLink with it"
     return None
+
+
+# --- once per node --------------------------------------------------------------------------------
+
+def nccl_env_of(ctx, node: Optional[str] = None) -> NcclEnv:
+    """nccl_env of a node's facts, once per node and run: NET005, PKG004 and the RDMA checks ask it of every node
+    (five times). `ctx`: the node's context, or the cluster's and `node`. Callers do not change what it returns (nor
+    the facts). Not with the job's settings: nccl_env then copies the node's environment, and a copy kept for each
+    of 16,384 nodes would cost megabytes to save JOB012 and GPU010 one call a node."""
+    on = ctx if node is None else ctx.on_node[node]
+    return on.memo(nccl_env, lambda: nccl_env(on.fact))

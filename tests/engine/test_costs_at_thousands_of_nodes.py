@@ -107,6 +107,89 @@ def test_results_as_run_records_them_are_the_per_node_results_grouped(facts):
     assert len(recorded) < len(runner.run_check(spec, ctx)) / 10
 
 
+def test_what_several_checks_declare_of_a_nodes_own_section_is_read_once_per_node(monkeypatch):
+    """A declared key of the host section (a node's own: never shared) is worked out once per node for all the
+    checks that declare it, not once per check and node (16,384 nodes x 25 checks)."""
+    calls = []
+    real = runner._value_identity
+    monkeypatch.setattr(runner, "_value_identity", lambda value: calls.append(1) or real(value))
+    facts = {n: {"facts": {"host": {"hostname": n, "machine": "x86_64"}}, "clock": None, "error": None}
+             for n in NODES[:64]}
+
+    def declared(number):
+        def body(ctx):
+            """W.\n\nW.\n\nF."""
+            yield passed(f"machine {ctx.fact['host']['machine']}")
+        return check(f"TST{number:03d}", f"machine-{number}", "node", reads=["host.machine"])(body).__preflight_check__
+
+    results = runner.run([declared(30), declared(31), declared(32)],
+                         runner.CheckContext(Plan(nodes=tuple(facts)), facts, {}))
+    assert [(r.id, r.nodes) for r in results] == [(f"TST0{n}", NODES[:64]) for n in (30, 31, 32)]
+    assert len(calls) == 64
+
+
+def test_the_collector_is_paused_while_the_checks_run(monkeypatch, tmp_path):
+    """The checks leave no cycles, and the cyclic collector's walks cost a tenth of their time at 16,384 nodes."""
+    import gc
+
+    from preflight import cli, engine, registry
+
+    seen = []
+
+    def body(ctx):
+        """W.\n\nW.\n\nF."""
+        seen.append(gc.isenabled())
+        yield passed("fine")
+
+    spec = check("TST033", "collector", "node")(body).__preflight_check__
+    facts = states(NODES[:2])
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{n} slots=1\n" for n in facts))
+    reg = registry.Registry((spec,), ())
+    args = cli.build_parser().parse_args(["check", "--hostfile", str(hostfile), "--only", "TST033"])
+    assert gc.isenabled()
+    _, _, results, _ = engine.evaluate(reg, args, gather=lambda plan, a, s: runner.CheckContext(plan, facts, {}))
+    assert seen == [False, False] and gc.isenabled()
+    assert [(r.status, r.nodes) for r in results] == [(Status.PASS, NODES[:2])]
+
+
+def test_a_version_text_is_parsed_once_however_many_nodes_send_it(monkeypatch):
+    from preflight.inputs import versions
+
+    parsed = []
+    real = versions.Version
+    monkeypatch.setattr(versions, "Version", lambda text: parsed.append(text) or real(text))
+    found = [versions.version("2.13.0.post77+costs") for _ in NODES]
+    assert parsed == ["2.13.0.post77+costs"] and found[0] == real("2.13.0.post77+costs")
+    assert versions.version(["2.13.0"]) is None and versions.version(None) is None  # what a hostile node sends
+    assert versions.version(b"2.13.0") is None and versions.version(2) == real("2")
+
+
+def test_the_variables_nccl_reads_on_a_node_are_worked_out_once_per_node_for_every_check(tmp_path, monkeypatch):
+    """nccl_env of a node (its environment and NCCL's files) is asked by NET005, PKG004 and the RDMA checks once per
+    node, not once per check (scripts/bench_scale.py's 64 nodes, the checks `check` runs)."""
+    import pathlib
+
+    from preflight import cli, engine, registry
+    from preflight.job import nccl
+
+    loaded = importlib.util.spec_from_file_location(
+        "bench_scale", pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_scale.py")
+    bench_scale = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(bench_scale)
+    monkeypatch.chdir(tmp_path)
+    paths = bench_scale.write_inputs(64, str(tmp_path))
+    facts, probes = bench_scale.synthesize(64, str(tmp_path))
+    calls = []
+    real = nccl._environment
+    monkeypatch.setattr(nccl, "_environment", lambda facts, job_env: calls.append(1) or real(facts, job_env))
+    args = cli.build_parser().parse_args(["check", "--hostfile", paths["hostfile"], "--config",
+                                          paths["accelerate.yaml"], "--skip", "deep"])
+    _, _, results, _ = engine.evaluate(registry.load(), args, gather=lambda p, a, s: runner.CheckContext(p, facts, probes))
+    assert {"NET005", "PKG004", "PKG008", "RDMA002", "GPU010", "JOB012"} <= {r.id for r in results}
+    assert 2 * 64 <= len(calls) < 3 * 64  # a node: 1, and 1 with the job's settings (JOB012); 7 before
+
+
 # --- the GPUs the job uses on a node -------------------------------------------------------------
 
 def test_the_gpu_selection_is_made_once_per_node_however_many_checks_read_it(monkeypatch):

@@ -93,6 +93,39 @@ def test_a_section_declared_by_its_keys_shares_across_nodes_whose_other_keys_dif
         "machine x86_64, container None": 5, "machine aarch64, container None": 5, "machine None, container None": 1}
 
 
+def test_sharing_gives_what_evaluating_on_every_node_gives_node_for_node_and_in_order():
+    """Nodes whose sections alternate (a finding made on several parts names its nodes in the cluster's order), a
+    check that reads its node on some nodes, findings that name other nodes or repeat, nodes not reached, a broken
+    section: the results of run() are those of evaluating the check on every node, grouped."""
+    def varied(ctx):
+        torch = ctx.fact["packages"]["torch"]
+        if torch == "own":
+            yield Finding(Status.WARN, f"on {ctx.node}")
+        if torch == "named":
+            yield Finding(Status.FAIL, "seen from here", nodes=("n0001", "n0000"))
+        if torch == "twice":
+            yield Finding(Status.PASS, "fine")
+        yield Finding(Status.PASS, "fine")
+
+    kinds = ["a", "b", "a", "own", "b", "named", "a", "twice", "own", "named", "b", "a"]
+    docs = [{"packages": {"torch": kind, "n": i % 2 if kind in "ab" else i}} for i, kind in enumerate(kinds * 3)]
+    ctx = cluster(docs)
+    down = {"facts": None, "clock": None, "error": {"kind": "timeout", "message": "no answer", "remediation": None}}
+    facts = {**ctx.facts, "n0004": down, "n0020": dict(down, error=dict(down["error"], kind="budget")),
+             "n0013": dict(ctx.facts["n0013"], facts={"packages": {"error": "collector section packages failed "
+                                                                              "on the node: boom"}})}
+    ctx = runner.CheckContext(ctx.plan, facts, {})
+    shared = runner.run([spec(varied, ["packages"])], ctx)
+    alone = runner.unhidden(runner.grouped(runner.run_check(spec(varied, ["packages"]), runner.guarded(ctx))),
+                            [spec(varied, ["packages"])], ctx)
+
+    def shown(results):
+        return [(r.status, r.nodes, r.message, r.remediation, repr(r.evidence)) for r in results]
+
+    assert shown(shared) == shown(alone)
+    assert len({r.message for r in shared}) >= 6
+
+
 def test_reads_is_for_node_checks_and_names_sections():
     def body(ctx):
         """What.
