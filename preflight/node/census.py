@@ -139,9 +139,10 @@ def _nccl_environ(pid, cache):
     except OSError:
         uid = None
     cwd = procfs.link("/proc/%d/cwd" % pid)
-    key = (environ.get("HOME"), environ.get("NCCL_CONF_FILE"), uid, cwd)
+    # its mount namespace too: ranks in different containers see different files at the same path
+    key = (environ.get("HOME"), environ.get("NCCL_CONF_FILE"), uid, cwd, procfs.link("/proc/%d/ns/mnt" % pid))
     if key not in cache:
-        cache[key] = ncclconf.facts(environ, uid, cwd)
+        cache[key] = ncclconf.facts(environ, uid, cwd, pid)
     values, sources, unread = ncclconf.merge(environ, cache[key])  # what every release agrees on
     if not unread:  # nearly every rank: nothing depends on its NCCL's release
         return values, sources, unread

@@ -48,13 +48,14 @@ def parse(data):
 NOTHING_FOR_NCCL = frozenset((errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EISDIR, errno.ENXIO))
 
 
-def read_conf(path, same_user=True):
-    """{"path", "entries", ...} of one file NCCL may read; {"path", "error", "nothing"} where it is not read:
+def read_conf(path, same_user=True, at=None):
+    """{"path", "entries", ...} of one file NCCL may read (opened at `at`, default `path`: a rank's own file
+    through /proc/PID/root); {"path", "error", "nothing"} where it is not read:
     "nothing" true where NCCL reads nothing from it either (missing, a directory, a symlink loop; unreadable, when
     this is the user NCCL runs as; a socket), false where what NCCL reads is not known here (a FIFO, a device)."""
     entry = {"path": path}
     try:
-        fd = open_regular(path)
+        fd = open_regular(at or path)
         try:
             data = os.read(fd, MAX_BYTES + 1)
         finally:
@@ -77,8 +78,23 @@ def read_conf(path, same_user=True):
     return entry
 
 
-def passwd_home(uid):
-    """The home folder of this user in the password database (NCCL before 2.30: getpwuid(getuid())->pw_dir)."""
+def passwd_home(uid, root=None):
+    """The home folder of this user in the password database (NCCL before 2.30: getpwuid(getuid())->pw_dir); in a
+    container's own root (`root`, /proc/PID/root of another filesystem than this one's), its /etc/passwd."""
+    if root is not None:
+        try:
+            fd = open_regular(root + "/etc/passwd")
+            try:
+                text = os.read(fd, 1 << 20).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+        except (OSError, NotRegular):
+            return None
+        for line in text.splitlines():
+            fields = line.split(":")
+            if len(fields) >= 7 and fields[2] == str(uid):
+                return fields[5]
+        return None
     try:
         import pwd
 
@@ -87,21 +103,34 @@ def passwd_home(uid):
         return None
 
 
-def facts(environ, uid=None, cwd=None):
+def facts(environ, uid=None, cwd=None, pid=None):
     """The configuration files NCCL may read in a process with this environment, run by `uid` (default: this
     one) in `cwd`: {"conf_file": NCCL_CONF_FILE, "home": HOME, "passwd_home", "files": {path: read_conf}}, the
-    candidates in NCCL's order."""
+    candidates in NCCL's order. `pid`: a running process's, whose files are read in its own filesystem (a
+    container's: through /proc/PID/root, a relative path through /proc/PID/cwd) and its password database there
+    where its root is not this one's."""
     same_user = uid is None or uid == os.geteuid()
     uid = os.getuid() if uid is None else uid
     conf = environ.get("NCCL_CONF_FILE") or None
-    home, pw_home = environ.get("HOME"), passwd_home(uid)
+    root = "/proc/%d/root" % pid if pid is not None else None
+    home, pw_home = environ.get("HOME"), passwd_home(uid, root if root and not _same_root(root) else None)
     paths = [conf] + [os.path.join(h, ".nccl.conf") for h in (home, pw_home) if h] + ["/etc/nccl.conf"]
     files = {}
     for path in paths:
         if path and path[:PATH_MAX] not in files:
             path = path[:PATH_MAX]
-            files[path] = read_conf(os.path.join(cwd or os.getcwd(), path), same_user)
+            at = None if pid is None else root + path if path.startswith("/") else "/proc/%d/cwd/%s" % (pid, path)
+            files[path] = read_conf(os.path.join(cwd or os.getcwd(), path), same_user, at)
     return {"conf_file": conf, "home": home, "passwd_home": pw_home, "files": files}
+
+
+def _same_root(root):
+    """Whether a process's root folder is this one's (not a container's own filesystem)."""
+    try:
+        there, here = os.stat(root), os.stat("/")
+    except OSError:
+        return True  # not known: this machine's password database, as before
+    return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
 
 
 FILE_VARIABLES = ("NCCL_CONF_FILE", "HOME")  # the variables that decide which files NCCL reads

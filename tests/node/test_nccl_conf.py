@@ -311,3 +311,40 @@ def test_a_libnccls_version_is_only_what_its_files_prove(tmp_path):
     assert nccl_library_version(str(bundled)) is None
     assert nccl_library_version(f"{owned} (deleted)") is None
     assert nccl_library_version(str(owned).replace(str(tmp_path), "/"), str(tmp_path)) == "2.27.3"  # in a root
+
+
+def test_a_rank_in_a_container_has_its_files_read_in_its_own_filesystem(tmp_path):
+    """A rank in a mount namespace of its own (a container) reads the ~/.nccl.conf only it sees (a folder mounted
+    there, empty here) and its NCCL_CONF_FILE from its own working folder: the census reads both through /proc/PID
+    (root, cwd), not at the same paths on the node, and a rank on the node beside it keeps its own."""
+    import subprocess
+    import sys
+
+    from preflight.node import census
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".nccl.conf").write_text("NCCL_SOCKET_IFNAME=eth_node\n")  # what the node has at that path
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    (inside / ".nccl.conf").write_text("NCCL_SOCKET_IFNAME=eth_container\nNCCL_IB_HCA=mlx5_9\n")
+    lib = libnccl(tmp_path / "lib/libnccl.so.2.30.3")  # NCCL 2.30 reads $HOME/.nccl.conf
+    script = (f"mount -t tmpfs none {home} && cp {inside / '.nccl.conf'} {home}/.nccl.conf && cd {home} && "
+              f"exec {sys.executable} -c \"{MAPS_NCCL}\" {lib}")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29994", HOME=str(home),
+               NCCL_DEBUG="WARN")
+    container = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], env=env,
+                                 stdout=subprocess.PIPE)
+    node = subprocess.Popen([sys.executable, "-c", MAPS_NCCL, str(lib)],
+                            env=dict(env, RANK="1"), stdout=subprocess.PIPE, cwd=str(home))
+    try:
+        assert container.stdout.readline().strip() == b"1" and node.stdout.readline().strip() == b"1"
+        assert "eth_node" in (home / ".nccl.conf").read_text()  # here, the node's file
+        found = census.take_census({"port": 29994, "deadline_s": 4, "stacks": False, "interval_s": 0.1})
+    finally:
+        for proc in (container, node):
+            proc.kill()
+            proc.wait()
+    ranks = {p["env"].get("RANK"): p for p in found["processes"] if p.get("env", {}).get("MASTER_PORT") == "29994"}
+    assert ranks["0"]["env"]["NCCL_SOCKET_IFNAME"] == "eth_container" and ranks["0"]["env"]["NCCL_IB_HCA"] == "mlx5_9"
+    assert ranks["1"]["env"]["NCCL_SOCKET_IFNAME"] == "eth_node" and "NCCL_IB_HCA" not in ranks["1"]["env"]
