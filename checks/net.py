@@ -13,8 +13,8 @@ from preflight.inputs import launchcmd
 from preflight.report import redact
 from preflight.node import PROGRAM_MARK
 from preflight.collective import datapath
-from preflight.job.nccl import NcclEnv, interface_spec, nccl_env_of, nccl_interfaces, nccl_list, nccl_matches, \
-    selected_interfaces
+from preflight.job.nccl import NcclEnv, choice_unknown, interface_spec, nccl_env_of, nccl_interfaces, nccl_list, \
+    nccl_matches, selected_interfaces
 
 
 def _is_loopback(address: str) -> bool:
@@ -453,7 +453,9 @@ def socket_ifname(ctx) -> Iterator[Finding]:
     (else NCCL falls back to TCP sockets, or fails, on this node only). Unset, NCCL picks by its own rules (an
     ib* interface first, else the first but docker*, lo and virbr* in the kernel's order, IPv4 before IPv6): an
     IPoIB interface with only a link-local address, a management NIC or a container bridge that comes first puts
-    the address every other rank connects to where they may not reach it. NCCL also reads its variables from
+    the address every other rank connects to where they may not reach it. Since 2.28.3 NCCL also skips an
+    interface without carrier and sets virbr* apart: where the node's NCCL is not known and the two rules pick
+    differently, its choice is not judged. NCCL also reads its variables from
     files (the one NCCL_CONF_FILE names, else ~/.nccl.conf, then /etc/nccl.conf; the environment wins): a value
     from one is judged as NCCL reads it and named with its file and line.
 
@@ -521,6 +523,10 @@ def _judge_nccl_default(ctx, host: Mapping, links: Optional[Mapping], unread: Se
     if unread:  # a file NCCL reads may set NCCL_SOCKET_IFNAME: its choice is not known
         return skip(f"NCCL_SOCKET_IFNAME is unset in the environment, and NCCL's configuration could not be read "
                     f"({'; '.join(unread)}): the interface NCCL picks is not judged", unread=list(unread))
+    unknown = choice_unknown(ctx.fact)
+    if unknown:
+        return skip(f"NCCL_SOCKET_IFNAME is unset, and the interface NCCL picks is not judged: {unknown}",
+                    rule=unknown)
     chosen, rule = nccl_interfaces(ctx.fact)
     if not chosen:
         return fail(f"NCCL_SOCKET_IFNAME is unset and NCCL's default finds no interface with an address here "

@@ -181,21 +181,23 @@ NCCL_DEFAULT_RULES_BEFORE = (("ib", "an ib* interface"), ("^docker,lo", "the fir
                              ("docker", "a docker* interface"), ("lo", "loopback"))
 
 
-def nccl_interfaces(facts: Mapping[str, Any]) -> Tuple[List[Tuple[str, str]], str]:
+def nccl_interfaces(facts: Mapping[str, Any], recent: Optional[bool] = None) -> Tuple[List[Tuple[str, str]], str]:
     """([(interface, the address NCCL uses there)] in NCCL's order, the rule that chose them), as NCCL's
     ncclFindInterfaces picks on this node (src/misc/socket.cc, src/os/linux.cc): NCCL_SOCKET_IFNAME when set,
     else the first rule that finds any: ib* interfaces, the subnet of NCCL_COMM_ID's address, every interface but
     docker*, lo and virbr* (virbr* only since NCCL 2.28.3), then docker*, lo, virbr*. It walks getifaddrs: the IPv4
     addresses by interface index, then the IPv6 ones (never ::1), one address per interface, NCCL_SOCKET_FAMILY
     AF_INET or AF_INET6 keeping one family; since NCCL 2.28.3 only interfaces with carrier (IFF_RUNNING). Its
-    bootstrap, and so every rank's address for the others, is the first."""
+    bootstrap, and so every rank's address for the others, is the first. `recent`: by NCCL 2.28.3's rules or the
+    older ones (default: the node's NCCL's; its release not known: 2.28.3's, see choice_unknown)."""
     host, env = facts.get("host") or {}, nccl_env(facts).values
     interfaces, links = host.get("interfaces"), host.get("links")
     if not isinstance(interfaces, dict):
         return [], "the node's interfaces are not known"
     links = links if isinstance(links, dict) and "error" not in links else {}
-    release = nccl_version(facts)
-    recent = release is None or tuple(release[:3]) >= RUNNING_ONLY_SINCE
+    if recent is None:
+        release = nccl_version(facts)
+        recent = release is None or tuple(release[:3]) >= RUNNING_ONLY_SINCE
     family = {"AF_INET": 4, "AF_INET6": 6}.get(env.get("NCCL_SOCKET_FAMILY"))
     every = [(name, a) for wanted in (4, 6) for name, addresses in interfaces.items()  # getifaddrs' order
              if isinstance(addresses, list) for a in addresses if isinstance(a, str) and (":" in a) == (wanted == 6)]
@@ -226,6 +228,19 @@ def nccl_interfaces(facts: Mapping[str, Any]) -> Tuple[List[Tuple[str, str]], st
         if found(spec):
             return found(spec), f"its default: {said}"
     return [], "its default finds no interface with an address"
+
+
+def choice_unknown(facts: Mapping[str, Any]) -> Optional[str]:
+    """Why the interface NCCL picks first on this node is not known, or None: its release is not known and NCCL
+    2.28.3's rules (carrier, virbr* set apart) pick another than the older ones."""
+    if nccl_version(facts) is not None:
+        return None
+    newer, older = (nccl_interfaces(facts, recent)[0] for recent in (True, False))
+    if newer[:1] == older[:1]:
+        return None
+    first = [chosen[0][0] if chosen else "none" for chosen in (newer, older)]
+    return (f"NCCL 2.28.3 and newer pick {first[0]}, older releases {first[1]} (interfaces without carrier, virbr*), "
+            "and the node's NCCL release is not known")
 
 
 def _comm_id_address(comm_id: Any):
@@ -265,6 +280,8 @@ def socket_interface(facts: Mapping[str, Any]) -> Optional[str]:
     if not isinstance(interfaces, dict):
         return None
     if (facts.get("gpus") or {}).get("available"):
+        if choice_unknown(facts):
+            return None
         chosen, rule = nccl_interfaces(facts)
         spec = interface_spec(nccl, "NCCL_SOCKET_IFNAME")
         return f"{chosen[0][0]} {chosen[0][1]}" if chosen else (f"none matches {spec}" if spec else None)

@@ -6,7 +6,7 @@ import pytest
 
 from cluster import cluster, cluster_up  # noqa: F401  (fixtures)
 from preflight import registry, runner
-from preflight.job.nccl import nccl_interfaces
+from preflight.job.nccl import nccl_interfaces, socket_interface
 from preflight.plan import build_plan
 from preflight.result import Status
 
@@ -54,6 +54,18 @@ def test_an_interface_without_carrier_is_skipped_since_nccl_2_28_3_and_taken_bef
              "eth0": {"up": True, "running": True, "ipv4": ["10.0.0.2/24"]}}
     assert picked(node(interfaces, links))[0] == ("eth0", "10.0.0.2")
     assert picked(node(interfaces, links, nccl="2.27.7"))[0] == ("ens1", "192.168.9.9")
+
+
+def test_where_the_nodes_nccl_is_not_known_a_choice_its_releases_make_differently_is_not_judged():
+    """NCCL 2.28.3 changed the default (carrier, virbr*): with the node's release not known, NET005 judges the
+    interface only where both rules pick the same, and the launch plan shows none rather than a guess."""
+    interfaces = {"lo": ["127.0.0.1"], "virbr0": ["192.168.122.1"], "eth0": ["10.0.0.2"]}
+    [result] = net005(node(interfaces, nccl=None))
+    assert result.status is Status.SKIP and "NCCL 2.28.3 and newer pick eth0, older releases virbr0" in result.message
+    assert socket_interface(node(interfaces, nccl=None)) is None
+    assert socket_interface(node(interfaces, nccl="2.21.5")) == "virbr0 192.168.122.1"
+    [result] = net005(node({"lo": ["127.0.0.1"], "eth0": ["10.0.0.2"]}, nccl=None))  # both rules pick eth0
+    assert result.status is Status.PASS and "bootstraps over eth0" in result.message
 
 
 def test_virbr_is_set_apart_only_since_nccl_2_28_3():
@@ -158,8 +170,10 @@ def test_excluded_bridges_and_an_ib_interface_without_carrier_leave_the_training
     with cluster.extra_interface("node02", "docker0", "172.17.0.1/16"), \
             cluster.extra_interface("node02", "virbr0", "192.168.122.1/24"), \
             cluster.extra_interface("node02", "ib0", "192.168.77.2/24", carrier=False):
-        result, _ = planted(cluster, "node02")
+        result, _ = planted(cluster, "node02", nccl="2.28.9")
+        unknown, _ = planted(cluster, "node02")  # before 2.28.3 NCCL takes ib0 without carrier: not judged
     assert result.status is Status.PASS and "over eth0" in result.message, result
+    assert unknown.status is Status.SKIP and "2.28.3 and newer pick eth0, older releases ib0" in unknown.message
 
 
 @pytest.mark.cluster

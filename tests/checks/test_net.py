@@ -395,7 +395,8 @@ def test_socket_ifname_of_one_character_or_none_is_the_default_not_a_selection(v
 
 def test_nccl_default_interface_skips_virtual_bridges_as_nccl_does():
     view = {"host": {"interfaces": {"lo": ["127.0.0.1"], "virbr0": ["192.168.122.1"], "docker0": ["172.17.0.1"],
-                                    "eth0": ["10.0.0.2"]}}, "env": {}, "gpus": {"available": True}}
+                                    "eth0": ["10.0.0.2"]}}, "env": {}, "gpus": {"available": True},
+            "packages": {"versions": {"nccl": "2.28.9"}}}  # virbr* set apart since 2.28.3 (not known: not judged)
     assert socket_interface(view) == "eth0 10.0.0.2"
     del view["host"]["interfaces"]["eth0"]
     assert socket_interface(view) == "docker0 172.17.0.1"
